@@ -1,0 +1,79 @@
+"""What a caller may ask of one optimisation: ``OptimizeOptions``, and ``RequestSpec`` (options + target),
+the JSON that ``POST /optimize`` and ``flexdsa optimize`` take.
+
+Unknown keys are refused (``extra="forbid"``) so a typo never silently does nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+Objective = Literal["latency", "energy", "balanced"]
+
+
+class Tolerance(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    atol: float = Field(ge=0)
+    rtol: float = Field(ge=0)
+
+
+class OptimizeOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    objective: Objective = Field("latency", description="What the Fusion Switcher minimises on the target.")
+    disabled_rules: list[str] = Field(
+        default_factory=list, description="Names of passes or fusion rules to switch off (see GET /targets/{name})."
+    )
+    shape_buckets: dict[str, list[int]] | None = Field(
+        None,
+        description="Values to specialise each named dynamic dim to, e.g. {'batch': [1], 'seq': [128, 512]}. "
+        "None: the target's default (cpu-ort keeps dynamic dims dynamic).",
+    )
+    input_shapes: dict[str, list[int | str]] | None = Field(
+        None, description="Override graph input shapes; strings name symbolic dims."
+    )
+    validate_outputs: bool = Field(True, description="Check every optimised model against the original in ONNX Runtime.")
+    allow_mismatch: bool = Field(
+        False, description="Keep an optimised model whose outputs differ beyond tolerance (reported, not failed)."
+    )
+    rollback_on_mismatch: bool = Field(
+        True, description="On a mismatch, bisect the applied rewrites, switch the culprit off and re-run."
+    )
+    tolerances: dict[str, Tolerance] | None = Field(
+        None, description="Per-dtype overrides of the validation tolerances, e.g. {'float32': {'atol':1e-4,'rtol':1e-3}}."
+    )
+    never_slower: bool = Field(
+        True, description="cpu-ort only: measure original vs optimised and drop rewrites that cost time."
+    )
+    measure_latency: bool = Field(True, description="Measure ONNX Runtime CPU latency before/after for the report.")
+    latency_repeats: int = Field(20, ge=1, le=1000)
+    calibrate: bool = Field(True, description="cpu-ort: calibrate the cost model by measuring ONNX Runtime kernels here.")
+    seed: int = Field(0, description="Seed for the random validation inputs.")
+    max_fold_bytes: int = Field(
+        16 * 1024 * 1024, ge=0, description="Constant folding never creates a tensor larger than this."
+    )
+    debug_invariants: bool = Field(False, description="Check graph invariants between every stage (slower).")
+
+    @field_validator("disabled_rules")
+    @classmethod
+    def _strip(cls, names: list[str]) -> list[str]:
+        return sorted({n.strip() for n in names if n.strip()})
+
+
+class RequestSpec(OptimizeOptions):
+    """A whole request: the target (a built-in name, or a custom spec as an object) plus the options."""
+
+    target: str | dict = Field(..., description="Built-in target name (GET /targets) or a custom TargetSpec object.")
+
+    def options(self) -> OptimizeOptions:
+        return OptimizeOptions.model_validate(self.model_dump(exclude={"target"}))
+
+    def target_spec(self):
+        from flexdsa_core.targets import TargetSpec, load_target
+
+        if isinstance(self.target, str):
+            return load_target(self.target)
+        return TargetSpec.model_validate(self.target)

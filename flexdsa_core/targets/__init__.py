@@ -1,0 +1,47 @@
+"""Built-in targets: specs from ``data/*.json``, adapters found by module name (``ADAPTER`` in each module)."""
+
+from __future__ import annotations
+
+import importlib
+import json
+from functools import cache
+from importlib import resources
+
+from flexdsa_core.errors import TargetNotFoundError
+from flexdsa_core.targets.base import BucketModel, PlatformAdapter
+from flexdsa_core.targets.spec import TargetSpec, op_key
+
+__all__ = ["BucketModel", "PlatformAdapter", "TargetSpec", "get_adapter", "list_targets", "load_target", "op_key"]
+
+
+@cache
+def _builtin_specs() -> dict[str, TargetSpec]:
+    specs = {}
+    for entry in resources.files("flexdsa_core.targets").joinpath("data").iterdir():
+        if entry.name.endswith(".json"):
+            spec = TargetSpec.model_validate(json.loads(entry.read_text()))
+            specs[spec.name] = spec
+    return specs
+
+
+def list_targets() -> list[TargetSpec]:
+    return sorted(_builtin_specs().values(), key=lambda s: s.name)
+
+
+def load_target(name: str) -> TargetSpec:
+    try:
+        return _builtin_specs()[name]
+    except KeyError:
+        known = ", ".join(sorted(_builtin_specs()))
+        raise TargetNotFoundError(f"Unknown target {name!r}. Built-in targets: {known}.") from None
+
+
+def get_adapter(target: TargetSpec) -> PlatformAdapter:
+    try:
+        module = importlib.import_module(f"flexdsa_core.targets.{target.adapter}")
+    except ModuleNotFoundError:
+        raise TargetNotFoundError(
+            f"Target {target.name!r} names adapter {target.adapter!r}, which does not exist "
+            f"(expected flexdsa_core/targets/{target.adapter}.py)."
+        ) from None
+    return module.ADAPTER

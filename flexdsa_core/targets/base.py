@@ -1,0 +1,64 @@
+"""The platform adapter contract: declared capabilities (the ``TargetSpec``) plus the few methods that differ.
+
+``PlatformAdapter`` does the common work; a vendor file subclasses it, overrides only what its toolchain
+needs, and exports ``ADAPTER``. Adapters are found by module name (``TargetSpec.adapter``), so adding a
+platform is adding one file under ``targets/`` and one spec under ``targets/data/``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+import onnx_ir as ir
+
+from flexdsa_core.targets.spec import TargetSpec, op_key
+
+
+@dataclass
+class BucketModel:
+    """One optimised model, for one shape bucket (``name`` 'dynamic' when shapes stayed symbolic)."""
+
+    name: str
+    model: ir.Model
+    input_shapes: dict[str, list[int | str]] = field(default_factory=dict)
+
+
+class PlatformAdapter:
+    """Common behaviour; subclasses set ``vendor`` and override what their toolchain needs."""
+
+    vendor = "generic"
+
+    def supported_op_keys(self, target: TargetSpec) -> frozenset[str]:
+        """Ops the target runs. The spec's list, unless it says '*' (then the adapter must override)."""
+        if target.supported_ops == ["*"]:
+            raise NotImplementedError(f"target {target.name!r} lists no ops and its adapter reports none")
+        return frozenset(target.supported_ops)
+
+    def supports(self, target: TargetSpec, op_type: str, domain: str = "") -> bool:
+        return op_key(op_type, domain) in self.supported_op_keys(target)
+
+    def legalize(self, model: ir.Model, target: TargetSpec) -> ir.Model:
+        """Rewrite ops the target lacks. The default leaves the model unchanged."""
+        return model
+
+    def generate(self, buckets: list[BucketModel], target: TargetSpec, report: dict) -> dict[str, bytes]:
+        """Artifacts by file name. The default: one ONNX per bucket plus ``manifest.json``."""
+        files: dict[str, bytes] = {}
+        for bucket in buckets:
+            files[self.model_filename(bucket)] = ir.to_proto(bucket.model).SerializeToString()
+        files["manifest.json"] = json.dumps(self.manifest(buckets, target, report), indent=2).encode()
+        return files
+
+    def model_filename(self, bucket: BucketModel) -> str:
+        return "model.onnx" if bucket.name == "dynamic" else f"model.{bucket.name}.onnx"
+
+    def manifest(self, buckets: list[BucketModel], target: TargetSpec, report: dict) -> dict:
+        return {
+            "target": target.name,
+            "target_version": target.version,
+            "buckets": [
+                {"name": b.name, "file": self.model_filename(b), "input_shapes": b.input_shapes} for b in buckets
+            ],
+            "converter": target.converter.model_dump() if target.converter else None,
+        }

@@ -1,0 +1,59 @@
+"""``TargetSpec``: everything the compiler knows about a target, as data.
+
+Built-in specs live in ``targets/data/<name>.json``; every figure there carries where it came from
+(``sources``), so estimates built on it can say how firm they are. A figure nobody sourced is ``None``,
+never a guess: the cost model then falls back to calibration (cpu-ort) or reports the estimate as partial.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+ONNX_DOMAIN = ""
+
+
+def op_key(op_type: str, domain: str = ONNX_DOMAIN) -> str:
+    """``'Conv'`` for standard ONNX ops, ``'com.microsoft::FusedConv'`` for others."""
+    return op_type if domain in ("", "ai.onnx") else f"{domain}::{op_type}"
+
+
+class Converter(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    tool: str
+    command: str | None = None
+    notes: str | None = None
+
+
+class TargetSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(..., pattern=r"^[a-z0-9][a-z0-9._-]{0,63}$")
+    version: str = "1"
+    vendor: str
+    adapter: str = Field(..., description="Module name under flexdsa_core/targets/ that generates artifacts.")
+    description: str = ""
+    # Peak throughput in operations per second, per dtype ('float32', 'float16', 'int8'). None = unsourced.
+    peak_ops_per_s: dict[str, float | None] = Field(default_factory=dict)
+    mem_bandwidth_bytes_per_s: float | None = None
+    sram_bytes: int | None = None
+    power_w: float | None = None
+    launch_overhead_s: float = Field(2e-6, description="Per-kernel fixed cost the cost model adds.")
+    preferred_layout: Literal["NCHW", "NHWC", "any"] = "NCHW"
+    dtypes: list[str] = Field(default_factory=lambda: ["float32"])
+    static_shapes: bool = False
+    default_shape_buckets: dict[str, list[int]] = Field(default_factory=dict)
+    # 'Op' for ai.onnx, 'domain::Op' otherwise. ['*'] = whatever the adapter reports as supported.
+    supported_ops: list[str] = Field(default_factory=lambda: ["*"])
+    op_constraints: dict[str, dict] = Field(default_factory=dict)
+    native_fused_ops: list[str] = Field(default_factory=list)
+    converter: Converter | None = None
+    calibrated: bool = Field(False, description="Costs are measured on this machine rather than estimated.")
+    sources: dict[str, str] = Field(default_factory=dict, description="Figure name -> where it came from.")
+
+    def spec_hash(self) -> str:
+        import hashlib
+
+        return hashlib.sha256(self.model_dump_json().encode()).hexdigest()[:16]
