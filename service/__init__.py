@@ -1,0 +1,1 @@
+"""Flex-DSA HTTP service: FastAPI app, schemas, database models, artifact storage and API-key auth."""

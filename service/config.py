@@ -1,0 +1,112 @@
+"""Service configuration: one typed ``Settings`` (env prefix ``FLEXDSA_``) behind ``get_settings()``.
+
+No variables set = embedded mode: a SQLite file and an artifact folder under ``data_dir``, an in-process
+worker thread, no Redis. Setting ``FLEXDSA_BROKER_URL`` switches to distributed mode (Celery workers on any
+machine), where the safe choices are enforced at start-up rather than discovered in production: API keys
+required, a shared database (not SQLite), and a broker visibility timeout longer than a job may run.
+
+Tests build ``Settings(...)`` directly and pass it to ``create_app(settings)``; ``get_settings.cache_clear()``
+resets the process-wide instance.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+GiB = 1024**3
+
+Mode = Literal["embedded", "distributed"]
+AuthPolicy = Literal["optional", "required"]
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="FLEXDSA_", env_file=None, extra="ignore", validate_default=True)
+
+    # Where embedded mode keeps its SQLite file and artifacts; the other paths default under it.
+    data_dir: Path = Path("./flexdsa-data")
+    database_url: str | None = Field(None, description="SQLAlchemy URL; default sqlite:///<data_dir>/flexdsa.db.")
+    artifact_dir: Path | None = Field(None, description="Local artifact store root; default <data_dir>/artifacts.")
+    broker_url: str | None = Field(None, description="Celery broker. None = embedded in-process worker.")
+    redis_url: str | None = Field(None, description="Redis for progress pub/sub and the hot kernel cache. None = none.")
+
+    max_upload_bytes: int = Field(1 * GiB, gt=0)
+    max_queued_jobs_per_tenant: int = Field(20, ge=1, description="Default quota; tenants.max_queued_jobs overrides.")
+
+    job_soft_time_limit_s: int = Field(1800, gt=0)
+    job_hard_time_limit_s: int = Field(2100, gt=0)
+    # Redis brokers re-deliver an unacknowledged task after this long. With late acknowledgement a job that
+    # is still legitimately running would then run twice, so it must exceed the hard time limit.
+    broker_visibility_timeout_s: int = Field(2400, gt=0)
+    max_attempts: int = Field(3, ge=1)
+    lease_seconds: int = Field(60, gt=0, description="A worker's claim on a job lapses unless renewed this often.")
+    reconcile_interval_s: int = Field(15, gt=0, description="How often expired leases are swept and re-queued.")
+    embedded_worker_threads: int = Field(1, ge=1)
+
+    auth: AuthPolicy | None = Field(
+        None, description="'optional': requests without a key act as tenant 'default' (embedded default); 'required'."
+    )
+    default_tenant: str = "default"
+
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=1, le=65535)
+    sse_poll_interval_s: float = Field(0.5, gt=0)
+    log_level: str = "info"
+
+    @property
+    def mode(self) -> Mode:
+        return "embedded" if self.broker_url is None else "distributed"
+
+    @property
+    def is_sqlite(self) -> bool:
+        return (self.database_url or "").startswith("sqlite")
+
+    @model_validator(mode="after")
+    def _fill_defaults_and_refuse_unsafe(self) -> Settings:
+        if self.database_url is None:
+            self.database_url = f"sqlite:///{(self.data_dir / 'flexdsa.db').as_posix()}"
+        if self.artifact_dir is None:
+            self.artifact_dir = self.data_dir / "artifacts"
+        if self.auth is None:
+            self.auth = "optional" if self.mode == "embedded" else "required"
+
+        problems = []
+        if self.mode == "distributed":
+            if self.auth == "optional":
+                problems.append(
+                    "FLEXDSA_AUTH=optional is refused in distributed mode: any client could act as the default "
+                    "tenant. Leave FLEXDSA_AUTH unset (required) and create keys with `flexdsa keys create`."
+                )
+            if self.is_sqlite:
+                problems.append(
+                    "Distributed mode (FLEXDSA_BROKER_URL set) needs a database every worker can reach; "
+                    "set FLEXDSA_DATABASE_URL=postgresql+psycopg://..."
+                )
+        if self.job_soft_time_limit_s >= self.job_hard_time_limit_s:
+            problems.append(
+                f"FLEXDSA_JOB_SOFT_TIME_LIMIT_S ({self.job_soft_time_limit_s}) must be below "
+                f"FLEXDSA_JOB_HARD_TIME_LIMIT_S ({self.job_hard_time_limit_s}) so a job can clean up before it is killed."
+            )
+        if self.broker_visibility_timeout_s <= self.job_hard_time_limit_s:
+            problems.append(
+                f"FLEXDSA_BROKER_VISIBILITY_TIMEOUT_S ({self.broker_visibility_timeout_s}) must exceed "
+                f"FLEXDSA_JOB_HARD_TIME_LIMIT_S ({self.job_hard_time_limit_s}), or the broker re-delivers "
+                "jobs that are still running."
+            )
+        if self.reconcile_interval_s >= self.lease_seconds:
+            problems.append(
+                f"FLEXDSA_RECONCILE_INTERVAL_S ({self.reconcile_interval_s}) must be below FLEXDSA_LEASE_SECONDS "
+                f"({self.lease_seconds}), or expired leases linger for more than a lease."
+            )
+        if problems:
+            raise ValueError("Unsafe Flex-DSA configuration:\n  - " + "\n  - ".join(problems))
+        return self
+
+
+@lru_cache
+def get_settings() -> Settings:
+    return Settings()

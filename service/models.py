@@ -1,0 +1,227 @@
+"""The database schema (SQLAlchemy 2 typed ORM). The ``jobs`` row is the source of truth for a job's state;
+the queue only carries job ids.
+
+A job moves ``queued -> running -> succeeded | failed | cancelled``; every transition (and each stage
+change while running) appends a ``job_events`` row, which the progress stream replays. Workers claim a
+job by setting ``lease_owner``/``lease_expires_at``; a lapsed lease is re-queued until ``max_attempts``.
+
+Times are stored in UTC and always come back timezone-aware (``UTCDateTime``), on SQLite as on Postgres,
+so lease comparisons never mix naive and aware datetimes.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    String,
+    Text,
+    TypeDecorator,
+    UniqueConstraint,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class UTCDateTime(TypeDecorator):
+    """A timezone-aware UTC datetime on every backend (SQLite drops the offset; this puts it back)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given to a UTCDateTime column; use service.models.utcnow()")
+        return value.astimezone(UTC)
+
+    def process_result_value(self, value: datetime | None, dialect) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+JSONType = JSON().with_variant(JSONB(), "postgresql")
+# SQLite only auto-increments a column declared exactly INTEGER PRIMARY KEY.
+BigIntPK = BigInteger().with_variant(Integer(), "sqlite")
+
+
+class JobStatus(StrEnum):
+    queued = "queued"
+    running = "running"
+    succeeded = "succeeded"
+    failed = "failed"
+    cancelled = "cancelled"
+
+
+TERMINAL_STATUSES = frozenset({JobStatus.succeeded, JobStatus.failed, JobStatus.cancelled})
+ACTIVE_STATUSES = frozenset({JobStatus.queued, JobStatus.running})
+
+
+class Base(DeclarativeBase):
+    type_annotation_map = {datetime: UTCDateTime(), dict[str, Any]: JSONType}
+
+
+class Tenant(Base):
+    __tablename__ = "tenants"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    # None = the service-wide default (Settings.max_queued_jobs_per_tenant).
+    max_queued_jobs: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    api_keys: Mapped[list[ApiKey]] = relationship(back_populates="tenant", cascade="all, delete-orphan")
+
+
+class ApiKey(Base):
+    """An API key ``fdsa_<prefix>_<secret>``. Only ``prefix`` (to find the row) and a hash are kept.
+
+    ``key_hash`` is a plain SHA-256 of the whole key. Slow password hashes (bcrypt, argon2) exist to make
+    guessing low-entropy human passwords expensive; these keys carry 32 random bytes (256 bits), so a
+    brute-force search is hopeless whatever the hash speed, and a fast hash keeps every request cheap.
+    """
+
+    __tablename__ = "api_keys"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    tenant_id: Mapped[int] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"), index=True)
+    prefix: Mapped[str] = mapped_column(String(32), index=True)
+    key_hash: Mapped[str] = mapped_column(String(64))
+    name: Mapped[str] = mapped_column(String(128), default="")
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    revoked_at: Mapped[datetime | None] = mapped_column(nullable=True)
+
+    tenant: Mapped[Tenant] = relationship(back_populates="api_keys")
+
+
+class Job(Base):
+    __tablename__ = "jobs"
+    __table_args__ = (
+        UniqueConstraint("tenant_id", "idempotency_key", name="uq_jobs_tenant_idempotency_key"),
+        CheckConstraint(
+            "status IN ('queued', 'running', 'succeeded', 'failed', 'cancelled')", name="ck_jobs_status"
+        ),
+        CheckConstraint("progress >= 0 AND progress <= 1", name="ck_jobs_progress"),
+        Index("ix_jobs_tenant_created", "tenant_id", "created_at"),
+        Index("ix_jobs_tenant_status", "tenant_id", "status"),
+        # The reconciler's sweep: running jobs whose lease has lapsed.
+        Index("ix_jobs_status_lease", "status", "lease_expires_at"),
+    )
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True, default=lambda: str(uuid.uuid4()))
+    tenant_id: Mapped[int] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    status: Mapped[str] = mapped_column(String(16), default=JobStatus.queued.value)
+    stage: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    progress: Mapped[float] = mapped_column(Float, default=0.0)
+    target: Mapped[str] = mapped_column(String(64))
+    spec: Mapped[dict[str, Any]] = mapped_column(JSONType)
+    model_sha256: Mapped[str] = mapped_column(String(64))
+    model_blob_key: Mapped[str] = mapped_column(String(64))
+    model_filename: Mapped[str] = mapped_column(String(255))
+    model_size: Mapped[int] = mapped_column(BigInteger)
+    idempotency_key: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    # sha256(model sha256 | canonical spec JSON | compiler version): the whole-job cache key.
+    job_cache_key: Mapped[str] = mapped_column(String(64), index=True)
+    cached_from_job_id: Mapped[str | None] = mapped_column(
+        ForeignKey("jobs.id", ondelete="SET NULL"), nullable=True
+    )
+    # {"code": ..., "message": ..., "details": {...}} when failed or cancelled.
+    error: Mapped[dict[str, Any] | None] = mapped_column(JSONType, nullable=True)
+    report_summary: Mapped[dict[str, Any] | None] = mapped_column(JSONType, nullable=True)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    max_attempts: Mapped[int] = mapped_column(Integer, default=3)
+    lease_owner: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    lease_expires_at: Mapped[datetime | None] = mapped_column(nullable=True)
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column(nullable=True)
+    finished_at: Mapped[datetime | None] = mapped_column(nullable=True)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+
+    tenant: Mapped[Tenant] = relationship()
+    events: Mapped[list[JobEvent]] = relationship(
+        back_populates="job", cascade="all, delete-orphan", order_by="JobEvent.id"
+    )
+    artifacts: Mapped[list[Artifact]] = relationship(
+        back_populates="job", cascade="all, delete-orphan", order_by="Artifact.name"
+    )
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.status in TERMINAL_STATUSES
+
+    def record(self, kind: str, message: str | None = None) -> JobEvent:
+        """Append an event carrying the job's current status/stage/progress (the caller commits)."""
+        event = JobEvent(
+            kind=kind, status=self.status, stage=self.stage, progress=self.progress, message=message, at=utcnow()
+        )
+        self.events.append(event)
+        return event
+
+
+class JobEvent(Base):
+    """One row per transition or progress step. ``kind``: 'queued', 'started', 'progress', 'succeeded',
+    'failed', 'cancel_requested', 'cancelled', 'retry', 'cached'."""
+
+    __tablename__ = "job_events"
+    __table_args__ = (Index("ix_job_events_job_id_id", "job_id", "id"),)
+
+    id: Mapped[int] = mapped_column(BigIntPK, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    at: Mapped[datetime] = mapped_column(default=utcnow)
+    kind: Mapped[str] = mapped_column(String(32))
+    status: Mapped[str] = mapped_column(String(16))
+    stage: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    progress: Mapped[float] = mapped_column(Float, default=0.0)
+    message: Mapped[str | None] = mapped_column(Text, nullable=True)
+
+    job: Mapped[Job] = relationship(back_populates="events")
+
+
+class Artifact(Base):
+    """A file a job produced. The bytes live in the artifact store under ``blob_key`` (their sha256), so
+    a job answered from the whole-job cache gets its own rows pointing at the same blobs."""
+
+    __tablename__ = "artifacts"
+    __table_args__ = (UniqueConstraint("job_id", "name", name="uq_artifacts_job_name"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    name: Mapped[str] = mapped_column(String(255))
+    blob_key: Mapped[str] = mapped_column(String(64))
+    size: Mapped[int] = mapped_column(BigInteger)
+    content_type: Mapped[str] = mapped_column(String(128), default="application/octet-stream")
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    job: Mapped[Job] = relationship(back_populates="artifacts")
+
+
+class KernelCacheEntry(Base):
+    """The durable (Postgres) layer of the kernel cache; values are opaque bytes from the core."""
+
+    __tablename__ = "kernel_cache"
+
+    key: Mapped[str] = mapped_column(String(128), primary_key=True)
+    value: Mapped[bytes] = mapped_column(LargeBinary)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    last_hit_at: Mapped[datetime | None] = mapped_column(nullable=True)
+    hits: Mapped[int] = mapped_column(Integer, default=0)
