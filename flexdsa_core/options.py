@@ -25,7 +25,8 @@ class OptimizeOptions(BaseModel):
 
     objective: Objective = Field("latency", description="What the Fusion Switcher minimises on the target.")
     disabled_rules: list[str] = Field(
-        default_factory=list, description="Names of passes or fusion rules to switch off (see GET /targets/{name})."
+        default_factory=list,
+        description="Names of passes or fusion rules to switch off (see GET /targets/{name}).",
     )
     shape_buckets: dict[str, list[int]] | None = Field(
         None,
@@ -35,22 +36,30 @@ class OptimizeOptions(BaseModel):
     input_shapes: dict[str, list[int | str]] | None = Field(
         None, description="Override graph input shapes; strings name symbolic dims."
     )
-    validate_outputs: bool = Field(True, description="Check every optimised model against the original in ONNX Runtime.")
+    validate_outputs: bool = Field(
+        True, description="Check every optimised model against the original in ONNX Runtime."
+    )
     allow_mismatch: bool = Field(
-        False, description="Keep an optimised model whose outputs differ beyond tolerance (reported, not failed)."
+        False,
+        description="Keep an optimised model whose outputs differ beyond tolerance (reported, not failed).",
     )
     rollback_on_mismatch: bool = Field(
         True, description="On a mismatch, bisect the applied rewrites, switch the culprit off and re-run."
     )
     tolerances: dict[str, Tolerance] | None = Field(
-        None, description="Per-dtype overrides of the validation tolerances, e.g. {'float32': {'atol':1e-4,'rtol':1e-3}}."
+        None,
+        description="Per-dtype overrides of the validation tolerances, e.g. {'float32': {'atol':1e-4,'rtol':1e-3}}.",
     )
     never_slower: bool = Field(
         True, description="cpu-ort only: measure original vs optimised and drop rewrites that cost time."
     )
-    measure_latency: bool = Field(True, description="Measure ONNX Runtime CPU latency before/after for the report.")
+    measure_latency: bool = Field(
+        True, description="Measure ONNX Runtime CPU latency before/after for the report."
+    )
     latency_repeats: int = Field(20, ge=1, le=1000)
-    calibrate: bool = Field(True, description="cpu-ort: calibrate the cost model by measuring ONNX Runtime kernels here.")
+    calibrate: bool = Field(
+        True, description="cpu-ort: calibrate the cost model by measuring ONNX Runtime kernels here."
+    )
     seed: int = Field(0, description="Seed for the random validation inputs.")
     max_fold_bytes: int = Field(
         16 * 1024 * 1024, ge=0, description="Constant folding never creates a tensor larger than this."
@@ -66,7 +75,9 @@ class OptimizeOptions(BaseModel):
 class RequestSpec(OptimizeOptions):
     """A whole request: the target (a built-in name, or a custom spec as an object) plus the options."""
 
-    target: str | dict = Field(..., description="Built-in target name (GET /targets) or a custom TargetSpec object.")
+    target: str | dict = Field(
+        ..., description="Built-in target name (GET /targets) or a custom TargetSpec object."
+    )
 
     def options(self) -> OptimizeOptions:
         return OptimizeOptions.model_validate(self.model_dump(exclude={"target"}))

@@ -20,6 +20,8 @@ def discover_rules() -> tuple[FusionRule, ...]:
         module = importlib.import_module(f"{__name__}.{info.name}")
         for rule in getattr(module, "RULES", ()):
             if rule.name in rules:
-                raise RuntimeError(f"fusion rule name {rule.name!r} defined twice (second in {module.__name__})")
+                raise RuntimeError(
+                    f"fusion rule name {rule.name!r} defined twice (second in {module.__name__})"
+                )
             rules[rule.name] = rule
     return tuple(sorted(rules.values(), key=lambda r: (r.order, r.name)))

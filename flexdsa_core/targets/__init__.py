@@ -11,7 +11,15 @@ from flexdsa_core.errors import TargetNotFoundError
 from flexdsa_core.targets.base import BucketModel, PlatformAdapter
 from flexdsa_core.targets.spec import TargetSpec, op_key
 
-__all__ = ["BucketModel", "PlatformAdapter", "TargetSpec", "get_adapter", "list_targets", "load_target", "op_key"]
+__all__ = [
+    "BucketModel",
+    "PlatformAdapter",
+    "TargetSpec",
+    "get_adapter",
+    "list_targets",
+    "load_target",
+    "op_key",
+]
 
 
 @cache

@@ -58,7 +58,8 @@ class PlatformAdapter:
             "target": target.name,
             "target_version": target.version,
             "buckets": [
-                {"name": b.name, "file": self.model_filename(b), "input_shapes": b.input_shapes} for b in buckets
+                {"name": b.name, "file": self.model_filename(b), "input_shapes": b.input_shapes}
+                for b in buckets
             ],
             "converter": target.converter.model_dump() if target.converter else None,
         }

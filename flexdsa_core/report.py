@@ -1,0 +1,184 @@
+"""The report: what the compiler did to a model and what it expects the model to cost on the target.
+
+``build_report`` assembles ``report.json``; ``report_summary`` is the small subset the service keeps on the
+job row; ``render_summary`` is the readable text the CLI prints. Estimated figures (cost model) and
+measured ones (ONNX Runtime on this machine) are labelled as such and never mixed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import platform
+from collections import Counter
+from importlib.metadata import PackageNotFoundError, version
+
+import onnx_ir as ir
+
+from flexdsa_core import __version__
+from flexdsa_core.targets.spec import op_key
+
+
+def _version(package: str) -> str | None:
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return None
+
+
+def versions() -> dict[str, str | None]:
+    return {
+        "flexdsa": __version__,
+        "onnx": _version("onnx"),
+        "onnx-ir": _version("onnx-ir"),
+        "onnxscript": _version("onnxscript"),
+        "onnxruntime": _version("onnxruntime"),
+        "python": platform.python_version(),
+    }
+
+
+def op_counts(model: ir.Model) -> dict[str, int]:
+    return dict(sorted(Counter(op_key(node.op_type, node.domain) for node in model.graph).items()))
+
+
+def _fusion_lines(plans: dict[str, dict]) -> list[dict]:
+    """Flatten every bucket's plan into one list of candidates with the bucket named."""
+    lines = []
+    for bucket, plan in plans.items():
+        for candidate in plan.get("candidates", []):
+            lines.append({"bucket": bucket, **candidate})
+    return lines
+
+
+def build_report(
+    *,
+    target,
+    options,
+    ingested,
+    nodes_before: dict[str, int],
+    comp,
+    shape_report: dict,
+    shape_manifest: dict,
+    validation: list[dict],
+    rollbacks: list[dict],
+    latency: dict | None,
+    cache_stats: dict,
+    stage_seconds: dict[str, float],
+    total_seconds: float,
+) -> dict:
+    after = {bucket.name: op_counts(bucket.model) for bucket in comp.buckets}
+    first = next(iter(after.values()), {})
+    options_json = options.model_dump_json()
+    return {
+        "flexdsa_version": __version__,
+        "target": {"name": target.name, "version": target.version, "vendor": target.vendor},
+        "objective": options.objective,
+        "model": ingested.info,
+        "warnings": list(ingested.warnings),
+        "nodes": {
+            "before": nodes_before,
+            "after": after,
+            "total_before": sum(nodes_before.values()),
+            "total_after": sum(first.values()),
+        },
+        "passes": comp.pass_records,
+        "fusions": {
+            "applied": [name for name in comp.applied],
+            "candidates": _fusion_lines(comp.fusion_plans),
+        },
+        "disabled_rewrites": sorted(comp.disabled),
+        "shapes": {**shape_report, "buckets": [b.name for b in comp.buckets], "manifest": shape_manifest},
+        "memory": comp.memory,
+        "estimates": {
+            "label": "estimate from the cost model"
+            + (
+                " (calibrated by measuring ONNX Runtime kernels on this machine)" if target.calibrated else ""
+            ),
+            "per_bucket": comp.estimates,
+        },
+        "validation": {
+            "performed": bool(validation),
+            "ok": all(v["ok"] for v in validation) if validation else None,
+            "buckets": validation,
+        },
+        "rollbacks": rollbacks,
+        "latency": latency,
+        "cache": cache_stats,
+        "compile_seconds": {k: round(v, 4) for k, v in stage_seconds.items()},
+        "total_seconds": round(total_seconds, 3),
+        "reproducibility": {
+            "model_sha256": ingested.info.get("sha256"),
+            "options_sha256": hashlib.sha256(options_json.encode()).hexdigest(),
+            "options": options.model_dump(),
+            "target_spec_sha256": target.spec_hash(),
+            "versions": versions(),
+        },
+    }
+
+
+def report_summary(report: dict) -> dict:
+    """What a job row keeps: small, and enough for the job list and the API's job view."""
+    latency = report.get("latency") or {}
+    return {
+        "target": report["target"]["name"],
+        "nodes_before": report["nodes"]["total_before"],
+        "nodes_after": report["nodes"]["total_after"],
+        "fusions_applied": report["fusions"]["applied"],
+        "rollbacks": report["rollbacks"],
+        "validation_ok": report["validation"]["ok"],
+        "latency_before_ms": round(latency["before_s"] * 1e3, 4) if latency.get("before_s") else None,
+        "latency_after_ms": round(latency["after_s"] * 1e3, 4) if latency.get("after_s") else None,
+        "speedup": round(latency["speedup"], 4) if latency.get("speedup") else None,
+        "cache": report["cache"],
+        "total_seconds": report["total_seconds"],
+    }
+
+
+def render_summary(report: dict) -> str:
+    s = report_summary(report)
+    lines = [
+        f"Target        {s['target']}  (objective: {report['objective']})",
+        f"Nodes         {s['nodes_before']} -> {s['nodes_after']}",
+    ]
+    before, after = report["nodes"]["before"], next(iter(report["nodes"]["after"].values()), {})
+    changed = sorted(k for k in set(before) | set(after) if before.get(k, 0) != after.get(k, 0))
+    for op in changed:
+        lines.append(f"  {op:<40} {before.get(op, 0):>5} -> {after.get(op, 0):<5}")
+    taken = [c for c in report["fusions"]["candidates"] if c.get("taken")]
+    refused = [c for c in report["fusions"]["candidates"] if not c.get("taken") and c.get("matches")]
+    lines.append(
+        f"Fusions       {len(taken)} taken, {len(refused)} refused where they matched (see fusion_plan.json)"
+    )
+    for c in taken + refused:
+        mark = "+" if c.get("taken") else "-"
+        lines.append(f"  {mark} {c.get('rule')}: {c.get('reason', '')}")
+    for rollback in report["rollbacks"]:
+        lines.append(f"Rolled back   {rollback['rewrite']} ({rollback['reason']}): {rollback['detail']}")
+    validation = report["validation"]
+    if validation["performed"]:
+        worst = max(
+            (
+                o["max_abs"]
+                for b in validation["buckets"]
+                for o in b["outputs"]
+                if isinstance(o["max_abs"], float)
+            ),
+            default=0.0,
+        )
+        lines.append(
+            f"Validation    {'passed' if validation['ok'] else 'FAILED'} (max abs error {worst:.3g})"
+        )
+    else:
+        lines.append("Validation    skipped (validate_outputs=false)")
+    if s["latency_before_ms"]:
+        lines.append(
+            f"ORT CPU       {s['latency_before_ms']:.3f} ms -> {s['latency_after_ms']:.3f} ms "
+            f"({s['speedup']:.3f}x, measured, 1 thread, ORT_ENABLE_ALL)"
+        )
+    for bucket, memory in report["memory"].items():
+        arena, naive = memory.get("arena_bytes"), memory.get("naive_bytes")
+        if arena is not None and naive:
+            lines.append(f"Memory        [{bucket}] arena {arena / 1e6:.2f} MB vs naive {naive / 1e6:.2f} MB")
+    cache = report["cache"]
+    lines.append(f"Kernel cache  {cache.get('hits', 0)} hits, {cache.get('misses', 0)} misses")
+    lines.append(f"Compile time  {report['total_seconds']:.2f} s")
+    return "\n".join(lines)

@@ -1,0 +1,265 @@
+"""Numerical validation and CPU latency measurement with ONNX Runtime.
+
+``compare`` runs the original and an optimised model on the same seeded inputs and checks every output
+element with ``|got - want| <= atol + rtol * |want|`` (numpy ``allclose`` semantics) against per-dtype
+tolerances; integer and bool outputs must match exactly. Both run at ORT_DISABLE_ALL so that only our
+rewrites are under test, not ONNX Runtime's own fusions.
+
+``measure_latency`` times several models interleaved, round-robin in one process (timings drift between
+processes and over time, so every round runs every model once and the medians are compared).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+from flexdsa_core.errors import ValidationFailedError
+
+ModelSource = bytes | str | Path
+
+# (atol, rtol) per output dtype. fp32 leaves room for re-association inside fused kernels
+# (LayerNorm/GELU/attention compute in a different order than the decomposed graph).
+DEFAULT_TOLERANCES: dict[str, tuple[float, float]] = {
+    "float32": (1e-4, 1e-3),
+    "float64": (1e-7, 1e-6),
+    "float16": (1e-2, 1e-2),
+    "bfloat16": (5e-2, 5e-2),
+}
+# Symbolic dims take these values during validation unless a bucket fixes them.
+DEFAULT_VALIDATION_DIMS = {"batch": 2}
+DEFAULT_OTHER_DIM = 8
+
+
+@dataclass
+class OutputCheck:
+    name: str
+    dtype: str
+    shape: list[int]
+    max_abs: float
+    max_rel: float
+    atol: float
+    rtol: float
+    ok: bool
+    detail: str = ""
+
+    def as_dict(self) -> dict:
+        return {k: (round(v, 9) if isinstance(v, float) else v) for k, v in self.__dict__.items()}
+
+
+@dataclass
+class ValidationResult:
+    bucket: str
+    ok: bool
+    outputs: list[OutputCheck] = field(default_factory=list)
+    input_shapes: dict[str, list[int]] = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        return {
+            "bucket": self.bucket,
+            "ok": self.ok,
+            "input_shapes": self.input_shapes,
+            "outputs": [o.as_dict() for o in self.outputs],
+        }
+
+    def describe_failure(self) -> str:
+        bad = [o for o in self.outputs if not o.ok]
+        return "; ".join(
+            f"output {o.name!r}: {o.detail or f'max abs err {o.max_abs:.3g} (atol {o.atol:g}), max rel err {o.max_rel:.3g} (rtol {o.rtol:g})'}"
+            for o in bad
+        )
+
+
+def session(model: ModelSource, *, level=ort.GraphOptimizationLevel.ORT_DISABLE_ALL, threads: int = 1):
+    options = ort.SessionOptions()
+    options.graph_optimization_level = level
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.log_severity_level = 3
+    source = str(model) if isinstance(model, Path) else model
+    return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
+
+
+def _gather_vocab_sizes(model: onnx.ModelProto) -> dict[str, int]:
+    """Integer inputs used as Gather indices: the table's first dim bounds their values (token ids)."""
+    sizes = {init.name: list(init.dims) for init in model.graph.initializer}
+    bounds: dict[str, int] = {}
+    for node in model.graph.node:
+        if node.op_type == "Gather" and len(node.input) == 2 and node.input[0] in sizes:
+            axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+            dims = sizes[node.input[0]]
+            if dims and axis == 0:
+                previous = bounds.get(node.input[1], dims[0])
+                bounds[node.input[1]] = min(previous, dims[0])
+    return bounds
+
+
+def make_inputs(
+    model: onnx.ModelProto, *, seed: int = 0, dims: dict[str, int] | None = None
+) -> dict[str, np.ndarray]:
+    """Seeded random inputs: normal floats, token ids within the embedding table for index inputs, ones
+    for integer masks, small non-negative integers otherwise. ``model`` may be loaded without weights."""
+    dims = {**DEFAULT_VALIDATION_DIMS, **(dims or {})}
+    rng = np.random.default_rng(seed)
+    initializers = {init.name for init in model.graph.initializer}
+    vocab = _gather_vocab_sizes(model)
+    feeds: dict[str, np.ndarray] = {}
+    for value in model.graph.input:
+        if value.name in initializers:
+            continue
+        tensor_type = value.type.tensor_type
+        shape = []
+        for dim in tensor_type.shape.dim:
+            if dim.HasField("dim_value") and dim.dim_value > 0:
+                shape.append(dim.dim_value)
+            else:
+                name = dim.dim_param
+                shape.append(
+                    dims.get(name, next((v for k, v in dims.items() if k in name.lower()), DEFAULT_OTHER_DIM))
+                )
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor_type.elem_type)
+        if dtype == np.bool_:
+            feeds[value.name] = rng.integers(0, 2, size=shape).astype(bool)
+        elif np.issubdtype(dtype, np.integer):
+            if value.name in vocab:
+                feeds[value.name] = rng.integers(0, vocab[value.name], size=shape).astype(dtype)
+            elif "mask" in value.name.lower():
+                feeds[value.name] = np.ones(shape, dtype=dtype)
+            else:
+                feeds[value.name] = rng.integers(0, 2, size=shape).astype(dtype)
+        else:
+            feeds[value.name] = rng.standard_normal(shape).astype(dtype)
+    return feeds
+
+
+def _check_output(name, want: np.ndarray, got: np.ndarray, tolerances) -> OutputCheck:
+    dtype = str(want.dtype)
+    if want.shape != got.shape:
+        return OutputCheck(
+            name,
+            dtype,
+            list(want.shape),
+            float("inf"),
+            float("inf"),
+            0,
+            0,
+            False,
+            f"shape {list(got.shape)} instead of {list(want.shape)}",
+        )
+    if not np.issubdtype(want.dtype, np.floating):
+        mismatches = int(np.count_nonzero(want != got))
+        return OutputCheck(
+            name,
+            dtype,
+            list(want.shape),
+            float(mismatches),
+            0.0,
+            0,
+            0,
+            mismatches == 0,
+            "" if mismatches == 0 else f"{mismatches} of {want.size} values differ (exact match required)",
+        )
+    atol, rtol = tolerances.get(dtype, DEFAULT_TOLERANCES.get(dtype, (1e-4, 1e-3)))
+    w, g = want.astype(np.float64), got.astype(np.float64)
+    if not (np.isfinite(w) == np.isfinite(g)).all():
+        return OutputCheck(
+            name,
+            dtype,
+            list(want.shape),
+            float("inf"),
+            float("inf"),
+            atol,
+            rtol,
+            False,
+            "non-finite values (NaN/inf) appear where the original has none, or vice versa",
+        )
+    finite = np.isfinite(w)
+    diff = np.abs(w - g)[finite]
+    max_abs = float(diff.max()) if diff.size else 0.0
+    max_rel = float((diff / np.maximum(np.abs(w[finite]), 1e-12)).max()) if diff.size else 0.0
+    ok = bool(np.all(diff <= atol + rtol * np.abs(w[finite])))
+    return OutputCheck(name, dtype, list(want.shape), max_abs, max_rel, atol, rtol, ok)
+
+
+def run(model: ModelSource, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    sess = session(model)
+    names = [o.name for o in sess.get_outputs()]
+    return dict(zip(names, sess.run(names, feeds), strict=True))
+
+
+def compare(
+    original: ModelSource,
+    optimized: ModelSource,
+    feeds: dict[str, np.ndarray],
+    *,
+    bucket: str = "dynamic",
+    tolerances: dict[str, tuple[float, float]] | None = None,
+    reference: dict[str, np.ndarray] | None = None,
+) -> ValidationResult:
+    """Compare every output of ``optimized`` with ``original`` (or precomputed ``reference`` outputs)."""
+    tolerances = tolerances or {}
+    want = reference if reference is not None else run(original, feeds)
+    try:
+        got = run(optimized, feeds)
+    except Exception as err:  # ONNX Runtime rejecting our output is a validation failure, with its words
+        raise ValidationFailedError(
+            f"ONNX Runtime cannot run the optimised model (bucket {bucket}): {err}"
+        ) from err
+    checks = []
+    for name, value in want.items():
+        if name not in got:
+            checks.append(
+                OutputCheck(
+                    name,
+                    str(value.dtype),
+                    list(value.shape),
+                    float("inf"),
+                    float("inf"),
+                    0,
+                    0,
+                    False,
+                    "output missing from the optimised model",
+                )
+            )
+            continue
+        checks.append(_check_output(name, value, got[name], tolerances))
+    return ValidationResult(
+        bucket=bucket,
+        ok=all(c.ok for c in checks),
+        outputs=checks,
+        input_shapes={k: list(v.shape) for k, v in feeds.items()},
+    )
+
+
+def measure_latency(
+    models: dict[str, ModelSource],
+    feeds: dict[str, np.ndarray],
+    *,
+    repeats: int = 20,
+    warmup: int = 3,
+    level=ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+    threads: int = 1,
+    max_seconds: float = 30.0,
+) -> dict[str, float]:
+    """Median seconds per run for each model, measured interleaved (round-robin) in this process."""
+    sessions = {name: session(source, level=level, threads=threads) for name, source in models.items()}
+    for sess in sessions.values():
+        for _ in range(warmup):
+            sess.run(None, feeds)
+    samples: dict[str, list[float]] = {name: [] for name in sessions}
+    deadline = time.perf_counter() + max_seconds
+    for _ in range(repeats):
+        for name, sess in sessions.items():
+            start = time.perf_counter()
+            sess.run(None, feeds)
+            samples[name].append(time.perf_counter() - start)
+        if time.perf_counter() > deadline and all(len(s) >= 5 for s in samples.values()):
+            break
+    return {name: statistics.median(values) for name, values in samples.items()}
