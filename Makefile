@@ -1,0 +1,45 @@
+# The two commands of the quick start, and the benchmarks. Everything installs itself into .venv/.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN     = $(VENV)/bin
+
+.PHONY: serve test bench bench-large bench-service install lint
+
+# Install, optimise the example model shipped in the repo, then start the service on embedded defaults.
+serve: $(VENV)/.installed
+	$(BIN)/flexdsa optimize examples/tiny_bert.onnx --target cpu-ort -o out/tiny_bert
+	$(BIN)/flexdsa serve
+
+# The whole test suite: compiler core, service and workers against real PostgreSQL, Redis and Celery
+# workers, and the dashboard in headless Chromium.
+test: $(VENV)/.installed-test
+	scripts/check-test-services.sh
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest -q
+
+bench: $(VENV)/.installed-bench
+	$(BIN)/python -m bench
+
+bench-large: $(VENV)/.installed-bench
+	$(BIN)/python -m bench.large
+
+bench-service: $(VENV)/.installed-test
+	$(BIN)/python -m bench.service
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e .
+	touch $@
+
+$(VENV)/.installed-test: pyproject.toml $(VENV)/.installed
+	$(BIN)/pip install -q -e '.[test]'
+	scripts/install-browser.sh
+	touch $@
+
+$(VENV)/.installed-bench: pyproject.toml $(VENV)/.installed
+	$(BIN)/pip install -q -e '.[test,bench]'
+	$(BIN)/pip install -q torch==2.13.0
+	touch $@
