@@ -1,0 +1,638 @@
+"""The Shape Tracker: symbolic shapes with named dims, shape buckets, and specialisation.
+
+1. ``infer``: ONNX shape inference with data propagation (through ``onnx_ir``'s ``ShapeInferencePass``)
+   carries the graph inputs' named dims (``batch``, ``seq`` ...) through the graph. An input dim with no
+   name gets a fresh one (``<input>_dim<axis>``) so that it can be bucketed; what stays unknown is listed
+   with the op that produced it.
+2. ``buckets``: the values each dynamic dim is specialised to, per dim: the request's ``shape_buckets``,
+   else the target's ``default_shape_buckets``, else (static-shape targets only) ``batch -> 1``. One bucket
+   per combination, named ``batch1_seq128``. A dim nobody bucketed stays symbolic; a model with nothing
+   bucketed keeps one bucket, ``dynamic`` (or ``static`` when the model has no dynamic dim).
+3. ``specialize``: a copy of the model with the bucket's dims bound everywhere, shapes re-inferred and the
+   shape arithmetic (Shape -> Gather -> Concat -> Reshape ...) folded to constants by onnxscript's constant
+   folder. Only integer/bool-valued nodes are evaluated here; folding weights is the generic passes' job.
+4. ``update``: at run time, the bucket with the fewest padded input elements among those whose every dim
+   is >= the runtime dim (padding per input and axis is reported); when none fits, a new bucket for the
+   exact shape is specialised, memory-planned and kept.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import onnx_ir as ir
+from onnx_ir.passes.common import RemoveUnusedNodesPass, ShapeInferencePass
+from onnxscript.optimizer import fold_constants
+
+from flexdsa_core.errors import InvalidOptionsError
+from flexdsa_core.targets.spec import TargetSpec
+
+__all__ = [
+    "DYNAMIC_BUCKET",
+    "STATIC_BUCKET",
+    "Bucket",
+    "Selection",
+    "ShapeReport",
+    "ShapeTracker",
+    "UnknownShape",
+    "apply_input_shapes",
+]
+
+DYNAMIC_BUCKET = "dynamic"
+STATIC_BUCKET = "static"
+# A static-shape target with no bucket for a batch-like dim compiles for one sample at a time.
+DEFAULT_BATCH = 1
+# Combinations beyond this are almost always a mistake in shape_buckets, and each one is a full compile.
+MAX_BUCKETS = 64
+# ONNX shape inference names the dims it cannot relate to any input ``unk__<n>`` (data-dependent sizes).
+_ONNX_FRESH_DIM = re.compile(r"^unk__\d+$")
+
+Dim = int | str
+
+
+def is_batch_dim(name: str) -> bool:
+    """Whether a dim name reads as a batch size (``batch``, ``batch_size``, ``N`` ...)."""
+    return "batch" in name.lower() or name in ("N", "n", "B", "b", "bs")
+
+
+def _dim_out(dim: int | ir.SymbolicDim) -> Dim | None:
+    """A dim as plain data: an int, a name, or None when unknown."""
+    if isinstance(dim, int):
+        return dim
+    return dim.value
+
+
+def _shape_out(shape: ir.Shape | None) -> list[Dim | None] | None:
+    return None if shape is None else [_dim_out(d) for d in shape.dims]
+
+
+def _free_symbols(dim: ir.SymbolicDim) -> frozenset[str]:
+    """Symbols a dim depends on: itself for a plain name, the free symbols of an expression (``s0 + 1``)."""
+    if dim.value is None:
+        return frozenset()
+    if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", dim.value):
+        return frozenset([dim.value])
+    try:
+        return dim.free_symbols()
+    except Exception:  # sympy cannot parse every dim_param a exporter writes; treat it as one opaque name
+        return frozenset([dim.value])
+
+
+def _bind_dim(dim: int | ir.SymbolicDim, bindings: Mapping[str, int | str]) -> int | ir.SymbolicDim:
+    """``dim`` with the bound names replaced (by an int or another name); expressions evaluated."""
+    if isinstance(dim, int) or dim.value is None:
+        return dim
+    if dim.value in bindings:
+        new = bindings[dim.value]
+        return new if isinstance(new, int) else ir.SymbolicDim(new)
+    int_bindings = {k: v for k, v in bindings.items() if isinstance(v, int)}
+    if int_bindings and not (_free_symbols(dim) <= {dim.value}):
+        try:
+            return dim.evaluate(int_bindings)
+        except Exception:  # an unparseable expression stays as it is
+            return dim
+    return dim
+
+
+def _bind_shape(shape: ir.Shape | None, bindings: Mapping[str, int | str]) -> ir.Shape | None:
+    if shape is None:
+        return None
+    dims = [_bind_dim(d, bindings) for d in shape.dims]
+    if list(dims) == list(shape.dims):
+        return shape
+    return ir.Shape(dims)
+
+
+def _all_values(model: ir.Model) -> list[ir.Value]:
+    """Every value of the model: graph inputs and initializers, node outputs, in subgraphs too."""
+    seen: dict[int, ir.Value] = {}
+    graphs = [model.graph, *model.graphs()]
+    for graph in graphs:
+        for value in [*graph.inputs, *graph.initializers.values(), *graph.outputs]:
+            seen.setdefault(id(value), value)
+    for node in ir.traversal.RecursiveGraphIterator(model.graph):
+        for value in node.outputs:
+            seen.setdefault(id(value), value)
+    return list(seen.values())
+
+
+def _bind_model(model: ir.Model, bindings: Mapping[str, int | str]) -> None:
+    """Substitute dim names in every shape of the model, in place."""
+    if not bindings:
+        return
+    for value in _all_values(model):
+        if value.shape is not None:
+            value.shape = _bind_shape(value.shape, bindings)
+
+
+def _runtime_inputs(model: ir.Model) -> list[ir.Value]:
+    """The graph inputs a caller feeds (an input that is also an initializer is a default, not a feed)."""
+    return [v for v in model.graph.inputs if not v.is_initializer()]
+
+
+def _infer_shapes(model: ir.Model) -> None:
+    # Non-strict: one node ONNX cannot infer must not cost the shapes of every other node; whatever stays
+    # unknown is listed in the report.
+    ShapeInferencePass(check_type=False, strict_mode=False, data_prop=True)(model)
+
+
+def _safe_name(name: str) -> str:
+    """A dim name fit for a bucket (and so a file) name."""
+    return re.sub(r"[^A-Za-z0-9]+", "", name) or "dim"
+
+
+def _sanitize_identifier(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_]+", "_", name).strip("_") or "input"
+
+
+def apply_input_shapes(model: ir.Model, input_shapes: Mapping[str, Sequence[Dim]] | None) -> ir.Model:
+    """A copy of ``model`` with ``options.input_shapes`` applied: an int fixes a dim, a string names it.
+
+    A named dim an override replaces is replaced everywhere it appears (inputs not mentioned and
+    intermediate shapes too), since one name means one size in ONNX. Refused: unknown input names, a rank
+    that differs from the model's, changing a dim the model fixes, and one old name sent two ways.
+    """
+    model = model.clone()
+    if not input_shapes:
+        return model
+    inputs = {v.name: v for v in _runtime_inputs(model)}
+    unknown = sorted(set(input_shapes) - set(inputs))
+    if unknown:
+        raise InvalidOptionsError(
+            f"input_shapes names {', '.join(map(repr, unknown))}, which the model does not take as input. "
+            f"Model inputs: {', '.join(map(repr, inputs)) or '(none)'}.",
+            details={"unknown_inputs": unknown, "model_inputs": list(inputs)},
+        )
+    renames: dict[str, int | str] = {}
+    for input_name, dims in input_shapes.items():
+        value = inputs[input_name]
+        for axis, dim in enumerate(dims):
+            if (
+                isinstance(dim, bool)
+                or not isinstance(dim, int | str)
+                or dim == ""
+                or (isinstance(dim, int) and dim < 0)
+            ):
+                raise InvalidOptionsError(
+                    f"input_shapes[{input_name!r}][{axis}] is {dim!r}: give a size >= 0 or a dim name."
+                )
+        if value.shape is None:
+            continue
+        if len(dims) != value.shape.rank():
+            raise InvalidOptionsError(
+                f"input_shapes[{input_name!r}] has rank {len(dims)}, but the model's input has rank "
+                f"{value.shape.rank()} ({_shape_out(value.shape)}). Give one entry per axis.",
+            )
+        for axis, (old, new) in enumerate(zip(value.shape.dims, dims, strict=True)):
+            if isinstance(old, int):
+                if old != new:
+                    raise InvalidOptionsError(
+                        f"input_shapes[{input_name!r}][{axis}] is {new!r}, but the model fixes that axis "
+                        f"to {old}. Only dynamic dims can be overridden.",
+                    )
+                continue
+            if old.value is None:
+                continue
+            if renames.get(old.value, new) != new:
+                raise InvalidOptionsError(
+                    f"Dim {old.value!r} is set to both {renames[old.value]!r} and {new!r} by input_shapes; "
+                    "one name stands for one size, so give it one value.",
+                )
+            renames[old.value] = new
+    _bind_model(model, renames)
+    for input_name, dims in input_shapes.items():
+        inputs[input_name].shape = ir.Shape(list(dims))
+    return model
+
+
+@dataclass
+class UnknownShape:
+    """A tensor whose shape inference could not (fully) tell."""
+
+    tensor: str
+    op_type: str
+    node: str
+    reason: str
+
+    def as_dict(self) -> dict[str, str]:
+        return {"tensor": self.tensor, "op_type": self.op_type, "node": self.node, "reason": self.reason}
+
+
+@dataclass
+class ShapeReport:
+    """What ``ShapeTracker.infer`` found: the inputs' named dims and every tensor still unknown."""
+
+    inputs: dict[str, list[Dim | None] | None]
+    outputs: dict[str, list[Dim | None] | None]
+    # Dim name -> where it appears on the inputs, as (input name, axis).
+    dims: dict[str, list[tuple[str, int]]]
+    # '<input>[<axis>]' -> the fresh name an unnamed input dim was given.
+    named_dims: dict[str, str]
+    unknown: list[UnknownShape]
+    counts: dict[str, int]
+
+    @property
+    def dynamic_dims(self) -> list[str]:
+        return list(self.dims)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "inputs": self.inputs,
+            "outputs": self.outputs,
+            "dims": {name: [{"input": i, "axis": a} for i, a in where] for name, where in self.dims.items()},
+            "named_dims": self.named_dims,
+            "unknown": [u.as_dict() for u in self.unknown],
+            "counts": self.counts,
+        }
+
+
+@dataclass
+class Bucket:
+    """One specialisation: the dims it fixes (``dims``); dims it does not name stay symbolic."""
+
+    name: str
+    dims: dict[str, int]
+    # Added by ``ShapeTracker.update`` for a runtime shape no planned bucket fitted.
+    from_runtime: bool = False
+
+    def input_shapes(self, model: ir.Model) -> dict[str, list[Dim | None]]:
+        """The model's input shapes under this bucket: ints where fixed, names where still symbolic."""
+        shapes: dict[str, list[Dim | None]] = {}
+        for value in _runtime_inputs(model):
+            bound = _bind_shape(value.shape, self.dims)
+            shapes[value.name] = _shape_out(bound) or []
+        return shapes
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "dims": dict(self.dims), "from_runtime": self.from_runtime}
+
+
+@dataclass
+class Selection:
+    """What ``ShapeTracker.update`` chose for one runtime shape."""
+
+    bucket: Bucket
+    model: ir.Model
+    # Runtime value of every dynamic dim.
+    dims: dict[str, int]
+    # Per input, per axis: elements to pad at the end of that axis to reach the bucket's shape.
+    padding: dict[str, list[int]]
+    new_bucket: bool
+    memory_plan: Any = None  # flexdsa_core.memory_planner.MemoryPlan for a newly specialised bucket
+
+    @property
+    def needs_padding(self) -> bool:
+        return any(any(p) for p in self.padding.values())
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "bucket": self.bucket.name,
+            "dims": self.dims,
+            "padding": self.padding,
+            "needs_padding": self.needs_padding,
+            "new_bucket": self.new_bucket,
+            "memory_plan": self.memory_plan.as_dict() if self.memory_plan is not None else None,
+        }
+
+
+class ShapeTracker:
+    """Symbolic shapes, buckets and specialisation for one model (the tracker works on its own copy)."""
+
+    def __init__(self, model: ir.Model, *, input_shapes: Mapping[str, Sequence[Dim]] | None = None) -> None:
+        self.model = apply_input_shapes(model, input_shapes)
+        self._report: ShapeReport | None = None
+        self._buckets: list[Bucket] = []
+        self._specialized: dict[str, ir.Model] = {}
+        self._specialization_info: dict[str, dict[str, Any]] = {}
+
+    # ---- inference -------------------------------------------------------------------------------
+    def infer(self) -> ShapeReport:
+        """Name unnamed input dims, run shape inference with data propagation, and report."""
+        if self._report is not None:
+            return self._report
+        named_dims = self._name_input_dims()
+        _infer_shapes(self.model)
+        self._report = self._build_report(named_dims)
+        return self._report
+
+    def _name_input_dims(self) -> dict[str, str]:
+        taken = {
+            symbol
+            for value in _all_values(self.model)
+            if value.shape is not None
+            for dim in value.shape.dims
+            if isinstance(dim, ir.SymbolicDim)
+            for symbol in _free_symbols(dim)
+        }
+        named: dict[str, str] = {}
+        for value in _runtime_inputs(self.model):
+            if value.shape is None or not value.shape.has_unknown_dim():
+                continue
+            dims = list(value.shape.dims)
+            for axis, dim in enumerate(dims):
+                if isinstance(dim, ir.SymbolicDim) and dim.value is None:
+                    base = fresh = f"{_sanitize_identifier(value.name)}_dim{axis}"
+                    n = 1
+                    while fresh in taken:
+                        fresh, n = f"{base}_{n}", n + 1
+                    taken.add(fresh)
+                    dims[axis] = ir.SymbolicDim(fresh)
+                    named[f"{value.name}[{axis}]"] = fresh
+            value.shape = ir.Shape(dims)
+        return named
+
+    def _build_report(self, named_dims: dict[str, str]) -> ShapeReport:
+        graph = self.model.graph
+        inputs = {v.name: _shape_out(v.shape) for v in _runtime_inputs(self.model)}
+        dims: dict[str, list[tuple[str, int]]] = {}
+        for value in _runtime_inputs(self.model):
+            for axis, dim in enumerate(value.shape.dims if value.shape is not None else ()):
+                if (
+                    isinstance(dim, ir.SymbolicDim)
+                    and dim.value is not None
+                    and _free_symbols(dim) <= {dim.value}
+                ):
+                    dims.setdefault(dim.value, []).append((value.name, axis))
+        known_symbols = set(dims)
+        unknown: list[UnknownShape] = []
+        counts = {"tensors": 0, "static": 0, "symbolic": 0, "unknown": 0}
+        for node in graph:
+            for value in node.outputs:
+                if not value.name:
+                    continue
+                counts["tensors"] += 1
+                reason = _unknown_reason(value, known_symbols)
+                if reason is not None:
+                    counts["unknown"] += 1
+                    unknown.append(UnknownShape(value.name, node.op_type, node.name or "", reason))
+                elif value.shape.is_static():
+                    counts["static"] += 1
+                else:
+                    counts["symbolic"] += 1
+        outputs = {v.name: _shape_out(v.shape) for v in graph.outputs}
+        counts["inputs"] = len(inputs)
+        counts["dynamic_dims"] = len(dims)
+        return ShapeReport(inputs, outputs, dims, named_dims, unknown, counts)
+
+    # ---- buckets ---------------------------------------------------------------------------------
+    def buckets(self, shape_buckets: Mapping[str, Sequence[int]] | None, target: TargetSpec) -> list[Bucket]:
+        """The buckets to compile for: see the module docstring for where each dim's values come from."""
+        report = self.infer()
+        requested = dict(shape_buckets or {})
+        unknown = sorted(set(requested) - set(report.dims))
+        if unknown:
+            raise InvalidOptionsError(
+                f"shape_buckets names {', '.join(map(repr, unknown))}, which is not a dynamic dim of the model's "
+                f"inputs. Dynamic dims: {', '.join(map(repr, report.dims)) or '(none: the model is static)'}.",
+                details={"unknown_dims": unknown, "dynamic_dims": list(report.dims)},
+            )
+        values: dict[str, list[int]] = {}
+        for dim_name, where in report.dims.items():
+            if dim_name in requested:
+                values[dim_name] = _checked_values(dim_name, requested[dim_name], "shape_buckets")
+            elif dim_name in target.default_shape_buckets:
+                values[dim_name] = _checked_values(
+                    dim_name,
+                    target.default_shape_buckets[dim_name],
+                    f"target {target.name!r} default_shape_buckets",
+                )
+            elif target.static_shapes:
+                if not is_batch_dim(dim_name):
+                    input_name, axis = where[0]
+                    raise InvalidOptionsError(
+                        f"Target {target.name!r} needs static shapes, and dim {dim_name!r} (input {input_name!r}, "
+                        f"axis {axis}) has no bucket. Pass options.shape_buckets, e.g. "
+                        f'{{"{dim_name}": [128]}}, or fix it with options.input_shapes.',
+                        details={"dim": dim_name, "input": input_name, "axis": axis},
+                    )
+                values[dim_name] = [DEFAULT_BATCH]
+        if not values:
+            name = DYNAMIC_BUCKET if report.dims else STATIC_BUCKET
+            self._buckets = [Bucket(name, {})]
+            return list(self._buckets)
+        combos = math.prod(len(v) for v in values.values())
+        if combos > MAX_BUCKETS:
+            raise InvalidOptionsError(
+                f"shape_buckets make {combos} combinations (at most {MAX_BUCKETS}): each one is compiled "
+                "separately. Give fewer values per dim.",
+            )
+        names = list(values)
+        self._buckets = []
+        for combo in itertools.product(*(values[n] for n in names)):
+            self._buckets.append(self._new_bucket(dict(zip(names, combo, strict=True))))
+        return list(self._buckets)
+
+    def _new_bucket(self, dims: dict[str, int], *, from_runtime: bool = False) -> Bucket:
+        base = name = "_".join(f"{_safe_name(d)}{v}" for d, v in dims.items()) or STATIC_BUCKET
+        existing = {b.name for b in self._buckets}
+        n = 2
+        while name in existing:
+            name, n = f"{base}_{n}", n + 1
+        return Bucket(name, dims, from_runtime=from_runtime)
+
+    # ---- specialisation --------------------------------------------------------------------------
+    def specialize(self, bucket: Bucket) -> ir.Model:
+        """A copy of the model with the bucket's dims fixed, shapes re-inferred, shape arithmetic folded.
+
+        Cached per bucket name: a bucket is specialised once.
+        """
+        if bucket.name in self._specialized:
+            return self._specialized[bucket.name]
+        self.infer()
+        model = self.model.clone()
+        nodes_before = sum(1 for _ in ir.traversal.RecursiveGraphIterator(model.graph))
+        _bind_model(model, bucket.dims)
+        _infer_shapes(model)
+        fold_constants(model, onnx_shape_inference=True, should_fold=_fold_only_shape_arithmetic)
+        RemoveUnusedNodesPass()(model)
+        _infer_shapes(model)
+        nodes_after = sum(1 for _ in ir.traversal.RecursiveGraphIterator(model.graph))
+        still_dynamic = [
+            v.name for n in model.graph for v in n.outputs if v.shape is None or not v.shape.is_static()
+        ]
+        self._specialized[bucket.name] = model
+        self._specialization_info[bucket.name] = {
+            "nodes_before": nodes_before,
+            "nodes_after": nodes_after,
+            "still_dynamic_tensors": still_dynamic,
+        }
+        return model
+
+    def specialization_info(self, bucket_name: str) -> dict[str, Any]:
+        """Node counts before/after folding and the tensors still not static, for a specialised bucket."""
+        return dict(self._specialization_info[bucket_name])
+
+    # ---- run time --------------------------------------------------------------------------------
+    def update(self, concrete_input_shapes: Mapping[str, Sequence[int]]) -> Selection:
+        """The bucket for a runtime shape: the smallest that fits (with padding), or a new exact one."""
+        from flexdsa_core.memory_planner import plan_memory
+
+        self.infer()
+        runtime_dims = self._runtime_dims(concrete_input_shapes)
+        fitting = [b for b in self._buckets if all(runtime_dims.get(d, 0) <= v for d, v in b.dims.items())]
+        if fitting:
+            bucket = min(
+                fitting,
+                key=lambda b: (self._padded_elements(b, concrete_input_shapes), len(b.dims) == 0, b.name),
+            )
+            return Selection(
+                bucket=bucket,
+                model=self.specialize(bucket),
+                dims=runtime_dims,
+                padding=self._padding(bucket, concrete_input_shapes),
+                new_bucket=False,
+            )
+        bucket = self._new_bucket(dict(runtime_dims), from_runtime=True)
+        self._buckets.append(bucket)
+        model = self.specialize(bucket)
+        return Selection(
+            bucket=bucket,
+            model=model,
+            dims=runtime_dims,
+            padding=self._padding(bucket, concrete_input_shapes),
+            new_bucket=True,
+            memory_plan=plan_memory(model),
+        )
+
+    def _runtime_dims(self, concrete: Mapping[str, Sequence[int]]) -> dict[str, int]:
+        inputs = {v.name: v for v in _runtime_inputs(self.model)}
+        unknown = sorted(set(concrete) - set(inputs))
+        missing = sorted(set(inputs) - set(concrete))
+        if unknown or missing:
+            parts = []
+            if unknown:
+                parts.append(f"unknown input(s) {', '.join(map(repr, unknown))}")
+            if missing:
+                parts.append(f"missing input(s) {', '.join(map(repr, missing))}")
+            raise InvalidOptionsError(
+                f"Runtime shapes have {' and '.join(parts)}. Model inputs: {', '.join(map(repr, inputs))}.",
+                details={"unknown_inputs": unknown, "missing_inputs": missing},
+            )
+        bound: dict[str, tuple[int, str]] = {}
+        for name, value in inputs.items():
+            shape = list(concrete[name])
+            if any(isinstance(d, bool) or not isinstance(d, int) or d < 0 for d in shape):
+                raise InvalidOptionsError(
+                    f"Runtime shape of input {name!r} is {shape}: every dim must be an int >= 0."
+                )
+            if value.shape is None:
+                continue
+            if len(shape) != value.shape.rank():
+                raise InvalidOptionsError(
+                    f"Input {name!r} has rank {value.shape.rank()} ({_shape_out(value.shape)}), but the runtime "
+                    f"shape {shape} has rank {len(shape)}.",
+                    details={"input": name, "expected": _shape_out(value.shape), "got": shape},
+                )
+            for axis, (dim, size) in enumerate(zip(value.shape.dims, shape, strict=True)):
+                if isinstance(dim, int):
+                    if dim != size:
+                        raise InvalidOptionsError(
+                            f"Input {name!r} axis {axis} is fixed to {dim} in the model; the runtime shape "
+                            f"{shape} has {size} there.",
+                            details={"input": name, "axis": axis, "expected": dim, "got": size},
+                        )
+                elif dim.value is not None and dim.value in self._report.dims:
+                    previous = bound.get(dim.value)
+                    if previous is not None and previous[0] != size:
+                        raise InvalidOptionsError(
+                            f"Dim {dim.value!r} is {previous[0]} on input {previous[1]!r} but {size} on input "
+                            f"{name!r}; inputs sharing a dim name must agree on its size.",
+                        )
+                    bound[dim.value] = (size, name)
+        return {d: bound[d][0] for d in self._report.dims if d in bound}
+
+    def _padded_shape(self, bucket: Bucket, value: ir.Value, runtime: Sequence[int]) -> list[int]:
+        if value.shape is None:
+            return list(runtime)
+        padded = []
+        for dim, size in zip(value.shape.dims, runtime, strict=True):
+            target = bucket.dims.get(dim.value) if isinstance(dim, ir.SymbolicDim) else None
+            padded.append(target if target is not None else size)
+        return padded
+
+    def _padding(self, bucket: Bucket, concrete: Mapping[str, Sequence[int]]) -> dict[str, list[int]]:
+        return {
+            v.name: [
+                p - s
+                for p, s in zip(
+                    self._padded_shape(bucket, v, concrete[v.name]), concrete[v.name], strict=True
+                )
+            ]
+            for v in _runtime_inputs(self.model)
+        }
+
+    def _padded_elements(self, bucket: Bucket, concrete: Mapping[str, Sequence[int]]) -> int:
+        return sum(
+            math.prod(self._padded_shape(bucket, v, concrete[v.name])) for v in _runtime_inputs(self.model)
+        )
+
+    # ---- manifest --------------------------------------------------------------------------------
+    def manifest(self) -> dict[str, Any]:
+        """How a runtime maps input shapes to buckets; goes into the package's ``manifest.json``."""
+        report = self.infer()
+        entries = []
+        for bucket in self._buckets:
+            entry = {
+                "name": bucket.name,
+                "dims": dict(bucket.dims),
+                "input_shapes": bucket.input_shapes(self.model),
+                # A runtime dim d fits when 1 <= d <= the bucket's value; dims not listed are dynamic.
+                "accepts": {d: [1, v] for d, v in bucket.dims.items()},
+                "dynamic_dims": [d for d in report.dims if d not in bucket.dims],
+                "from_runtime": bucket.from_runtime,
+            }
+            info = self._specialization_info.get(bucket.name)
+            if info is not None:
+                entry["still_dynamic_tensors"] = len(info["still_dynamic_tensors"])
+            entries.append(entry)
+        return {
+            "dims": {
+                name: [{"input": i, "axis": a} for i, a in where] for name, where in report.dims.items()
+            },
+            "policy": (
+                "Among the buckets whose every dim is >= the runtime dim, take the one with the fewest padded "
+                "input elements; pad each input with zeros at the end of each bucketed axis up to the bucket's "
+                "size (the model must tolerate that padding, e.g. through an attention mask). If none fits, "
+                "re-specialise for the exact shape."
+            ),
+            "dim_values": {d: sorted({b.dims[d] for b in self._buckets if d in b.dims}) for d in report.dims},
+            "buckets": entries,
+        }
+
+
+def _checked_values(dim_name: str, values: Sequence[int], where: str) -> list[int]:
+    if not values:
+        raise InvalidOptionsError(f"{where} gives no value for dim {dim_name!r}; give at least one size.")
+    bad = [v for v in values if isinstance(v, bool) or not isinstance(v, int) or v < 1]
+    if bad:
+        raise InvalidOptionsError(f"{where}[{dim_name!r}] has {bad}: every bucket size must be an int >= 1.")
+    return sorted(set(values))
+
+
+def _unknown_reason(value: ir.Value, known_symbols: set[str]) -> str | None:
+    if value.shape is None:
+        return "rank unknown: shape inference gave no shape"
+    unresolved = []
+    for axis, dim in enumerate(value.shape.dims):
+        if isinstance(dim, int):
+            continue
+        if dim.value is None:
+            unresolved.append(f"axis {axis} unknown")
+        elif _ONNX_FRESH_DIM.match(dim.value) or not _free_symbols(dim) <= known_symbols:
+            unresolved.append(f"axis {axis} is {dim.value!r}, not derived from the input dims")
+    return "; ".join(unresolved) if unresolved else None
+
+
+_SHAPE_DTYPES = frozenset({ir.DataType.INT64, ir.DataType.INT32, ir.DataType.BOOL})
+
+
+def _fold_only_shape_arithmetic(node: ir.Node) -> bool | None:
+    """Evaluate only integer/bool-valued nodes (shape arithmetic); weights are the generic passes' to fold."""
+    if all(out.dtype in _SHAPE_DTYPES for out in node.outputs):
+        return None
+    return False
