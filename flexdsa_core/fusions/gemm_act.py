@@ -1,0 +1,58 @@
+"""``Act(Gemm(a, b, c))`` → ``com.microsoft::FusedGemm(a, b, c, activation=Act)``.
+
+Gemm keeps its alpha, beta, transA and transB. ONNX Runtime's CPU FusedGemm runs Relu, LeakyRelu
+(``activation_alpha``), Sigmoid, Tanh and HardSigmoid (``activation_alpha``, ``activation_beta``) on
+float32; it has no Clip, so ReLU6 after a Gemm stays two nodes.
+"""
+
+from __future__ import annotations
+
+import onnx_ir as ir
+from onnxscript.rewriter._basics import MatchResult
+from onnxscript.rewriter._rewrite_rule import RewriteRuleClassBase
+
+from flexdsa_core.fusions._activation import activation_pattern, read_activation
+from flexdsa_core.fusions.base import make_rule
+
+ACTIVATIONS = ("Relu", "Sigmoid", "Tanh", "LeakyRelu", "HardSigmoid")
+_PARAM_ATTRIBUTES = ("activation_alpha", "activation_beta")
+
+
+class GemmActivation(RewriteRuleClassBase):
+    """Act(Gemm(a, b, c)) → FusedGemm(a, b, c, activation=Act)"""
+
+    def __init__(self, activation: str):
+        super().__init__(name=f"GemmActivation[{activation}]")
+        self.activation = activation
+
+    def pattern(self, op, a):
+        return activation_pattern(
+            op, self.activation, op.Gemm(a, _allow_other_inputs=True, _outputs=["gemm_out"])
+        )
+
+    def check(self, context, a, gemm_out, act_out) -> MatchResult:
+        result = MatchResult()
+        if a.type is None or a.type.dtype != ir.DataType.FLOAT:
+            return result.fail("FusedGemm runs on float32 only.")
+        return result
+
+    def rewrite(self, op, a, gemm_out, act_out):
+        gemm = gemm_out.producer()
+        activation = read_activation(act_out.producer())
+        attributes = dict(gemm.attributes.items())
+        attributes.update(zip(_PARAM_ATTRIBUTES, activation.params, strict=False))
+        return op.FusedGemm(
+            *gemm.inputs, activation=activation.op_type, _domain="com.microsoft", **attributes
+        )
+
+
+RULES = [
+    make_rule(
+        "gemm_act",
+        "Gemm + activation into com.microsoft::FusedGemm.",
+        ["com.microsoft::FusedGemm"],
+        [GemmActivation.rule(act) for act in ACTIVATIONS],
+        order=40,
+        opset_imports={"com.microsoft": 1},
+    ),
+]
