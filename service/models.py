@@ -33,7 +33,7 @@ from sqlalchemy import (
     UniqueConstraint,
 )
 from sqlalchemy.dialects.postgresql import JSONB
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, object_session, relationship
 
 
 def utcnow() -> datetime:
@@ -159,10 +159,10 @@ class Job(Base):
 
     tenant: Mapped[Tenant] = relationship()
     events: Mapped[list[JobEvent]] = relationship(
-        back_populates="job", cascade="all, delete-orphan", order_by="JobEvent.id"
+        back_populates="job", cascade="all, delete-orphan", order_by="JobEvent.id", passive_deletes=True
     )
     artifacts: Mapped[list[Artifact]] = relationship(
-        back_populates="job", cascade="all, delete-orphan", order_by="Artifact.name"
+        back_populates="job", cascade="all, delete-orphan", order_by="Artifact.name", passive_deletes=True
     )
 
     @property
@@ -170,11 +170,17 @@ class Job(Base):
         return self.status in TERMINAL_STATUSES
 
     def record(self, kind: str, message: str | None = None) -> JobEvent:
-        """Append an event carrying the job's current status/stage/progress (the caller commits)."""
+        """Add an event carrying the job's current status/stage/progress to its session (the caller commits)."""
         event = JobEvent(
             kind=kind, status=self.status, stage=self.stage, progress=self.progress, message=message, at=utcnow()
         )
-        self.events.append(event)
+        session = object_session(self)
+        if session is None or self.id is None:
+            self.events.append(event)  # a new job: its event list is empty and nothing is loaded
+        else:
+            # Added directly rather than appended, so recording progress never loads a long event history.
+            event.job_id = self.id
+            session.add(event)
         return event
 
 
