@@ -1,0 +1,99 @@
+"""Raising a model's ONNX opset import so that a rule may emit an op from a newer opset.
+
+A fused op such as ``LayerNormalization`` (opset 17) or ``RMSNormalization`` (opset 23) only passes the
+ONNX checker when the graph imports that opset. Moving the import from version ``v`` to ``target`` keeps
+the model's meaning when no node it holds changed meaning or signature in ``(v, target]``; the few ops
+that did are listed below with the version that changed them. Below opset 13 too much changed
+(Softmax's axis semantics, Squeeze/Unsqueeze/ReduceSum/Split axes moved to inputs): such a model needs
+the version converter first, and the rule refuses with that sentence.
+
+A rule uses this in two steps, because ``check`` must not modify the model: ``check`` asks
+``upgrade_refusal`` and remembers the model, ``rewrite`` marks the upgrade as pending, and the rule's
+``cleanup`` hook (run once the graph has been rewritten) calls ``raise_default_opset``.
+"""
+
+from __future__ import annotations
+
+import onnx_ir as ir
+
+from flexdsa_core.fusions._reduce_axes import node_label
+
+OLDEST_UPGRADABLE = 13
+
+# op_type -> the opset versions (above 13) at which its meaning or signature changed.
+_CHANGED_AT: dict[str, tuple[int, ...]] = {
+    "RoiAlign": (16,),  # default coordinate_transformation_mode became half_pixel
+    "ReduceL1": (18,),  # Reduce*: axes moved from an attribute to an input
+    "ReduceL2": (18,),
+    "ReduceLogSum": (18,),
+    "ReduceLogSumExp": (18,),
+    "ReduceMax": (18,),
+    "ReduceMean": (18,),
+    "ReduceMin": (18,),
+    "ReduceProd": (18,),
+    "ReduceSumSquare": (18,),
+    "DFT": (20,),  # axis moved from an attribute to an input
+    "GridSample": (20,),  # mode names changed (bilinear -> linear, bicubic -> cubic)
+    "GroupNormalization": (21,),  # scale and bias became per channel instead of per group
+}
+
+
+def default_opset(graph_or_function: ir.Graph | ir.Function, model: ir.Model) -> int | None:
+    imports = (
+        graph_or_function.opset_imports if isinstance(graph_or_function, ir.Function) else model.opset_imports
+    )
+    return imports.get("", imports.get("ai.onnx"))
+
+
+def upgrade_refusal(model: ir.Model, graph_or_function: ir.Graph | ir.Function, target: int) -> str | None:
+    """``None`` when the ONNX import can be raised to ``target`` without changing meaning, else why not."""
+    current = default_opset(graph_or_function, model)
+    if current is None:
+        return "The graph imports no ONNX opset."
+    if current >= target:
+        return None
+    if isinstance(graph_or_function, ir.Function):
+        return f"Function '{graph_or_function.name}' imports ONNX opset {current} < {target}; functions are not upgraded."
+    if current < OLDEST_UPGRADABLE:
+        return (
+            f"The model imports ONNX opset {current}; the fused op needs opset {target} and models below "
+            f"opset {OLDEST_UPGRADABLE} must go through the version converter first."
+        )
+    for node in ir.traversal.RecursiveGraphIterator(model.graph):
+        if node.domain not in ("", "ai.onnx"):
+            continue
+        changed = [v for v in _CHANGED_AT.get(node.op_type, ()) if current < v <= target]
+        if changed:
+            return (
+                f"The fused op needs ONNX opset {target} but the model imports {current} and its node "
+                f"{node_label(node)} changed meaning at opset {changed[0]}."
+            )
+    return None
+
+
+def raise_default_opset(model: ir.Model, target: int) -> None:
+    """Import ONNX opset ``target`` (never lowers it); valid only after ``upgrade_refusal`` said None."""
+    key = "ai.onnx" if "ai.onnx" in model.opset_imports and "" not in model.opset_imports else ""
+    if model.opset_imports.get(key, 0) < target:
+        model.opset_imports[key] = target
+
+
+class OpsetUpgrade:
+    """The check/rewrite/cleanup bookkeeping for a rule whose fused op needs ONNX opset ``target``."""
+
+    def __init__(self, target: int):
+        self.target = target
+        self._model: ir.Model | None = None
+        self._pending = False
+
+    def refusal(self, context) -> str | None:
+        self._model = context.model
+        return upgrade_refusal(context.model, context.graph_or_function, self.target)
+
+    def mark_rewritten(self) -> None:
+        self._pending = True
+
+    def finish(self) -> None:
+        if self._pending and self._model is not None:
+            raise_default_opset(self._model, self.target)
+        self._pending = False

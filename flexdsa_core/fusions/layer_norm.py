@@ -1,0 +1,113 @@
+"""LayerNorm written out in primitives → one ``LayerNormalization`` (ONNX opset 17).
+
+    y = (x - mean(x)) / sqrt(mean((x - mean(x))^2) + eps) * scale + bias      (means over the last axis)
+
+Exporters below opset 17 write LayerNorm this way. ONNX Runtime runs ``LayerNormalization`` at any opset,
+but the ONNX checker knows it only from opset 17, so when the model imports opset 13-16 the rule raises
+the import to 17 (see ``_opset_upgrade``: safe unless the model holds an op whose meaning changed) and
+refuses, with the reason, below 13. Two rewrites: the normalisation times ``scale`` becomes
+``LayerNormalization(x, scale)``, then a following ``+ bias`` folds into its third input.
+"""
+
+from __future__ import annotations
+
+import onnx_ir as ir
+from onnxscript.rewriter import _ir_utils, pattern
+
+from flexdsa_core.fusions._opset_upgrade import OpsetUpgrade
+from flexdsa_core.fusions._reduce_axes import last_axis_refusal, node_label
+from flexdsa_core.fusions.base import make_rule
+
+LAYER_NORM_OPSET = 17
+_FLOAT_TYPES = frozenset({ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16, ir.DataType.DOUBLE})
+
+
+def _vector_refusal(name: str, value: ir.Value, x: ir.Value) -> str | None:
+    """None when ``value`` is a 1-D tensor as long as the last axis of ``x`` (as LayerNormalization needs)."""
+    if value.shape is None or value.shape.rank() != 1:
+        return f"The {name} '{value.name}' is not known to be a 1-D tensor."
+    last = x.shape[-1] if x.shape is not None and x.shape.rank() else None
+    if isinstance(last, int) and value.shape[0] != last:
+        return f"The {name} '{value.name}' has {value.shape[0]} elements, the normalised axis {last}."
+    if value.dtype != x.dtype:
+        return f"The {name} '{value.name}' is {value.dtype}, the input {x.dtype}."
+    return None
+
+
+class LayerNormFusion(pattern.RewriteRuleClassBase):
+    """Mul(Div(Sub(x, ReduceMean(x)), Sqrt(Add(ReduceMean(Pow(Sub(..), 2)), eps))), scale) → LayerNormalization(x, scale)"""
+
+    def __init__(self):
+        super().__init__("LayerNormFusion")
+        self._upgrade = OpsetUpgrade(LAYER_NORM_OPSET)
+
+    def pattern(self, op, x, scale, epsilon):
+        mean = op.ReduceMean(x, _allow_other_inputs=True, _outputs=["mean"])
+        deviation = op.Sub(x, mean)
+        squared = pattern.OrValue([op.Pow(deviation, 2.0), op.Mul(deviation, deviation)])
+        variance = op.ReduceMean(squared, _allow_other_inputs=True, _outputs=["variance"])
+        std_dev = op.Sqrt(op.Add(variance, epsilon))
+        normalized = pattern.OrValue([op.Div(deviation, std_dev), op.Mul(deviation, op.Reciprocal(std_dev))])
+        return op.Mul(normalized, scale)
+
+    def check(self, context, x, scale, epsilon, mean, variance, **_) -> pattern.MatchResult:
+        result = pattern.MatchResult()
+        if x.dtype not in _FLOAT_TYPES:
+            return result.fail(
+                f"Input '{x.name}' is {x.dtype}, not a float type LayerNormalization takes.", x
+            )
+        for reduce in (mean, variance):
+            if (reason := last_axis_refusal(reduce.producer(), x)) is not None:
+                return result.fail(reason, reduce)
+        if _ir_utils.get_singleton_value(epsilon) is None:
+            return result.fail(f"Epsilon '{epsilon.name}' is not a constant scalar.", epsilon)
+        if (reason := _vector_refusal("scale", scale, x)) is not None:
+            return result.fail(reason, scale)
+        if (reason := self._upgrade.refusal(context)) is not None:
+            return result.fail(reason)
+        return result
+
+    def rewrite(self, op, x, scale, epsilon, **_):
+        self._upgrade.mark_rewritten()
+        stash_type = ir.DataType.DOUBLE if x.dtype == ir.DataType.DOUBLE else ir.DataType.FLOAT
+        return op.LayerNormalization(
+            x,
+            scale,
+            axis=-1,
+            epsilon=float(_ir_utils.get_singleton_value(epsilon)),
+            stash_type=stash_type,
+        )
+
+    def cleanup(self):
+        self._upgrade.finish()
+
+
+class LayerNormBiasFusion(pattern.RewriteRuleClassBase):
+    """Add(LayerNormalization(x, scale), bias) → LayerNormalization(x, scale, bias)"""
+
+    def pattern(self, op, x, scale, bias):
+        return op.Add(op.LayerNormalization(x, scale, _outputs=["normalized"]), bias)
+
+    def check(self, context, x, bias, normalized, **_) -> pattern.MatchResult:
+        result = pattern.MatchResult()
+        axis = normalized.producer().attributes.get_int("axis", -1)
+        rank = x.shape.rank() if x.shape is not None else None
+        if axis != -1 and (rank is None or axis != rank - 1):
+            return result.fail(f"{node_label(normalized.producer())} normalises axis {axis}, not the last.")
+        if (reason := _vector_refusal("bias", bias, x)) is not None:
+            return result.fail(reason, bias)
+        return result
+
+    def rewrite(self, op, x, scale, bias, normalized, **_):
+        return op.LayerNormalization(x, scale, bias, **normalized.producer().attributes)
+
+
+RULES = [
+    make_rule(
+        "layer_norm",
+        "LayerNorm written as ReduceMean/Sub/Pow/ReduceMean/Add/Sqrt/Div/Mul/Add → one LayerNormalization",
+        ["LayerNormalization"],
+        [*LayerNormFusion.rule().commute(), *LayerNormBiasFusion.rule().commute()],
+        order=10,
+    )
+]

@@ -1,0 +1,112 @@
+"""layer_norm: the primitive LayerNorm (both ReduceMean forms, both operand orders) → LayerNormalization."""
+
+from __future__ import annotations
+
+import onnx
+import pytest
+
+from tests.core.fusions.harness import apply_rule, assert_fuses, assert_not_fused, parse
+
+_HEADER = """
+<ir_version: 10, opset_import: ["" : {opset}]>
+ln (float[2, 4, 8] x) => (float[2, 4, 8] y)
+<float[8] scale = {{1.5, 0.5, 1, 2, -1, 0.25, 3, 1}}, float[8] bias = {{0.1, 0.2, 0.3, 0.4, -0.5, 0, 1, -1}},
+ float eps = {{1e-5}}, float two = {{2.0}}{extra}>
+"""
+
+# Opset < 18: ReduceMean takes its axes as an attribute (the TorchScript exporter at opset 13-17).
+ATTR_AXES = (
+    _HEADER.format(opset=13, extra="")
+    + """{
+    mean = ReduceMean <axes = [-1]> (x)
+    d = Sub (x, mean)
+    d2 = Pow (d, two)
+    var = ReduceMean <axes = [-1]> (d2)
+    ve = Add (var, eps)
+    std = Sqrt (ve)
+    n = Div (d, std)
+    ns = Mul (n, scale)
+    y = Add (ns, bias)
+}"""
+)
+
+# Opset 18: axes as an input; the other operand orders and the Mul/Reciprocal spelling.
+INPUT_AXES = (
+    _HEADER.format(opset=18, extra=", int64[1] axes = {-1}")
+    + """{
+    mean = ReduceMean (x, axes)
+    d = Sub (x, mean)
+    d2 = Mul (d, d)
+    var = ReduceMean (d2, axes)
+    ve = Add (eps, var)
+    std = Sqrt (ve)
+    inv = Reciprocal (std)
+    n = Mul (d, inv)
+    ns = Mul (scale, n)
+    y = Add (bias, ns)
+}"""
+)
+
+
+def _opset(model: onnx.ModelProto) -> int:
+    return next(o.version for o in model.opset_import if o.domain == "")
+
+
+def test_fuses_opset_13_and_raises_the_import_to_17():
+    fused = assert_fuses("layer_norm", ATTR_AXES, ["LayerNormalization"])
+    assert _opset(fused) == 17
+    assert len(fused.graph.node[0].input) == 3  # the bias folded in
+
+
+def test_fuses_axes_input_and_swapped_operands():
+    fused = assert_fuses("layer_norm", INPUT_AXES, ["LayerNormalization"])
+    assert _opset(fused) == 18
+
+
+def test_fuses_without_bias():
+    text = ATTR_AXES.replace("ns = Mul (n, scale)\n    y = Add (ns, bias)", "y = Mul (n, scale)")
+    fused = assert_fuses("layer_norm", text.replace('"" : 13', '"" : 17'), ["LayerNormalization"])
+    assert len(fused.graph.node[0].input) == 2
+
+
+def test_positive_last_axis_is_the_last_axis():
+    text = ATTR_AXES.replace("axes = [-1]", "axes = [2]")
+    assert_fuses("layer_norm", text, ["LayerNormalization"])
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        pytest.param(("axes = [-1]", "axes = [1]"), id="not-the-last-axis"),
+        pytest.param(('"" : 13', '"" : 12'), id="opset-below-13"),
+        pytest.param(
+            ("float[2, 4, 8] y)", "float[2, 4, 8] y, float[2, 4, 8] d)"), id="deviation-used-outside"
+        ),
+    ],
+)
+def test_refuses(change):
+    old, new = change
+    text = ATTR_AXES.replace(old, new)
+    assert_not_fused("layer_norm", text)
+
+
+def test_refuses_an_epsilon_that_is_not_constant():
+    text = ATTR_AXES.replace("float eps = {1e-5}, ", "").replace(
+        "(float[2, 4, 8] x)", "(float[2, 4, 8] x, float eps)"
+    )
+    assert_not_fused("layer_norm", text)
+
+
+def test_refuses_opset_upgrade_over_an_op_that_changed_meaning():
+    text = ATTR_AXES.replace(
+        "ln (float[2, 4, 8] x) => (float[2, 4, 8] y)",
+        "ln (float[2, 4, 8] x, float[1, 3, 4, 4] img, float[1, 4] rois, int64[1] idx) => (float[2, 4, 8] y, float[1, 3, 2, 2] pooled)",
+    )
+    text = text.replace(
+        "    y = Add (ns, bias)",
+        "    y = Add (ns, bias)\n    pooled = RoiAlign <output_height = 2, output_width = 2> (img, rois, idx)",
+    )
+    model = parse(text)
+    fused, count = apply_rule("layer_norm", model)
+    assert count == 0
+    assert _opset(fused) == 13
