@@ -1,0 +1,276 @@
+"""The service's kernel-cache layers and their statistics.
+
+``build_kernel_cache(settings)`` stacks ``LRU -> Redis -> Postgres`` (distributed) or ``LRU -> SQL table``
+(embedded, the same ``kernel_cache`` table on SQLite). Every backend honours the core's contract: a cache
+that is down is a cache that misses, so ``get``/``put`` log the outage and never raise. After a backend
+call fails, that layer is skipped for ``retry_after_s`` so a dead Redis costs one timeout, not one per kernel.
+
+Statistics (hits, misses, puts, seconds saved) are counted per job by ``MeteredCache`` in the pipeline
+process and added to a shared total by ``record_cache_stats``: the Redis hash ``flexdsa:cache:stats`` when
+Redis is configured, else a reserved row of the ``kernel_cache`` table. ``read_cache_stats`` is what
+``GET /cache/stats`` shows.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from flexdsa_core.cache import LayeredCache, LRUCache
+
+log = logging.getLogger(__name__)
+
+STATS_KEY = "flexdsa:cache:stats"
+KERNEL_KEY_PREFIX = "flexdsa:kernel:"
+# The embedded-mode stats live in the kernel_cache table under a key no kernel can have (kernel keys
+# start with "kernel:").
+SQL_STATS_ROW = "__flexdsa_cache_stats__"
+DEFAULT_REDIS_TTL_S = 7 * 24 * 3600
+LRU_ENTRIES = 4096
+
+
+class _Breaker:
+    """Skips a backend for a while after it failed, so an outage costs one timeout per window."""
+
+    def __init__(self, name: str, retry_after_s: float) -> None:
+        self.name = name
+        self.retry_after_s = retry_after_s
+        self._open_until = 0.0
+        self._lock = threading.Lock()
+
+    def allows(self) -> bool:
+        return time.monotonic() >= self._open_until
+
+    def trip(self, action: str, err: BaseException) -> None:
+        with self._lock:
+            already_open = time.monotonic() < self._open_until
+            self._open_until = time.monotonic() + self.retry_after_s
+        if not already_open:
+            log.warning(
+                "kernel cache layer %s unavailable (%s: %s); treating it as a miss for %.0f s",
+                self.name, action, err, self.retry_after_s,
+            )
+
+
+class RedisCache:
+    """The hot layer: kernel entries in Redis with an expiry (refreshed on every put)."""
+
+    name = "redis"
+
+    def __init__(self, url: str, ttl_s: int = DEFAULT_REDIS_TTL_S, *, timeout_s: float = 1.0,
+                 retry_after_s: float = 10.0) -> None:
+        import redis
+
+        self.ttl_s = ttl_s
+        self._client = redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
+        self._breaker = _Breaker(self.name, retry_after_s)
+
+    def get(self, key: str) -> bytes | None:
+        if not self._breaker.allows():
+            return None
+        try:
+            return self._client.get(KERNEL_KEY_PREFIX + key)
+        except Exception as err:  # a down cache is a miss, whatever the client raised
+            self._breaker.trip("get", err)
+            return None
+
+    def put(self, key: str, value: bytes) -> None:
+        if not self._breaker.allows():
+            return
+        try:
+            self._client.set(KERNEL_KEY_PREFIX + key, value, ex=self.ttl_s)
+        except Exception as err:
+            self._breaker.trip("put", err)
+
+
+class PostgresCache:
+    """The durable layer: the ``kernel_cache`` table (Postgres in distributed mode, SQLite embedded).
+
+    A hit bumps ``hits``/``last_hit_at`` so an operator can see which kernels earn their keep and prune
+    the rest by ``last_hit_at``.
+    """
+
+    name = "postgres"
+
+    def __init__(self, session_factory: Callable[[], Any], *, retry_after_s: float = 10.0) -> None:
+        self._sessions = session_factory
+        self._breaker = _Breaker(self.name, retry_after_s)
+
+    def get(self, key: str) -> bytes | None:
+        from sqlalchemy import select, update
+
+        from service.models import KernelCacheEntry, utcnow
+
+        if not self._breaker.allows():
+            return None
+        try:
+            with self._sessions() as session, session.begin():
+                value = session.scalar(select(KernelCacheEntry.value).where(KernelCacheEntry.key == key))
+                if value is not None:
+                    session.execute(
+                        update(KernelCacheEntry)
+                        .where(KernelCacheEntry.key == key)
+                        .values(hits=KernelCacheEntry.hits + 1, last_hit_at=utcnow())
+                    )
+                return bytes(value) if value is not None else None
+        except Exception as err:
+            self._breaker.trip("get", err)
+            return None
+
+    def put(self, key: str, value: bytes) -> None:
+        if not self._breaker.allows():
+            return
+        try:
+            with self._sessions() as session, session.begin():
+                session.execute(_insert_ignoring_duplicates(session, key, value))
+        except Exception as err:
+            self._breaker.trip("put", err)
+
+
+def _insert_ignoring_duplicates(session, key: str, value: bytes):
+    """INSERT ... ON CONFLICT DO NOTHING: two workers measuring the same kernel at once both succeed."""
+    from service.models import KernelCacheEntry
+
+    if session.get_bind().dialect.name == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert
+    else:
+        from sqlalchemy.dialects.sqlite import insert
+    return insert(KernelCacheEntry).values(key=key, value=value).on_conflict_do_nothing(index_elements=["key"])
+
+
+class MeteredCache(LayeredCache):
+    """``LayeredCache`` that also accepts ``saved(seconds)`` from the core, for the time-saved statistic."""
+
+    def saved(self, seconds: float) -> None:
+        self.stats.seconds_saved += max(0.0, float(seconds))
+
+
+def build_kernel_cache(settings, session_factory: Callable[[], Any] | None = None) -> MeteredCache:
+    """The kernel cache a job's pipeline uses: LRU -> Redis -> SQL table (Redis only when configured)."""
+    from workers.db import session_factory_for
+
+    layers: list = [LRUCache(LRU_ENTRIES)]
+    if settings.redis_url:
+        ttl_s = int(os.environ.get("FLEXDSA_KERNEL_CACHE_TTL_S", DEFAULT_REDIS_TTL_S))
+        layers.append(RedisCache(settings.redis_url, ttl_s))
+    layers.append(PostgresCache(session_factory or session_factory_for(settings)))
+    return MeteredCache(*layers)
+
+
+# --- statistics ---------------------------------------------------------------------------------------
+
+_COUNTERS = ("hits", "misses", "puts")
+
+
+def record_cache_stats(settings, stats: dict, session_factory: Callable[[], Any] | None = None) -> None:
+    """Add one job's cache statistics (``CacheStats.as_dict()``) to the service-wide totals. Never raises."""
+    increments = {name: int(stats.get(name) or 0) for name in _COUNTERS}
+    seconds_saved = float(stats.get("seconds_saved") or 0.0)
+    by_layer = {f"hits_{layer}": int(n) for layer, n in (stats.get("hits_by_layer") or {}).items()}
+    if not any(increments.values()) and not seconds_saved:
+        return
+    try:
+        if settings.redis_url:
+            _record_in_redis(settings.redis_url, increments | by_layer, seconds_saved)
+        else:
+            _record_in_sql(session_factory or _default_sessions(settings), increments | by_layer, seconds_saved)
+    except Exception as err:
+        log.warning("could not record kernel cache statistics (%s); they are lost for this job", err)
+
+
+def read_cache_stats(settings, session_factory: Callable[[], Any] | None = None) -> dict:
+    """Service-wide totals: hits, misses, puts, hit_rate, seconds_saved, hits_by_layer, entries (durable)."""
+    totals: dict[str, Any] = {}
+    try:
+        if settings.redis_url:
+            import redis
+
+            client = redis.Redis.from_url(settings.redis_url, socket_timeout=2, socket_connect_timeout=2)
+            totals = {k.decode(): v.decode() for k, v in client.hgetall(STATS_KEY).items()}
+        else:
+            totals = _read_sql_stats(session_factory or _default_sessions(settings))
+    except Exception as err:
+        log.warning("could not read kernel cache statistics: %s", err)
+    return _shape_stats(totals, _count_entries(session_factory or _default_sessions(settings)))
+
+
+def _shape_stats(raw: dict, entries: int | None) -> dict:
+    hits, misses = int(float(raw.get("hits", 0))), int(float(raw.get("misses", 0)))
+    return {
+        "hits": hits,
+        "misses": misses,
+        "puts": int(float(raw.get("puts", 0))),
+        "hit_rate": round(hits / (hits + misses), 4) if hits + misses else 0.0,
+        "seconds_saved": round(float(raw.get("seconds_saved", 0.0)), 3),
+        "hits_by_layer": {
+            k.removeprefix("hits_"): int(float(v)) for k, v in raw.items() if k.startswith("hits_")
+        },
+        "entries": entries,
+    }
+
+
+def _record_in_redis(url: str, increments: dict[str, int], seconds_saved: float) -> None:
+    import redis
+
+    client = redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
+    pipe = client.pipeline(transaction=True)
+    for name, n in increments.items():
+        if n:
+            pipe.hincrby(STATS_KEY, name, n)
+    if seconds_saved:
+        pipe.hincrbyfloat(STATS_KEY, "seconds_saved", seconds_saved)
+    pipe.execute()
+
+
+def _record_in_sql(session_factory, increments: dict[str, int], seconds_saved: float) -> None:
+    from sqlalchemy import select
+
+    from service.models import KernelCacheEntry
+
+    with session_factory() as session, session.begin():
+        session.execute(_insert_ignoring_duplicates(session, SQL_STATS_ROW, b"{}"))
+        # Row lock on Postgres; SQLite serialises writers anyway.
+        row = session.scalar(
+            select(KernelCacheEntry).where(KernelCacheEntry.key == SQL_STATS_ROW).with_for_update()
+        )
+        totals = json.loads(bytes(row.value) or b"{}")
+        for name, n in increments.items():
+            totals[name] = int(totals.get(name, 0)) + n
+        totals["seconds_saved"] = float(totals.get("seconds_saved", 0.0)) + seconds_saved
+        row.value = json.dumps(totals).encode()
+
+
+def _read_sql_stats(session_factory) -> dict:
+    from sqlalchemy import select
+
+    from service.models import KernelCacheEntry
+
+    with session_factory() as session:
+        value = session.scalar(select(KernelCacheEntry.value).where(KernelCacheEntry.key == SQL_STATS_ROW))
+    return json.loads(bytes(value)) if value else {}
+
+
+def _count_entries(session_factory) -> int | None:
+    from sqlalchemy import func, select
+
+    from service.models import KernelCacheEntry
+
+    try:
+        with session_factory() as session:
+            return session.scalar(
+                select(func.count()).select_from(KernelCacheEntry).where(KernelCacheEntry.key != SQL_STATS_ROW)
+            )
+    except Exception as err:
+        log.warning("could not count kernel cache entries: %s", err)
+        return None
+
+
+def _default_sessions(settings):
+    from workers.db import session_factory_for
+
+    return session_factory_for(settings)

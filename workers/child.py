@@ -1,0 +1,181 @@
+"""The pipeline process: ``python -m workers.child`` runs one job's optimisation, isolated from the worker.
+
+ONNX Runtime runs native code on untrusted models; a model that segfaults it must fail its job, not kill
+the worker. So the worker (``workers.execute``) starts this process per job and only watches it.
+
+Protocol. stdin: one JSON line ``{"job_id", "model_blob_key", "model_filename", "spec", "settings"}``,
+then kept open: EOF on stdin means the worker died, and this process exits at once. stdout: JSON lines,
+``{"type": "progress", "stage", "fraction", "message"}`` while running, then exactly one of
+``{"type": "result", "artifacts": [{"name", "blob_key", "size", "content_type"}], "report_summary",
+"cache_stats"}`` or ``{"type": "error", "code", "message", "details", "cache_stats"}``. Anything the
+libraries print goes to stderr (fd 1 is re-pointed there), which the worker keeps for crash reports.
+Artifacts are written to the content-addressed store before the result is sent, so the worker only records
+rows; blobs written by an attempt that then dies are harmless (same content, same key).
+
+Test-only hooks (environment, never set in production): ``FLEXDSA_TEST_OPTIMIZER=module:Class`` swaps the
+optimizer class, ``FLEXDSA_TEST_STAGE_DELAY_S`` sleeps at every stage change so a job is deterministically
+slow, ``FLEXDSA_TEST_CHILD_ABORT=1`` calls ``os.abort()`` before optimising (a native crash).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import logging
+import mimetypes
+import os
+import signal
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from pathlib import Path, PurePath
+
+log = logging.getLogger("workers.child")
+
+_CONTENT_TYPES = {
+    ".onnx": "application/octet-stream",
+    ".json": "application/json",
+    ".py": "text/x-python",
+    ".sh": "text/x-shellscript",
+    ".txt": "text/plain",
+    ".md": "text/markdown",
+    ".cfg": "text/plain",
+    ".ini": "text/plain",
+    ".zip": "application/zip",
+}
+
+
+def content_type_for(name: str) -> str:
+    suffix = PurePath(name).suffix.lower()
+    return _CONTENT_TYPES.get(suffix) or mimetypes.guess_type(name)[0] or "application/octet-stream"
+
+
+class _Channel:
+    """JSON lines to the worker over the original stdout, one writer at a time."""
+
+    def __init__(self, fd: int) -> None:
+        self._stream = os.fdopen(fd, "w", buffering=1, encoding="utf-8")
+        self._lock = threading.Lock()
+
+    def send(self, message: dict) -> None:
+        line = json.dumps(message, default=str)
+        with self._lock:
+            self._stream.write(line + "\n")
+            self._stream.flush()
+
+
+def _die_with_worker() -> None:
+    """On Linux, have the kernel SIGKILL us when the worker dies (PR_SET_PDEATHSIG), so a pipeline never
+    outlives the worker that watches it; the stdin watch below covers other systems and the startup race."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(Exception):
+            import ctypes
+
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
+
+
+def _exit_when_worker_dies() -> None:
+    """The worker holds our stdin open; EOF means it is gone, and an orphaned pipeline must not linger."""
+    try:
+        while sys.stdin.buffer.read(65536):
+            pass
+    finally:
+        os._exit(70)
+
+
+def _optimizer_class():
+    override = os.environ.get("FLEXDSA_TEST_OPTIMIZER")
+    if override:
+        module_name, _, class_name = override.partition(":")
+        return getattr(importlib.import_module(module_name), class_name)
+    from flexdsa_core import FlexDSAOptimizer
+
+    return FlexDSAOptimizer
+
+
+def _progress_reporter(channel: _Channel):
+    delay_s = float(os.environ.get("FLEXDSA_TEST_STAGE_DELAY_S") or 0)
+    last_stage: list[str | None] = [None]
+
+    def progress(stage: str, fraction: float, message: str = "") -> None:
+        channel.send({"type": "progress", "stage": stage, "fraction": float(fraction), "message": message})
+        if stage != last_stage[0]:
+            last_stage[0] = stage
+            if delay_s:
+                time.sleep(delay_s)
+
+    return progress
+
+
+def run(request: dict, channel: _Channel) -> dict:
+    """Run one job's pipeline; return the result message (FlexDSAError and bugs become error messages)."""
+    from flexdsa_core import FlexDSAError, RequestSpec
+    from service.config import Settings
+    from service.storage import make_store
+    from workers.cache_backends import build_kernel_cache
+
+    settings = Settings(**request["settings"])
+    store = make_store(settings)
+    cache = build_kernel_cache(settings)
+    try:
+        spec = RequestSpec.model_validate(request["spec"])
+        with tempfile.TemporaryDirectory(prefix="flexdsa-job-") as work_dir:
+            # Only the base name: the upload's name never chooses where we write.
+            model_path = Path(work_dir) / (PurePath(request["model_filename"] or "model.onnx").name or "model.onnx")
+            with store.open(request["model_blob_key"]) as source, open(model_path, "wb") as target:
+                while chunk := source.read(1024 * 1024):
+                    target.write(chunk)
+            if os.environ.get("FLEXDSA_TEST_CHILD_ABORT") == "1":
+                os.abort()
+            optimizer = _optimizer_class()(spec.target_spec())
+            result = optimizer.optimize(
+                model_path, spec.options(), cache=cache, progress=_progress_reporter(channel)
+            )
+        artifacts = []
+        for name, content in sorted(result.artifacts.items()):
+            data = content if isinstance(content, bytes) else str(content).encode()
+            artifacts.append({
+                "name": name,
+                "blob_key": store.put_bytes(data),
+                "size": len(data),
+                "content_type": content_type_for(name),
+            })
+        return {
+            "type": "result",
+            "artifacts": artifacts,
+            "report_summary": result.report_summary(),
+            "cache_stats": cache.stats.as_dict(),
+        }
+    except FlexDSAError as err:
+        return {
+            "type": "error", "code": err.code, "message": err.message, "details": err.details,
+            "cache_stats": cache.stats.as_dict(),
+        }
+    except Exception as err:  # a bug in the core: final, with the traceback for whoever fixes it
+        return {
+            "type": "error",
+            "code": "internal_error",
+            "message": f"the optimizer failed unexpectedly: {type(err).__name__}: {err}",
+            "details": {"traceback": traceback.format_exc(limit=20)},
+            "cache_stats": cache.stats.as_dict(),
+        }
+
+
+def main() -> int:
+    _die_with_worker()
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    # Keep the real stdout for the protocol; anything a library prints lands in stderr instead.
+    channel = _Channel(os.dup(1))
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    request = json.loads(sys.stdin.readline())
+    threading.Thread(target=_exit_when_worker_dies, name="worker-watch", daemon=True).start()
+    channel.send(run(request, channel))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,49 @@
+"""``enqueue(job_id, settings)``: hand a committed job to whoever runs jobs in this mode.
+
+Distributed: publish ``flexdsa.run_job(job_id)`` to the broker. Embedded: put the id on the in-process
+worker's queue. Call it only after the job row is committed (the worker may start before this returns).
+It never raises: a broker outage leaves the job ``queued`` in the database, and the reconciler publishes it
+again once the broker is back, so the API can still answer 202.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+log = logging.getLogger(__name__)
+
+_apps: dict[str, object] = {}
+_apps_lock = threading.Lock()
+
+
+def celery_app_for(settings):
+    """The Celery app publishing to ``settings.broker_url`` (one per broker URL, built on first use)."""
+    from workers import app as app_module
+
+    if settings.broker_url == app_module.app.conf.broker_url:
+        return app_module.app
+    with _apps_lock:
+        app = _apps.get(settings.broker_url)
+        if app is None:
+            app = _apps[settings.broker_url] = app_module.create_celery(settings)
+        return app
+
+
+def enqueue(job_id: str, settings) -> bool:
+    """Publish the job; True when handed over, False when it stays for the reconciler."""
+    if settings.mode == "embedded":
+        from workers import inprocess
+
+        return inprocess.submit(job_id, settings)
+    from workers.app import QUEUE, TASK_NAME
+
+    try:
+        celery_app_for(settings).send_task(
+            TASK_NAME, args=[job_id], queue=QUEUE,
+            retry=True, retry_policy={"max_retries": 2, "interval_start": 0.2, "interval_step": 0.5},
+        )
+        return True
+    except Exception as err:
+        log.warning("job %s: could not publish to the broker (%s); the reconciler will retry", job_id, err)
+        return False
