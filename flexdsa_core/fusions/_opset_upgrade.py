@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import onnx_ir as ir
 
-from flexdsa_core.fusions._reduce_axes import node_label
+from flexdsa_core.fusions._norm_checks import node_label
 
 OLDEST_UPGRADABLE = 13
 

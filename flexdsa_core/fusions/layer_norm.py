@@ -14,24 +14,12 @@ from __future__ import annotations
 import onnx_ir as ir
 from onnxscript.rewriter import _ir_utils, pattern
 
+from flexdsa_core.fusions._norm_checks import last_axis_refusal, node_label, vector_refusal
 from flexdsa_core.fusions._opset_upgrade import OpsetUpgrade
-from flexdsa_core.fusions._reduce_axes import last_axis_refusal, node_label
 from flexdsa_core.fusions.base import make_rule
 
 LAYER_NORM_OPSET = 17
 _FLOAT_TYPES = frozenset({ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16, ir.DataType.DOUBLE})
-
-
-def _vector_refusal(name: str, value: ir.Value, x: ir.Value) -> str | None:
-    """None when ``value`` is a 1-D tensor as long as the last axis of ``x`` (as LayerNormalization needs)."""
-    if value.shape is None or value.shape.rank() != 1:
-        return f"The {name} '{value.name}' is not known to be a 1-D tensor."
-    last = x.shape[-1] if x.shape is not None and x.shape.rank() else None
-    if isinstance(last, int) and value.shape[0] != last:
-        return f"The {name} '{value.name}' has {value.shape[0]} elements, the normalised axis {last}."
-    if value.dtype != x.dtype:
-        return f"The {name} '{value.name}' is {value.dtype}, the input {x.dtype}."
-    return None
 
 
 class LayerNormFusion(pattern.RewriteRuleClassBase):
@@ -61,7 +49,7 @@ class LayerNormFusion(pattern.RewriteRuleClassBase):
                 return result.fail(reason, reduce)
         if _ir_utils.get_singleton_value(epsilon) is None:
             return result.fail(f"Epsilon '{epsilon.name}' is not a constant scalar.", epsilon)
-        if (reason := _vector_refusal("scale", scale, x)) is not None:
+        if (reason := vector_refusal("scale", scale, x)) is not None:
             return result.fail(reason, scale)
         if (reason := self._upgrade.refusal(context)) is not None:
             return result.fail(reason)
@@ -94,7 +82,7 @@ class LayerNormBiasFusion(pattern.RewriteRuleClassBase):
         rank = x.shape.rank() if x.shape is not None else None
         if axis != -1 and (rank is None or axis != rank - 1):
             return result.fail(f"{node_label(normalized.producer())} normalises axis {axis}, not the last.")
-        if (reason := _vector_refusal("bias", bias, x)) is not None:
+        if (reason := vector_refusal("bias", bias, x)) is not None:
             return result.fail(reason, bias)
         return result
 

@@ -1,4 +1,5 @@
-"""Reading a ReduceMean's axes in both of its forms: an ``axes`` attribute (opset < 18) or an input (18+)."""
+"""Checks shared by the normalisation rules: a ReduceMean's axes in both forms (an ``axes`` attribute
+before opset 18, an input from 18), and the 1-D scale/bias vectors the fused ops take."""
 
 from __future__ import annotations
 
@@ -31,3 +32,15 @@ def last_axis_refusal(node: ir.Node, x: ir.Value) -> str | None:
     if axes == [-1] or (rank is not None and axes == [rank - 1]):
         return None
     return f"{node_label(node)} reduces axes {axes}, not only the last axis."
+
+
+def vector_refusal(name: str, value: ir.Value, x: ir.Value) -> str | None:
+    """None when ``value`` is a 1-D tensor of ``x``'s dtype as long as its last axis, else why not."""
+    if value.shape is None or value.shape.rank() != 1:
+        return f"The {name} '{value.name}' is not known to be a 1-D tensor."
+    last = x.shape[-1] if x.shape is not None and x.shape.rank() else None
+    if isinstance(last, int) and value.shape[0] != last:
+        return f"The {name} '{value.name}' has {value.shape[0]} elements, the normalised axis {last}."
+    if value.dtype != x.dtype:
+        return f"The {name} '{value.name}' is {value.dtype}, the input {x.dtype}."
+    return None
