@@ -310,6 +310,14 @@ class ShapeTracker:
         self._specialized: dict[str, ir.Model] = {}
         self._specialization_info: dict[str, dict[str, Any]] = {}
 
+    def apply_input_shapes(self, input_shapes: Mapping[str, Sequence[Dim]] | None) -> None:
+        """Apply ``options.input_shapes`` (see the module function) and start over from inference."""
+        self.model = apply_input_shapes(self.model, input_shapes)
+        self._report = None
+        self._buckets = []
+        self._specialized.clear()
+        self._specialization_info.clear()
+
     # ---- inference -------------------------------------------------------------------------------
     def infer(self) -> ShapeReport:
         """Name unnamed input dims, run shape inference with data propagation, and report."""
@@ -439,10 +447,11 @@ class ShapeTracker:
     def specialize(self, bucket: Bucket) -> ir.Model:
         """A copy of the model with the bucket's dims fixed, shapes re-inferred, shape arithmetic folded.
 
-        Cached per bucket name: a bucket is specialised once.
+        A bucket is specialised once; every call returns a fresh copy of that result (weights shared), so
+        a caller may rewrite it freely and ask again, e.g. to recompile with some rewrites switched off.
         """
         if bucket.name in self._specialized:
-            return self._specialized[bucket.name]
+            return self._specialized[bucket.name].clone()
         self.infer()
         model = self.model.clone()
         nodes_before = sum(1 for _ in ir.traversal.RecursiveGraphIterator(model.graph))
@@ -461,7 +470,7 @@ class ShapeTracker:
             "nodes_after": nodes_after,
             "still_dynamic_tensors": still_dynamic,
         }
-        return model
+        return model.clone()
 
     def specialization_info(self, bucket_name: str) -> dict[str, Any]:
         """Node counts before/after folding and the tensors still not static, for a specialised bucket."""
