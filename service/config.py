@@ -45,6 +45,7 @@ class Settings(BaseSettings):
     max_attempts: int = Field(3, ge=1)
     lease_seconds: int = Field(60, gt=0, description="A worker's claim on a job lapses unless renewed this often.")
     reconcile_interval_s: int = Field(15, gt=0, description="How often expired leases are swept and re-queued.")
+    embedded_worker: bool = Field(True, description="Embedded mode: run the in-process worker inside the API.")
     embedded_worker_threads: int = Field(1, ge=1)
 
     auth: AuthPolicy | None = Field(

@@ -1,0 +1,81 @@
+"""Liveness, readiness and metrics: unauthenticated, for orchestrators and Prometheus."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from sqlalchemy import text
+
+from flexdsa_core import __version__
+from service.db import check_migrated
+from service.errors import NotReady
+from service.schemas import ErrorResponse, Health, Readiness
+
+router = APIRouter(tags=["operations"])
+
+
+@router.get("/healthz", response_model=Health, summary="The process is up")
+def healthz(request: Request) -> Health:
+    return Health(status="ok", version=__version__, mode=request.app.state.settings.mode)
+
+
+def _check_database(app) -> None:
+    with app.state.engine.connect() as connection:
+        connection.execute(text("SELECT 1"))
+    check_migrated(app.state.engine)
+
+
+def _check_redis(url: str) -> None:
+    import redis
+
+    client = redis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=2)
+    try:
+        client.ping()
+    finally:
+        client.close()
+
+
+def _check_broker(url: str) -> None:
+    if url.startswith(("redis://", "rediss://")):
+        return _check_redis(url)
+    from kombu import Connection
+
+    with Connection(url, connect_timeout=2) as connection:
+        connection.ensure_connection(max_retries=1)
+
+
+def _first_line(err: Exception) -> str:
+    text_ = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {text_[0] if text_ else ''}"
+
+
+@router.get(
+    "/readyz",
+    response_model=Readiness,
+    summary="Ready to take work: database reachable and migrated, broker/Redis reachable, artifacts writable",
+    responses={503: {"model": ErrorResponse, "description": "Not ready; details.checks says what failed"}},
+)
+def readyz(request: Request) -> Readiness:
+    app, settings = request.app, request.app.state.settings
+    checks: dict[str, tuple] = {"database": (_check_database, app), "artifact_store": (app.state.store.check_writable,)}
+    if settings.broker_url:
+        checks["broker"] = (_check_broker, settings.broker_url)
+    if settings.redis_url:
+        checks["redis"] = (_check_redis, settings.redis_url)
+    results, failed = {}, []
+    for name, (check, *args) in checks.items():
+        try:
+            check(*args)
+            results[name] = "ok"
+        except Exception as err:
+            results[name] = _first_line(err) if name != "database" or "flexdsa db upgrade" not in str(err) else str(err)
+            failed.append(name)
+    if failed:
+        raise NotReady(f"Not ready: {', '.join(failed)} failed. " + " ".join(results[n] for n in failed),
+                       details={"checks": results})
+    return Readiness(status="ready", checks=results)
+
+
+@router.get("/metrics", summary="Prometheus metrics", response_class=Response)
+def metrics(request: Request) -> Response:
+    return Response(generate_latest(request.app.state.metrics.registry), media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,107 @@
+"""The FastAPI application: ``create_app(settings=None)``.
+
+Routers are found by discovery: every module in ``service/api/`` exporting ``router`` is included, so a
+new endpoint group (the dashboard, say) is one new file. Start-up checks the database (embedded SQLite is
+migrated on the spot; any other database must already be migrated) and, in embedded mode, starts the
+in-process worker.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import pkgutil
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from starlette.concurrency import run_in_threadpool
+
+import service.api
+from flexdsa_core import __version__
+from service.config import Settings, get_settings
+from service.db import make_engine, make_session_factory, prepare_database
+from service.errors import install_error_handlers
+from service.metrics import Metrics, MetricsMiddleware
+from service.storage import make_store
+
+log = logging.getLogger("flexdsa.service")
+
+
+def discover_routers():
+    for info in sorted(pkgutil.iter_modules(service.api.__path__), key=lambda i: i.name):
+        if info.name.startswith("_") or info.name == "deps":
+            continue
+        module = importlib.import_module(f"{service.api.__name__}.{info.name}")
+        router = getattr(module, "router", None)
+        if router is not None:
+            yield info.name, router
+
+
+def _start_embedded_worker(settings: Settings):
+    try:
+        from workers import inprocess
+    except ImportError as err:
+        log.warning("embedded worker not started (workers.inprocess unavailable: %s); jobs stay queued", err)
+        return None
+    return inprocess.start(settings)
+
+
+def _stop_embedded_worker(handle) -> None:
+    stop = getattr(handle, "stop", None)
+    if stop is None:
+        try:
+            from workers import inprocess
+
+            stop = getattr(inprocess, "stop", None)
+        except ImportError:
+            return
+    if stop is not None:
+        stop()
+
+
+@asynccontextmanager
+async def lifespan(app: FastAPI):
+    settings: Settings = app.state.settings
+    await run_in_threadpool(prepare_database, settings, app.state.engine)
+    worker = None
+    if settings.mode == "embedded" and settings.embedded_worker:
+        worker = await run_in_threadpool(_start_embedded_worker, settings)
+    try:
+        yield
+    finally:
+        if worker is not None:
+            await run_in_threadpool(_stop_embedded_worker, worker)
+        if app.state.redis is not None:
+            app.state.redis.close()
+        app.state.engine.dispose()
+
+
+def _redis_client(settings: Settings):
+    if not settings.redis_url:
+        return None
+    import redis
+
+    return redis.Redis.from_url(settings.redis_url, socket_connect_timeout=2, socket_timeout=5)
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or get_settings()
+    app = FastAPI(
+        title="Flex-DSA",
+        version=__version__,
+        description="Verified ONNX model optimisation for edge accelerators. Authenticate with the "
+        "`X-API-Key` header. Every error answers `{\"error\": {\"code\", \"message\", \"details\"}}`.",
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.engine = make_engine(settings.database_url)
+    app.state.session_factory = make_session_factory(app.state.engine)
+    app.state.store = make_store(settings)
+    app.state.redis = _redis_client(settings)
+    app.state.metrics = Metrics(app.state.session_factory)
+
+    install_error_handlers(app)
+    app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
+    for _name, router in discover_routers():
+        app.include_router(router)
+    return app

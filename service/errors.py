@@ -1,0 +1,134 @@
+"""Every error the service answers, and the ONE place where errors become HTTP responses.
+
+Whatever goes wrong, the body has one shape: ``{"error": {"code": ..., "message": ..., "details": ...}}``.
+``code`` is stable and machine-readable; ``message`` says what was wrong and what to do.
+Domain errors from the core (``FlexDSAError``) carry their own code and status; the service's own
+errors are ``ServiceError`` subclasses; framework errors (validation, 404 on unknown routes, 405...)
+and unhandled exceptions are rewritten here too.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from flexdsa_core import FlexDSAError
+from service.db import DatabaseNotMigratedError
+
+log = logging.getLogger("flexdsa.service")
+
+
+class ServiceError(Exception):
+    status = 400
+    code = "bad_request"
+
+    def __init__(self, message: str, *, details: Any = None, code: str | None = None, headers=None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.details = details if details is not None else {}
+        self.headers = headers
+        if code is not None:
+            self.code = code
+
+
+class Unauthorized(ServiceError):
+    status = 401
+    code = "unauthorized"
+
+
+class NotFound(ServiceError):
+    status = 404
+    code = "not_found"
+
+
+class Conflict(ServiceError):
+    status = 409
+    code = "conflict"
+
+
+class PayloadTooLarge(ServiceError):
+    status = 413
+    code = "payload_too_large"
+
+
+class InvalidRequest(ServiceError):
+    status = 422
+    code = "invalid_request"
+
+
+class QuotaExceeded(ServiceError):
+    status = 429
+    code = "quota_exceeded"
+
+
+class NotReady(ServiceError):
+    status = 503
+    code = "not_ready"
+
+
+_STATUS_CODES = {
+    400: "bad_request",
+    401: "unauthorized",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    409: "conflict",
+    413: "payload_too_large",
+    415: "unsupported_media_type",
+    422: "invalid_request",
+    429: "quota_exceeded",
+    500: "internal_error",
+    503: "not_ready",
+}
+
+
+def error_body(code: str, message: str, details: Any = None) -> dict:
+    return {"error": {"code": code, "message": message, "details": jsonable_encoder(details or {})}}
+
+
+def error_response(status: int, code: str, message: str, details: Any = None, headers=None) -> JSONResponse:
+    return JSONResponse(error_body(code, message, details), status_code=status, headers=headers)
+
+
+def _validation_details(errors) -> list[dict]:
+    # Drop 'input' (it can echo a whole uploaded spec back) and 'url'; keep where and what.
+    return [
+        {"loc": list(err.get("loc", ())), "msg": err.get("msg", ""), "type": err.get("type", "")} for err in errors
+    ]
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ServiceError)
+    async def _service_error(_request: Request, exc: ServiceError) -> JSONResponse:
+        return error_response(exc.status, exc.code, exc.message, exc.details, exc.headers)
+
+    @app.exception_handler(FlexDSAError)
+    async def _core_error(_request: Request, exc: FlexDSAError) -> JSONResponse:
+        return error_response(exc.http_status, exc.code, exc.message, exc.details)
+
+    @app.exception_handler(DatabaseNotMigratedError)
+    async def _not_migrated(_request: Request, exc: DatabaseNotMigratedError) -> JSONResponse:
+        return error_response(503, "database_not_migrated", str(exc))
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        return error_response(
+            422, "invalid_request", "The request is invalid; see details.", _validation_details(exc.errors())
+        )
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = _STATUS_CODES.get(exc.status_code, "http_error")
+        message = exc.detail if isinstance(exc.detail, str) else code.replace("_", " ")
+        return error_response(exc.status_code, code, message, None, getattr(exc, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def _unhandled(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        return error_response(500, "internal_error", "Internal server error; the service log has the details.")

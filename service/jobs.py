@@ -1,0 +1,277 @@
+"""Job logic behind the routes: submission (quota, idempotency, whole-job cache), cancellation, listing,
+and the hand-off to the workers after the database commit.
+
+The whole-job cache key is ``sha256(model sha256 | target spec hash | canonical request JSON | compiler
+version)``: the same bytes, asked the same thing of the same target by the same compiler, give the same
+artifacts, so a later identical request is answered at once with copies of the earlier job's artifact
+rows (the blobs themselves are shared, being content-addressed).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import logging
+from datetime import datetime
+
+from pydantic import ValidationError
+from sqlalchemy import and_, func, or_, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from flexdsa_core import FlexDSAError, RequestSpec, TargetSpec, __version__
+from service.config import Settings
+from service.errors import Conflict, InvalidRequest, QuotaExceeded
+from service.models import Artifact, Job, JobStatus, Tenant, utcnow
+from service.schemas import JobError, JobLinks, JobOut
+from service.storage import ArtifactStore
+from service.upload import NotOnnxError, ReceivedUpload, check_onnx_structure
+
+log = logging.getLogger("flexdsa.service")
+
+JOB_CHANNEL = "flexdsa:job:{job_id}"
+
+
+def job_channel(job_id: str) -> str:
+    return JOB_CHANNEL.format(job_id=job_id)
+
+
+# --- validation -------------------------------------------------------------------------------------------
+
+
+def parse_spec(spec_json: str) -> tuple[RequestSpec, TargetSpec]:
+    """The request spec and its target, or ``InvalidRequest`` (422) naming every field error."""
+    try:
+        spec = RequestSpec.model_validate_json(spec_json)
+    except ValidationError as err:
+        details = [
+            {"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")}
+            for e in err.errors(include_url=False)
+        ]
+        raise InvalidRequest("The 'spec' field is not a valid request spec; see details.",
+                             code="invalid_spec", details=details) from None
+    try:
+        target = spec.target_spec()
+    except ValidationError as err:
+        raise InvalidRequest("The custom target spec is invalid; see details.", code="invalid_target",
+                             details=[{"loc": ["target", *e["loc"]], "msg": e["msg"]} for e in err.errors()]) from None
+    except FlexDSAError as err:
+        # An unknown target inside a request is a bad request (422), not a missing resource.
+        raise InvalidRequest(err.message, code=err.code, details=err.details) from None
+    return spec, target
+
+
+def check_model(upload: ReceivedUpload) -> None:
+    try:
+        check_onnx_structure(upload.path)
+    except NotOnnxError as err:
+        raise InvalidRequest(
+            f"{upload.filename!r} is not a usable ONNX model: {err}. Upload the .onnx file itself "
+            "(protobuf ModelProto).",
+            code="invalid_model",
+            details={"filename": upload.filename, "reason": str(err)},
+        ) from None
+
+
+def job_cache_key(model_sha256: str, spec: RequestSpec, target: TargetSpec) -> str:
+    canonical = json.dumps(spec.model_dump(mode="json", exclude={"target"}), sort_keys=True, separators=(",", ":"))
+    body = f"{model_sha256}|{target.name}@{target.version}:{target.spec_hash()}|{canonical}|{__version__}"
+    return hashlib.sha256(body.encode()).hexdigest()
+
+
+# --- submission -------------------------------------------------------------------------------------------
+
+
+def find_by_idempotency_key(session: Session, tenant: Tenant, key: str | None) -> Job | None:
+    if not key:
+        return None
+    return session.scalar(select(Job).where(Job.tenant_id == tenant.id, Job.idempotency_key == key))
+
+
+def _check_quota(session: Session, settings: Settings, tenant: Tenant) -> None:
+    # Lock the tenant row (Postgres) so two concurrent submissions cannot both squeeze under the limit.
+    session.execute(select(Tenant.id).where(Tenant.id == tenant.id).with_for_update())
+    limit = tenant.max_queued_jobs if tenant.max_queued_jobs is not None else settings.max_queued_jobs_per_tenant
+    queued = session.scalar(
+        select(func.count()).select_from(Job).where(Job.tenant_id == tenant.id, Job.status == JobStatus.queued)
+    )
+    if queued >= limit:
+        raise QuotaExceeded(
+            f"This tenant already has {queued} queued jobs (limit {limit}). Wait for some to start, or cancel some.",
+            details={"queued": queued, "limit": limit},
+            headers={"Retry-After": "30"},
+        )
+
+
+def _cached_source(session: Session, tenant: Tenant, cache_key: str) -> Job | None:
+    return session.scalar(
+        select(Job)
+        .where(Job.tenant_id == tenant.id, Job.job_cache_key == cache_key, Job.status == JobStatus.succeeded,
+               Job.cached_from_job_id.is_(None))
+        .order_by(Job.finished_at.desc())
+        .limit(1)
+    )
+
+
+def submit_job(
+    session: Session,
+    settings: Settings,
+    store: ArtifactStore,
+    tenant: Tenant,
+    upload: ReceivedUpload,
+    idempotency_key: str | None,
+) -> tuple[Job, bool]:
+    """Validate, store and record one job; returns (job, replayed). The caller enqueues after this commits."""
+    spec, target = parse_spec(upload.spec)
+    check_model(upload)
+    _check_quota(session, settings, tenant)
+
+    blob_key = store.put_file(upload.path, key=upload.sha256, move=True)
+    cache_key = job_cache_key(upload.sha256, spec, target)
+    job = Job(
+        tenant_id=tenant.id, status=JobStatus.queued.value, progress=0.0, target=target.name,
+        spec=spec.model_dump(mode="json"), model_sha256=upload.sha256, model_blob_key=blob_key,
+        model_filename=upload.filename, model_size=upload.size, idempotency_key=idempotency_key,
+        job_cache_key=cache_key, attempts=0, max_attempts=settings.max_attempts,
+    )
+    session.add(job)
+    source = _cached_source(session, tenant, cache_key)
+    if source is None:
+        job.record("queued", f"Queued for {target.name}.")
+    else:
+        _answer_from_cache(job, source)
+    try:
+        session.commit()
+    except IntegrityError:
+        # The same Idempotency-Key raced us; that request's job is the answer.
+        session.rollback()
+        existing = find_by_idempotency_key(session, tenant, idempotency_key)
+        if existing is None:
+            raise
+        return existing, True
+    return job, False
+
+
+def _answer_from_cache(job: Job, source: Job) -> None:
+    now = utcnow()
+    job.status = JobStatus.succeeded.value
+    job.stage = "done"
+    job.progress = 1.0
+    job.cached_from_job_id = source.id
+    job.report_summary = source.report_summary
+    job.started_at = job.finished_at = now
+    job.artifacts = [
+        Artifact(name=a.name, blob_key=a.blob_key, size=a.size, content_type=a.content_type, created_at=now)
+        for a in source.artifacts
+    ]
+    job.record("cached", f"Identical to job {source.id}; its artifacts are reused.")
+
+
+def enqueue(job_id: str, settings: Settings) -> None:
+    """Hand a committed job to the workers. A failure leaves it queued: the reconciler picks it up later."""
+    try:
+        from workers.dispatch import enqueue as dispatch
+    except ImportError as err:
+        log.warning("job %s left queued: workers.dispatch is not available (%s)", job_id, err)
+        return
+    try:
+        dispatch(job_id, settings)
+    except Exception:
+        log.exception("job %s left queued: enqueue failed", job_id)
+
+
+def publish(redis_client, job: Job, kind: str) -> None:
+    """Nudge progress streams following this job (they re-read the database; the message is only a hint)."""
+    if redis_client is None:
+        return
+    try:
+        redis_client.publish(job_channel(job.id), json.dumps({"job_id": job.id, "kind": kind, "status": job.status}))
+    except Exception as err:
+        log.warning("could not publish %s for job %s: %s", kind, job.id, err)
+
+
+# --- cancellation -----------------------------------------------------------------------------------------
+
+
+def cancel_job(session: Session, job: Job) -> tuple[Job, str]:
+    """Cancel ``job``: queued ones at once, running ones by request. Returns (job, event kind)."""
+    now = utcnow()
+    cancelled = session.execute(
+        update(Job)
+        .where(Job.id == job.id, Job.status == JobStatus.queued)
+        .values(status=JobStatus.cancelled.value, finished_at=now, updated_at=now, cancel_requested=True,
+                error={"code": "cancelled", "message": "Cancelled before it started.", "details": {}})
+    ).rowcount
+    if cancelled:
+        session.refresh(job)
+        job.record("cancelled", "Cancelled before it started.")
+        session.commit()
+        return job, "cancelled"
+    requested = session.execute(
+        update(Job).where(Job.id == job.id, Job.status == JobStatus.running)
+        .values(cancel_requested=True, updated_at=now)
+    ).rowcount
+    session.refresh(job)
+    if requested:
+        job.record("cancel_requested", "Cancel requested; the worker stops at its next checkpoint.")
+        session.commit()
+        return job, "cancel_requested"
+    session.rollback()
+    raise Conflict(f"Job {job.id} has already finished ({job.status}); there is nothing to cancel.",
+                   code="job_finished", details={"status": job.status})
+
+
+# --- reading ----------------------------------------------------------------------------------------------
+
+
+def job_out(job: Job, root_path: str = "") -> JobOut:
+    now = utcnow()
+    queued_s = (job.started_at - job.created_at).total_seconds() if job.started_at else None
+    run_s = ((job.finished_at or now) - job.started_at).total_seconds() if job.started_at else None
+    base = f"{root_path}/jobs/{job.id}"
+    return JobOut(
+        id=job.id, status=job.status, stage=job.stage, progress=job.progress,
+        progress_percent=round(job.progress * 100, 1), target=job.target, model_filename=job.model_filename,
+        model_size=job.model_size, model_sha256=job.model_sha256, spec=job.spec, attempts=job.attempts,
+        max_attempts=job.max_attempts, cancel_requested=job.cancel_requested,
+        cached_from_job_id=job.cached_from_job_id, created_at=job.created_at, started_at=job.started_at,
+        finished_at=job.finished_at, updated_at=job.updated_at, queued_seconds=queued_s, run_seconds=run_s,
+        report_summary=job.report_summary, error=JobError(**job.error) if job.error else None,
+        links=JobLinks(self=base, events=f"{base}/events", artifacts=f"{base}/artifacts"),
+    )
+
+
+def encode_cursor(job: Job) -> str:
+    raw = json.dumps([job.created_at.isoformat(), job.id]).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> tuple[datetime, str]:
+    try:
+        padded = cursor + "=" * (-len(cursor) % 4)
+        created, job_id = json.loads(base64.urlsafe_b64decode(padded))
+        return datetime.fromisoformat(created), str(job_id)
+    except Exception:
+        raise InvalidRequest("The cursor is not one this service issued.", code="invalid_cursor") from None
+
+
+def list_jobs(
+    session: Session, tenant: Tenant, *, status: str | None, target: str | None, limit: int, offset: int,
+    cursor: str | None,
+) -> tuple[list[Job], int, str | None]:
+    filters = [Job.tenant_id == tenant.id]
+    if status:
+        filters.append(Job.status == status)
+    if target:
+        filters.append(Job.target == target)
+    total = session.scalar(select(func.count()).select_from(Job).where(*filters))
+    query = select(Job).where(*filters).order_by(Job.created_at.desc(), Job.id.desc()).limit(limit + 1)
+    if cursor:
+        created, job_id = decode_cursor(cursor)
+        query = query.where(or_(Job.created_at < created, and_(Job.created_at == created, Job.id < job_id)))
+    else:
+        query = query.offset(offset)
+    rows = list(session.scalars(query))
+    next_cursor = encode_cursor(rows[limit - 1]) if len(rows) > limit else None
+    return rows[:limit], total, next_cursor

@@ -1,0 +1,167 @@
+"""The HTTP contract (pydantic models behind the OpenAPI schema at /docs)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+JobStatusName = Literal["queued", "running", "succeeded", "failed", "cancelled"]
+
+
+class ErrorBody(BaseModel):
+    code: str = Field(..., examples=["invalid_model"])
+    message: str
+    details: Any = Field(default_factory=dict)
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorBody
+
+
+# Documented on every route; FastAPI's own 422 schema is replaced by ours.
+ERROR_RESPONSES: dict[int | str, dict] = {
+    status: {"model": ErrorResponse, "description": description}
+    for status, description in {
+        401: "Missing or wrong API key",
+        404: "Not found (or not yours)",
+        422: "Invalid request",
+        500: "Internal error",
+    }.items()
+}
+
+
+class JobCreated(BaseModel):
+    job_id: str
+    status: JobStatusName
+    status_url: str
+    cached: bool = Field(..., description="True when answered at once from an identical earlier job's artifacts.")
+
+
+class JobError(BaseModel):
+    code: str
+    message: str
+    details: Any = None
+
+
+class JobLinks(BaseModel):
+    self: str
+    events: str
+    artifacts: str
+
+
+class JobOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    id: str
+    status: JobStatusName
+    stage: str | None
+    progress: float = Field(..., ge=0, le=1)
+    progress_percent: float
+    target: str
+    model_filename: str
+    model_size: int
+    model_sha256: str
+    spec: dict[str, Any]
+    attempts: int
+    max_attempts: int
+    cancel_requested: bool
+    cached_from_job_id: str | None
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    updated_at: datetime
+    queued_seconds: float | None = Field(None, description="From submission to a worker starting it.")
+    run_seconds: float | None = Field(None, description="From start to finish (or to now while running).")
+    report_summary: dict[str, Any] | None
+    error: JobError | None
+    links: JobLinks
+
+
+class JobPage(BaseModel):
+    items: list[JobOut]
+    total: int
+    limit: int
+    offset: int | None
+    next_cursor: str | None = Field(None, description="Pass as ?cursor= for the next page (stable under inserts).")
+
+
+class JobEventOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    id: int
+    at: datetime
+    kind: str
+    status: JobStatusName
+    stage: str | None
+    progress: float
+    message: str | None
+
+
+class ArtifactOut(BaseModel):
+    name: str
+    size: int
+    content_type: str
+    sha256: str
+    created_at: datetime
+    url: str
+
+
+class ArtifactList(BaseModel):
+    job_id: str
+    items: list[ArtifactOut]
+
+
+class TargetSummary(BaseModel):
+    name: str
+    vendor: str
+    version: str
+    description: str
+    dtypes: list[str]
+    static_shapes: bool
+    url: str
+
+
+class FusionRuleOut(BaseModel):
+    name: str
+    summary: str
+    produces: list[str]
+
+
+class TargetDetail(BaseModel):
+    name: str
+    spec: dict[str, Any]
+    fusion_rules: list[FusionRuleOut] = Field(
+        ..., description="Rule names a request may switch off with spec.disabled_rules."
+    )
+
+
+class KernelCacheStats(BaseModel):
+    entries: int
+    stored_hits: int = Field(..., description="Hits recorded on durable (database) entries.")
+    hits: int | None = Field(None, description="All layers, from the shared Redis counters (None without Redis).")
+    misses: int | None = None
+    seconds_saved: float | None = None
+    redis: dict[str, Any] | None = None
+
+
+class JobCacheStats(BaseModel):
+    hits: int = Field(..., description="Jobs of this tenant answered from an identical earlier job.")
+    jobs: int
+
+
+class CacheStatsOut(BaseModel):
+    kernel_cache: KernelCacheStats
+    job_cache: JobCacheStats
+
+
+class Health(BaseModel):
+    status: str
+    version: str
+    mode: str
+
+
+class Readiness(BaseModel):
+    status: str
+    checks: dict[str, str]

@@ -1,0 +1,168 @@
+"""Content-addressed artifact store: a blob's key is the sha256 of its bytes, so identical uploads and
+artifacts shared by cached jobs are stored once.
+
+``LocalStore`` keeps blobs at ``<root>/<key[:2]>/<key>`` and writes atomically (a temp file in the same
+folder, fsync, then rename), so a reader never sees half a blob and a crash leaves at most a stray temp
+file. Deleting a blob is the caller's decision: several rows may point at one key.
+
+An S3-compatible store is not included: boto3 is not a dependency. It would implement ``ArtifactStore``
+with ``put_object`` keyed by the same sha256 and ``get_object`` streaming.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import tempfile
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from pathlib import Path
+from typing import BinaryIO
+
+CHUNK = 1024 * 1024
+_KEY = re.compile(r"^[0-9a-f]{64}$")
+
+
+class BlobNotFoundError(KeyError):
+    pass
+
+
+class ArtifactStore(ABC):
+    @abstractmethod
+    def put_stream(self, stream: BinaryIO) -> str:
+        """Store everything read from ``stream``; return its sha256 key."""
+
+    def put_bytes(self, data: bytes) -> str:
+        import io
+
+        return self.put_stream(io.BytesIO(data))
+
+    @abstractmethod
+    def put_file(self, path: Path, key: str | None = None, move: bool = False) -> str:
+        """Store a local file. ``key``: its sha256 when the caller already hashed it (trusted).
+        ``move``: the file may be consumed (renamed into place or deleted) rather than copied."""
+
+    @abstractmethod
+    def open(self, key: str) -> BinaryIO: ...
+
+    def iter_chunks(self, key: str, chunk_size: int = CHUNK) -> Iterator[bytes]:
+        with self.open(key) as handle:
+            while chunk := handle.read(chunk_size):
+                yield chunk
+
+    def read_bytes(self, key: str) -> bytes:
+        with self.open(key) as handle:
+            return handle.read()
+
+    @abstractmethod
+    def size(self, key: str) -> int: ...
+
+    @abstractmethod
+    def exists(self, key: str) -> bool: ...
+
+    @abstractmethod
+    def delete(self, key: str) -> None: ...
+
+    def check_writable(self) -> None:
+        """Raise OSError if the store cannot take writes (used by /readyz)."""
+
+    def staging_dir(self) -> Path:
+        """Where uploads are spooled; for a local store, its own filesystem so ``put_file(move=True)`` renames."""
+        return Path(tempfile.gettempdir())
+
+
+def check_key(key: str) -> str:
+    if not _KEY.match(key):
+        raise ValueError(f"not a sha256 blob key: {key!r}")
+    return key
+
+
+class LocalStore(ArtifactStore):
+    def __init__(self, root: Path | str) -> None:
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def path(self, key: str) -> Path:
+        check_key(key)
+        return self.root / key[:2] / key
+
+    def staging_dir(self) -> Path:
+        return self.root / "tmp"
+
+    def _temp(self) -> tuple[BinaryIO, Path]:
+        tmp_dir = self.staging_dir()
+        tmp_dir.mkdir(exist_ok=True)
+        fd, name = tempfile.mkstemp(dir=tmp_dir, prefix="blob-")
+        return os.fdopen(fd, "wb"), Path(name)
+
+    def _commit(self, temp_path: Path, key: str) -> str:
+        final = self.path(key)
+        if final.exists():  # same content already stored
+            temp_path.unlink(missing_ok=True)
+            return key
+        final.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(temp_path, final)
+        return key
+
+    def put_stream(self, stream: BinaryIO) -> str:
+        digest = hashlib.sha256()
+        handle, temp_path = self._temp()
+        try:
+            with handle:
+                while chunk := stream.read(CHUNK):
+                    digest.update(chunk)
+                    handle.write(chunk)
+                handle.flush()
+                os.fsync(handle.fileno())
+            return self._commit(temp_path, digest.hexdigest())
+        except BaseException:
+            temp_path.unlink(missing_ok=True)
+            raise
+
+    def put_file(self, path: Path, key: str | None = None, move: bool = False) -> str:
+        path = Path(path)
+        if key is not None and self.exists(key):
+            if move:
+                path.unlink(missing_ok=True)
+            return key
+        if move and key is not None:
+            final = self.path(key)
+            final.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                os.replace(path, final)  # same filesystem: no copy
+                return key
+            except OSError:
+                pass  # another filesystem: copy below
+        with open(path, "rb") as source:
+            stored = self.put_stream(source)
+        if move:
+            path.unlink(missing_ok=True)
+        return stored
+
+    def open(self, key: str) -> BinaryIO:
+        try:
+            return open(self.path(key), "rb")
+        except FileNotFoundError:
+            raise BlobNotFoundError(key) from None
+
+    def size(self, key: str) -> int:
+        try:
+            return self.path(key).stat().st_size
+        except FileNotFoundError:
+            raise BlobNotFoundError(key) from None
+
+    def exists(self, key: str) -> bool:
+        return self.path(key).is_file()
+
+    def delete(self, key: str) -> None:
+        self.path(key).unlink(missing_ok=True)
+
+    def check_writable(self) -> None:
+        handle, temp_path = self._temp()
+        handle.close()
+        temp_path.unlink()
+
+
+def make_store(settings) -> ArtifactStore:
+    return LocalStore(settings.artifact_dir)

@@ -1,0 +1,261 @@
+"""Receiving a model upload: stream the multipart body straight to a temp file while hashing it, and a
+quick structural check that the file is an ONNX model.
+
+Streaming (rather than letting the framework spool the whole form first) lets the size limit stop an
+oversized upload as soon as it crosses ``max_upload_bytes``, before anything reaches the artifact store,
+and reads the model bytes exactly once.
+
+The ONNX check walks the protobuf wire format of ``ModelProto`` (tag, wire type, length) without
+decoding tensors, so it costs a pass over the headers, not a copy of the weights: a non-protobuf file
+breaks the wire format, a truncated file has a length-delimited field running past the end, and a model
+must carry ``ir_version``, an ``opset_import`` and a ``graph`` (itself well-formed at its top level).
+The full ingest (checker, opsets, external data) runs in the worker and fails the job with its reason.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import mmap
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from python_multipart.multipart import MultipartParser, parse_options_header
+from starlette.requests import Request
+
+from service.errors import InvalidRequest, PayloadTooLarge
+
+MAX_SPEC_BYTES = 1024 * 1024
+# Multipart framing, part headers and the spec field ride on top of the model bytes.
+FORM_OVERHEAD_BYTES = MAX_SPEC_BYTES + 64 * 1024
+
+
+@dataclass
+class ReceivedUpload:
+    path: Path | None = None
+    filename: str = "model.onnx"
+    size: int = 0
+    sha256: str = ""
+    spec: str | None = None
+    fields: dict[str, bytes] = field(default_factory=dict)
+
+    def discard(self) -> None:
+        if self.path is not None:
+            self.path.unlink(missing_ok=True)
+
+
+def too_large(limit: int) -> PayloadTooLarge:
+    return PayloadTooLarge(
+        f"The model is larger than this service accepts ({limit} bytes, FLEXDSA_MAX_UPLOAD_BYTES).",
+        details={"max_upload_bytes": limit},
+    )
+
+
+def check_content_length(request: Request, limit: int) -> None:
+    """Refuse at once when the declared body size already exceeds what we would accept."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit + FORM_OVERHEAD_BYTES:
+        raise too_large(limit)
+
+
+class _FormReceiver:
+    """Callbacks for python-multipart: the ``model`` part goes to a temp file, small fields to memory."""
+
+    def __init__(self, staging_dir: Path, limit: int) -> None:
+        self.staging_dir = staging_dir
+        self.limit = limit
+        self.result = ReceivedUpload()
+        self._digest = hashlib.sha256()
+        self._handle = None
+        self._header_name = b""
+        self._header_value = b""
+        self._headers: dict[bytes, bytes] = {}
+        self._part: str | None = None
+        self._buffer = bytearray()
+
+    def on_part_begin(self) -> None:
+        self._headers = {}
+        self._part = None
+
+    def on_header_field(self, data: bytes, start: int, end: int) -> None:
+        self._header_name += data[start:end]
+
+    def on_header_value(self, data: bytes, start: int, end: int) -> None:
+        self._header_value += data[start:end]
+
+    def on_header_end(self) -> None:
+        self._headers[self._header_name.strip().lower()] = self._header_value.strip()
+        self._header_name = self._header_value = b""
+
+    def on_headers_finished(self) -> None:
+        _, params = parse_options_header(self._headers.get(b"content-disposition", b""))
+        name = params.get(b"name", b"").decode("utf-8", "replace")
+        self._part = name
+        self._buffer = bytearray()
+        if name == "model":
+            if self._handle is not None:
+                raise InvalidRequest("Send one 'model' file per request.", code="invalid_upload")
+            filename = params.get(b"filename", b"model.onnx").decode("utf-8", "replace")
+            self.result.filename = os.path.basename(filename.replace("\\", "/"))[:255] or "model.onnx"
+            self.staging_dir.mkdir(parents=True, exist_ok=True)
+            fd, temp_name = tempfile.mkstemp(dir=self.staging_dir, prefix="upload-")
+            self._handle = os.fdopen(fd, "wb")
+            self.result.path = Path(temp_name)
+
+    def on_part_data(self, data: bytes, start: int, end: int) -> None:
+        chunk = data[start:end]
+        if self._part == "model":
+            self.result.size += len(chunk)
+            if self.result.size > self.limit:
+                raise too_large(self.limit)
+            self._digest.update(chunk)
+            self._handle.write(chunk)
+        else:
+            self._buffer += chunk
+            if len(self._buffer) > MAX_SPEC_BYTES:
+                raise InvalidRequest(
+                    f"Form field {self._part!r} is larger than {MAX_SPEC_BYTES} bytes.", code="invalid_upload"
+                )
+
+    def on_part_end(self) -> None:
+        if self._part != "model" and self._part:
+            self.result.fields[self._part] = bytes(self._buffer)
+
+    def finish(self) -> ReceivedUpload:
+        if self._handle is not None:
+            self._handle.flush()
+            os.fsync(self._handle.fileno())  # it may be renamed into the store as is
+            self._handle.close()
+        self.result.sha256 = self._digest.hexdigest()
+        spec = self.result.fields.get("spec")
+        self.result.spec = spec.decode("utf-8", "replace") if spec is not None else None
+        return self.result
+
+    def abort(self) -> None:
+        if self._handle is not None:
+            self._handle.close()
+        self.result.discard()
+
+    def callbacks(self) -> dict:
+        return {
+            "on_part_begin": self.on_part_begin,
+            "on_header_field": self.on_header_field,
+            "on_header_value": self.on_header_value,
+            "on_header_end": self.on_header_end,
+            "on_headers_finished": self.on_headers_finished,
+            "on_part_data": self.on_part_data,
+            "on_part_end": self.on_part_end,
+        }
+
+
+async def receive_model_upload(request: Request, staging_dir: Path, limit: int) -> ReceivedUpload:
+    """Parse a ``multipart/form-data`` body with a ``model`` file and a ``spec`` field."""
+    content_type, params = parse_options_header(request.headers.get("content-type", ""))
+    if content_type != b"multipart/form-data" or b"boundary" not in params:
+        raise InvalidRequest(
+            "Send multipart/form-data with a 'model' file and a 'spec' JSON field "
+            "(curl -F model=@model.onnx -F spec='{\"target\": \"cpu-ort\"}').",
+            code="invalid_upload",
+        )
+    receiver = _FormReceiver(staging_dir, limit)
+    parser = MultipartParser(params[b"boundary"], receiver.callbacks())
+    received_total = 0
+    try:
+        async for chunk in request.stream():
+            received_total += len(chunk)
+            # Covers chunked bodies without Content-Length, and bodies larger than they declared.
+            if received_total > limit + FORM_OVERHEAD_BYTES:
+                raise too_large(limit)
+            parser.write(chunk)
+        parser.finalize()
+    except (InvalidRequest, PayloadTooLarge):
+        receiver.abort()
+        raise
+    except Exception as err:  # python-multipart's parse errors
+        receiver.abort()
+        raise InvalidRequest(f"The multipart body could not be parsed: {err}", code="invalid_upload") from None
+    upload = receiver.finish()
+    if upload.path is None:
+        raise InvalidRequest("The form has no 'model' file part.", code="invalid_upload",
+                             details={"fields": sorted(upload.fields)})
+    if upload.spec is None:
+        upload.discard()
+        raise InvalidRequest("The form has no 'spec' field (a JSON object, e.g. {\"target\": \"cpu-ort\"}).",
+                             code="invalid_upload")
+    return upload
+
+
+# --- the ONNX wire-format check -------------------------------------------------------------------------
+
+WIRE_VARINT, WIRE_I64, WIRE_LEN, WIRE_I32 = 0, 1, 2, 5
+MODEL_IR_VERSION, MODEL_GRAPH, MODEL_OPSET_IMPORT = 1, 7, 8
+GRAPH_NODE = 1
+
+
+class NotOnnxError(ValueError):
+    pass
+
+
+def _varint(buf, pos: int, end: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if pos >= end:
+            raise NotOnnxError("the file ends inside a varint (truncated)")
+        byte = buf[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return value, pos
+        shift += 7
+        if shift > 63:
+            raise NotOnnxError("malformed varint: not protobuf")
+
+
+def _fields(buf, pos: int, end: int, where: str):
+    """Yield (field number, wire type, value start, value end) for one message, checking bounds."""
+    while pos < end:
+        tag, pos = _varint(buf, pos, end)
+        number, wire = tag >> 3, tag & 7
+        if number == 0:
+            raise NotOnnxError(f"{where}: field number 0 is not valid protobuf")
+        if wire == WIRE_VARINT:
+            start = pos
+            _, pos = _varint(buf, pos, end)
+        elif wire == WIRE_I64 or wire == WIRE_I32:
+            start, pos = pos, pos + (8 if wire == WIRE_I64 else 4)
+        elif wire == WIRE_LEN:
+            length, start = _varint(buf, pos, end)
+            pos = start + length
+        else:
+            raise NotOnnxError(f"{where}: wire type {wire} (field {number}) is not used by ONNX: not an ONNX model")
+        if pos > end:
+            raise NotOnnxError(
+                f"{where}: field {number} runs {pos - end} bytes past the end: the file is truncated"
+            )
+        yield number, wire, start, pos
+
+
+def check_onnx_structure(path: Path) -> None:
+    """Raise ``NotOnnxError`` with the reason unless ``path`` looks like a complete ONNX ModelProto."""
+    size = path.stat().st_size
+    if size == 0:
+        raise NotOnnxError("the file is empty")
+    with open(path, "rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        seen: dict[int, tuple[int, int]] = {}
+        for number, wire, start, end in _fields(buf, 0, size, "ModelProto"):
+            expected = WIRE_VARINT if number == MODEL_IR_VERSION else WIRE_LEN
+            if number in (MODEL_IR_VERSION, MODEL_GRAPH, MODEL_OPSET_IMPORT) and wire != expected:
+                raise NotOnnxError(f"ModelProto field {number} has the wrong wire type: not an ONNX model")
+            seen.setdefault(number, (start, end))
+        if MODEL_IR_VERSION not in seen:
+            raise NotOnnxError("no ir_version: not an ONNX model")
+        if MODEL_OPSET_IMPORT not in seen:
+            raise NotOnnxError("no opset_import: not an ONNX model")
+        if MODEL_GRAPH not in seen:
+            raise NotOnnxError("the model has no graph")
+        graph_start, graph_end = seen[MODEL_GRAPH]
+        for number, wire, start, end in _fields(buf, graph_start, graph_end, "GraphProto"):
+            if number == GRAPH_NODE and wire == WIRE_LEN:  # nodes are small; weights (initializers) are skipped
+                for _ in _fields(buf, start, end, "NodeProto"):
+                    pass
