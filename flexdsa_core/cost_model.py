@@ -1,0 +1,882 @@
+"""The cost model: what one kernel (one ONNX node) costs on a target, in FLOPs, bytes, seconds and joules.
+
+Work per op comes from a decorator registry, one short function per op (``@op_cost("MatMul")``) that
+reads shapes, dtypes and attributes and returns a ``Cost`` holding FLOPs and bytes moved. An op nobody
+registered costs one operation per output element, and moves every input and output once.
+
+Seconds and joules, per kernel:
+
+* vendor targets (a roofline estimate from the ``TargetSpec``)::
+
+      seconds = max(flops / peak_ops_per_s[dtype], bytes / mem_bandwidth_bytes_per_s) + launch_overhead_s
+      joules  = power_w * (flops / peak + bytes / bandwidth + launch_overhead_s)
+
+  The energy line charges the module's power for the compute and for the memory traffic separately (the
+  sources give no split of power between them), so it is an upper-bound estimate. A figure the spec
+  leaves ``None`` is never guessed: its term is left out and ``CostModel.notes`` says so; with no
+  ``power_w`` there is no energy estimate at all (``joules`` is ``None``: unavailable).
+
+* ``cpu-ort`` (``target.calibrated``): measured. The node is cut out into a one-node model (same op,
+  domain, opset, attributes, input shapes and dtypes; constant inputs kept as initializers so ONNX
+  Runtime pre-packs them as it would in the real model) and timed in ONNX Runtime here: one intra-op
+  thread, sequential execution, ``ORT_ENABLE_BASIC``, inputs and outputs bound once (IOBinding), the
+  median of several runs, minus the median of an empty run (the Python and session overhead a real
+  graph does not pay per node), plus ``launch_overhead_s`` (what a real graph does pay per node).
+  Fused kernels are the reason to measure: at [1,128,768] ONNX Runtime 1.31's CPU
+  SkipLayerNormalization is several times slower than Add + LayerNormalization, while BiasGelu and
+  SimplifiedLayerNormalization are faster than their unfused forms, whatever a roofline says.
+  A node that cannot be measured alone (control flow, a shape-tensor input that is not constant, an op
+  ONNX Runtime refuses) falls back to a roofline built on this host's measured SGEMM peak and copy
+  bandwidth, and is counted as estimated, not measured.
+
+Every measurement goes through the ``KernelCache``: the key is ``kernel_key(canonical, target.name,
+target.version, compiler_version)`` where ``canonical`` holds op, domain, opset, attributes, input
+shapes/dtypes/constness, the values of small integer constants (they are shapes and axes, not weights),
+the ONNX Runtime version and settings, and a fingerprint of this CPU: never weight values. Identical
+layers in one model, and across jobs sharing a cache, are measured once. ``CostModel.stats`` counts
+hits, misses and the measuring time hits saved.
+
+Symbolic dims are specialised before costing: a dim named in ``dims`` (a shape bucket) takes that
+value; otherwise a dim whose name says batch (``batch``, ``batch_size``, ``N``, ``B``...) and an unnamed
+leading dim become 1, and any other symbolic dim becomes 128.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import os
+import platform
+import re
+import statistics
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import onnxruntime as ort
+
+from flexdsa_core.cache import CacheStats, KernelCache, LRUCache, kernel_key
+from flexdsa_core.targets.spec import TargetSpec, op_key
+
+__all__ = ["Cost", "CostModel", "OpView", "TensorInfo", "measure_sgemm_peak", "op_cost"]
+
+REPRESENTATIVE_BATCH = 1
+REPRESENTATIVE_DIM = 128
+_BATCH_NAMES = re.compile(r"^(n|b|bs|batch|batch_?size|.*_batch|batch_.*)$", re.IGNORECASE)
+# Constant integer inputs up to this many elements are shapes/axes/pads: their values enter the key.
+_SMALL_CONST = 64
+_DEFAULT_OPSETS = {"": 21, "com.microsoft": 1}
+
+
+@dataclass(frozen=True)
+class Cost:
+    """What some kernels cost. Adds up; ``joules`` (or ``seconds``) is ``None`` when unavailable, and an
+    unavailable term makes the sum unavailable. ``measured`` counts the kernels whose seconds were
+    measured on this machine rather than estimated."""
+
+    flops: float = 0.0
+    bytes: float = 0.0
+    seconds: float | None = 0.0
+    joules: float | None = 0.0
+    kernels: int = 0
+    measured: int = 0
+
+    def __add__(self, other: Cost) -> Cost:
+        if not isinstance(other, Cost):
+            return NotImplemented
+        return Cost(
+            flops=self.flops + other.flops,
+            bytes=self.bytes + other.bytes,
+            seconds=_add_optional(self.seconds, other.seconds),
+            joules=_add_optional(self.joules, other.joules),
+            kernels=self.kernels + other.kernels,
+            measured=self.measured + other.measured,
+        )
+
+    def __radd__(self, other):  # so that sum(costs) works from 0
+        if other == 0:
+            return self
+        return NotImplemented
+
+    @property
+    def basis(self) -> str:
+        if self.kernels == 0 or self.measured == 0:
+            return "estimate"
+        return "measured" if self.measured == self.kernels else "partly measured"
+
+    def as_dict(self) -> dict:
+        return {
+            "flops": self.flops,
+            "bytes": self.bytes,
+            "seconds": self.seconds,
+            "joules": self.joules,
+            "kernels": self.kernels,
+            "measured_kernels": self.measured,
+            "basis": self.basis,
+        }
+
+
+def _add_optional(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None else a + b
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """One input or output of a node, with every dim concrete."""
+
+    shape: tuple[int, ...]
+    dtype: str  # numpy name: 'float32', 'int64'...
+    const: bool = False
+    value: np.ndarray | None = field(default=None, compare=False)  # small integer constants only
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * np.dtype(self.dtype).itemsize
+
+
+@dataclass(frozen=True)
+class OpView:
+    """What a cost function sees of a node: op, attributes, and concrete inputs/outputs (None = absent)."""
+
+    op_type: str
+    domain: str
+    attrs: Mapping[str, object]
+    inputs: tuple[TensorInfo | None, ...]
+    outputs: tuple[TensorInfo | None, ...]
+
+    def attr(self, name: str, default=None):
+        return self.attrs.get(name, default)
+
+    def input(self, index: int) -> TensorInfo | None:
+        return self.inputs[index] if index < len(self.inputs) else None
+
+    @property
+    def out_elems(self) -> int:
+        return sum(t.numel for t in self.outputs if t is not None)
+
+    @property
+    def io_bytes(self) -> int:
+        return sum(t.nbytes for t in (*self.inputs, *self.outputs) if t is not None)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Per-op work: one short function per op.
+
+_OP_COSTS: dict[str, Callable[[OpView], Cost]] = {}
+
+
+def op_cost(*keys: str):
+    """Register the work function of one or more ops (``'MatMul'``, ``'com.microsoft::FusedConv'``)."""
+
+    def register(function: Callable[[OpView], Cost]):
+        for key in keys:
+            _OP_COSTS[key] = function
+        return function
+
+    return register
+
+
+def work(view: OpView) -> Cost:
+    """FLOPs and bytes of one node (seconds/joules not filled in)."""
+    function = _OP_COSTS.get(op_key(view.op_type, view.domain), _elementwise)
+    try:
+        return function(view)
+    except (TypeError, IndexError, ValueError, ZeroDivisionError, AttributeError):
+        # A formula fed shapes it did not expect (missing optional input, odd rank): count it as
+        # element-wise rather than fail the whole estimate.
+        return _elementwise(view)
+
+
+def _per_element(view: OpView, ops_per_element: float) -> Cost:
+    return Cost(flops=ops_per_element * view.out_elems, bytes=view.io_bytes)
+
+
+def _elementwise(view: OpView) -> Cost:
+    return _per_element(view, 1)
+
+
+def _per_element_op(ops: float, *keys: str) -> None:
+    op_cost(*keys)(lambda view: _per_element(view, ops))
+
+
+# Data movement and metadata: no arithmetic, only the bytes they copy.
+_per_element_op(
+    0, "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Transpose", "Concat", "Split", "Slice",
+    "Gather", "GatherElements", "GatherND", "Expand", "Tile", "Pad", "Cast", "Shape", "Size", "Dropout",
+    "DepthToSpace", "SpaceToDepth", "ScatterND", "ScatterElements", "ConstantOfShape", "Range",
+)  # fmt: skip
+_per_element_op(2, "PRelu", "com.microsoft::QuickGelu", "HardSigmoid", "Clip")
+_per_element_op(3, "HardSwish")
+_per_element_op(4, "Sigmoid", "Swish", "Silu", "Mish", "Softplus")
+_per_element_op(8, "Gelu", "com.microsoft::Gelu")
+_per_element_op(9, "com.microsoft::BiasGelu")
+_per_element_op(10, "com.microsoft::FastGelu")
+_per_element_op(5, "Softmax", "LogSoftmax")
+_per_element_op(8, "LayerNormalization")
+_per_element_op(5, "SimplifiedLayerNormalization", "RMSNormalization")
+_per_element_op(10, "com.microsoft::SkipLayerNormalization")
+_per_element_op(7, "com.microsoft::SkipSimplifiedLayerNormalization")
+_per_element_op(2, "BatchNormalization", "InstanceNormalization", "GroupNormalization")
+
+
+@op_cost("Constant")
+def _constant(view: OpView) -> Cost:
+    return Cost()  # folded into an initializer at session load: no kernel runs
+
+
+@op_cost("MatMul", "MatMulInteger", "com.microsoft::FusedMatMul")
+def _matmul(view: OpView) -> Cost:
+    """[..., M, K] x [..., K, N]: 2*M*N*K per batch (a multiply and an add per term)."""
+    a = view.inputs[0]
+    trans_a = view.attr("transA", 0)
+    k = a.shape[-2] if trans_a and len(a.shape) > 1 else a.shape[-1]
+    return Cost(flops=2 * view.out_elems * k, bytes=view.io_bytes)
+
+
+_ACTIVATION_OPS = {"Relu": 1, "LeakyRelu": 2, "Sigmoid": 4, "Tanh": 4, "HardSigmoid": 2, "Clip": 2}
+
+
+def _activation_ops(view: OpView) -> int:
+    return _ACTIVATION_OPS.get(str(view.attr("activation", "")), 1) if view.attr("activation") else 0
+
+
+@op_cost("Gemm", "com.microsoft::FusedGemm")
+def _gemm(view: OpView) -> Cost:
+    """A (M,K) x B (K,N) [+ C] [then activation]: 2*M*N*K + M*N (bias) + M*N*activation."""
+    a = view.inputs[0]
+    k = a.shape[0] if view.attr("transA", 0) else a.shape[1]
+    out = view.out_elems
+    bias = out if view.input(2) is not None else 0
+    return Cost(flops=2 * out * k + bias + out * _activation_ops(view), bytes=view.io_bytes)
+
+
+@op_cost("Conv", "com.microsoft::FusedConv", "ConvInteger")
+def _conv(view: OpView) -> Cost:
+    """W is [M, C/group, k...]: each output element takes C/group * prod(k) multiply-adds, + bias,
+    + the fused activation, + the fused residual Z."""
+    weight = view.inputs[1]
+    out = view.out_elems
+    flops = 2 * out * math.prod(weight.shape[1:])
+    flops += out if view.input(2) is not None else 0
+    flops += out if view.input(3) is not None else 0
+    flops += out * _activation_ops(view)
+    return Cost(flops=flops, bytes=view.io_bytes)
+
+
+@op_cost("ConvTranspose")
+def _conv_transpose(view: OpView) -> Cost:
+    """W is [C, M/group, k...]: each input element scatters M/group * prod(k) multiply-adds."""
+    x, weight = view.inputs[0], view.inputs[1]
+    flops = 2 * x.numel * math.prod(weight.shape[1:])
+    return Cost(flops=flops + (view.out_elems if view.input(2) is not None else 0), bytes=view.io_bytes)
+
+
+@op_cost("MaxPool", "AveragePool", "LpPool")
+def _pool(view: OpView) -> Cost:
+    kernel = view.attr("kernel_shape") or [1]
+    return Cost(flops=view.out_elems * math.prod(kernel), bytes=view.io_bytes)
+
+
+@op_cost(
+    "GlobalAveragePool", "GlobalMaxPool", "ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd",
+    "ReduceL1", "ReduceL2", "ReduceSumSquare", "ReduceLogSumExp", "ArgMax", "ArgMin",
+)  # fmt: skip
+def _reduction(view: OpView) -> Cost:
+    """One operation per element read."""
+    return Cost(flops=view.inputs[0].numel, bytes=view.io_bytes)
+
+
+def _attention_core(batch: int, heads: int, q_len: int, kv_len: int, head_size: int, v_head: int) -> float:
+    """Q K^T (2*S*L*d), softmax (5 per score), P V (2*S*L*dv), per batch and head."""
+    scores = batch * heads * q_len * kv_len
+    return 2 * scores * head_size + 5 * scores + 2 * scores * v_head
+
+
+@op_cost("com.microsoft::Attention")
+def _ms_attention(view: OpView) -> Cost:
+    """input [B,S,H] x weights [H, 3H] (the QKV projection), then attention over num_heads."""
+    x, weights = view.inputs[0], view.inputs[1]
+    batch, seq, hidden = x.shape
+    projection = 2 * batch * seq * hidden * weights.shape[1]
+    heads = int(view.attr("num_heads", 1))
+    head_size = weights.shape[1] // 3 // heads
+    core = _attention_core(batch, heads, seq, seq, head_size, head_size)
+    return Cost(flops=projection + core, bytes=view.io_bytes)
+
+
+@op_cost("com.microsoft::MultiHeadAttention")
+def _ms_multi_head_attention(view: OpView) -> Cost:
+    """query [B,S,D], key [B,L,D], value [B,L,Dv] (3-D form)."""
+    query, key = view.inputs[0], view.input(1)
+    heads = int(view.attr("num_heads", 1))
+    batch, q_len, width = query.shape[0], query.shape[1], query.shape[-1]
+    kv_len = key.shape[1] if key is not None and len(key.shape) == 3 else q_len
+    head_size = width // heads
+    return Cost(flops=_attention_core(batch, heads, q_len, kv_len, head_size, head_size), bytes=view.io_bytes)
+
+
+@op_cost("Attention")
+def _onnx_attention(view: OpView) -> Cost:
+    """ai.onnx Attention (opset 23): Q [B, heads, S, d] or [B, S, heads*d]; K [.., L, d]; V [.., L, dv]."""
+    query, key, value = view.inputs[0], view.inputs[1], view.inputs[2]
+    if len(query.shape) == 4:
+        batch, heads, q_len, head_size = query.shape
+        kv_len, v_head = key.shape[2], value.shape[3]
+    else:
+        heads = int(view.attr("q_num_heads", 1))
+        batch, q_len = query.shape[0], query.shape[1]
+        head_size = query.shape[2] // heads
+        kv_len, v_head = key.shape[1], value.shape[2] // int(view.attr("kv_num_heads", heads))
+    return Cost(flops=_attention_core(batch, heads, q_len, kv_len, head_size, v_head), bytes=view.io_bytes)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Measuring ONNX Runtime kernels on this machine.
+
+
+def _session_options(level: ort.GraphOptimizationLevel) -> ort.SessionOptions:
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.inter_op_num_threads = 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.graph_optimization_level = level
+    options.log_severity_level = 3
+    return options
+
+
+_LEVELS = {
+    "disabled": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+    "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+    "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+    "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+}
+
+
+def _random_array(shape: Sequence[int], dtype: str, rng: np.random.Generator) -> np.ndarray:
+    np_dtype = np.dtype(dtype)
+    if np_dtype.kind == "f":
+        # Positive and away from zero: no NaN from Log/Sqrt/Div, no denormals to slow anything down.
+        return rng.uniform(0.5, 1.5, size=shape).astype(np_dtype)
+    # Integers feed indices, masks and lengths: zeros are in range for all of them.
+    return np.zeros(shape, dtype=np_dtype)
+
+
+def _time_session(
+    session: ort.InferenceSession, feeds: Mapping[str, np.ndarray], budget_s: float
+) -> list[float]:
+    """Seconds per run: inputs and outputs bound once, so only the kernel (and ORT's dispatch) is timed."""
+    binding = session.io_binding()
+    for name, array in feeds.items():
+        binding.bind_cpu_input(name, array)
+    for output in session.get_outputs():
+        binding.bind_output(output.name)
+    session.run_with_iobinding(binding)  # warm-up; ORT allocates the outputs
+    for output, value in zip(session.get_outputs(), binding.get_outputs(), strict=True):
+        binding.bind_ortvalue_output(output.name, value)  # reuse them: no allocation inside the timing
+    session.run_with_iobinding(binding)
+    runs: list[float] = []
+    started = time.perf_counter()
+    while len(runs) < 5 or (len(runs) < 50 and time.perf_counter() - started < budget_s):
+        tick = time.perf_counter()
+        session.run_with_iobinding(binding)
+        runs.append(time.perf_counter() - tick)
+    return runs
+
+
+def _single_node_model(
+    node_proto: onnx.NodeProto,
+    inputs: Sequence[tuple[str, TensorInfo | None, np.ndarray | None]],
+    outputs: Sequence[str],
+    opsets: Mapping[str, int],
+) -> onnx.ModelProto:
+    graph_inputs, initializers = [], []
+    for name, info, constant in inputs:
+        if info is None or not name:
+            continue
+        if constant is not None:
+            initializers.append(onnx.numpy_helper.from_array(np.asarray(constant), name))
+        else:
+            elem = onnx.helper.np_dtype_to_tensor_dtype(np.dtype(info.dtype))
+            graph_inputs.append(onnx.helper.make_tensor_value_info(name, elem, list(info.shape)))
+    graph_outputs = []
+    for name in outputs:
+        value_info = onnx.ValueInfoProto()
+        value_info.name = name
+        graph_outputs.append(value_info)
+    graph = onnx.helper.make_graph([node_proto], "kernel", graph_inputs, graph_outputs, initializers)
+    opset_ids = [onnx.helper.make_opsetid(domain, version) for domain, version in opsets.items()]
+    return onnx.helper.make_model(graph, opset_imports=opset_ids, ir_version=10)
+
+
+@functools.cache
+def _empty_run_seconds() -> float:
+    """Median of a run that does nothing (Identity on one float): the fixed cost of ``run`` itself."""
+    node = onnx.helper.make_node("Identity", ["x"], ["y"])
+    info = TensorInfo((1,), "float32")
+    model = _single_node_model(node, [("x", info, None)], ["y"], {"": 17})
+    session = ort.InferenceSession(
+        model.SerializeToString(), _session_options(_LEVELS["basic"]), providers=["CPUExecutionProvider"]
+    )
+    return statistics.median(_time_session(session, {"x": np.ones(1, np.float32)}, 0.05))
+
+
+@functools.cache
+def _machine_fingerprint() -> str:
+    """Measurements belong to this CPU: a shared cache must not hand them to a different machine."""
+    model_name = platform.processor() or ""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("model name"):
+                    model_name = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return f"{platform.system()}/{platform.machine()}/{model_name}/{os.cpu_count()}"
+
+
+def measure_sgemm_peak(seconds: float = 1.0, *, size: int = 1024) -> float:
+    """Single-thread fp32 GEMM throughput of this machine in FLOP/s: ONNX Runtime MatMul of two
+    ``size`` x ``size`` matrices (B constant, as a weight is), the best run within ``seconds``."""
+    rng = np.random.default_rng(0)
+    node = onnx.helper.make_node("MatMul", ["a", "b"], ["y"])
+    a_info = TensorInfo((size, size), "float32")
+    weight = rng.standard_normal((size, size)).astype(np.float32)
+    model = _single_node_model(node, [("a", a_info, None), ("b", a_info, weight)], ["y"], {"": 17})
+    session = ort.InferenceSession(
+        model.SerializeToString(), _session_options(_LEVELS["basic"]), providers=["CPUExecutionProvider"]
+    )
+    runs = _time_session(session, {"a": rng.standard_normal((size, size)).astype(np.float32)}, seconds)
+    return 2.0 * size**3 / min(runs)
+
+
+@functools.cache
+def _host_rates() -> tuple[float, float]:
+    """(FLOP/s, bytes/s) of this host on one thread, for kernels that cannot be measured alone."""
+    peak = measure_sgemm_peak(0.2, size=512)
+    source = np.ones(8 * 1024 * 1024, dtype=np.float32)
+    target = np.empty_like(source)
+    best = min(_timed(lambda: np.copyto(target, source)) for _ in range(5))
+    return peak, 2 * source.nbytes / best
+
+
+def _timed(function: Callable[[], object]) -> float:
+    tick = time.perf_counter()
+    function()
+    return time.perf_counter() - tick
+
+
+# ---------------------------------------------------------------------------------------------------
+# The cost model.
+
+
+class CostModel:
+    """Costs nodes and graphs on one target: measured for calibrated targets (cpu-ort), a roofline
+    estimate from the spec otherwise. ``dims`` maps symbolic dim names to the values to cost them at
+    (a shape bucket); ``measure_budget_s`` bounds the timing loop of one kernel."""
+
+    def __init__(
+        self,
+        target: TargetSpec,
+        *,
+        cache: KernelCache | None = None,
+        calibrate: bool = True,
+        dims: Mapping[str, int] | None = None,
+        ort_level: str = "basic",
+        measure_budget_s: float = 0.05,
+    ) -> None:
+        if ort_level not in _LEVELS:
+            raise ValueError(f"ort_level must be one of {sorted(_LEVELS)}, not {ort_level!r}")
+        self.target = target
+        self.cache: KernelCache = cache if cache is not None else LRUCache()
+        self.measuring = bool(calibrate and target.calibrated)
+        self.dims = dict(dims or {})
+        self.ort_level = ort_level
+        self.measure_budget_s = measure_budget_s
+        self.stats = CacheStats()
+        self.measure_seconds = 0.0
+        self._notes: dict[str, None] = {}
+        from flexdsa_core import __version__
+
+        self.compiler_version = f"{__version__}+ort{ort.__version__}"
+
+    # -- public ------------------------------------------------------------------------------------
+
+    @property
+    def basis(self) -> str:
+        if self.measuring:
+            return f"measured with ONNX Runtime {ort.__version__} on this machine (1 thread, median of runs)"
+        return f"roofline estimate from the {self.target.name} spec"
+
+    @property
+    def energy_available(self) -> bool:
+        return self.target.power_w is not None and not self.measuring
+
+    @property
+    def notes(self) -> list[str]:
+        return list(self._notes)
+
+    def node_cost(
+        self,
+        node: ir.Node,
+        *,
+        opsets: Mapping[str, int] | None = None,
+        shapes: Mapping[ir.Value, TensorInfo] | None = None,
+    ) -> Cost:
+        """Cost of one node. ``shapes`` overrides what the node's values say (see ``nodes_cost``)."""
+        if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
+            return Cost()
+        view = self._view(node, shapes or {})
+        if view is None:
+            self._note(f"{node.op_type}: input shapes unknown; costed as one launch")
+            return self._timed_cost(Cost(), None)
+        if self.measuring:
+            seconds = self._measured_seconds(node, view, opsets or self._opsets_of(node))
+            if seconds is not None:
+                return Cost(flops=work(view).flops, bytes=work(view).bytes, seconds=seconds, joules=None,
+                            kernels=1, measured=1)  # fmt: skip
+        return self._timed_cost(work(view), view)
+
+    def nodes_cost(self, nodes: Iterable[ir.Node], *, opsets: Mapping[str, int] | None = None) -> Cost:
+        """Cost of a set of nodes; values whose shapes the graph does not know (a rewrite's new
+        intermediates, contrib-op outputs) are found first by running the nodes once in ONNX Runtime."""
+        nodes = list(nodes)
+        shapes = self.infer_shapes(nodes, opsets=opsets)
+        return sum((self.node_cost(n, opsets=opsets, shapes=shapes) for n in nodes), Cost())
+
+    def graph_cost(self, model: ir.Model) -> Cost:
+        """Cost of the model's main graph (subgraphs of control-flow nodes are not descended into)."""
+        return self.nodes_cost(list(model.graph), opsets=model.opset_imports)
+
+    def describe(self) -> dict:
+        """What the figures rest on, for reports."""
+        return {
+            "target": self.target.name,
+            "basis": self.basis,
+            "energy_available": self.energy_available,
+            "representative_dims": {"batch": REPRESENTATIVE_BATCH, "other": REPRESENTATIVE_DIM, **self.dims},
+            "cache": self.stats.as_dict(),
+            "measuring_seconds": round(self.measure_seconds, 4),
+            "notes": self.notes,
+        }
+
+    # -- shapes ------------------------------------------------------------------------------------
+
+    def concrete(self, value: ir.Value, axis_names: Sequence[object] | None = None) -> TensorInfo | None:
+        """The value with every dim made concrete, or None when its shape or dtype is unknown."""
+        if value.shape is None or value.dtype is None:
+            return None
+        try:
+            dtype = value.dtype.numpy().name
+        except (TypeError, ValueError):
+            return None
+        dims = tuple(self._dim(dim, axis) for axis, dim in enumerate(value.shape))
+        const = value.const_value is not None
+        small = None
+        if const and np.dtype(dtype).kind in "iu" and math.prod(dims) <= _SMALL_CONST:
+            small = value.const_value.numpy()
+        return TensorInfo(dims, dtype, const, small)
+
+    def _dim(self, dim: object, axis: int) -> int:
+        if isinstance(dim, int):
+            return dim
+        name = getattr(dim, "value", None)
+        if name is not None and name in self.dims:
+            return int(self.dims[name])
+        if name is None:
+            return REPRESENTATIVE_BATCH if axis == 0 else REPRESENTATIVE_DIM
+        return REPRESENTATIVE_BATCH if _BATCH_NAMES.match(str(name)) else REPRESENTATIVE_DIM
+
+    def infer_shapes(
+        self, nodes: Sequence[ir.Node], *, opsets: Mapping[str, int] | None = None
+    ) -> dict[ir.Value, TensorInfo]:
+        """Concrete shapes for the values the nodes produce but the graph has no shape for: the nodes
+        are run once in ONNX Runtime (no optimisation) on representative inputs. Best effort: values it
+        cannot reach stay unknown."""
+        produced = {out for n in nodes for out in n.outputs}
+        unknown = [v for v in produced if self.concrete(v) is None]
+        if not unknown:
+            return {}
+        names: dict[ir.Value, str] = {}
+        external: list[ir.Value] = []
+        for n in nodes:
+            for value in n.inputs:
+                if value is not None and value not in produced and value not in names:
+                    names[value] = f"in{len(names)}"
+                    external.append(value)
+        for value in produced:
+            names[value] = f"v{len(names)}"
+        rng = np.random.default_rng(0)
+        proto_nodes, graph_inputs, initializers, feeds = [], [], [], {}
+        for value in external:
+            info = self.concrete(value)
+            if info is None:
+                return {}
+            if value.const_value is not None:
+                initializers.append(onnx.numpy_helper.from_array(value.const_value.numpy(), names[value]))
+            else:
+                elem = onnx.helper.np_dtype_to_tensor_dtype(np.dtype(info.dtype))
+                graph_inputs.append(onnx.helper.make_tensor_value_info(names[value], elem, list(info.shape)))
+                feeds[names[value]] = _random_array(info.shape, info.dtype, rng)
+        for n in nodes:
+            proto_nodes.append(_node_proto(n, [names.get(v, "") if v is not None else "" for v in n.inputs],
+                                           [names[v] for v in n.outputs]))  # fmt: skip
+        outputs = [names[v] for v in produced]
+        graph_outputs = []
+        for name in outputs:
+            value_info = onnx.ValueInfoProto()
+            value_info.name = name
+            graph_outputs.append(value_info)
+        opsets = dict(opsets or self._opsets_of(nodes[0]))
+        for n in nodes:
+            opsets.setdefault(n.domain, _DEFAULT_OPSETS.get(n.domain, 1))
+        graph = onnx.helper.make_graph(proto_nodes, "probe", graph_inputs, graph_outputs, initializers)
+        model = onnx.helper.make_model(
+            graph, opset_imports=[onnx.helper.make_opsetid(d, v) for d, v in opsets.items()], ir_version=10
+        )
+        try:
+            session = ort.InferenceSession(
+                model.SerializeToString(),
+                _session_options(_LEVELS["disabled"]),
+                providers=["CPUExecutionProvider"],
+            )
+            results = session.run(outputs, feeds)
+        except Exception as error:  # noqa: BLE001 - ORT raises many types; an unknown shape is not fatal
+            self._note(f"could not infer shapes by running {', '.join(sorted({n.op_type for n in nodes}))}: "
+                       f"{str(error).splitlines()[0][:160]}")  # fmt: skip
+            return {}
+        found = {}
+        for value, array in zip(produced, results, strict=True):
+            if isinstance(array, np.ndarray):
+                found[value] = TensorInfo(tuple(array.shape), array.dtype.name)
+        return found
+
+    def _opsets_of(self, node: ir.Node) -> Mapping[str, int]:
+        graph = node.graph
+        opsets = dict(graph.opset_imports) if graph is not None else {}
+        return opsets or dict(_DEFAULT_OPSETS)
+
+    def _view(self, node: ir.Node, shapes: Mapping[ir.Value, TensorInfo]) -> OpView | None:
+        def info(value: ir.Value | None) -> TensorInfo | None:
+            if value is None:
+                return None
+            if value in shapes:
+                return shapes[value]
+            return self.concrete(value)
+
+        inputs = tuple(info(v) for v in node.inputs)
+        if any(v is not None and i is None for v, i in zip(node.inputs, inputs, strict=True)):
+            return None
+        outputs = tuple(info(v) for v in node.outputs)
+        if any(o is None for o in outputs) and inputs and inputs[0] is not None:
+            # Unknown outputs: assume element-wise (the shape of the first input) for the work estimate.
+            outputs = tuple(o if o is not None else inputs[0] for o in outputs)
+        attrs = {name: _attr_value(attr) for name, attr in node.attributes.items()}
+        return OpView(node.op_type, node.domain, attrs, inputs, outputs)
+
+    # -- seconds and joules --------------------------------------------------------------------------
+
+    def _timed_cost(self, base: Cost, view: OpView | None) -> Cost:
+        """Roofline seconds and joules for ``base`` (flops, bytes) run as one kernel."""
+        target = self.target
+        dtype = _compute_dtype(view) if view is not None else "float32"
+        if self.measuring:
+            peak, bandwidth = _host_rates()
+        else:
+            peak = target.peak_ops_per_s.get(dtype)
+            bandwidth = target.mem_bandwidth_bytes_per_s
+            if peak is None and base.flops:
+                self._note(f"{target.name}: no sourced {dtype} peak; compute time not counted")
+            if bandwidth is None and base.bytes:
+                self._note(f"{target.name}: no sourced memory bandwidth; memory time not counted")
+        compute_s = base.flops / peak if peak else 0.0
+        memory_s = base.bytes / bandwidth if bandwidth else 0.0
+        seconds = max(compute_s, memory_s) + target.launch_overhead_s
+        joules = None
+        if target.power_w is not None and not self.measuring:
+            joules = target.power_w * (compute_s + memory_s + target.launch_overhead_s)
+        return Cost(flops=base.flops, bytes=base.bytes, seconds=seconds, joules=joules, kernels=1)
+
+    def _measured_seconds(self, node: ir.Node, view: OpView, opsets: Mapping[str, int]) -> float | None:
+        if any(
+            attr.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS)
+            for attr in node.attributes.values()
+        ):
+            return None
+        opset = opsets.get(node.domain, _DEFAULT_OPSETS.get(node.domain, 1))
+        key = self._key(node, view, opset)
+        entry = self._cache_get(key)
+        if entry is not None:
+            self.stats.hits += 1
+            self.stats.seconds_saved += float(entry.get("measure_s", 0.0))
+            return entry["seconds"] + self.target.launch_overhead_s
+        self.stats.misses += 1
+        entry = self._measure(node, view, opset, opsets)
+        if entry is None:
+            return None
+        self._cache_put(key, entry)
+        return entry["seconds"] + self.target.launch_overhead_s
+
+    def kernel_key(
+        self,
+        node: ir.Node,
+        *,
+        opsets: Mapping[str, int] | None = None,
+        shapes: Mapping[ir.Value, TensorInfo] | None = None,
+    ) -> str | None:
+        """The cache key a measurement of ``node`` is stored under (None when its shapes are unknown).
+        Lets a caller pre-seed the cache, e.g. with measurements from the target machine."""
+        view = self._view(node, shapes or {})
+        if view is None:
+            return None
+        opsets = opsets or self._opsets_of(node)
+        return self._key(node, view, opsets.get(node.domain, _DEFAULT_OPSETS.get(node.domain, 1)))
+
+    def _key(self, node: ir.Node, view: OpView, opset: int) -> str:
+        canonical = self._canonical(node, view, opset)
+        return kernel_key(canonical, self.target.name, self.target.version, self.compiler_version)
+
+    def _canonical(self, node: ir.Node, view: OpView, opset: int) -> dict:
+        return {
+            "op": view.op_type,
+            "domain": view.domain,
+            "opset": opset,
+            "attrs": {name: _canonical_attr(value) for name, value in sorted(view.attrs.items())},
+            "inputs": [
+                None if t is None else {
+                    "shape": list(t.shape), "dtype": t.dtype, "const": t.const,
+                    "value": None if t.value is None else t.value.tolist(),
+                }
+                for t in view.inputs
+            ],
+            "outputs": _live_outputs(node),
+            "runtime": {"ort": ort.__version__, "level": self.ort_level, "threads": 1},
+            "machine": _machine_fingerprint(),
+        }  # fmt: skip
+
+    def _measure(self, node: ir.Node, view: OpView, opset: int, opsets: Mapping[str, int]) -> dict | None:
+        started = time.perf_counter()
+        rng = np.random.default_rng(0)
+        inputs, feeds = [], {}
+        for index, (value, info) in enumerate(zip(node.inputs, view.inputs, strict=True)):
+            name = f"i{index}" if value is not None else ""
+            constant = None
+            if value is not None and value.const_value is not None:
+                constant = value.const_value.numpy()
+            elif value is not None and info is not None:
+                if np.dtype(info.dtype).kind in "iu" and node.op_type in _SHAPE_INPUT_OPS:
+                    self._note(f"{node.op_type}: a shape input is not constant; not measured alone")
+                    return None
+                feeds[name] = _random_array(info.shape, info.dtype, rng)
+            inputs.append((name, info, constant))
+        outputs = [f"o{index}" if live else "" for index, live in enumerate(_live_outputs(node))]
+        proto = _node_proto(node, [name for name, _, _ in inputs], outputs)
+        domains = {"": opsets.get("", _DEFAULT_OPSETS[""]), node.domain: opset}
+        model = _single_node_model(proto, inputs, [o for o in outputs if o], domains)
+        try:
+            session = ort.InferenceSession(
+                model.SerializeToString(),
+                _session_options(_LEVELS[self.ort_level]),
+                providers=["CPUExecutionProvider"],
+            )
+            runs = _time_session(session, feeds, self.measure_budget_s)
+        except Exception as error:  # noqa: BLE001 - any ORT failure means "not measurable alone"
+            self._note(f"{op_key(node.op_type, node.domain)} not measurable alone in ONNX Runtime: "
+                       f"{str(error).splitlines()[0][:160]}")  # fmt: skip
+            return None
+        raw = statistics.median(runs)
+        elapsed = time.perf_counter() - started
+        self.measure_seconds += elapsed
+        return {
+            "seconds": max(raw - _empty_run_seconds(), 0.0),
+            "raw_median_s": raw,
+            "runs": len(runs),
+            "measure_s": elapsed,
+        }
+
+    def _cache_get(self, key: str) -> dict | None:
+        try:
+            raw = self.cache.get(key)
+            return json.loads(raw) if raw is not None else None
+        except Exception:  # noqa: BLE001 - a broken cache is a cache that misses
+            return None
+
+    def _cache_put(self, key: str, entry: dict) -> None:
+        self.stats.puts += 1
+        try:
+            self.cache.put(key, json.dumps(entry).encode())
+        except Exception:  # noqa: BLE001 - a broken cache is a cache that misses
+            self._note("kernel cache refused a write; measurements are not shared")
+
+    def _note(self, text: str) -> None:
+        self._notes[text] = None
+
+
+# Ops whose integer inputs are shapes, sizes or indices into shapes: random data would not do.
+_SHAPE_INPUT_OPS = frozenset(
+    {"Reshape", "Expand", "Tile", "Slice", "ConstantOfShape", "Range", "Resize", "Pad", "TopK", "Squeeze",
+     "Unsqueeze", "ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "Split", "OneHot", "Upsample"}
+)  # fmt: skip
+
+
+def _live_outputs(node: ir.Node) -> list[bool]:
+    """Which outputs the kernel must produce: the first, and any the graph uses. A node not yet in a
+    graph (a rewrite's replacement) produces all of them, since its uses are not wired yet."""
+    if node.graph is None:
+        return [True] * len(node.outputs)
+    return [i == 0 or bool(v.uses()) or v.is_graph_output() for i, v in enumerate(node.outputs)]
+
+
+def _compute_dtype(view: OpView) -> str:
+    for tensor in (*view.inputs, *view.outputs):
+        if tensor is not None and np.dtype(tensor.dtype).kind == "f":
+            return tensor.dtype
+    for tensor in view.inputs:
+        if tensor is not None:
+            return tensor.dtype
+    return "float32"
+
+
+def _attr_value(attr: ir.Attr) -> object:
+    if attr.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS):
+        return f"<{attr.type.name.lower()}>"
+    value = attr.value
+    if attr.type == ir.AttributeType.TENSOR:
+        return value
+    if isinstance(value, Sequence) and not isinstance(value, str | bytes):
+        return list(value)
+    return value
+
+
+def _canonical_attr(value: object) -> object:
+    if isinstance(value, ir.TensorProtocol):
+        array = value.numpy()
+        described = {"tensor": array.dtype.name, "shape": list(array.shape)}
+        if array.size <= _SMALL_CONST:
+            described["value"] = array.tolist()
+        return described
+    if isinstance(value, float):
+        return repr(float(np.float32(value)))  # as stored in a model: 1e-5 and float32(1e-5) are one kernel
+    if isinstance(value, list) and value and isinstance(value[0], float):
+        return [repr(float(np.float32(v))) for v in value]
+    return value
+
+
+def _node_proto(node: ir.Node, input_names: Sequence[str], output_names: Sequence[str]) -> onnx.NodeProto:
+    proto = onnx.NodeProto()
+    proto.op_type = node.op_type
+    proto.domain = node.domain
+    proto.input.extend(input_names)
+    proto.output.extend(output_names)
+    for attr in node.attributes.values():
+        if isinstance(attr, ir.Attr) and not attr.is_ref():
+            proto.attribute.append(ir.serde.serialize_attribute(attr))
+    return proto

@@ -1,0 +1,495 @@
+"""The Fusion Switcher: takes each fusion rule where it pays on the target, refuses it where it does not,
+and says why (``fusion_plan.json``).
+
+For each rule, in ``order``:
+
+1. switched off by the user → refused;
+2. the target lacks an op in ``rule.produces`` → refused ("target has no X");
+3. otherwise every match is judged on its own (per-match granularity: a fusion can pay at one shape and
+   not at another). The rule's onnxscript ``RewriteRule``s are driven here, node by node, as
+   ``RewriteRuleSet`` would, but each match's replacement is built *before* anything changes
+   (``try_rewrite``) and costed as a delta::
+
+       gain = cost(nodes the match removes) - cost(nodes the replacement adds)
+
+   with the ``CostModel`` (measured kernels on cpu-ort, a roofline estimate elsewhere). The match is
+   applied only if the gain pays for the objective:
+
+   * ``latency``: ``gain.seconds > margin`` (margin 2 % of the removed nodes' time when measured, so a
+     measured tie is refused as noise; 0 for estimates);
+   * ``energy``: ``gain.joules > 0`` (where the target has no power figure, energy is unavailable and the
+     decision falls back to latency, said so in the plan);
+   * ``balanced``: ``gain.seconds / before.seconds + gain.joules / before.joules > 0`` (the first-order
+     change of the energy-delay product), falling back to latency likewise.
+
+Rules sharing an ``alternatives`` group consume the same nodes at different granularities: each
+alternative is run as above on a clone of the model, "none" counts as gain 0, and the one with the
+largest total gain for the objective is applied to the model; the others are refused with the figures.
+Alternatives are compared per group, not mixed per match.
+
+Refusals by a rule's own ``check`` (a failed ``MatchResult`` with a sentence) are collected through the
+matching tracer and written under the rule in the plan. The main graph and control-flow subgraphs are
+rewritten; model-local functions are not (they are inlined before this stage).
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import onnx_ir as ir
+import onnx_ir.passes.common as ir_passes
+import onnxscript.optimizer
+from onnxscript.rewriter import RULE_NAME_TAG, MatchStatus, RewriteRule
+
+from flexdsa_core.cost_model import Cost, CostModel
+from flexdsa_core.fusions import FusionRule, discover_rules
+from flexdsa_core.targets.spec import TargetSpec, op_key
+
+__all__ = ["FusionPlan", "FusionSwitcher"]
+
+Objective = Literal["latency", "energy", "balanced"]
+_MEASURED_NOISE = 0.02
+_MAX_REASONS = 10
+
+
+@dataclass
+class FusionPlan:
+    """The switcher's decisions: one entry per candidate rule, in the order they were considered."""
+
+    target: str
+    objective: str
+    cost_basis: str
+    candidates: list[dict] = field(default_factory=list)
+    applied: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    cost_model: dict = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        taken_seconds = sum(c["estimated_gain"]["seconds"] or 0.0 for c in self.candidates if c["taken"])
+        return {
+            "kind": "flexdsa.fusion_plan",
+            "target": self.target,
+            "objective": self.objective,
+            "cost_basis": self.cost_basis,
+            "label": (
+                "Gains are cost-model figures per match (removed nodes minus added nodes). On a calibrated "
+                "target (cpu-ort) the kernel times are measurements on the compiling machine; elsewhere "
+                "they are roofline estimates from the target spec."
+            ),
+            "applied": list(self.applied),
+            "estimated_gain_seconds": taken_seconds,
+            "candidates": list(self.candidates),
+            "notes": list(self.notes),
+            "cost_model": dict(self.cost_model),
+        }
+
+
+@dataclass
+class _Judgement:
+    taken: bool
+    reason: str
+    kind: str  # "Add+LayerNormalization -> SkipLayerNormalization"
+    gain_seconds: float | None = None
+    gain_joules: float | None = None
+    before: Cost | None = None
+    after: Cost | None = None
+
+
+class _ReasonTracer:
+    """Duck-typed onnxscript matching tracer: keeps the sentences of failed checks, counted."""
+
+    def __init__(self) -> None:
+        self.reasons: collections.Counter[str] = collections.Counter()
+
+    def log(self, rule, container, node, match_result, status) -> None:
+        if status in (MatchStatus.CONDITION_FAILED, MatchStatus.REPLACEMENT_FAILED):
+            self.reasons[match_result.reason or f"{rule}: check failed without a reason"] += 1
+
+
+@dataclass
+class _RuleRun:
+    """What driving one rule over a model found."""
+
+    judgements: list[_Judgement] = field(default_factory=list)
+    tracer: _ReasonTracer = field(default_factory=_ReasonTracer)
+
+    @property
+    def taken(self) -> list[_Judgement]:
+        return [j for j in self.judgements if j.taken]
+
+    def total(self, attribute: str) -> float | None:
+        values = [getattr(j, attribute) for j in self.taken]
+        return None if any(v is None for v in values) else sum(values)
+
+
+class FusionSwitcher:
+    """Chooses, per match, the fusions that pay on ``target`` for ``objective``, and applies them."""
+
+    def __init__(
+        self,
+        target: TargetSpec,
+        supports: Callable[[str], bool],
+        cost_model: CostModel,
+        *,
+        objective: Objective = "latency",
+        disabled: Iterable[str] = frozenset(),
+    ) -> None:
+        if objective not in ("latency", "energy", "balanced"):
+            raise ValueError(f"objective must be 'latency', 'energy' or 'balanced', not {objective!r}")
+        self.target = target
+        self.supports = supports
+        self.cost_model = cost_model
+        self.objective = objective
+        self.disabled = frozenset(disabled)
+        self._notes: dict[str, None] = {}
+
+    def run(self, model: ir.Model, rules: Sequence[FusionRule] | None = None) -> FusionPlan:
+        """Rewrite ``model`` in place to the chosen strategy and return the plan."""
+        rules = sorted(rules if rules is not None else discover_rules(), key=lambda r: (r.order, r.name))
+        plan = FusionPlan(self.target.name, self.objective, self.cost_model.basis)
+        onnxscript.optimizer.basic_constant_propagation(model.graph)
+        done_groups: set[str] = set()
+        changed = False
+        for rule in rules:
+            if rule.alternatives is None:
+                changed |= self._single(model, rule, plan)
+            elif rule.alternatives not in done_groups:
+                done_groups.add(rule.alternatives)
+                group = [r for r in rules if r.alternatives == rule.alternatives]
+                changed |= self._alternatives(model, group, plan)
+        if changed:
+            if any(not rr.remove_nodes for r in rules for rr in r.rewrite_rules):
+                onnxscript.optimizer.remove_unused_nodes(model)
+            ir_passes.NameFixPass()(model)
+        plan.notes = list(self._notes) + [n for n in self.cost_model.notes if n not in self._notes]
+        plan.cost_model = self.cost_model.describe()
+        return plan
+
+    # -- one rule, or one group of alternatives --------------------------------------------------------
+
+    def _single(self, model: ir.Model, rule: FusionRule, plan: FusionPlan) -> bool:
+        refusal = self._legality(rule)
+        if refusal is not None:
+            plan.candidates.append(_candidate(rule, refusal=refusal))
+            return False
+        run = self._drive(model, rule)
+        plan.candidates.append(_candidate(rule, run=run))
+        if run.taken:
+            plan.applied.append(rule.name)
+        return bool(run.taken)
+
+    def _alternatives(self, model: ir.Model, group: list[FusionRule], plan: FusionPlan) -> bool:
+        trials: dict[str, _RuleRun] = {}
+        entries: dict[str, dict] = {}
+        for rule in group:
+            refusal = self._legality(rule)
+            if refusal is not None:
+                entries[rule.name] = _candidate(rule, refusal=refusal)
+                continue
+            trials[rule.name] = self._drive(model.clone(), rule)
+        scores = {name: self._score(run) for name, run in trials.items()}
+        best = max(scores, key=lambda name: scores[name], default=None)
+        if best is not None and scores[best] <= 0:
+            best = None
+        for rule in group:
+            if rule.name not in trials:
+                continue
+            trial = trials[rule.name]
+            if rule.name == best:
+                run = self._drive(model, rule)  # the measurements are cached: this re-judges for free
+                entries[rule.name] = _candidate(rule, run=run)
+                entries[rule.name]["alternative_choice"] = f"cheapest of {_group_names(group)} and none"
+                if run.taken:
+                    plan.applied.append(rule.name)
+                continue
+            entry = _candidate(rule, run=trial)
+            if entry["taken"]:
+                entry["decision"] = "refused"
+                entry["taken"] = 0
+                if best is None:
+                    entry["reason"] = f"no alternative of {_group_names(group)} pays overall; kept unfused"
+                else:
+                    entry["reason"] = (
+                        f"alternative {best!r} gains more ({_gain_text(trials[best])} vs {_gain_text(trial)})"
+                    )
+            entries[rule.name] = entry
+        plan.candidates.extend(entries[r.name] for r in group)
+        return best is not None and bool(trials[best].taken)
+
+    def _legality(self, rule: FusionRule) -> str | None:
+        if rule.name in self.disabled or (rule.alternatives and rule.alternatives in self.disabled):
+            return "refused: switched off by the user"
+        missing = [op for op in rule.produces if not self.supports(op)]
+        if missing:
+            return f"refused: target {self.target.name} has no {', '.join(missing)}"
+        if any(rr.as_function for rr in rule.rewrite_rules):
+            return "refused: the rule builds model-local functions, which the switcher cannot cost"
+        return None
+
+    def _score(self, run: _RuleRun) -> float:
+        seconds, joules = run.total("gain_seconds"), run.total("gain_joules")
+        if self.objective == "energy" and joules is not None:
+            return joules
+        if self.objective == "balanced" and joules is not None:
+            before_s = sum(j.before.seconds or 0.0 for j in run.taken) or 1.0
+            before_j = sum(j.before.joules or 0.0 for j in run.taken) or 1.0
+            return (seconds or 0.0) / before_s + joules / before_j
+        return seconds or 0.0
+
+    # -- the per-match driver ------------------------------------------------------------------------
+
+    def _drive(self, model: ir.Model, rule: FusionRule) -> _RuleRun:
+        added_domains = [d for d, _ in rule.opset_imports if d not in model.opset_imports]
+        for domain, version in rule.opset_imports:
+            model.opset_imports.setdefault(domain, version)
+        run = _RuleRun()
+        self._drive_graph(model, model.graph, rule, run)
+        if not run.taken:
+            for domain in added_domains:
+                model.opset_imports.pop(domain, None)
+        return run
+
+    def _drive_graph(self, model: ir.Model, graph: ir.Graph, rule: FusionRule, run: _RuleRun) -> None:
+        rewrite_rules = list(rule.rewrite_rules)
+        for rewrite_rule in rewrite_rules:
+            if rewrite_rule.graph_pre_visitor:
+                rewrite_rule.graph_pre_visitor()
+        for node in graph:
+            for rewrite_rule in rewrite_rules:
+                delta = rewrite_rule.try_rewrite(model, graph, node, tracer=run.tracer)
+                if delta is None:
+                    continue
+                judgement = self._judge(model, rewrite_rule, delta)
+                run.judgements.append(judgement)
+                if judgement.taken:
+                    _apply(graph, rewrite_rule, node, delta, _removed_nodes(rewrite_rule, delta))
+                    break
+            for attr in node.attributes.values():
+                if attr.type == ir.AttributeType.GRAPH:
+                    self._drive_graph(model, attr.value, rule, run)
+                elif attr.type == ir.AttributeType.GRAPHS:
+                    for subgraph in attr.value:
+                        self._drive_graph(model, subgraph, rule, run)
+        for rewrite_rule in rewrite_rules:
+            if rewrite_rule.graph_post_visitor:
+                rewrite_rule.graph_post_visitor()
+
+    def _judge(self, model: ir.Model, rewrite_rule: RewriteRule, delta) -> _Judgement:
+        removed = _removed_nodes(rewrite_rule, delta)
+        added = list(delta.new_nodes)
+        kind = f"{_ops_text(removed)} -> {_ops_text(added)}"
+        emitted = {op_key(n.op_type, n.domain) for n in added if not _is_constant(n)}
+        missing = sorted(op for op in emitted if not self.supports(op))
+        if missing:
+            return _Judgement(False, f"refused: target {self.target.name} has no {', '.join(missing)}", kind)
+        _carry_output_types(delta, added)
+        opsets = model.opset_imports
+        before = self.cost_model.nodes_cost(removed, opsets=opsets)
+        after = self.cost_model.nodes_cost(added, opsets=opsets)
+        gain_seconds = _minus(before.seconds, after.seconds)
+        gain_joules = _minus(before.joules, after.joules)
+        taken, basis = self._pays(before, after, gain_seconds, gain_joules)
+        measured = "measured" if after.measured or before.measured else "estimated"
+        where = " on this machine" if measured == "measured" else ""
+        reason = (
+            f"{measured} {_ops_text(added)} {_ms(after.seconds)} vs {_ops_text(removed)} "
+            f"{_ms(before.seconds)}{where}{basis}: {'taken' if taken else 'refused'}"
+        )
+        return _Judgement(taken, reason, kind, gain_seconds, gain_joules, before, after)
+
+    def _pays(
+        self, before: Cost, after: Cost, gain_seconds: float | None, gain_joules: float | None
+    ) -> tuple[bool, str]:
+        """(take it?, what the decision rested on beyond latency)."""
+        objective = self.objective
+        if objective in ("energy", "balanced") and gain_joules is None:
+            self._note(
+                f"energy is unavailable for {self.target.name} (no power figure, or measured times only): "
+                f"the {objective} objective decided on latency"
+            )
+            objective = "latency"
+        if objective == "energy":
+            return gain_joules > 0, f", energy {_mj(before.joules)} -> {_mj(after.joules)}"
+        if gain_seconds is None:
+            return False, " (no time estimate)"
+        if objective == "balanced":
+            score = gain_seconds / (before.seconds or 1.0) + gain_joules / (before.joules or 1.0)
+            return score > 0, f", energy {_mj(before.joules)} -> {_mj(after.joules)}"
+        margin = _MEASURED_NOISE * (before.seconds or 0.0) if after.measured and before.measured else 0.0
+        if 0 < gain_seconds <= margin:
+            return False, " (gain within measurement noise)"
+        return gain_seconds > margin, ""
+
+    def _note(self, text: str) -> None:
+        self._notes[text] = None
+
+
+# -- helpers ---------------------------------------------------------------------------------------
+
+
+def _removed_nodes(rewrite_rule: RewriteRule, delta) -> list[ir.Node]:
+    """The matched nodes that go away: all of them when the rule removes its match, otherwise those left
+    with no consumer once the match's outputs are rerouted to the replacement."""
+    matched = _in_dataflow_order(delta.match.nodes)
+    if rewrite_rule.remove_nodes:
+        return matched
+    rerouted = set(delta.match.outputs)
+    dead: set[ir.Node] = set()
+    changed = True
+    while changed:
+        changed = False
+        for node in matched:
+            if node in dead:
+                continue
+            if all(
+                value in rerouted
+                or (not value.is_graph_output() and all(u.node in dead for u in value.uses()))
+                for value in node.outputs
+            ):
+                dead.add(node)
+                changed = True
+    return [n for n in matched if n in dead]
+
+
+def _in_dataflow_order(nodes: Iterable[ir.Node]) -> list[ir.Node]:
+    """Producers before consumers (a match lists its nodes from the pattern's output backwards)."""
+    remaining = list(nodes)
+    ordered: list[ir.Node] = []
+    while remaining:
+        pending = set(remaining)
+        ready = [n for n in remaining if not any(v is not None and v.producer() in pending for v in n.inputs)]
+        ready = ready or remaining[:1]  # a cycle cannot happen in a valid graph; never loop forever
+        ordered.extend(ready)
+        remaining = [n for n in remaining if n not in set(ready)]
+    return ordered
+
+
+def _apply(graph: ir.Graph, rewrite_rule: RewriteRule, node: ir.Node, delta, removed: list[ir.Node]) -> None:
+    """What ``RewriteRuleSet`` does with an accepted match."""
+    for initializer in delta.new_initializers:
+        if initializer.name not in graph.initializers:
+            graph.initializers[initializer.name] = initializer
+    onnxscript.optimizer.basic_constant_propagation(delta.new_nodes)
+    if rewrite_rule.name:
+        for new_node in delta.new_nodes:
+            new_node.metadata_props[RULE_NAME_TAG] = rewrite_rule.name
+    ir.convenience.replace_nodes_and_values(
+        graph,
+        node,
+        removed if rewrite_rule.remove_nodes else [],
+        delta.new_nodes,
+        delta.match.outputs,
+        delta.new_outputs,
+    )
+
+
+def _carry_output_types(delta, added: list[ir.Node]) -> None:
+    """The replacement's outputs take the matched outputs' type and shape (as the rewrite will)."""
+    producers = set(added)
+    for old, new in zip(delta.match.outputs, delta.new_outputs, strict=False):
+        if new.producer() in producers:
+            if new.type is None:
+                new.type = old.type
+            if new.shape is None:
+                new.shape = old.shape
+
+
+def _is_constant(node: ir.Node) -> bool:
+    return node.op_type == "Constant" and node.domain in ("", "ai.onnx")
+
+
+def _ops_text(nodes: Sequence[ir.Node]) -> str:
+    names = [n.op_type for n in nodes if not _is_constant(n)]
+    return "+".join(names) if names else "nothing"
+
+
+def _minus(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None else a - b
+
+
+def _ms(seconds: float | None) -> str:
+    return "n/a" if seconds is None else f"{seconds * 1e3:.3f} ms"
+
+
+def _mj(joules: float | None) -> str:
+    return "n/a" if joules is None else f"{joules * 1e3:.4f} mJ"
+
+
+def _group_names(group: Sequence[FusionRule]) -> str:
+    return ", ".join(repr(r.name) for r in group)
+
+
+def _gain_text(run: _RuleRun) -> str:
+    seconds = run.total("gain_seconds")
+    return "n/a" if seconds is None else f"{seconds * 1e3:+.3f} ms"
+
+
+def _candidate(rule: FusionRule, *, refusal: str | None = None, run: _RuleRun | None = None) -> dict:
+    entry = {
+        "rule": rule.name,
+        "summary": rule.summary,
+        "produces": list(rule.produces),
+        "alternatives": rule.alternatives,
+        "matches": 0,
+        "taken": 0,
+        "refused": 0,
+        "estimated_gain": {"seconds": 0.0, "joules": 0.0, "basis": "estimate"},
+        "by_kind": [],
+        "check_refusals": [],
+    }
+    if refusal is not None:
+        return {**entry, "decision": "refused", "reason": refusal}
+    assert run is not None
+    taken = run.taken
+    entry.update(
+        matches=len(run.judgements),
+        taken=len(taken),
+        refused=len(run.judgements) - len(taken),
+        by_kind=_by_kind(run.judgements),
+        check_refusals=[{"reason": r, "count": c} for r, c in run.tracer.reasons.most_common(_MAX_REASONS)],
+    )
+    measured = any(j.after is not None and j.after.measured for j in run.judgements)
+    entry["estimated_gain"] = {
+        "seconds": run.total("gain_seconds"),
+        "joules": run.total("gain_joules"),
+        "basis": "measured kernels" if measured else "estimate",
+    }
+    if not run.judgements:
+        first = run.tracer.reasons.most_common(1)
+        why = f"; the rule's check said: {first[0][0]}" if first else ""
+        return {**entry, "decision": "no match", "reason": f"no match in this model{why}"}
+    kinds = entry["by_kind"]
+    if len(taken) == len(run.judgements):
+        decision = "taken"
+    elif taken:
+        decision = "partly taken"
+    else:
+        decision = "refused"
+    reason = "; ".join(f"{k['count']}x {k['reason']}" for k in kinds[:3])
+    return {**entry, "decision": decision, "reason": reason}
+
+
+def _by_kind(judgements: Sequence[_Judgement]) -> list[dict]:
+    """Identical matches (same ops, same figures, same decision) folded into one line with a count."""
+    groups: dict[tuple[str, str, bool], list[_Judgement]] = {}
+    for judgement in judgements:
+        groups.setdefault((judgement.kind, judgement.reason, judgement.taken), []).append(judgement)
+    lines = []
+    for (kind, reason, taken), members in groups.items():
+        first = members[0]
+        lines.append(
+            {
+                "rewrite": kind,
+                "count": len(members),
+                "taken": taken,
+                "reason": reason,
+                "gain_seconds_each": first.gain_seconds,
+                "gain_joules_each": first.gain_joules,
+                "before": first.before.as_dict() if first.before else None,
+                "after": first.after.as_dict() if first.after else None,
+            }
+        )
+    return sorted(lines, key=lambda line: -line["count"])

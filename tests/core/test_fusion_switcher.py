@@ -1,0 +1,299 @@
+"""The Fusion Switcher takes the fusions that pay, refuses the others, and says why.
+
+Decisions are made deterministic either by a cost gap far beyond timing noise (a rewrite that deletes a
+whole kernel, or one that adds a large MatMul) or by seeding the kernel cache with fake measurements."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import pytest
+from onnxscript.rewriter import RewriteRule
+from onnxscript.rewriter._basics import MatchResult
+
+from flexdsa_core.cache import LRUCache
+from flexdsa_core.cost_model import CostModel
+from flexdsa_core.fusion_switcher import FusionPlan, FusionSwitcher
+from flexdsa_core.fusions import make_rule
+from flexdsa_core.targets import TargetSpec, load_target
+
+# -- test rules -----------------------------------------------------------------------------------
+
+
+def _skip_ln_pattern(op, x, skip, gamma, beta):
+    return op.LayerNormalization(op.Add(x, skip), gamma, beta, axis=-1)
+
+
+def _skip_ln_rewrite(op, x, skip, gamma, beta):
+    return op.SkipLayerNormalization(x, skip, gamma, beta, epsilon=1e-5, _domain="com.microsoft")
+
+
+SKIP_LN = make_rule(
+    "test_skip_layer_norm",
+    "LayerNormalization(Add(x, skip)) → SkipLayerNormalization(x, skip)",
+    ["com.microsoft::SkipLayerNormalization"],
+    [RewriteRule(_skip_ln_pattern, _skip_ln_rewrite)],
+    opset_imports={"com.microsoft": 1},
+)
+
+
+def _double_relu(op, x):
+    return op.Relu(op.Relu(x))
+
+
+def _single_relu(op, x):
+    return op.Relu(x)
+
+
+# Deletes a whole kernel: pays by about half the time, on any machine.
+DEDUPE_RELU = make_rule(
+    "test_dedupe_relu", "Relu(Relu(x)) → Relu(x)", ["Relu"], [RewriteRule(_double_relu, _single_relu)]
+)
+
+
+def _bloat(op, x):
+    # Relu(x) · I: the same values after a [n,n] x [n,n] MatMul: costs far more than it saves.
+    n = 512
+    eye = op.Constant(value=ir.tensor(np.eye(n, dtype=np.float32)))
+    return op.MatMul(op.Relu(x), eye)
+
+
+def _bloat_relu_pair(op, x):
+    return _bloat(op, x)
+
+
+BLOAT = make_rule(
+    "test_bloat",
+    "Relu(Relu(x)) → MatMul(Relu(x), I)",
+    ["Relu", "MatMul"],
+    [RewriteRule(_double_relu, _bloat_relu_pair)],
+)
+
+
+def _only_small(context, x):
+    result = MatchResult()
+    if x.shape is not None and np.prod([int(d) for d in x.shape]) > 16:
+        return result.fail(f"input {x.name!r} is larger than 16 elements")
+    return True
+
+
+PICKY = make_rule(
+    "test_picky", "Relu(Relu(x)) → Relu(x), small tensors only", ["Relu"],
+    [RewriteRule(_double_relu, _single_relu, _only_small)],
+)  # fmt: skip
+
+RELU_MODEL = """
+<ir_version: 10, opset_import: ["" : 18]>
+g (float[1,512,512] x) => (float[1,512,512] y) <float[1,512,512] r>
+{
+  r = Relu(x)
+  y = Relu(r)
+}
+"""
+
+
+def _relu_model() -> ir.Model:
+    return ir.serde.deserialize_model(onnx.parser.parse_model(RELU_MODEL))
+
+
+def _skip_ln_model() -> ir.Model:
+    text = """
+    <ir_version: 10, opset_import: ["" : 18]>
+    g (float[1,128,768] x, float[1,128,768] s) => (float[1,128,768] y) <float[1,128,768] t>
+    {
+      t = Add(x, s)
+      y = LayerNormalization<axis=-1, epsilon=1e-5>(t, gamma, beta)
+    }
+    """
+    proto = onnx.parser.parse_model(text)
+    rng = np.random.default_rng(0)
+    for name in ("gamma", "beta"):
+        proto.graph.initializer.append(
+            onnx.numpy_helper.from_array(rng.standard_normal(768).astype(np.float32), name)
+        )
+    return ir.serde.deserialize_model(proto)
+
+
+def _fused_skip_ln_node() -> ir.Node:
+    """The node the rule will build, in a model of its own, to compute its cache key."""
+    text = """
+    <ir_version: 10, opset_import: ["" : 18, "com.microsoft" : 1]>
+    g (float[1,128,768] x, float[1,128,768] s) => (float[1,128,768] y)
+    {
+      y = com.microsoft.SkipLayerNormalization<epsilon=1e-5>(x, s, gamma, beta)
+    }
+    """
+    proto = onnx.parser.parse_model(text)
+    for name in ("gamma", "beta"):
+        proto.graph.initializer.append(onnx.numpy_helper.from_array(np.ones(768, np.float32), name))
+    return ir.serde.deserialize_model(proto).graph.node(0)
+
+
+def _seed(cost_model: CostModel, node: ir.Node, seconds: float) -> None:
+    key = cost_model.kernel_key(node)
+    assert key is not None
+    cost_model.cache.put(key, json.dumps({"seconds": seconds, "measure_s": 0.0}).encode())
+
+
+def _cpu_switcher(**kwargs) -> FusionSwitcher:
+    target = load_target("cpu-ort")
+    return FusionSwitcher(target, lambda op: True, CostModel(target, cache=LRUCache()), **kwargs)
+
+
+NPU = TargetSpec(
+    name="tiny-npu",
+    vendor="test",
+    adapter="none",
+    peak_ops_per_s={"float32": 1e12},
+    mem_bandwidth_bytes_per_s=1e10,
+    power_w=5.0,
+    supported_ops=["Add", "LayerNormalization", "Relu", "MatMul"],
+)
+
+
+def _npu_switcher(**kwargs) -> FusionSwitcher:
+    return FusionSwitcher(NPU, lambda op: op in NPU.supported_ops, CostModel(NPU), **kwargs)
+
+
+def _ops(model: ir.Model) -> list[str]:
+    return [n.op_type for n in model.graph]
+
+
+def _entry(plan: FusionPlan, rule: str) -> dict:
+    return next(c for c in plan.candidates if c["rule"] == rule)
+
+
+# -- legality -----------------------------------------------------------------------------------
+
+
+def test_refuses_a_rule_the_target_lacks():
+    model = _skip_ln_model()
+    plan = _npu_switcher().run(model, [SKIP_LN])
+    entry = _entry(plan, "test_skip_layer_norm")
+    assert entry["decision"] == "refused"
+    assert "has no com.microsoft::SkipLayerNormalization" in entry["reason"]
+    assert _ops(model) == ["Add", "LayerNormalization"]
+    assert plan.applied == []
+
+
+def test_refuses_a_rule_switched_off_by_the_user():
+    model = _relu_model()
+    plan = _cpu_switcher(disabled={"test_dedupe_relu"}).run(model, [DEDUPE_RELU])
+    entry = _entry(plan, "test_dedupe_relu")
+    assert entry["decision"] == "refused"
+    assert entry["reason"] == "refused: switched off by the user"
+    assert _ops(model) == ["Relu", "Relu"]
+
+
+# -- measured decisions (cpu-ort) ---------------------------------------------------------------------
+
+
+def test_takes_a_rule_that_pays_when_measured():
+    model = _relu_model()
+    plan = _cpu_switcher().run(model, [DEDUPE_RELU])
+    entry = _entry(plan, "test_dedupe_relu")
+    assert entry["decision"] == "taken", entry["reason"]
+    assert entry["estimated_gain"]["seconds"] > 0
+    assert entry["estimated_gain"]["basis"] == "measured kernels"
+    assert "on this machine: taken" in entry["reason"]
+    assert _ops(model) == ["Relu"]
+    assert plan.applied == ["test_dedupe_relu"]
+    onnx.checker.check_model(ir.serde.serialize_model(model))
+
+
+def test_refuses_a_rule_that_costs_time_when_measured():
+    model = _relu_model()
+    plan = _cpu_switcher().run(model, [BLOAT])
+    entry = _entry(plan, "test_bloat")
+    assert entry["decision"] == "refused", entry["reason"]
+    assert entry["by_kind"][0]["gain_seconds_each"] < 0
+    assert "Relu+MatMul" in entry["reason"] and "refused" in entry["reason"]
+    assert _ops(model) == ["Relu", "Relu"]
+
+
+@pytest.mark.parametrize(("fused_s", "decision"), [(400e-6, "refused"), (5e-6, "taken")])
+def test_skip_layer_norm_decided_by_measurement(fused_s, decision):
+    """Seeded measurements: SkipLayerNormalization is refused when its kernel is slower than Add +
+    LayerNormalization (as ORT 1.31's CPU kernel is) and taken when faster."""
+    model = _skip_ln_model()
+    switcher = _cpu_switcher()
+    add, layer_norm = list(model.graph)
+    _seed(switcher.cost_model, add, 20e-6)
+    _seed(switcher.cost_model, layer_norm, 60e-6)
+    _seed(switcher.cost_model, _fused_skip_ln_node(), fused_s)
+    plan = switcher.run(model, [SKIP_LN])
+    entry = _entry(plan, "test_skip_layer_norm")
+    assert entry["decision"] == decision, entry["reason"]
+    fused_ms = f"{(fused_s + 2e-6) * 1e3:.3f} ms"
+    assert entry["reason"] == (
+        f"1x measured SkipLayerNormalization {fused_ms} vs Add+LayerNormalization 0.084 ms on this machine: {decision}"
+    )
+    stats = switcher.cost_model.stats
+    assert stats.misses == 0 and stats.hits == 3  # nothing was timed: all three came from the cache
+    expected = ["SkipLayerNormalization"] if decision == "taken" else ["Add", "LayerNormalization"]
+    assert _ops(model) == expected
+
+
+# -- estimates (vendor roofline) and objectives -------------------------------------------------------
+
+
+def test_vendor_roofline_takes_a_fusion_that_saves_a_kernel_and_counts_joules():
+    model = _relu_model()
+    plan = _npu_switcher(objective="energy").run(model, [DEDUPE_RELU])
+    entry = _entry(plan, "test_dedupe_relu")
+    assert entry["decision"] == "taken"
+    assert entry["estimated_gain"]["basis"] == "estimate"
+    # One Relu over 1 MiB in, 1 MiB out: memory-bound at 1e10 B/s, 5 W for the memory time + launch.
+    relu_bytes = 2 * 512 * 512 * 4
+    expected_joules = 5.0 * (relu_bytes / 1e10 + 512 * 512 / 1e12 + 2e-6)
+    assert entry["estimated_gain"]["joules"] == pytest.approx(expected_joules)
+
+
+def test_energy_objective_without_power_figures_falls_back_to_latency_and_says_so():
+    model = _relu_model()
+    plan = _cpu_switcher(objective="energy").run(model, [DEDUPE_RELU])
+    assert _entry(plan, "test_dedupe_relu")["decision"] == "taken"
+    assert any("energy is unavailable" in note for note in plan.notes)
+
+
+def test_alternatives_pick_the_cheapest():
+    first = make_rule(
+        "test_alt_dedupe", DEDUPE_RELU.summary, ["Relu"], DEDUPE_RELU.rewrite_rules, alternatives="relu"
+    )
+    second = make_rule(
+        "test_alt_bloat", BLOAT.summary, ["Relu", "MatMul"], BLOAT.rewrite_rules, alternatives="relu"
+    )
+    model = _relu_model()
+    plan = _npu_switcher().run(model, [second, first])
+    assert plan.applied == ["test_alt_dedupe"]
+    assert _entry(plan, "test_alt_dedupe")["decision"] == "taken"
+    bloat = _entry(plan, "test_alt_bloat")
+    assert bloat["decision"] == "refused"
+    assert _ops(model) == ["Relu"]
+
+
+def test_check_refusals_reach_the_plan():
+    model = _relu_model()
+    plan = _cpu_switcher().run(model, [PICKY])
+    entry = _entry(plan, "test_picky")
+    assert entry["decision"] == "no match"
+    assert "larger than 16 elements" in entry["reason"]
+    assert entry["check_refusals"][0]["count"] == 1
+
+
+def test_plan_json_lists_every_candidate_with_labels():
+    model = _relu_model()
+    plan = _cpu_switcher(disabled={"test_bloat"}).run(model, [DEDUPE_RELU, BLOAT, SKIP_LN])
+    doc = json.loads(json.dumps(plan.to_json()))
+    assert [c["rule"] for c in doc["candidates"]] == [
+        "test_bloat",
+        "test_dedupe_relu",
+        "test_skip_layer_norm",
+    ]
+    assert doc["applied"] == ["test_dedupe_relu"]
+    assert "measurements" in doc["label"] and "estimates" in doc["label"]
+    assert doc["cost_model"]["target"] == "cpu-ort"
+    assert {c["decision"] for c in doc["candidates"]} == {"refused", "taken", "no match"}
