@@ -1,0 +1,222 @@
+"""Cost formulas per op, Cost arithmetic, the roofline, and measured kernels cached once."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import pytest
+
+from flexdsa_core.cache import LRUCache
+from flexdsa_core.cost_model import Cost, CostModel, OpView, TensorInfo, measure_sgemm_peak, op_cost
+from flexdsa_core.cost_model import work as op_work
+from flexdsa_core.targets import TargetSpec, load_target
+
+NPU = TargetSpec(
+    name="tiny-npu",
+    vendor="test",
+    adapter="none",
+    peak_ops_per_s={"float32": 1e12},
+    mem_bandwidth_bytes_per_s=1e10,
+    power_w=5.0,
+    launch_overhead_s=1e-6,
+)
+
+
+def _model(text: str, **weights: tuple[int, ...]) -> ir.Model:
+    proto = onnx.parser.parse_model(text)
+    rng = np.random.default_rng(0)
+    for name, shape in weights.items():
+        array = rng.standard_normal(shape).astype(np.float32)
+        proto.graph.initializer.append(onnx.numpy_helper.from_array(array, name))
+    return ir.serde.deserialize_model(proto)
+
+
+def _t(*shape: int, dtype: str = "float32") -> TensorInfo:
+    return TensorInfo(tuple(shape), dtype)
+
+
+def _view(op: str, inputs, outputs, domain: str = "", **attrs) -> OpView:
+    return OpView(op, domain, attrs, tuple(inputs), tuple(outputs))
+
+
+# -- formulas -------------------------------------------------------------------------------------
+
+
+def test_matmul_flops_are_2mnk():
+    m, k, n = 64, 256, 32
+    cost = op_work(_view("MatMul", [_t(m, k), _t(k, n)], [_t(m, n)]))
+    assert cost.flops == 2 * m * n * k
+    assert cost.bytes == 4 * (m * k + k * n + m * n)
+
+
+def test_batched_matmul_counts_every_batch():
+    cost = op_work(_view("MatMul", [_t(8, 12, 128, 64), _t(8, 12, 64, 128)], [_t(8, 12, 128, 128)]))
+    assert cost.flops == 2 * 8 * 12 * 128 * 128 * 64
+
+
+def test_gemm_with_bias_and_transposed_a():
+    m, k, n = 16, 48, 24
+    view = _view("Gemm", [_t(k, m), _t(k, n), _t(n)], [_t(m, n)], transA=1)
+    assert op_work(view).flops == 2 * m * n * k + m * n
+
+
+def test_fused_conv_adds_bias_and_activation():
+    # 3x3 conv, 16 -> 32 channels, group 1, 8x8 output, with bias and Relu.
+    x, w, b, y = _t(1, 16, 10, 10), _t(32, 16, 3, 3), _t(32), _t(1, 32, 8, 8)
+    out = 32 * 8 * 8
+    plain = op_work(_view("Conv", [x, w, b], [y]))
+    fused = op_work(_view("FusedConv", [x, w, b], [y], domain="com.microsoft", activation="Relu"))
+    assert plain.flops == 2 * out * 16 * 9 + out
+    assert fused.flops == plain.flops + out
+
+
+def test_depthwise_conv_uses_channels_per_group():
+    x, w, y = _t(1, 32, 10, 10), _t(32, 1, 3, 3), _t(1, 32, 8, 8)
+    assert op_work(_view("Conv", [x, w], [y], group=32)).flops == 2 * 32 * 8 * 8 * 9
+
+
+def test_unlisted_op_is_one_op_per_output_element():
+    view = _view("SomeVendorOp", [_t(4, 5)], [_t(4, 5), _t(2)], domain="vendor.x")
+    cost = op_work(view)
+    assert cost.flops == 4 * 5 + 2
+    assert cost.bytes == 4 * (20 + 20 + 2)
+
+
+def test_registry_takes_new_ops():
+    @op_cost("test.domain::Triple")
+    def _triple(view: OpView) -> Cost:
+        return Cost(flops=3 * view.out_elems, bytes=view.io_bytes)
+
+    assert op_work(_view("Triple", [_t(10)], [_t(10)], domain="test.domain")).flops == 30
+
+
+def test_reshape_moves_bytes_but_does_no_arithmetic():
+    cost = op_work(_view("Reshape", [_t(2, 6), _t(2, dtype="int64")], [_t(3, 4)]))
+    assert cost.flops == 0 and cost.bytes == 48 + 16 + 48
+
+
+# -- Cost arithmetic ------------------------------------------------------------------------------
+
+
+def test_costs_add_up():
+    a = Cost(flops=10, bytes=100, seconds=1e-3, joules=2e-3, kernels=1, measured=1)
+    b = Cost(flops=5, bytes=50, seconds=2e-3, joules=1e-3, kernels=2)
+    total = a + b
+    assert total == Cost(flops=15, bytes=150, seconds=3e-3, joules=3e-3, kernels=3, measured=1)
+    assert sum([a, b]) == total
+    assert total.basis == "partly measured"
+
+
+def test_unavailable_energy_stays_unavailable():
+    total = Cost(seconds=1.0, joules=None, kernels=1) + Cost(seconds=1.0, joules=2.0, kernels=1)
+    assert total.joules is None and total.seconds == 2.0
+
+
+# -- the roofline (vendor targets) -----------------------------------------------------------------
+
+MATMUL = """
+<ir_version: 10, opset_import: ["" : 18]>
+g (float[batch,seq,256] x) => (float[batch,seq,64] y)
+{
+  y = MatMul(x, w)
+}
+"""
+
+
+def test_roofline_is_the_slower_of_compute_and_memory_plus_launch():
+    model = _model(MATMUL, w=(256, 64))
+    cost = CostModel(NPU).node_cost(model.graph.node(0))
+    flops = 2 * 1 * 128 * 64 * 256  # batch -> 1, seq -> 128
+    nbytes = 4 * (128 * 256 + 256 * 64 + 128 * 64)
+    assert cost.flops == flops and cost.bytes == nbytes
+    assert cost.seconds == pytest.approx(max(flops / 1e12, nbytes / 1e10) + 1e-6)
+    assert cost.joules == pytest.approx(5.0 * (flops / 1e12 + nbytes / 1e10 + 1e-6))
+    assert cost.measured == 0 and cost.basis == "estimate"
+
+
+def test_shape_bucket_sets_symbolic_dims():
+    model = _model(MATMUL, w=(256, 64))
+    cost = CostModel(NPU, dims={"batch": 4, "seq": 512}).node_cost(model.graph.node(0))
+    assert cost.flops == 2 * 4 * 512 * 64 * 256
+
+
+def test_no_power_figure_means_no_energy_and_missing_figures_are_noted():
+    bare = NPU.model_copy(update={"power_w": None, "mem_bandwidth_bytes_per_s": None})
+    cost_model = CostModel(bare)
+    cost = cost_model.node_cost(_model(MATMUL, w=(256, 64)).graph.node(0))
+    assert cost.joules is None
+    assert not cost_model.energy_available
+    assert any("no sourced memory bandwidth" in note for note in cost_model.notes)
+
+
+def test_uncalibrated_cpu_ort_does_not_measure_or_guess():
+    cost_model = CostModel(load_target("cpu-ort"), calibrate=False)
+    cost = cost_model.node_cost(_model(MATMUL, w=(256, 64)).graph.node(0))
+    assert cost.measured == 0 and cost.seconds == pytest.approx(2e-6)  # launch only: no sourced figures
+    assert any("no sourced float32 peak" in note for note in cost_model.notes)
+
+
+def test_unknown_intermediate_shapes_are_found_by_running_the_nodes():
+    text = """
+    <ir_version: 10, opset_import: ["" : 18]>
+    g (float[1,32,64] x) => (float[1,32,16] y)
+    {
+      t = Relu(x)
+      y = MatMul(t, w)
+    }
+    """
+    model = _model(text, w=(64, 16))
+    cost = CostModel(NPU).graph_cost(model)
+    assert cost.kernels == 2
+    assert cost.flops == 32 * 64 + 2 * 32 * 16 * 64
+
+
+# -- measured kernels (cpu-ort) ----------------------------------------------------------------------
+
+TWO_LAYERS = """
+<ir_version: 10, opset_import: ["" : 18]>
+g (float[1,64,128] x) => (float[1,64,128] y) <float[1,64,128] h>
+{
+  h = MatMul(x, w1)
+  y = MatMul(h, w2)
+}
+"""
+
+
+def test_identical_layers_are_measured_once_and_shared_across_jobs():
+    cache = LRUCache()
+    model = _model(TWO_LAYERS, w1=(128, 128), w2=(128, 128))  # different weights, same kernel
+    first = CostModel(load_target("cpu-ort"), cache=cache)
+    cost = first.graph_cost(model)
+    assert cost.measured == 2 and cost.seconds > 0
+    assert (first.stats.misses, first.stats.hits) == (1, 1)
+    assert len(cache) == 1
+
+    second = CostModel(load_target("cpu-ort"), cache=cache)  # another job, same cache
+    again = second.graph_cost(model)
+    assert (second.stats.misses, second.stats.hits) == (0, 2)
+    assert second.measure_seconds == 0.0 and second.stats.seconds_saved > 0
+    assert again.seconds == cost.seconds
+
+
+def test_cache_key_ignores_weight_values_but_not_shapes():
+    cost_model = CostModel(load_target("cpu-ort"))
+    a, b = _model(TWO_LAYERS, w1=(128, 128), w2=(128, 128)).graph
+    assert cost_model.kernel_key(a) == cost_model.kernel_key(b)
+    wide = _model(MATMUL, w=(256, 64)).graph.node(0)
+    assert cost_model.kernel_key(wide) != cost_model.kernel_key(a)
+
+
+def test_a_seeded_measurement_is_used_as_is():
+    cost_model = CostModel(load_target("cpu-ort"))
+    node = _model(MATMUL, w=(256, 64)).graph.node(0)
+    cost_model.cache.put(cost_model.kernel_key(node), b'{"seconds": 0.5, "measure_s": 1.5}')
+    cost = cost_model.node_cost(node)
+    assert cost.seconds == pytest.approx(0.5 + 2e-6)
+    assert cost_model.stats.hits == 1 and cost_model.stats.seconds_saved == 1.5
+
+
+def test_measure_sgemm_peak_is_a_plausible_rate():
+    peak = measure_sgemm_peak(seconds=0.05, size=256)
+    assert 1e8 < peak < 1e13
