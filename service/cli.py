@@ -1,0 +1,144 @@
+"""Service commands for the ``flexdsa`` CLI (registered through the ``flexdsa.cli`` entry point):
+``serve``, ``db upgrade``, ``keys create``, ``keys revoke``, ``worker``."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Annotated
+
+import typer
+
+db_app = typer.Typer(no_args_is_help=True, help="Database schema (Alembic migrations).")
+keys_app = typer.Typer(no_args_is_help=True, help="API keys of tenants.")
+
+
+def _settings():
+    from pydantic import ValidationError
+
+    from service.config import get_settings
+
+    try:
+        return get_settings()
+    except ValidationError as err:
+        messages = "\n".join(e["msg"].removeprefix("Value error, ") for e in err.errors())
+        typer.secho(f"Invalid configuration:\n{messages}", fg="red", err=True)
+        raise typer.Exit(2) from None
+
+
+def _fail(message: str) -> typer.Exit:
+    typer.secho(message, fg="red", err=True)
+    return typer.Exit(1)
+
+
+def serve(
+    host: Annotated[str | None, typer.Option(help="Bind address (default FLEXDSA_HOST or 127.0.0.1)")] = None,
+    port: Annotated[int | None, typer.Option(help="Port (default FLEXDSA_PORT or 8000)")] = None,
+) -> None:
+    """Start the service. Embedded (no FLEXDSA_BROKER_URL): migrates SQLite and runs the worker in-process."""
+    import uvicorn
+
+    from service.app import create_app
+    from service.auth import ensure_tenant
+    from service.db import DatabaseNotMigratedError, make_engine, make_session_factory, prepare_database, session_scope
+
+    settings = _settings()
+    overrides = {k: v for k, v in {"host": host, "port": port}.items() if v is not None}
+    settings = settings.model_copy(update=overrides)
+    engine = make_engine(settings.database_url)
+    try:
+        prepare_database(settings, engine)
+    except DatabaseNotMigratedError as err:
+        raise _fail(str(err)) from None
+    if settings.auth == "optional":
+        with session_scope(make_session_factory(engine)) as session:
+            ensure_tenant(session, settings.default_tenant)
+    engine.dispose()
+    typer.echo(
+        f"Flex-DSA {settings.mode} mode on http://{settings.host}:{settings.port} "
+        f"(database {settings.database_url.split('@')[-1]}, artifacts {settings.artifact_dir}, auth {settings.auth})"
+    )
+    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=settings.log_level)
+
+
+@db_app.command("upgrade")
+def db_upgrade(revision: Annotated[str, typer.Argument(help="Target revision")] = "head") -> None:
+    """Migrate the database at FLEXDSA_DATABASE_URL to the latest schema."""
+    from service.db import current_revision, make_engine, upgrade
+
+    settings = _settings()
+    engine = make_engine(settings.database_url)
+    try:
+        upgrade(engine, revision)
+        typer.echo(f"Database {engine.url.render_as_string(hide_password=True)} at revision {current_revision(engine)}.")
+    except Exception as err:
+        raise _fail(f"Migration failed: {err}") from None
+    finally:
+        engine.dispose()
+
+
+@keys_app.command("create")
+def keys_create(
+    tenant: Annotated[str, typer.Option(help="Tenant name (created if missing)")],
+    name: Annotated[str, typer.Option(help="A label for this key")] = "",
+) -> None:
+    """Create an API key and print it. It is shown once: only its hash is stored."""
+    from service.auth import create_api_key
+    from service.db import DatabaseNotMigratedError, make_engine, make_session_factory, prepare_database, session_scope
+
+    settings = _settings()
+    engine = make_engine(settings.database_url)
+    try:
+        prepare_database(settings, engine)
+        with session_scope(make_session_factory(engine)) as session:
+            key, row = create_api_key(session, tenant, name)
+            prefix = row.prefix
+    except DatabaseNotMigratedError as err:
+        raise _fail(str(err)) from None
+    finally:
+        engine.dispose()
+    typer.echo(key)
+    typer.echo(f"(tenant {tenant!r}, key prefix {prefix}; store it now, it cannot be shown again)", err=True)
+
+
+@keys_app.command("revoke")
+def keys_revoke(prefix: Annotated[str, typer.Argument(help="The key's prefix (the part after 'fdsa_')")]) -> None:
+    """Revoke a key by its prefix."""
+    from service.auth import revoke_api_key
+    from service.db import make_engine, make_session_factory, session_scope
+
+    engine = make_engine(_settings().database_url)
+    with session_scope(make_session_factory(engine)) as session:
+        count = revoke_api_key(session, prefix)
+    engine.dispose()
+    if not count:
+        raise _fail(f"No active key with prefix {prefix!r}.")
+    typer.echo(f"Revoked {count} key(s).")
+
+
+def worker(
+    concurrency: Annotated[int | None, typer.Option(help="Worker processes (default: CPU count)")] = None,
+    queues: Annotated[str | None, typer.Option(help="Comma-separated queues to consume")] = None,
+    loglevel: Annotated[str, typer.Option(help="Celery log level")] = "INFO",
+) -> None:
+    """Run a Celery worker (distributed mode). Each process takes one job at a time."""
+    settings = _settings()
+    if settings.mode != "distributed":
+        raise _fail("`flexdsa worker` needs FLEXDSA_BROKER_URL (distributed mode); `flexdsa serve` runs "
+                    "an in-process worker in embedded mode.")
+    # One job per process at a time, no prefetching: jobs are long, and a prefetched job would wait
+    # behind a running one while another worker sits idle.
+    args = [sys.executable, "-m", "celery", "-A", "workers.app", "worker", "--loglevel", loglevel,
+            "--prefetch-multiplier", "1", "-O", "fair"]
+    if concurrency:
+        args += ["--concurrency", str(concurrency)]
+    if queues:
+        args += ["--queues", queues]
+    os.execv(sys.executable, args)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("serve")(serve)
+    app.command("worker")(worker)
+    app.add_typer(db_app, name="db")
+    app.add_typer(keys_app, name="keys")
