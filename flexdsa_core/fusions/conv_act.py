@@ -19,6 +19,7 @@ from onnxscript.rewriter._basics import MatchResult
 from onnxscript.rewriter._rewrite_rule import RewriteRuleClassBase
 
 from flexdsa_core.fusions._activation import Activation, activation_pattern, read_activation
+from flexdsa_core.fusions._naming import fresh_name
 from flexdsa_core.fusions.base import make_rule
 
 ACTIVATIONS = ("Relu", "Sigmoid", "Tanh", "LeakyRelu", "Clip", "HardSigmoid")
@@ -65,23 +66,13 @@ class _ConvFusionBase(RewriteRuleClassBase):
             old_bias = conv.inputs[2] if len(conv.inputs) > 2 else None
             if old_bias is not None and _ir_utils.get_numpy_value(old_bias) is None:
                 return result.fail(f"Conv bias '{old_bias.name}' is not a constant, so the Add cannot fold.")
-            name = self._bias_name(conv)
-            existing = context.graph_or_function.initializers.get(name)
-            if existing is not None and any(user is not conv for user, _ in existing.uses()):
-                return result.fail(f"Initializer '{name}' is also used outside the pattern.")
+            base = old_bias.name if old_bias is not None else f"{weight.name}_bias"
+            self._bias_name = fresh_name(context.graph_or_function, f"{base}_folded")
         if act_out is not None:
             activation = read_activation(act_out.producer())
             if isinstance(activation, str):
                 return result.fail(activation)
         return result
-
-    @staticmethod
-    def _bias_name(conv: ir.Node) -> str:
-        """Reuse the Conv's bias name when only this Conv reads it (the old one is then replaced)."""
-        old_bias = conv.inputs[2] if len(conv.inputs) > 2 else None
-        if old_bias is not None and old_bias.name and all(user is conv for user, _ in old_bias.uses()):
-            return old_bias.name
-        return f"{conv.inputs[1].name}_bias"
 
     def rewrite(self, op, x, conv_out, add_bias=None, act_out=None, **_):
         conv = conv_out.producer()
@@ -89,9 +80,10 @@ class _ConvFusionBase(RewriteRuleClassBase):
         if self.with_bias_add:
             weight = conv.inputs[1]
             added = _per_channel(_ir_utils.get_numpy_value(add_bias), weight.shape.rank(), weight.shape[0])
-            old_bias = _ir_utils.get_numpy_value(inputs[2]) if len(inputs) > 2 else 0
+            old_input = inputs[2] if len(inputs) > 2 else None
+            old_bias = _ir_utils.get_numpy_value(old_input) if old_input is not None else 0
             fused_bias = (added + old_bias).astype(added.dtype)
-            inputs = [*inputs[:2], op.initializer(ir.tensor(fused_bias), name=self._bias_name(conv))]
+            inputs = [*inputs[:2], op.initializer(ir.tensor(fused_bias), name=self._bias_name)]
         attributes = {name: attr for name, attr in conv.attributes.items()}
         if self.activation is None:
             return op.Conv(*inputs, **attributes)
