@@ -290,6 +290,8 @@ class _JobRun:
             error = {"code": final.get("code") or "flexdsa_error", "message": final.get("message") or "",
                      "details": final.get("details") or {}}
             return self._fail(error)
+        if child.terminated:  # it ended because we stopped it at the soft limit
+            return self._time_limit_exceeded(time.monotonic() - started)
         return self._crashed(child)
 
     def _child_request(self) -> dict:
@@ -456,6 +458,7 @@ class _Child:
         self._inbox: queue.Queue[dict | None] = queue.Queue()
         self._reader_done = threading.Event()
         self._terminated = False
+        self._stderr_tail: str | None = None
         threading.Thread(target=self._read, name=f"child-{process.pid}-reader", daemon=True).start()
 
     @classmethod
@@ -500,6 +503,10 @@ class _Child:
     def returncode(self) -> int | None:
         return self.process.returncode
 
+    @property
+    def terminated(self) -> bool:
+        return self._terminated
+
     def terminate(self) -> None:
         if not self._terminated and self.process.poll() is None:
             self._terminated = True
@@ -512,7 +519,9 @@ class _Child:
             self.process.wait(KILL_GRACE_S)
 
     def stderr_tail(self) -> str:
-        with contextlib.suppress(OSError):
+        if self._stderr_tail is not None:
+            return self._stderr_tail
+        with contextlib.suppress(OSError, ValueError):
             self._stderr_file.seek(0, os.SEEK_END)
             size = self._stderr_file.tell()
             self._stderr_file.seek(max(0, size - STDERR_TAIL_BYTES))
@@ -521,6 +530,7 @@ class _Child:
 
     def close(self) -> None:
         self.kill()
+        self._stderr_tail = self.stderr_tail()  # kept for the crash report after the file is gone
         for stream in (self.process.stdin, self.process.stdout, self._stderr_file):
             with contextlib.suppress(OSError, ValueError):
                 stream.close()

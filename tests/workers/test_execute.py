@@ -1,0 +1,202 @@
+"""``execute_job`` called directly against real PostgreSQL and Redis (STYLE.md 14: not eager mode)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from sqlalchemy import update
+
+from service.models import Job
+from tests.workers.conftest import create_job, load_job, tiny_model
+from workers.db import session_factory_for
+from workers.execute import execute_job
+
+pytestmark = pytest.mark.services
+
+ARTIFACTS = ["manifest.json", "model.onnx", "report.json"]
+
+
+def _names(job) -> list[str]:
+    return sorted(a.name for a in job.artifacts)
+
+
+def _set(settings, job_id: str, **values) -> None:
+    with session_factory_for(settings)() as session, session.begin():
+        session.execute(update(Job).where(Job.id == job_id).values(**values))
+
+
+def test_job_succeeds_with_artifacts_events_and_published_progress(settings, redis_client):
+    job_id = create_job(settings)
+    pubsub = redis_client.pubsub()
+    pubsub.subscribe(f"flexdsa:job:{job_id}")
+
+    assert execute_job(job_id, settings=settings, worker_id="t1") == "succeeded"
+
+    job = load_job(settings, job_id)
+    assert (job.status, job.progress, job.attempts, job.lease_owner) == ("succeeded", 1.0, 1, None)
+    assert _names(job) == ARTIFACTS
+    assert job.report_summary == {"kernels": 3, "cache_hits": 0}
+    kinds = [e.kind for e in job.events]
+    assert kinds[:2] == ["queued", "started"] and kinds[-1] == "succeeded"
+    # One progress event per stage change, not per progress call.
+    stages = [e.stage for e in job.events if e.kind == "progress"]
+    assert stages == ["ingest", "passes", "fusion", "mapping", "validate", "report"]
+    published = []
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and (not published or published[-1].get("status") != "succeeded"):
+        message = pubsub.get_message(timeout=0.5)
+        if message and message["type"] == "message":
+            import json
+
+            published.append(json.loads(message["data"]))
+    assert published[-1]["status"] == "succeeded"
+    assert {"job_id", "status", "stage", "progress", "message"} <= set(published[0])
+
+
+def test_redelivery_runs_once_and_keeps_one_set_of_artifacts(settings):
+    job_id = create_job(settings)
+    results: list[str] = []
+    threads = [
+        threading.Thread(target=lambda n=n: results.append(execute_job(job_id, settings=settings, worker_id=f"w{n}")))
+        for n in range(3)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    # Exactly one delivery won the claim; the others saw a live lease (running) or the result.
+    assert results.count("succeeded") >= 1
+    assert execute_job(job_id, settings=settings, worker_id="late") == "succeeded"
+    job = load_job(settings, job_id)
+    assert job.attempts == 1
+    assert _names(job) == ARTIFACTS
+    assert [e.kind for e in job.events].count("started") == 1
+
+    # A delivery after the lease lapsed mid-run (the row says running, owner gone) runs again and
+    # replaces the artifact rows rather than adding to them.
+    _set(settings, job_id, status="running", lease_owner="dead", lease_expires_at=None)
+    assert execute_job(job_id, settings=settings, worker_id="w-again") == "succeeded"
+    job = load_job(settings, job_id)
+    assert job.attempts == 2 and _names(job) == ARTIFACTS
+
+
+def test_live_lease_blocks_a_second_worker(settings):
+    from datetime import timedelta
+
+    from service.models import utcnow
+
+    job_id = create_job(settings)
+    _set(settings, job_id, status="running", lease_owner="other", lease_expires_at=utcnow() + timedelta(minutes=5),
+         attempts=1)
+    assert execute_job(job_id, settings=settings, worker_id="me") == "running"
+    job = load_job(settings, job_id)
+    assert (job.lease_owner, job.attempts) == ("other", 1)
+
+
+def test_flexdsa_error_fails_at_once_without_retry(settings):
+    job_id = create_job(settings, b"bad bytes")
+    assert execute_job(job_id, settings=settings, worker_id="t1") == "failed"
+    job = load_job(settings, job_id)
+    assert job.error["code"] == "invalid_model"
+    assert "protobuf" in job.error["message"]
+    assert job.attempts == 1 and job.artifacts == []
+
+
+def test_exhausted_attempts_fail_with_the_last_reason(settings):
+    job_id = create_job(settings, max_attempts=2)
+    # Two attempts whose workers died: running, lease lapsed, attempts used up.
+    _set(settings, job_id, status="running", lease_owner="gone", lease_expires_at=None, attempts=2, stage="fusion")
+    assert execute_job(job_id, settings=settings, worker_id="t1") == "failed"
+    job = load_job(settings, job_id)
+    assert job.error["message"] == "gave up after 2 attempts: worker lost during stage 'fusion' (lease expired)"
+
+
+def test_crash_is_retried_then_given_up(settings, monkeypatch):
+    monkeypatch.setenv("FLEXDSA_TEST_CHILD_ABORT", "1")
+    job_id = create_job(settings, max_attempts=2)
+    # First crash: re-queued (and published again) with the reason recorded.
+    assert execute_job(job_id, settings=settings, worker_id="t1") == "queued"
+    assert execute_job(job_id, settings=settings, worker_id="t1") == "failed"
+    job = load_job(settings, job_id)
+    assert job.error["code"] == "pipeline_crashed"
+    assert job.error["message"] == "gave up after 2 attempts: pipeline process crashed (signal 6)"
+    assert [e.kind for e in job.events].count("retry") == 1
+
+
+def test_cancel_while_running_kills_the_pipeline(settings, monkeypatch):
+    monkeypatch.setenv("FLEXDSA_TEST_STAGE_DELAY_S", "2")
+    job_id = create_job(settings)
+    threading.Timer(1.0, lambda: _set(settings, job_id, cancel_requested=True)).start()
+    started = time.monotonic()
+    assert execute_job(job_id, settings=settings, worker_id="t1") == "cancelled"
+    assert time.monotonic() - started < 6  # stopped, not run to the end (5 stages x 2 s)
+    job = load_job(settings, job_id)
+    assert job.artifacts == [] and job.error["code"] == "cancelled"
+    assert execute_job(job_id, settings=settings, worker_id="t2") == "cancelled"
+
+
+def test_cancelled_before_start_never_runs(settings):
+    job_id = create_job(settings)
+    _set(settings, job_id, cancel_requested=True)
+    assert execute_job(job_id, settings=settings, worker_id="t1") == "cancelled"
+    assert load_job(settings, job_id).attempts == 0
+
+
+def test_hard_time_limit_fails_the_job(settings, monkeypatch):
+    monkeypatch.setenv("FLEXDSA_TEST_STAGE_DELAY_S", "3")
+    limited = settings.model_copy(update={"job_soft_time_limit_s": 1, "job_hard_time_limit_s": 2})
+    job_id = create_job(settings)
+    assert execute_job(job_id, settings=limited, worker_id="t1") == "failed"
+    job = load_job(settings, job_id)
+    assert job.error["message"] == "time limit exceeded" and job.attempts == 1
+
+
+def test_identical_submission_is_served_from_the_job_cache(settings, monkeypatch):
+    monkeypatch.setenv("FLEXDSA_TEST_STAGE_DELAY_S", "0.3")
+    first = create_job(settings)
+    started = time.monotonic()
+    assert execute_job(first, settings=settings, worker_id="t1") == "succeeded"
+    first_s = time.monotonic() - started
+
+    second = create_job(settings)
+    started = time.monotonic()
+    assert execute_job(second, settings=settings, worker_id="t1") == "succeeded"
+    second_s = time.monotonic() - started
+
+    a, b = load_job(settings, first), load_job(settings, second)
+    assert b.cached_from_job_id == first
+    assert {(x.name, x.blob_key) for x in a.artifacts} == {(x.name, x.blob_key) for x in b.artifacts}
+    assert b.report_summary == a.report_summary
+    assert "cached" in [e.kind for e in b.events]
+    assert second_s < first_s / 3, (first_s, second_s)
+
+    # Another tenant's identical upload is not answered from this tenant's job.
+    other = create_job(settings, tenant="other")
+    assert execute_job(other, settings=settings, worker_id="t1") == "succeeded"
+    assert load_job(settings, other).cached_from_job_id is None
+
+
+def test_models_sharing_layers_hit_the_kernel_cache(settings, redis_client):
+    from workers.cache_backends import read_cache_stats
+
+    first = create_job(settings, tiny_model((0.1, 0.2, 0.3)))
+    assert execute_job(first, settings=settings, worker_id="t1") == "succeeded"
+    assert load_job(settings, first).report_summary["cache_hits"] == 0
+    # A new pipeline process (empty LRU) with two of the three layers in common: hits come from Redis.
+    second = create_job(settings, tiny_model((0.1, 0.2, 0.7)))
+    assert execute_job(second, settings=settings, worker_id="t1") == "succeeded"
+    assert load_job(settings, second).report_summary["cache_hits"] == 2
+
+    stats = read_cache_stats(settings)
+    assert (stats["hits"], stats["misses"]) == (2, 4)
+    assert stats["hits_by_layer"] == {"redis": 2}
+    assert stats["seconds_saved"] > 0
+    assert stats["entries"] == 4  # the durable layer holds every kernel
+
+    # With Redis emptied, the durable layer still answers.
+    redis_client.flushdb()
+    third = create_job(settings, tiny_model((0.3, 0.7)))
+    assert execute_job(third, settings=settings, worker_id="t1") == "succeeded"
+    assert load_job(settings, third).report_summary["cache_hits"] == 2
