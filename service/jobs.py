@@ -135,13 +135,14 @@ def submit_job(
         model_filename=upload.filename, model_size=upload.size, idempotency_key=idempotency_key,
         job_cache_key=cache_key, attempts=0, max_attempts=settings.max_attempts,
     )
-    session.add(job)
-    source = _cached_source(session, tenant, cache_key)
-    if source is None:
-        job.record("queued", f"Queued for {target.name}.")
-    else:
-        _answer_from_cache(job, source)
     try:
+        with session.no_autoflush:
+            source = _cached_source(session, tenant, cache_key)
+        session.add(job)
+        if source is None:
+            job.record("queued", f"Queued for {target.name}.")
+        else:
+            _answer_from_cache(job, source)
         session.commit()
     except IntegrityError:
         # The same Idempotency-Key raced us; that request's job is the answer.
