@@ -1,0 +1,165 @@
+"""Hostile and malformed submissions are answered with a clear 4xx in the one error shape, and nothing
+is stored or queued for them."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+from sqlalchemy import func, select
+
+from service.models import Job
+from tests.service.conftest import tiny_onnx
+
+
+def _assert_error(response, status: int, code: str) -> dict:
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert set(body) == {"error"} and set(body["error"]) == {"code", "message", "details"}
+    assert body["error"]["code"] == code, body
+    assert body["error"]["message"]
+    return body["error"]
+
+
+def _job_count(env, headers) -> int:
+    tenant_jobs = env.client.get("/jobs", headers=headers).json()
+    return tenant_jobs["total"]
+
+
+def _blobs(env) -> set[str]:
+    return {p.name for p in env.store.root.glob("??/*")}
+
+
+@pytest.fixture
+def small_limit_client(env):
+    from fastapi.testclient import TestClient
+
+    from service.app import create_app
+
+    app = create_app(env.settings.model_copy(update={"max_upload_bytes": 64}))
+    return TestClient(app)  # no lifespan: the database is already prepared
+
+
+def test_oversize_upload_is_413_before_anything_is_stored(env, headers, small_limit_client):
+    before = _blobs(env)
+    big = tiny_onnx() + b"\x00" * 10_000  # larger than 64 bytes
+    error = _assert_error(env.submit(headers, model=big, client=small_limit_client), 413, "payload_too_large")
+    assert error["details"]["max_upload_bytes"] == 64
+    assert _blobs(env) == before and _job_count(env, headers) == 0
+    assert not list(env.store.staging_dir().glob("upload-*"))
+
+
+def test_oversize_streamed_upload_without_content_length_is_413(env, headers, small_limit_client):
+    boundary = "b0undary"
+    head = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"spec\"\r\n\r\n{json.dumps({'target': 'cpu-ort'})}"
+            f"\r\n--{boundary}\r\nContent-Disposition: form-data; name=\"model\"; filename=\"m.onnx\"\r\n\r\n").encode()
+
+    def body():  # a generator: httpx sends it chunked, with no Content-Length
+        yield head
+        for _ in range(200):
+            yield b"\x08" * 1024
+        yield f"\r\n--{boundary}--\r\n".encode()
+
+    response = small_limit_client.post(
+        "/optimize", headers={**headers, "Content-Type": f"multipart/form-data; boundary={boundary}"}, content=body()
+    )
+    _assert_error(response, 413, "payload_too_large")
+    assert _job_count(env, headers) == 0
+
+
+def test_declared_content_length_is_checked_first(env, headers, small_limit_client):
+    request = httpx.Request("POST", "http://testserver/optimize", headers={**headers, "Content-Length": "999999999",
+                            "Content-Type": "multipart/form-data; boundary=x"}, content=b"")
+    response = small_limit_client.send(request)
+    _assert_error(response, 413, "payload_too_large")
+
+
+@pytest.mark.parametrize(
+    ("model", "reason"),
+    [
+        (b"this is a text file, not a model\n", "not an ONNX model"),
+        (tiny_onnx()[: len(tiny_onnx()) // 2], "truncated"),
+        (b"", "empty"),
+    ],
+    ids=["text", "truncated", "empty"],
+)
+def test_not_onnx_is_422_with_reason(env, headers, model, reason):
+    before = _blobs(env)
+    error = _assert_error(env.submit(headers, model=model), 422, "invalid_model")
+    assert reason in error["message"] and reason in error["details"]["reason"]
+    assert _blobs(env) == before and _job_count(env, headers) == 0 and env.enqueued == []
+
+
+def test_model_without_graph_is_422(env, headers):
+    from onnx import ModelProto, helper
+
+    no_graph = ModelProto(ir_version=9, opset_import=[helper.make_opsetid("", 17)]).SerializeToString()
+    error = _assert_error(env.submit(headers, model=no_graph), 422, "invalid_model")
+    assert "no graph" in error["message"]
+
+
+def test_invalid_spec_is_422_with_field_errors(env, headers):
+    error = _assert_error(env.submit(headers, spec={"target": "cpu-ort", "objectiv": "latency",
+                                                    "latency_repeats": 0}), 422, "invalid_spec")
+    locations = {tuple(d["loc"]) for d in error["details"]}
+    assert ("objectiv",) in locations and ("latency_repeats",) in locations
+    _assert_error(env.submit(headers, spec="{not json"), 422, "invalid_spec")
+    _assert_error(env.submit(headers, spec={"objective": "latency"}), 422, "invalid_spec")
+    assert _job_count(env, headers) == 0
+
+
+def test_unknown_target_is_422(env, headers):
+    error = _assert_error(env.submit(headers, spec={"target": "quantum-toaster"}), 422, "unknown_target")
+    assert "cpu-ort" in error["message"]  # names the targets that do exist
+
+
+def test_invalid_custom_target_is_422(env, headers):
+    _assert_error(env.submit(headers, spec={"target": {"name": "x"}}), 422, "invalid_target")
+
+
+def test_missing_form_parts_are_422(env, headers):
+    no_spec = env.client.post("/optimize", headers=headers, files={"model": ("m.onnx", tiny_onnx())})
+    _assert_error(no_spec, 422, "invalid_upload")
+    no_model = env.client.post("/optimize", headers=headers, data={"spec": '{"target": "cpu-ort"}'})
+    _assert_error(no_model, 422, "invalid_upload")
+    not_multipart = env.client.post("/optimize", headers=headers, json={"target": "cpu-ort"})
+    _assert_error(not_multipart, 422, "invalid_upload")
+
+
+def test_quota_of_queued_jobs_is_429(env):
+    headers = env.new_key(max_queued_jobs=2)
+    for alpha in (0.1, 0.2):
+        assert env.submit(headers, model=tiny_onnx(alpha)).status_code == 202
+    error = _assert_error(env.submit(headers, model=tiny_onnx(0.3)), 429, "quota_exceeded")
+    assert error["details"] == {"queued": 2, "limit": 2}
+    # Cancelling one frees a slot.
+    first = env.client.get("/jobs", headers=headers).json()["items"][0]["id"]
+    env.client.delete(f"/jobs/{first}", headers=headers)
+    assert env.submit(headers, model=tiny_onnx(0.3)).status_code == 202
+    with env.sessions() as session:
+        assert session.scalar(select(func.count()).select_from(Job).where(Job.status == "queued",
+                                                                        Job.id.in_(env.enqueued))) == 2
+
+
+def test_framework_errors_use_the_error_shape(env, headers):
+    _assert_error(env.client.get("/no/such/route", headers=headers), 404, "not_found")
+    _assert_error(env.client.put("/jobs", headers=headers), 405, "method_not_allowed")
+    error = _assert_error(env.client.get("/jobs?limit=100000", headers=headers), 422, "invalid_request")
+    assert error["details"][0]["loc"] == ["query", "limit"]
+
+
+def test_unhandled_exception_is_500_in_the_error_shape(env):
+    from fastapi.testclient import TestClient
+
+    from service.app import create_app
+
+    app = create_app(env.settings)
+
+    @app.get("/boom")
+    def boom():
+        raise RuntimeError("secret internals")
+
+    response = TestClient(app, raise_server_exceptions=False).get("/boom")
+    error = _assert_error(response, 500, "internal_error")
+    assert "secret" not in error["message"]
