@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import numpy as np
 import onnx_ir as ir
-import onnx_ir.passes.common as common_passes
 from onnxscript.rewriter import RewriteRuleSet
 from onnxscript.rewriter._basics import MatchResult
 from onnxscript.rewriter._rewrite_rule import RewriteRuleClassBase
@@ -31,6 +30,7 @@ from onnxscript.rewriter.rules.common import (
 )
 
 from flexdsa_core.passes._values import is_float, small_constant
+from flexdsa_core.passes.no_op import bypass_no_ops
 
 _D = ir.DataType
 _FLOAT_CHAIN = [(_D.FLOAT16, _D.FLOAT), (_D.BFLOAT16, _D.FLOAT), (_D.FLOAT, _D.DOUBLE), (_D.FLOAT16, _D.DOUBLE),
@@ -251,5 +251,7 @@ class AlgebraicSimplificationPass(ir.passes.InPlacePass):
     def call(self, model: ir.Model) -> ir.passes.PassResult:
         count = algebraic_rules().apply_to_model(model)
         if count:
-            common_passes.IdentityEliminationPass()(model)
+            # Not onnx_ir's IdentityEliminationPass: it cannot bypass an Identity that forwards an
+            # outer-scope value to a subgraph output.
+            bypass_no_ops(model, frozenset({"Identity"}))
         return ir.passes.PassResult(model, bool(count))

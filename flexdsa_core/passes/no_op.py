@@ -215,9 +215,13 @@ def _bypass(node: ir.Node, source: ir.Value) -> bool:
     """Make the consumers of ``node``'s output read ``source``; returns whether the graph changed."""
     output = node.outputs[0]
     graph = node.graph
-    if output.is_graph_output() and (
-        source.is_graph_input() or source.is_initializer() or source.is_graph_output()
-    ):
+    source_producer = source.producer()
+    renamable = (
+        source_producer is not None and source_producer.graph is graph and not source.is_graph_output()
+    )
+    if output.is_graph_output() and not renamable:
+        # The output's name must survive, and the source (a graph input, an initializer, another output
+        # or an outer-scope value) cannot take it: keep an Identity in the node's place.
         if node.op_type == "Identity" and node.domain == "":
             return False
         identity = ir.node("Identity", [source], name=f"{node.name or 'no_op'}_identity")
@@ -242,6 +246,32 @@ def _bypass(node: ir.Node, source: ir.Value) -> bool:
     return True
 
 
+def bypass_no_ops(model: ir.Model, op_types: frozenset[str] | None = None) -> bool:
+    """Bypass every no-op node (of ``op_types`` only, when given) in the model's graphs; returns whether
+    anything changed."""
+    modified = False
+    for node in list(ir.traversal.RecursiveGraphIterator(model.graph)):
+        if node.domain != "" or node.graph is None or not node.outputs:
+            continue
+        if op_types is not None and node.op_type not in op_types:
+            continue
+        forwarder = _FORWARDERS.get(node.op_type)
+        if forwarder is None:
+            continue
+        if any(output.is_graph_output() for output in node.outputs[1:]):
+            continue
+        source = forwarder(node)
+        if source is None or source is node.outputs[0]:
+            continue
+        producers = [value.producer() for value in node.inputs if value is not None]
+        if _bypass(node, source):
+            modified = True
+            for producer in producers:  # constants and Transposes the bypass left unread
+                if producer is not None:
+                    _drop_if_unused(producer)
+    return modified
+
+
 class NoOpRemovalPass(ir.passes.InPlacePass):
     """Identity, inference Dropout, same-type Cast, same-shape Reshape, inverse Transposes, x*1, x+0...
     → their input."""
@@ -249,22 +279,4 @@ class NoOpRemovalPass(ir.passes.InPlacePass):
     name = "no_op_removal"
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
-        modified = False
-        for node in list(ir.traversal.RecursiveGraphIterator(model.graph)):
-            if node.domain != "" or node.graph is None or not node.outputs:
-                continue
-            forwarder = _FORWARDERS.get(node.op_type)
-            if forwarder is None:
-                continue
-            if any(output.is_graph_output() for output in node.outputs[1:]):
-                continue
-            source = forwarder(node)
-            if source is None or source is node.outputs[0]:
-                continue
-            producers = [value.producer() for value in node.inputs if value is not None]
-            if _bypass(node, source):
-                modified = True
-                for producer in producers:  # constants and Transposes the bypass left unread
-                    if producer is not None:
-                        _drop_if_unused(producer)
-        return ir.passes.PassResult(model, modified)
+        return ir.passes.PassResult(model, bypass_no_ops(model))

@@ -131,3 +131,34 @@ def test_whole_pipeline_on_an_exporter_style_block():
     ]
     assert_same_outputs(proto, optimized, rtol=1e-6, atol=1e-6)
     assert records[-1].modified is False  # ended at a fixed point
+
+
+def test_whole_pipeline_inside_subgraphs_keeps_outer_scope_values():
+    """No-ops in If branches that forward an outer-scope value keep the branch outputs as Identity."""
+    import numpy as np
+
+    from flexdsa_core.invariants import check_invariants
+
+    text = """<ir_version: 8, opset_import: ["" : 17]>
+    g (float[2,3] x, bool c) => (float[2,3] y) {
+        a = Relu(x)
+        y = If(c) <then_branch = t () => (float[2,3] o) { one = Constant<value = float {1}>()
+                                                          o = Mul(a, one) },
+                   else_branch = e () => (float[2,3] o2) { i = Identity(a)
+                                                           n = Neg(i)
+                                                           o2 = Neg(n) }>
+    }"""
+    proto = parse(text)
+    model = ir.serde.deserialize_model(proto)
+    run_passes(model, generic_passes(OptimizeOptions()))
+    check_invariants(model, stage="generic_passes")
+    optimized = ir.serde.serialize_model(model)
+    onnx.checker.check_model(optimized, full_check=True)
+    branches = {attr.name: [n.op_type for n in attr.g.node] for attr in optimized.graph.node[1].attribute}
+    assert branches == {"then_branch": ["Identity"], "else_branch": ["Identity"]}
+    for condition in (True, False):
+        feeds = {
+            "x": np.random.default_rng(0).standard_normal((2, 3)).astype(np.float32),
+            "c": np.array(condition),
+        }
+        assert_same_outputs(proto, optimized, feeds=feeds)
