@@ -22,7 +22,7 @@ import itertools
 import math
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import onnx_ir as ir
@@ -135,6 +135,81 @@ def _runtime_inputs(model: ir.Model) -> list[ir.Value]:
     return [v for v in model.graph.inputs if not v.is_initializer()]
 
 
+def _input_dims(model: ir.Model) -> dict[str, list[tuple[str, int]]]:
+    """Named dynamic dims of the graph inputs -> where each appears, as (input name, axis)."""
+    dims: dict[str, list[tuple[str, int]]] = {}
+    for value in _runtime_inputs(model):
+        for axis, dim in enumerate(value.shape.dims if value.shape is not None else ()):
+            if (
+                isinstance(dim, ir.SymbolicDim)
+                and dim.value is not None
+                and _free_symbols(dim) <= {dim.value}
+            ):
+                dims.setdefault(dim.value, []).append((value.name, axis))
+    return dims
+
+
+# Above this, serialising the model for onnxruntime's symbolic inference risks protobuf's 2 GiB limit.
+_SYMBOLIC_REFINE_MAX_BYTES = 1 << 30
+
+
+def _refine_symbolically(
+    model: ir.Model, unresolved: list[ir.Value], input_symbols: set[str]
+) -> tuple[dict[str, ir.Shape], str | None]:
+    """Second opinion for the tensors ONNX inference left unknown: onnxruntime's symbolic shape inference.
+
+    ONNX's data propagation loses a dim at ops like Slice(position_ids, 0, seq); onnxruntime's sympy-based
+    inference keeps it. Its answer is taken only for those tensors, and only when it is expressed in the
+    inputs' dims. It merges symbols that broadcasting says are equal (``auto_merge``), a heuristic: so
+    ``specialize`` drops these shapes and lets ONNX inference recompute them from the bound inputs.
+    Returns the shapes refined, by tensor name, and a note when it could not run.
+    """
+    if not unresolved:
+        return {}, None
+    weight_bytes = sum(
+        v.const_value.nbytes for v in model.graph.initializers.values() if v.const_value is not None
+    )
+    if weight_bytes > _SYMBOLIC_REFINE_MAX_BYTES:
+        return {}, "onnxruntime symbolic shape inference skipped: the model's weights exceed 1 GiB"
+    try:
+        from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+
+        probe = model.clone()
+        names = {v.name for v in unresolved}
+        for node in probe.graph:
+            for value in node.outputs:
+                if value.name in names and not value.is_graph_output():
+                    value.shape = None  # let it infer these afresh rather than keep ONNX's unk__ names
+        # Driven step by step rather than through infer_shapes(), which on an incomplete result writes
+        # a temporary model into the working directory; a partial answer is still useful here.
+        inference = SymbolicShapeInference(2**31 - 1, True, False, 0)
+        inference._preprocess(ir.to_proto(probe))
+        while inference.run_:
+            inference._infer_impl()
+        inference._update_output_from_vi()
+        inferred = inference.out_mp_
+    except Exception as error:  # an op it has no rule for, an opset it refuses: keep ONNX's answer
+        return {}, f"onnxruntime symbolic shape inference could not run ({type(error).__name__}: {error})"
+    found = {vi.name: vi for vi in [*inferred.graph.value_info, *inferred.graph.output]}
+    refined: dict[str, ir.Shape] = {}
+    for value in unresolved:
+        info = found.get(value.name)
+        if (
+            info is None
+            or not info.type.HasField("tensor_type")
+            or not info.type.tensor_type.HasField("shape")
+        ):
+            continue
+        shape = ir.serde.deserialize_type_proto_for_shape(info.type)
+        if shape is None or (value.shape is not None and shape.rank() != value.shape.rank()):
+            continue
+        candidate = ir.Value(name=value.name, shape=shape)
+        if _unknown_reason(candidate, input_symbols) is None:
+            value.shape = shape
+            refined[value.name] = shape
+    return refined, None
+
+
 def _infer_shapes(model: ir.Model) -> None:
     # Non-strict: one node ONNX cannot infer must not cost the shapes of every other node; whatever stays
     # unknown is listed in the report.
@@ -235,6 +310,9 @@ class ShapeReport:
     named_dims: dict[str, str]
     unknown: list[UnknownShape]
     counts: dict[str, int]
+    # Tensors ONNX inference left unknown that onnxruntime's symbolic inference resolved.
+    refined: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
 
     @property
     def dynamic_dims(self) -> list[str]:
@@ -248,6 +326,8 @@ class ShapeReport:
             "named_dims": self.named_dims,
             "unknown": [u.as_dict() for u in self.unknown],
             "counts": self.counts,
+            "refined": self.refined,
+            "notes": self.notes,
         }
 
 
@@ -306,6 +386,7 @@ class ShapeTracker:
     def __init__(self, model: ir.Model, *, input_shapes: Mapping[str, Sequence[Dim]] | None = None) -> None:
         self.model = apply_input_shapes(model, input_shapes)
         self._report: ShapeReport | None = None
+        self._refined: dict[str, ir.Shape] = {}
         self._buckets: list[Bucket] = []
         self._specialized: dict[str, ir.Model] = {}
         self._specialization_info: dict[str, dict[str, Any]] = {}
@@ -325,7 +406,19 @@ class ShapeTracker:
             return self._report
         named_dims = self._name_input_dims()
         _infer_shapes(self.model)
+        input_symbols = set(_input_dims(self.model))
+        unresolved = [
+            value
+            for node in self.model.graph
+            for value in node.outputs
+            if value.name and _unknown_reason(value, input_symbols) is not None
+        ]
+        self._refined, refine_note = _refine_symbolically(self.model, unresolved, input_symbols)
         self._report = self._build_report(named_dims)
+        self._report.refined = sorted(self._refined)
+        self._report.counts["refined_symbolically"] = len(self._refined)
+        if refine_note:
+            self._report.notes.append(refine_note)
         return self._report
 
     def _name_input_dims(self) -> dict[str, str]:
@@ -357,15 +450,7 @@ class ShapeTracker:
     def _build_report(self, named_dims: dict[str, str]) -> ShapeReport:
         graph = self.model.graph
         inputs = {v.name: _shape_out(v.shape) for v in _runtime_inputs(self.model)}
-        dims: dict[str, list[tuple[str, int]]] = {}
-        for value in _runtime_inputs(self.model):
-            for axis, dim in enumerate(value.shape.dims if value.shape is not None else ()):
-                if (
-                    isinstance(dim, ir.SymbolicDim)
-                    and dim.value is not None
-                    and _free_symbols(dim) <= {dim.value}
-                ):
-                    dims.setdefault(dim.value, []).append((value.name, axis))
+        dims = _input_dims(self.model)
         known_symbols = set(dims)
         unknown: list[UnknownShape] = []
         counts = {"tensors": 0, "static": 0, "symbolic": 0, "unknown": 0}
@@ -455,11 +540,22 @@ class ShapeTracker:
         self.infer()
         model = self.model.clone()
         nodes_before = sum(1 for _ in ir.traversal.RecursiveGraphIterator(model.graph))
+        for node in model.graph:
+            for value in node.outputs:
+                if value.name in self._refined:
+                    value.shape = None  # a heuristic answer; ONNX recomputes it from the bound inputs
         _bind_model(model, bucket.dims)
         _infer_shapes(model)
         fold_constants(model, onnx_shape_inference=True, should_fold=_fold_only_shape_arithmetic)
         RemoveUnusedNodesPass()(model)
         _infer_shapes(model)
+        # Where dims stay symbolic ONNX may lose them again: fall back on the refined answer, bound.
+        input_symbols = set(_input_dims(model))
+        for node in model.graph:
+            for value in node.outputs:
+                refined = self._refined.get(value.name)
+                if refined is not None and _unknown_reason(value, input_symbols) is not None:
+                    value.shape = _bind_shape(refined, bucket.dims)
         nodes_after = sum(1 for _ in ir.traversal.RecursiveGraphIterator(model.graph))
         still_dynamic = [
             v.name for n in model.graph for v in n.outputs if v.shape is None or not v.shape.is_static()
@@ -641,7 +737,13 @@ _SHAPE_DTYPES = frozenset({ir.DataType.INT64, ir.DataType.INT32, ir.DataType.BOO
 
 
 def _fold_only_shape_arithmetic(node: ir.Node) -> bool | None:
-    """Evaluate only integer/bool-valued nodes (shape arithmetic); weights are the generic passes' to fold."""
-    if all(out.dtype in _SHAPE_DTYPES for out in node.outputs):
-        return None
-    return False
+    """Evaluate only integer/bool-valued nodes (shape arithmetic); weights are the generic passes' to fold.
+
+    ``ConstantOfShape`` is kept by onnxscript's default rules (it could inflate the model), but an integer
+    one is the ``Where(Equal(shape, -1), ones, shape)`` idiom exporters write around Expand: fold it.
+    """
+    if not all(out.dtype in _SHAPE_DTYPES for out in node.outputs):
+        return False
+    if node.op_type == "ConstantOfShape" and node.domain in ("", "ai.onnx"):
+        return True
+    return None

@@ -240,3 +240,21 @@ def random_graph(seed: int) -> ir.Model:
 @pytest.mark.parametrize("seed", range(40))
 def test_invariants_hold_on_random_graphs(seed):
     assert_sound(plan_memory(random_graph(seed)))
+
+
+@pytest.mark.models
+@pytest.mark.parametrize("name", ["bert", "gpt2", "llama", "vit", "resnet", "mobilenetv2"])
+def test_real_models_plan_soundly(name):
+    from flexdsa_core.shape_tracker import ShapeTracker
+    from flexdsa_core.targets import load_target
+    from tests.models import fixture
+
+    tracker = ShapeTracker(ir.from_proto(onnx.load(fixture(name))))
+    [bucket] = tracker.buckets(
+        {d: [1] if d == "batch" else [32] for d in tracker.infer().dims}, load_target("cpu-ort")
+    )
+    plan = plan_memory(tracker.specialize(bucket))
+    assert_sound(plan)
+    assert plan.unknown_size == []
+    assert plan.in_place > 0
+    assert plan.arena_bytes < plan.naive_bytes / 2
