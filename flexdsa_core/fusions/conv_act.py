@@ -19,6 +19,7 @@ from onnxscript.rewriter._basics import MatchResult
 from onnxscript.rewriter._rewrite_rule import RewriteRuleClassBase
 
 from flexdsa_core.fusions._activation import Activation, activation_pattern, read_activation
+from flexdsa_core.fusions._dtypes import FLOAT32, dtype_refusal
 from flexdsa_core.fusions._naming import fresh_name
 from flexdsa_core.fusions.base import make_rule
 
@@ -53,8 +54,9 @@ class _ConvFusionBase(RewriteRuleClassBase):
         result = MatchResult()
         conv = conv_out.producer()
         weight = conv.inputs[1]
-        if self.activation is not None and (x.type is None or x.type.dtype != ir.DataType.FLOAT):
-            return result.fail("FusedConv runs on float32 only.")
+        refusal = self.activation is not None and dtype_refusal("FusedConv", FLOAT32, x, weight)
+        if refusal:
+            return result.fail(refusal)
         if weight.shape is None or not weight.shape.is_static():
             return result.fail(f"Conv weight '{weight.name}' has no static shape.")
         if self.with_bias_add:

@@ -7,11 +7,11 @@ float32; it has no Clip, so ReLU6 after a Gemm stays two nodes.
 
 from __future__ import annotations
 
-import onnx_ir as ir
 from onnxscript.rewriter._basics import MatchResult
 from onnxscript.rewriter._rewrite_rule import RewriteRuleClassBase
 
 from flexdsa_core.fusions._activation import activation_pattern, read_activation
+from flexdsa_core.fusions._dtypes import FLOAT32, dtype_refusal
 from flexdsa_core.fusions.base import make_rule
 
 ACTIVATIONS = ("Relu", "Sigmoid", "Tanh", "LeakyRelu", "HardSigmoid")
@@ -32,9 +32,9 @@ class GemmActivation(RewriteRuleClassBase):
 
     def check(self, context, a, gemm_out, act_out) -> MatchResult:
         result = MatchResult()
-        if a.type is None or a.type.dtype != ir.DataType.FLOAT:
-            return result.fail("FusedGemm runs on float32 only.")
-        return result
+        gemm = gemm_out.producer()
+        refusal = dtype_refusal("FusedGemm", FLOAT32, a, gemm.inputs[1])
+        return result.fail(refusal) if refusal else result
 
     def rewrite(self, op, a, gemm_out, act_out):
         gemm = gemm_out.producer()

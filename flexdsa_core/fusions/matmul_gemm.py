@@ -17,7 +17,7 @@ from onnxscript.rewriter.rules.common._matmul_add_to_gemm import (
     TransBMatMulAddToGemm,
 )
 
-from flexdsa_core.fusions._dtypes import float_type_refusal
+from flexdsa_core.fusions._dtypes import FLOAT_TYPES, dtype_refusal
 from flexdsa_core.fusions.base import make_rule
 
 
@@ -40,7 +40,7 @@ class _GemmChecks:
                 return result.fail(
                     f"MatMul input {name} '{value.name}' has rank {value.shape.rank()}; Gemm takes rank 2 only."
                 )
-        refusal = float_type_refusal(input_a, "Gemm")
+        refusal = dtype_refusal("Gemm", FLOAT_TYPES, input_a, input_b)
         if refusal:
             return result.fail(refusal)
         if input_c.shape is None:

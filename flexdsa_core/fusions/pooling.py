@@ -16,7 +16,7 @@ from onnxscript.rewriter import _ir_utils
 from onnxscript.rewriter._basics import MatchResult
 from onnxscript.rewriter._rewrite_rule import RewriteRuleClassBase
 
-from flexdsa_core.fusions._dtypes import float_type_refusal
+from flexdsa_core.fusions._dtypes import FLOAT_TYPES, dtype_refusal
 from flexdsa_core.fusions.base import make_rule
 
 
@@ -50,7 +50,7 @@ class _GlobalAveragePoolBase(RewriteRuleClassBase):
         result = MatchResult()
         if x.shape is None or x.shape.rank() < 3:
             return result.fail(f"'{x.name}' is not known to have rank 3 or more (N, C, spatial...).")
-        refusal = float_type_refusal(x, "GlobalAveragePool")
+        refusal = dtype_refusal("GlobalAveragePool", FLOAT_TYPES, x)
         if refusal:
             return result.fail(refusal)
         rank = x.shape.rank()

@@ -15,7 +15,7 @@ from onnxscript.rewriter import _ir_utils
 from onnxscript.rewriter._basics import MatchResult
 from onnxscript.rewriter._rewrite_rule import RewriteRuleClassBase
 
-from flexdsa_core.fusions._dtypes import float_type_refusal
+from flexdsa_core.fusions._dtypes import FLOAT_TYPES, dtype_refusal
 from flexdsa_core.fusions.base import make_rule
 
 
@@ -38,7 +38,7 @@ class _PReluBase(RewriteRuleClassBase):
         result = MatchResult()
         if zero is not None and not _ir_utils.is_singleton_value(zero, 0.0, rtol=0.0):
             return result.fail(f"'{zero.name}' is not a constant zero.")
-        refusal = float_type_refusal(x, "PRelu") or _slope_refusal(x, slope)
+        refusal = dtype_refusal("PRelu", FLOAT_TYPES, x, slope) or _slope_refusal(x, slope)
         return result.fail(refusal) if refusal else result
 
     def rewrite(self, op, x, slope, **_):

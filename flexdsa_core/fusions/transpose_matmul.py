@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-import onnx_ir as ir
 from onnxscript.rewriter import _ir_utils
 from onnxscript.rewriter._basics import MatchResult
 from onnxscript.rewriter._rewrite_rule import RewriteRuleClassBase
@@ -25,16 +24,8 @@ from onnxscript.rewriter.ort_fusions.fused_matmul_rule_sets import (
     TransposeMatMul2,
 )
 
+from flexdsa_core.fusions._dtypes import FLOAT32_OR_DOUBLE, dtype_refusal
 from flexdsa_core.fusions.base import make_rule
-
-_FUSED_MATMUL_TYPES = (ir.DataType.FLOAT, ir.DataType.DOUBLE)
-
-
-def _dtype_refusal(value: ir.Value, op_type: str) -> str | None:
-    dtype = value.type.dtype if value.type is not None else None
-    if dtype in _FUSED_MATMUL_TYPES:
-        return None
-    return f"'{value.name}' has element type {dtype}; {op_type} is emitted for float32/double only."
 
 
 class _TransposeToGemmBase(RewriteRuleClassBase):
@@ -57,7 +48,7 @@ class _TransposeToGemmBase(RewriteRuleClassBase):
             perm = transposed.producer().attributes.get_ints("perm") if transposed is not None else None
             if perm is not None and list(perm) != [1, 0]:
                 return result.fail(f"Transpose perm {list(perm)} does not swap the two axes.")
-        refusal = _dtype_refusal(a, "Gemm")
+        refusal = dtype_refusal("Gemm", FLOAT32_OR_DOUBLE, a, b)
         return result.fail(refusal) if refusal else result
 
     def rewrite(self, op, a, b, **_):
@@ -92,7 +83,7 @@ class _NotRank2:
             return MatchResult().fail(
                 "Rank-2 operands: the Transpose folds into Gemm (transpose_matmul_gemm)."
             )
-        refusal = _dtype_refusal(x, "FusedMatMul")
+        refusal = dtype_refusal("FusedMatMul", FLOAT32_OR_DOUBLE, x, y)
         if refusal:
             return MatchResult().fail(refusal)
         return super().check(context, x, y, transposed, **rest)
@@ -134,7 +125,7 @@ class _ScaledMatMulBase(RewriteRuleClassBase):
             return result.fail(f"Scale '{scale.name}' of shape {value.shape} could raise the output's rank.")
         if self.divide and value.item() == 0:
             return result.fail(f"Divisor '{scale.name}' is zero.")
-        refusal = _dtype_refusal(a, "FusedMatMul")
+        refusal = dtype_refusal("FusedMatMul", FLOAT32_OR_DOUBLE, a, b)
         return result.fail(refusal) if refusal else result
 
     def rewrite(self, op, a, b, scale, product):

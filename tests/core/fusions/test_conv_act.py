@@ -87,3 +87,8 @@ def test_not_when_clip_bound_is_not_constant():
 def test_add_then_activation_not_fused_when_bias_not_per_channel():
     text = conv_graph("c = Conv(x, w)\n s = Add(c, b)\n y = Relu(s)", bias_shape=(4, 4, 4))
     assert_not_fused("conv_bias_act", text)
+
+
+def test_conv_of_an_untyped_intermediate_takes_the_weight_type():
+    text = conv_graph("h = Neg(x)\n s = Conv(h, w)\n y = Relu(s)")
+    assert_fuses("conv_bias_act", text, ["Neg", "FusedConv"])
