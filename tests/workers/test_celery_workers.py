@@ -1,0 +1,103 @@
+"""End to end through real Celery worker processes (``celery -A workers.app worker``), real PostgreSQL and a
+dedicated Redis database: delivery, worker loss, crashing pipelines, cancellation, lost messages."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import psutil
+import pytest
+from sqlalchemy import update
+
+from service.models import Job, utcnow
+from tests.workers.conftest import create_job, load_job, wait_for, wait_status
+from workers.db import session_factory_for
+from workers.dispatch import enqueue
+
+pytestmark = pytest.mark.services
+
+ARTIFACTS = ["manifest.json", "model.onnx", "report.json"]
+
+
+def _pipeline_pids(worker) -> list[int]:
+    try:
+        return [p.pid for p in psutil.Process(worker.process.pid).children(recursive=True)
+                if "workers.child" in " ".join(p.cmdline())]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def _queue_drained(redis_client) -> bool:
+    return redis_client.llen("flexdsa") == 0 and redis_client.hlen("unacked") == 0
+
+
+def test_submitted_job_succeeds_once(settings, start_worker, redis_client):
+    start_worker("w1")
+    job_id = create_job(settings)
+    assert enqueue(job_id, settings) is True
+    job = wait_status(settings, job_id, {"succeeded", "failed"}, 60)
+    assert job.status == "succeeded", job.error
+    assert sorted(a.name for a in job.artifacts) == ARTIFACTS
+    assert job.attempts == 1
+    # A duplicate message (re-delivery) is a no-op: still one run, one set of artifacts.
+    enqueue(job_id, settings)
+    wait_for(lambda: _queue_drained(redis_client), 30, "the duplicate to be consumed")
+    job = load_job(settings, job_id)
+    assert job.attempts == 1 and sorted(a.name for a in job.artifacts) == ARTIFACTS
+
+
+def test_worker_killed_mid_job_is_taken_over_after_the_lease(settings, start_worker, redis_client):
+    first = start_worker("w1", FLEXDSA_TEST_STAGE_DELAY_S="1.5")
+    job_id = create_job(settings)
+    enqueue(job_id, settings)
+    wait_for(lambda: (j := load_job(settings, job_id)).status == "running" and j.stage in {"passes", "fusion"},
+             45, "the job to be running on w1")
+    pipeline = wait_for(lambda: _pipeline_pids(first), 10, "w1's pipeline process")
+    first.kill()  # SIGKILL to the whole worker: main process, pool process and pipeline
+    wait_for(lambda: not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"
+                             for pid in pipeline), 10, "the orphaned pipeline to die")
+    owner = load_job(settings, job_id).lease_owner
+
+    start_worker("w2", FLEXDSA_TEST_STAGE_DELAY_S="0.2")
+    job = wait_status(settings, job_id, {"succeeded", "failed"}, 60)
+    assert job.status == "succeeded", job.error
+    assert job.attempts == 2
+    started = [e.message for e in job.events if e.kind == "started"]
+    assert len(started) == 2 and owner in started[0] and owner not in started[1]
+    assert [e.kind for e in job.events].count("succeeded") == 1
+    assert sorted(a.name for a in job.artifacts) == ARTIFACTS
+
+
+def test_crashing_pipeline_fails_after_max_attempts_and_the_queue_drains(settings, start_worker, redis_client):
+    worker = start_worker("w1", FLEXDSA_TEST_CHILD_ABORT="1")
+    job_id = create_job(settings)
+    enqueue(job_id, settings)
+    job = wait_status(settings, job_id, {"succeeded", "failed"}, 90)
+    assert job.status == "failed"
+    assert job.error["message"] == "gave up after 3 attempts: pipeline process crashed (signal 6)"
+    assert job.attempts == 3
+    assert [e.kind for e in job.events].count("retry") == 2
+    assert worker.alive(), "a crashing pipeline must not take the worker down"
+    wait_for(lambda: _queue_drained(redis_client), 30, "the queue to drain")
+
+
+def test_cancel_stops_a_running_job(settings, start_worker):
+    worker = start_worker("w1", FLEXDSA_TEST_STAGE_DELAY_S="3")
+    job_id = create_job(settings)
+    enqueue(job_id, settings)
+    wait_for(lambda: load_job(settings, job_id).stage is not None, 45, "the job to start")
+    with session_factory_for(settings)() as session, session.begin():
+        session.execute(update(Job).where(Job.id == job_id).values(cancel_requested=True))
+    job = wait_status(settings, job_id, {"cancelled", "succeeded", "failed"}, 15)
+    assert job.status == "cancelled" and job.artifacts == []
+    wait_for(lambda: not _pipeline_pids(worker), 10, "the pipeline process to be killed")
+
+
+def test_job_whose_message_was_lost_is_republished(settings, start_worker):
+    # Committed but never published (the broker was down at submit time, or restarted empty).
+    job_id = create_job(settings)
+    with session_factory_for(settings)() as session, session.begin():
+        session.execute(update(Job).where(Job.id == job_id).values(updated_at=utcnow() - timedelta(minutes=5)))
+    start_worker("w1")
+    job = wait_status(settings, job_id, {"succeeded", "failed"}, 60)
+    assert job.status == "succeeded" and job.attempts == 1
