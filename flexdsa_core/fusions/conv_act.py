@@ -1,7 +1,8 @@
 """Conv with its per-channel bias Add and its activation folded into one node.
 
-``conv_add_bias``: ``Add(Conv(x, W[, B]), b)`` with ``b`` a constant broadcasting per output channel
-(shape ``[C]``, ``[C, 1, 1]``, ``[1, C, 1, 1]`` or a scalar) becomes ``Conv(x, W, B + b)``.
+``conv_add_bias``: ``Add(Conv(x, W[, B]), b)`` with ``b`` a constant broadcasting along the output
+channels only (``[C, 1, 1]``, ``[1, C, 1, 1]`` or one element for a 2-D Conv; a ``[C]`` vector would
+broadcast along the width) becomes ``Conv(x, W, B + b)``.
 
 ``conv_bias_act``: ``Act(Conv(x, W[, B]))``, optionally with such an Add between them, becomes
 ``com.microsoft::FusedConv(x, W, B + b, activation=Act, activation_params=...)`` for Relu, Sigmoid,

@@ -92,3 +92,17 @@ def test_add_then_activation_not_fused_when_bias_not_per_channel():
 def test_conv_of_an_untyped_intermediate_takes_the_weight_type():
     text = conv_graph("h = Neg(x)\n s = Conv(h, w)\n y = Relu(s)")
     assert_fuses("conv_bias_act", text, ["Neg", "FusedConv"])
+
+
+def test_conv_1d_with_strides_and_pads():
+    text = """
+<ir_version: 9, opset_import: ["" : 17]>
+agraph (float[1, 2, 9] x) => (float[1, 3, 5] y)
+<float[3, 2, 3] w = {1, -1, 0.5, 0.25, 2, -0.5, 1, 1, 1, -1, -1, 0, 0.3, 0.2, 0.1, 0, 1, 0}, float[3, 1] b = {1, 2, 3}>
+{
+    c = Conv <strides = [2], pads = [1, 1]> (x, w)
+    s = Add(c, b)
+    y = LeakyRelu <alpha: float = 0.3> (s)
+}
+"""
+    assert_fuses("conv_bias_act", text, ["FusedConv"])

@@ -48,3 +48,7 @@ def test_not_for_clip_which_ort_fused_gemm_lacks():
 
 def test_not_for_double():
     assert_not_fused("gemm_act", gemm_graph(f"{GEMM}\n y = Relu(g)", dtype="double"))
+
+
+def test_gemm_without_c():
+    assert_fuses("gemm_act", gemm_graph("g = Gemm <transB: int = 1> (a, b)\n y = Relu(g)"), ["FusedGemm"])

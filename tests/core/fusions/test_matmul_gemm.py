@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import onnx_ir as ir
 import pytest
 
 from tests.core.fusions.harness import assert_fuses, assert_not_fused
@@ -69,3 +70,18 @@ def test_not_for_integers():
         "int32[3, 4] a, int32[4, 5] b, int32[5] c", "m = MatMul(a, b)\n y = Add(m, c)", "int32[3, 5] y"
     )
     assert_not_fused("matmul_add_gemm", text)
+
+
+def test_rank_3_refusal_says_why():
+    from onnxscript.rewriter._basics import MatchingTracer
+
+    from tests.core.fusions.harness import parse, rule
+
+    text = graph(
+        "float[2, 3, 4] a, float[4, 5] b, float[5] c", "m = MatMul(a, b)\n y = Add(m, c)", "float[2, 3, 5] y"
+    )
+    model = ir.serde.deserialize_model(parse(text))
+    tracer = MatchingTracer()
+    rule("matmul_add_gemm").rule_set().apply_to_model(model, tracer=tracer)
+    reasons = {m.match_result.reason for entries in tracer.best_matches_map.values() for m in entries}
+    assert "MatMul input a 'a' has rank 3; Gemm takes rank 2 only." in reasons
