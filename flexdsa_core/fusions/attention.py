@@ -1,0 +1,291 @@
+"""Scaled-dot-product attention written out → ONNX Runtime's fused attention, at two granularities.
+
+The core, as PyTorch exporters write it for BERT/GPT-2/ViT-style blocks (q, k, v are [B, S, H*Dh]):
+
+    heads(t)  = Transpose(Reshape(t, [B, S, H, Dh]), perm=[0, 2, 1, 3])                  # [B, H, S, Dh]
+    scores    = heads(q) @ Transpose(keys)  * scale  (+ mask)                           # [B, H, S, T]
+    out       = Reshape(Transpose(Softmax(scores) [Dropout] @ heads(v), [0, 2, 1, 3]), [B, S, H*Dh])
+
+The key's transpose is either one ``perm=[0, 2, 3, 1]`` or heads() then ``perm=[0, 1, 3, 2]``; the scale is a
+Div or Mul after the first MatMul, or (``F.scaled_dot_product_attention``'s export) a Mul on each of q
+and kᵀ by sqrt(scale); the mask is any float tensor added to the scores (BERT's [B, 1, 1, T], a causal
+[S, T], ...); an inference Dropout may follow the Softmax.
+
+- ``multihead_attention``: the core → ``com.microsoft::MultiHeadAttention(q, k, v, attention_bias=mask)``.
+- ``attention``: the core with its three projections ``x @ W + b`` from one input x (self-attention,
+  constant weights) → ``com.microsoft::Attention(x, [Wq|Wk|Wv], [bq|bk|bv])``: one GEMM for q, k, v.
+
+The two consume the same core, so they share the ``attention`` alternatives group and the Fusion Switcher
+costs each. The MHA/Attention kernels take an attention bias of shape [B or 1, H or 1, S, T] only, so a
+mask of any other broadcastable shape is expanded to [.., S, T] first. ONNX Runtime's CPU kernels take
+float32 only. onnxscript's ``ort_fusions`` reach the same ops through an intermediate SDPA op in a private
+domain and several passes; one FusionRule here is one rewrite set applied once, so the whole subgraph is
+one pattern and never leaves a half-fused graph.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+from onnxscript.rewriter import _ir_utils, pattern
+
+from flexdsa_core.fusions.base import make_rule
+
+_HEADS = [0, 2, 1, 3]
+
+
+def _either(make, a, b):
+    return pattern.OrValue([make(a, b), make(b, a)])
+
+
+def _const_ints(value: ir.Value | None) -> list[int] | None:
+    array = _ir_utils.get_numpy_value(value)
+    return None if array is None or array.ndim != 1 else [int(v) for v in array]
+
+
+def _const_scalar(value: ir.Value | None) -> float | None:
+    scalar = _ir_utils.get_singleton_value(value)
+    return None if scalar is None else float(scalar)
+
+
+class _AttentionBase(pattern.RewriteRuleClassBase):
+    """Shared by both granularities: the core pattern from q, k, v to the merged heads, and its checks."""
+
+    def __init__(self, name: str, composed_key_transpose: bool):
+        super().__init__(f"{name}{'_key_perm_0231' if composed_key_transpose else '_key_heads_then_0132'}")
+        self._composed_key_transpose = composed_key_transpose
+
+    def core(self, op, query, key, value):
+        q_heads = op.Transpose(op.Reshape(query, _allow_other_inputs=True, _outputs=["q_4d"]), perm=_HEADS)
+        k_4d = op.Reshape(key, _allow_other_inputs=True, _outputs=["k_4d"])
+        if self._composed_key_transpose:
+            k_transposed = op.Transpose(k_4d, perm=[0, 2, 3, 1])
+        else:
+            k_transposed = op.Transpose(op.Transpose(k_4d, perm=_HEADS), perm=[0, 1, 3, 2])
+        v_heads = op.Transpose(op.Reshape(value, _allow_other_inputs=True, _outputs=["v_4d"]), perm=_HEADS)
+
+        q_scale, k_scale, qk_scale, mask = (
+            pattern.Var(n) for n in ("q_scale", "k_scale", "qk_scale", "mask")
+        )
+        q_side = pattern.OrValue(
+            [_either(op.Mul, q_heads, q_scale), q_heads], tag_var="q_scaled", tag_values=[True, False]
+        )
+        k_side = pattern.OrValue(
+            [_either(op.Mul, k_transposed, k_scale), k_transposed],
+            tag_var="k_scaled",
+            tag_values=[True, False],
+        )
+        scores = op.MatMul(q_side, k_side)
+        scores = pattern.OrValue(
+            [op.Div(scores, qk_scale), _either(op.Mul, scores, qk_scale), scores],
+            tag_var="qk_scaling",
+            tag_values=["Div", "Mul", "None"],
+        )
+        scores = pattern.OrValue(
+            [_either(op.Add, scores, mask), scores], tag_var="has_mask", tag_values=[True, False]
+        )
+        probs = op.Softmax(scores, _outputs=["probs"])
+        probs = pattern.OrValue(
+            [op.Dropout(probs, _allow_other_inputs=True, _outputs=["dropped"]), probs],
+            tag_var="has_dropout",
+            tag_values=[True, False],
+        )
+        context = op.Transpose(op.MatMul(probs, v_heads), perm=_HEADS)
+        return op.Reshape(context, _allow_other_inputs=True, _outputs=["merged"])
+
+    def core_refusal(self, context, query, key, value, bindings: dict, shapes=None) -> str | None:
+        """None when the matched core is the attention the fused ops compute; sets the fused op's parameters.
+        ``shapes`` gives the shapes of query, key and value where the caller knows more than the graph."""
+        q_dims, k_dims, v_dims = shapes or (query.shape, key.shape, value.shape)
+        for name, tensor in (("query", query), ("key", key), ("value", value)):
+            if tensor.dtype is not None and tensor.dtype != ir.DataType.FLOAT:
+                return f"The {name} '{tensor.name}' is {tensor.dtype}; ONNX Runtime's CPU attention takes float32."
+        q_shape, k_shape, v_shape = (
+            _const_ints(bindings[n].producer().inputs[1]) for n in ("q_4d", "k_4d", "v_4d")
+        )
+        if q_shape is None or k_shape is None or v_shape is None:
+            return "A Reshape to heads has no constant shape (fold shape computations first)."
+        if len(q_shape) != 4 or len(k_shape) != 4 or len(v_shape) != 4:
+            return "A Reshape to heads does not make a 4-D [B, S, H, Dh] tensor."
+        num_heads, head_size = q_shape[2], q_shape[3]
+        if num_heads <= 0 or head_size <= 0:
+            return (
+                f"The heads Reshape {q_shape} does not give the number of heads and head size as constants."
+            )
+        if k_shape[2:] != [num_heads, head_size] or v_shape[2] != num_heads or v_shape[3] == 0:
+            return f"Query, key and value are split into heads differently ({q_shape}, {k_shape}, {v_shape})."
+        merged_shape = _const_ints(bindings["merged"].producer().inputs[1])
+        v_hidden = num_heads * v_shape[3] if v_shape[3] > 0 else None
+        if merged_shape is None or len(merged_shape) != 3 or merged_shape[2] not in (-1, v_hidden):
+            return f"The heads are not merged back into [B, S, H*Dh] (Reshape to {merged_shape})."
+        for name, tensor, dims in (("query", query, q_dims), ("key", key, k_dims), ("value", value, v_dims)):
+            if dims is None or len(dims) != 3:
+                return f"The {name} '{tensor.name}' is not known to be a 3-D [B, S, H*Dh] tensor."
+        if q_dims[2] != num_heads * head_size or k_dims[2] != num_heads * head_size:
+            return f"Query/key hidden size is not {num_heads} heads x {head_size}."
+
+        probs_node = bindings["probs"].producer()
+        axis = probs_node.attributes.get_int("axis", -1 if self._opset(context) >= 13 else 1)
+        if axis not in (-1, 3):
+            return f"The Softmax is over axis {axis}, not the key axis."
+        if bindings.get("has_dropout"):
+            dropout = bindings["dropped"].producer()
+            training = _ir_utils.get_singleton_value(dropout.inputs[2]) if len(dropout.inputs) > 2 else False
+            if training is None or bool(training):
+                return "The Dropout after the Softmax may be in training mode."
+
+        scale = 1.0
+        for tag, name in (("q_scaled", "q_scale"), ("k_scaled", "k_scale")):
+            if bindings.get(tag):
+                factor = _const_scalar(bindings[name])
+                if factor is None:
+                    return f"The {name} on the {name[0]} side is not a constant scalar."
+                scale *= factor
+        if bindings.get("qk_scaling", "None") != "None":
+            factor = _const_scalar(bindings["qk_scale"])
+            if factor is None or factor == 0:
+                return "The scale of the scores is not a non-zero constant scalar."
+            scale *= 1.0 / factor if bindings["qk_scaling"] == "Div" else factor
+        self._scale = scale
+        self._num_heads = num_heads
+        self._head_size = head_size
+
+        self._mask = bindings.get("mask") if bindings.get("has_mask") else None
+        self._expand_mask = False
+        if self._mask is not None:
+            mask = self._mask
+            if mask.dtype != ir.DataType.FLOAT:
+                return f"The mask '{mask.name}' is {mask.dtype}, not a float32 additive mask."
+            if mask.shape is not None and mask.shape.rank() > 4:
+                return f"The mask '{mask.name}' has rank {mask.shape.rank()} > 4."
+            # MHA/Attention broadcast the bias over batch and heads only: [B|1, H|1, S, T].
+            query_length = q_dims[1]
+            self._expand_mask = not (
+                mask.shape is not None
+                and mask.shape.rank() == 4
+                and isinstance(query_length, int)
+                and mask.shape[2] == query_length
+            )
+        return None
+
+    @staticmethod
+    def _opset(context) -> int:
+        imports = context.model.opset_imports
+        return imports.get("", imports.get("ai.onnx", 1))
+
+    def attention_bias(self, op, query):
+        """The mask as the fused ops take it ([B|1, H|1, S, T]), or None."""
+        if self._mask is None or not self._expand_mask:
+            return self._mask
+        one = op.Constant(value_ints=[1])
+        query_length = op.Shape(query, start=1, end=2)
+        return op.Expand(self._mask, op.Concat(one, one, query_length, one, axis=0))
+
+
+class MultiHeadAttentionFusion(_AttentionBase):
+    """Reshape(Transpose(MatMul(Softmax(MatMul(heads(q), heads(k)ᵀ) * scale + mask), heads(v)))) → com.microsoft::MultiHeadAttention(q, k, v, mask)"""
+
+    def __init__(self, composed_key_transpose: bool):
+        super().__init__("MultiHeadAttention", composed_key_transpose)
+
+    def pattern(self, op, query, key, value):
+        return self.core(op, query, key, value)
+
+    def check(self, context, query, key, value, **bindings) -> pattern.MatchResult:
+        result = pattern.MatchResult()
+        if (reason := self.core_refusal(context, query, key, value, bindings)) is not None:
+            return result.fail(reason)
+        return result
+
+    def rewrite(self, op, query, key, value, **_):
+        mask = self.attention_bias(op, query)
+        inputs = [query, key, value] + ([None, None, mask] if mask is not None else [])
+        return op.MultiHeadAttention(
+            *inputs, num_heads=self._num_heads, scale=self._scale, _domain="com.microsoft"
+        )
+
+
+class AttentionFusion(_AttentionBase):
+    """heads-attention over (x @ Wq + bq, x @ Wk + bk, x @ Wv + bv) → com.microsoft::Attention(x, [Wq|Wk|Wv], [bq|bk|bv], mask)"""
+
+    def __init__(self, composed_key_transpose: bool):
+        super().__init__("Attention", composed_key_transpose)
+
+    def pattern(self, op, x, wq, bq, wk, bk, wv, bv):
+        def projection(weight, bias):
+            return _either(op.Add, op.MatMul(x, weight), bias)
+
+        return self.core(op, projection(wq, bq), projection(wk, bk), projection(wv, bv))
+
+    def check(self, context, x, wq, bq, wk, bk, wv, bv, **bindings) -> pattern.MatchResult:
+        result = pattern.MatchResult()
+        if x.shape is None or x.shape.rank() != 3 or x.dtype != ir.DataType.FLOAT:
+            return result.fail(f"The input '{x.name}' is not known to be a 3-D float32 [B, S, D] tensor.", x)
+        arrays = []
+        for name, tensor, rank in (
+            ("Wq", wq, 2),
+            ("bq", bq, 1),
+            ("Wk", wk, 2),
+            ("bk", bk, 1),
+            ("Wv", wv, 2),
+            ("bv", bv, 1),
+        ):
+            array = None if tensor.is_graph_input() else _ir_utils.get_numpy_value(tensor)
+            if array is None or array.ndim != rank or array.dtype != np.float32:
+                return result.fail(
+                    f"{name} '{tensor.name}' is not a constant float32 {rank}-D tensor.", tensor
+                )
+            arrays.append(array)
+        weights, biases = arrays[0::2], arrays[1::2]
+        if any(w.shape[0] != x.shape[2] for w in weights) or any(
+            w.shape[1] != b.shape[0] for w, b in zip(weights, biases, strict=True)
+        ):
+            return result.fail("The projection weights and biases do not fit the input and each other.")
+        # The projected values' shapes follow from x and the weights even before shape inference.
+        query, key, value = (bindings[n].producer().inputs[0] for n in ("q_4d", "k_4d", "v_4d"))
+        shapes = [(x.shape[0], x.shape[1], w.shape[1]) for w in weights]
+        if (reason := self.core_refusal(context, query, key, value, bindings, shapes)) is not None:
+            return result.fail(reason)
+        self._packed_weight = np.concatenate(weights, axis=1)
+        self._packed_bias = np.concatenate(biases)
+        self._hidden_sizes = [w.shape[1] for w in weights]
+        return result
+
+    def rewrite(self, op, x, wq, **_):
+        weight = op.initializer(ir.tensor(self._packed_weight), name=f"{wq.name}__qkv_weight")
+        bias = op.initializer(ir.tensor(self._packed_bias), name=f"{wq.name}__qkv_bias")
+        mask = self.attention_bias(op, x)
+        inputs = [x, weight, bias] + ([None, None, mask] if mask is not None else [])
+        return op.Attention(
+            *inputs,
+            num_heads=self._num_heads,
+            qkv_hidden_sizes=self._hidden_sizes,
+            scale=self._scale,
+            _domain="com.microsoft",
+        )
+
+
+def _variants(rule_class) -> list:
+    return [rule_class.rule(composed) for composed in (True, False)]
+
+
+RULES = [
+    make_rule(
+        "attention",
+        "Self-attention with its Q/K/V projections (constant weights) → com.microsoft::Attention",
+        ["com.microsoft::Attention"],
+        _variants(AttentionFusion),
+        order=50,
+        alternatives="attention",
+        opset_imports={"com.microsoft": 1},
+    ),
+    make_rule(
+        "multihead_attention",
+        "Scaled-dot-product attention over projected Q/K/V → com.microsoft::MultiHeadAttention",
+        ["com.microsoft::MultiHeadAttention"],
+        _variants(MultiHeadAttentionFusion),
+        order=50,
+        alternatives="attention",
+        opset_imports={"com.microsoft": 1},
+    ),
+]

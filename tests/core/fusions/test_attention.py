@@ -1,0 +1,195 @@
+"""attention / multihead_attention: the exporters' scaled-dot-product attention → ORT's fused attention.
+
+Graphs as PyTorch writes them for BERT/GPT-2/ViT blocks after shape folding: 2 heads of size 4, hidden 8.
+The pipeline infers shapes before fusing, and so do these tests (``fuse``) before the harness's checks.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+
+from tests.core.fusions.harness import apply_rule, op_types, parse, run
+
+B, S, H, DH = 2, 4, 2, 4
+D = H * DH
+
+_SHAPES = f"int64[4] heads = {{0, 0, {H}, {DH}}}, int64[3] merged = {{0, 0, {D}}}"
+
+
+def _weights(seed: int = 1) -> str:
+    rng = np.random.default_rng(seed)
+    parts = []
+    for name in ("q", "k", "v"):
+        w = ", ".join(f"{v:.4f}" for v in rng.standard_normal(D * D) * 0.5)
+        b = ", ".join(f"{v:.4f}" for v in rng.standard_normal(D) * 0.1)
+        parts.append(f"float[{D}, {D}] w{name} = {{{w}}}, float[{D}] b{name} = {{{b}}}")
+    return ", ".join(parts)
+
+
+KEY_COMPOSED = "kt = Transpose <perm = [0, 2, 3, 1]> (k4)"
+KEY_TWO_STEP = "kh = Transpose <perm = [0, 2, 1, 3]> (k4)\n    kt = Transpose <perm = [0, 1, 3, 2]> (kh)"
+SCALE_DIV = "qk = MatMul (qh, kt)\n    sc = Div (qk, sqrt_dh)"
+SCALE_MUL = "qk = MatMul (qh, kt)\n    sc = Mul (qk, inv_sqrt_dh)"
+# F.scaled_dot_product_attention's export: q and kᵀ each times sqrt(scale).
+SCALE_SPLIT = "qs = Mul (qh, root_scale)\n    ks = Mul (kt, root_scale)\n    sc = MatMul (qs, ks)"
+
+
+def core(
+    key: str = KEY_COMPOSED,
+    scale: str = SCALE_DIV,
+    mask: str | None = "Add (sc, mask)",
+    dropout: bool = False,
+) -> str:
+    masked = f"m = {mask}" if mask else "m = Identity (sc)"
+    softmax_input = "m" if mask else "sc"
+    lines = [
+        "q4 = Reshape (q, heads)",
+        "qh = Transpose <perm = [0, 2, 1, 3]> (q4)",
+        "k4 = Reshape (k, heads)",
+        key,
+        "v4 = Reshape (v, heads)",
+        "vh = Transpose <perm = [0, 2, 1, 3]> (v4)",
+        scale,
+        masked if mask else "",
+        f"p = Softmax <axis = -1> ({softmax_input})",
+        "pd = Dropout (p)" if dropout else "",
+        f"c = MatMul ({'pd' if dropout else 'p'}, vh)",
+        "ct = Transpose <perm = [0, 2, 1, 3]> (c)",
+        "y = Reshape (ct, merged)",
+    ]
+    return "\n    ".join(line for line in lines if line)
+
+
+def mha_graph(body: str, mask_shape: str = f"[{B}, 1, 1, {S}]", extra_out: str = "") -> str:
+    mask_in = f", float{mask_shape} mask" if "mask" in body else ""
+    return f"""
+<ir_version: 10, opset_import: ["" : 17]>
+mha (float[{B}, {S}, {D}] q, float[{B}, {S}, {D}] k, float[{B}, {S}, {D}] v{mask_in}) => (float[{B}, {S}, {D}] y{extra_out})
+<{_SHAPES}, float sqrt_dh = {{{DH**0.5}}}, float inv_sqrt_dh = {{{DH**-0.5}}}, float root_scale = {{{DH**-0.25}}}>
+{{
+    {body}
+}}"""
+
+
+def block_graph(body: str, ln_before: bool = True, mask: bool = True) -> str:
+    """A BERT-style block: LayerNorm, the three projections (bias first, as TorchScript writes it), attention."""
+    norm = "xn = LayerNormalization <axis = -1> (x, gamma, beta)" if ln_before else "xn = Identity (x)"
+    projections = "\n    ".join(
+        f"{n}m = MatMul (xn, w{n})\n    {n} = Add (b{n}, {n}m)" for n in ("q", "k", "v")
+    )
+    mask_in = f", float[{B}, 1, 1, {S}] mask" if mask else ""
+    return f"""
+<ir_version: 10, opset_import: ["" : 17]>
+block (float[{B}, {S}, {D}] x{mask_in}) => (float[{B}, {S}, {D}] y)
+<{_SHAPES}, {_weights()}, float[{D}] gamma = {{{", ".join(["1.0"] * D)}}}, float[{D}] beta = {{{", ".join(["0.0"] * D)}}},
+ float sqrt_dh = {{{DH**0.5}}}>
+{{
+    {norm}
+    {projections}
+    {body}
+}}"""
+
+
+def fuse(rule_name: str, text: str, expected_ops: list[str], *, count: int = 1) -> onnx.ModelProto:
+    original = onnx.shape_inference.infer_shapes(parse(text))
+    fused, fired = apply_rule(rule_name, original)
+    assert fired == count, f"{rule_name} fired {fired} times"
+    assert op_types(fused) == expected_ops
+    onnx.checker.check_model(fused)
+    rng = np.random.default_rng(0)
+    feeds = {}
+    for value in original.graph.input:
+        shape = [d.dim_value for d in value.type.tensor_type.shape.dim]
+        feeds[value.name] = rng.standard_normal(shape).astype(np.float32)
+    if "mask" in feeds:  # an additive padding mask: 0 where attended, -10000 where masked
+        feeds["mask"] = np.where(rng.random(feeds["mask"].shape) < 0.3, -10000.0, 0.0).astype(np.float32)
+    for want, got in zip(run(original, feeds), run(fused, feeds), strict=True):
+        np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-4)
+    return fused
+
+
+def refused(rule_name: str, text: str) -> None:
+    original = onnx.shape_inference.infer_shapes(parse(text))
+    fused, fired = apply_rule(rule_name, original)
+    assert fired == 0, f"{rule_name} fired where it must not"
+    assert op_types(fused) == op_types(original)
+
+
+_EXPAND = ["Constant", "Shape", "Concat", "Expand"]
+
+
+@pytest.mark.parametrize("key", [KEY_COMPOSED, KEY_TWO_STEP], ids=["key-0231", "key-heads-then-0132"])
+@pytest.mark.parametrize("scale", [SCALE_DIV, SCALE_MUL, SCALE_SPLIT], ids=["div", "mul", "split-sqrt"])
+def test_mha_fuses_bert_mask(key, scale):
+    fused = fuse("multihead_attention", mha_graph(core(key, scale)), [*_EXPAND, "MultiHeadAttention"])
+    attributes = {a.name: onnx.helper.get_attribute_value(a) for a in fused.graph.node[-1].attribute}
+    assert attributes["num_heads"] == H
+    assert attributes["scale"] == pytest.approx(DH**-0.5, rel=1e-6)
+
+
+def test_mha_fuses_without_mask_with_dropout():
+    fuse("multihead_attention", mha_graph(core(mask=None, dropout=True)), ["MultiHeadAttention"])
+
+
+def test_mha_passes_a_full_mask_as_is_and_takes_it_on_the_left():
+    body = core(mask="Add (mask, sc)")
+    fuse("multihead_attention", mha_graph(body, mask_shape=f"[{B}, 1, {S}, {S}]"), ["MultiHeadAttention"])
+
+
+def test_mha_expands_a_causal_2d_mask():
+    fuse("multihead_attention", mha_graph(core(), mask_shape=f"[{S}, {S}]"), [*_EXPAND, "MultiHeadAttention"])
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        pytest.param(mha_graph(core()).replace("axis = -1", "axis = 2"), id="softmax-not-over-keys"),
+        pytest.param(mha_graph(core(), extra_out=f", float[{B}, {H}, {S}, {S}] p"), id="probs-used-outside"),
+        pytest.param(
+            mha_graph(core())
+            .replace("float sqrt_dh = {2.0}, ", "")
+            .replace("(float[2, 4, 8] q", "(float sqrt_dh, float[2, 4, 8] q"),
+            id="scale-not-constant",
+        ),
+        pytest.param(
+            mha_graph(core()).replace(f"heads = {{0, 0, {H}, {DH}}}", "heads = {0, 0, -1, 4}"),
+            id="heads-count-left-to-inference",
+        ),
+    ],
+)
+def test_mha_refuses(text):
+    refused("multihead_attention", text)
+
+
+@pytest.mark.parametrize("key", [KEY_COMPOSED, KEY_TWO_STEP], ids=["key-0231", "key-heads-then-0132"])
+def test_attention_fuses_bert_block(key):
+    fused = fuse("attention", block_graph(core(key)), ["LayerNormalization", *_EXPAND, "Attention"])
+    attention = fused.graph.node[-1]
+    assert {a.name: onnx.helper.get_attribute_value(a) for a in attention.attribute}["qkv_hidden_sizes"] == [
+        D,
+        D,
+        D,
+    ]
+
+
+def test_attention_fuses_without_mask_or_layer_norm():
+    fuse("attention", block_graph(core(mask=None), ln_before=False, mask=False), ["Identity", "Attention"])
+
+
+def test_attention_refuses_a_projection_used_elsewhere():
+    text = block_graph(core()).replace(
+        f"=> (float[{B}, {S}, {D}] y)", f"=> (float[{B}, {S}, {D}] y, float[{B}, {S}, {D}] k)"
+    )
+    refused("attention", text)
+
+
+def test_attention_refuses_weights_that_are_inputs():
+    text = block_graph(core()).replace(
+        f"float[{B}, 1, 1, {S}] mask)", f"float[{B}, 1, 1, {S}] mask, float[{D}, {D}] wk)"
+    )
+    text = (
+        text.split(f"float[{D}, {D}] wk = ")[0] + text.split(f"float[{D}, {D}] wk = ")[1].split("}, ", 1)[1]
+    )
+    refused("attention", text)
