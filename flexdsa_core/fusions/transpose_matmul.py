@@ -166,7 +166,8 @@ RULES = [
             TransposeFusedMatMul2.rule(),
             *(rewrite for variant in _scale_variants() for rewrite in variant.rule().commute()),
         ],
-        order=26,
+        # After the attention rules (order 50): they need the raw Q·Kᵀ Transpose and scale to match.
+        order=70,
         opset_imports={"com.microsoft": 1},
     ),
 ]
