@@ -38,10 +38,12 @@ class _InferenceBatchNormFold:
             return result.fail(f"BatchNormalization '{batchnorm.name}' runs in training mode.")
         if any(out.uses() or out.is_graph_output() for out in batchnorm.outputs[1:]):
             return result.fail(f"BatchNormalization '{batchnorm.name}' running statistics are used.")
+        inbound = inbound_out.producer()
+        if len(inbound.inputs) > 2 and inbound.inputs[2] is None:
+            return result.fail(f"{inbound.op_type} '{inbound.name}' has an empty bias input.")
         base = super().check(context, x, inbound_out, batchnorm_out)
         if not base:
             return base
-        inbound = inbound_out.producer()
         weight = inbound.inputs[1]
         bias = inbound.inputs[2] if len(inbound.inputs) > 2 else None
         graph = context.graph_or_function
