@@ -209,8 +209,10 @@ def plan_memory(model: ir.Model, *, dims: Mapping[str, int] | None = None) -> Me
                     {"tensor": value.name, "op_type": node.op_type, "reason": sizer.why_unknown(value)}
                 )
                 continue
-            # A node that never feeds anything still writes its output: live for its own step.
-            last = max((step_of[id(use.node)] for use in value.uses()), default=step)
+            # A node that never feeds anything still writes its output: live for its own step. A use by
+            # a node no longer in the graph (removed without detaching its inputs) does not count.
+            uses = (step_of.get(id(use.node)) for use in value.uses())
+            last = max((s for s in uses if s is not None), default=step)
             tensors[value.name] = TensorAssignment(value.name, 0, size, step, max(last, step), node.op_type)
             values[value.name] = value
 

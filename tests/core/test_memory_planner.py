@@ -258,3 +258,13 @@ def test_real_models_plan_soundly(name):
     assert plan.unknown_size == []
     assert plan.in_place > 0
     assert plan.arena_bytes < plan.naive_bytes / 2
+
+
+def test_uses_by_nodes_outside_the_graph_are_ignored():
+    model = parse(TRANSPOSE_CHAIN)
+    nodes = list(model.graph)
+    stray = ir.Node("", "Relu", inputs=[nodes[0].outputs[0]])  # reads 'a' but was never added to the graph
+    assert stray.graph is None
+    plan = plan_memory(model)
+    assert_sound(plan)
+    assert plan.assignments["a"].end == 1
