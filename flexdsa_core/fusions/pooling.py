@@ -3,8 +3,9 @@
 ``ReduceMean(x, axes=[2, 3])``, or ``ReduceMean`` over H followed by ``ReduceMean`` over W (either order),
 on an NCHW ``x`` becomes ``GlobalAveragePool(x)``; with ``keepdims=0`` on both the result is ``[N, C]``,
 so ``Flatten(axis=1)`` follows. ``axes`` may be an attribute or (opset 18+) a constant input, and may be
-negative. Any rank >= 3 works the same way (axes 2.. are the spatial ones); other axes, a mix of kept and
-dropped axes, or an unknown rank are refused.
+negative. NCDHW (rank 5, axes 2, 3, 4) works the same way. Refused: other axes, a mix of kept and
+dropped axes, an unknown rank, and rank 3, where a mean over the last axis is far more often a
+transformer's feature mean ([B, S, D], LayerNorm's) than a 1-D spatial pool.
 """
 
 from __future__ import annotations
@@ -48,8 +49,10 @@ class _GlobalAveragePoolBase(RewriteRuleClassBase):
 
     def check(self, context, x, first, second=None) -> MatchResult:
         result = MatchResult()
-        if x.shape is None or x.shape.rank() < 3:
-            return result.fail(f"'{x.name}' is not known to have rank 3 or more (N, C, spatial...).")
+        if x.shape is None or x.shape.rank() < 4:
+            return result.fail(
+                f"'{x.name}' is not known to have rank 4 or more (N, C, two or more spatial axes)."
+            )
         refusal = dtype_refusal("GlobalAveragePool", FLOAT_TYPES, x)
         if refusal:
             return result.fail(refusal)

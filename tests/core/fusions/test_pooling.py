@@ -49,9 +49,15 @@ def test_keepdims_0_adds_flatten(body, opset):
     assert_fuses("reduce_mean_gap", graph(body, "float[2, 3]", opset=opset), ["GlobalAveragePool", "Flatten"])
 
 
-def test_rank_3():
-    text = graph("y = ReduceMean <axes = [2]> (x)", "float[2, 3, 1]", x="float[2, 3, 7] x")
+def test_rank_5():
+    text = graph("y = ReduceMean <axes = [2, 3, 4]> (x)", "float[2, 3, 1, 1, 1]", x="float[2, 3, 4, 5, 6] x")
     assert_fuses("reduce_mean_gap", text, ["GlobalAveragePool"])
+
+
+def test_not_for_a_transformer_feature_mean():
+    # LayerNorm's mean over D of a [B, S, D] tensor: GlobalAveragePool would compute it, but it is no pool.
+    text = graph("y = ReduceMean <axes = [-1]> (x)", "float[2, 3, 1]", x="float[2, 3, 7] x")
+    assert_not_fused("reduce_mean_gap", text)
 
 
 @pytest.mark.parametrize(
