@@ -3,7 +3,8 @@
 1. ``infer``: ONNX shape inference with data propagation (through ``onnx_ir``'s ``ShapeInferencePass``)
    carries the graph inputs' named dims (``batch``, ``seq`` ...) through the graph. An input dim with no
    name gets a fresh one (``<input>_dim<axis>``) so that it can be bucketed; what stays unknown is listed
-   with the op that produced it.
+   with the op that produced it. Where ONNX's data propagation loses a dim (``Slice(table, 0, seq)``
+   becomes ``[unk__0, 8]``), onnxruntime's sympy-based symbolic inference is asked for those tensors only.
 2. ``buckets``: the values each dynamic dim is specialised to, per dim: the request's ``shape_buckets``,
    else the target's ``default_shape_buckets``, else (static-shape targets only) ``batch -> 1``. One bucket
    per combination, named ``batch1_seq128``. A dim nobody bucketed stays symbolic; a model with nothing
@@ -326,7 +327,8 @@ class ShapeReport:
             "named_dims": self.named_dims,
             "unknown": [u.as_dict() for u in self.unknown],
             "counts": self.counts,
-            "refined": self.refined,
+            # The full list can run to thousands of names on a large model; a sample says enough.
+            "refined_examples": self.refined[:10],
             "notes": self.notes,
         }
 

@@ -121,6 +121,37 @@ def test_unknown_shapes_are_listed_with_their_producer():
     assert report.counts["symbolic"] == 1  # r: [batch, 8]
 
 
+POSITION_SLICE = """
+<ir_version: 10, opset_import: ["" : 21]>
+g (int64[batch, seq] ids) => (float[batch, seq, 8] y) {
+    table_shape = Constant<value = int64[2] {64, 8}>()
+    table = ConstantOfShape<value = float[1] {0.5}>(table_shape)
+    one = Constant<value = int64[1] {1}>()
+    zero = Constant<value = int64[1] {0}>()
+    two = Constant<value = int64[1] {2}>()
+    ids_shape = Shape(ids)
+    seq_len = Gather<axis = 0>(ids_shape, one)
+    positions = Slice(table, zero, seq_len, zero)
+    as_float = Cast<to = 1>(ids)
+    column = Unsqueeze(as_float, two)
+    y = Add(column, positions)
+}
+"""
+
+
+def test_symbolic_inference_recovers_what_onnx_data_propagation_loses():
+    # ONNX infers Slice(table, 0, seq) as [unk__0, 8]; onnxruntime's symbolic inference keeps 'seq'.
+    t = ShapeTracker(ir.from_proto(onnx.parser.parse_model(POSITION_SLICE)))
+    report = t.infer()
+    assert report.refined == ["positions"]
+    assert report.unknown == []
+    values = {v.name: v for n in t.model.graph for v in n.outputs}
+    assert list(values["positions"].shape.dims) == ["seq", 8]
+    static = t.specialize(t.buckets({"seq": [16]}, CPU)[0])
+    positions = next(v for n in static.graph for v in n.outputs if v.name == "positions")
+    assert list(positions.shape.dims) == [16, 8]
+
+
 def test_the_caller_model_is_left_alone():
     model = ir.from_proto(block_model())
     t = ShapeTracker(model)
