@@ -48,6 +48,10 @@ class InProcessWorker:
         return True
 
     def stop(self, timeout_s: float = 5.0) -> None:
+        global _worker
+        with _worker_lock:
+            if _worker is self:  # stopped through its handle: the next start() builds a fresh worker
+                _worker = None
         self._reconciler.stop(timeout_s)
         for _ in self._threads:
             self._queue.put(_STOP)

@@ -210,7 +210,7 @@ def tiny_model(alphas: tuple[float, ...] = (0.1, 0.2, 0.3)) -> bytes:
         nodes, "tiny", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
         [helper.make_tensor_value_info(name, TensorProto.FLOAT, [1, 8])],
     )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10).SerializeToString()
 
 
 def create_job(settings, model: bytes | None = None, *, spec: dict | None = None, tenant: str = "acme",

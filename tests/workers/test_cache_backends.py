@@ -1,0 +1,102 @@
+"""The kernel cache layers: real Redis and PostgreSQL, SQLite for embedded mode, and outages (a cache that
+is down is a cache that misses, quickly, without raising)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from flexdsa_core.cache import KernelCache, LRUCache
+from service.config import Settings
+from workers.cache_backends import (
+    PostgresCache,
+    RedisCache,
+    build_kernel_cache,
+    read_cache_stats,
+    record_cache_stats,
+)
+from workers.db import session_factory_for
+
+pytestmark = pytest.mark.services
+
+DEAD_REDIS = "redis://127.0.0.1:1/0"
+
+
+def test_layers_fill_from_the_durable_one(settings, redis_client):
+    cache = build_kernel_cache(settings)
+    assert isinstance(cache, KernelCache)
+    assert [layer.name for layer in cache.layers] == ["lru", "redis", "postgres"]
+    cache.put("kernel:a", b"1")
+    assert redis_client.get("flexdsa:kernel:kernel:a") == b"1"
+
+    fresh = build_kernel_cache(settings)  # a new pipeline process: empty LRU
+    redis_client.flushdb()
+    assert fresh.get("kernel:a") == b"1"  # from Postgres, written back to Redis and the LRU
+    assert fresh.stats.by_layer == {"postgres": 1}
+    assert redis_client.get("flexdsa:kernel:kernel:a") == b"1"
+    assert fresh.get("kernel:a") == b"1" and fresh.stats.by_layer["lru"] == 1
+    assert fresh.get("kernel:missing") is None and fresh.stats.misses == 1
+
+
+def test_duplicate_puts_are_fine(settings):
+    cache = PostgresCache(session_factory_for(settings))
+    cache.put("kernel:b", b"first")
+    cache.put("kernel:b", b"second")  # two workers measuring the same kernel at once
+    assert cache.get("kernel:b") == b"first"
+
+
+def test_redis_outage_is_a_fast_miss():
+    cache = RedisCache(DEAD_REDIS, 60)
+    started = time.monotonic()
+    for n in range(50):
+        assert cache.get(f"kernel:{n}") is None
+        cache.put(f"kernel:{n}", b"x")
+    assert time.monotonic() - started < 2.0  # one failed connect, then skipped for a while
+
+
+def test_database_outage_is_a_miss(tmp_path):
+    dead = Settings(database_url="postgresql+psycopg://postgres@127.0.0.1:1/none", data_dir=tmp_path)
+    cache = PostgresCache(session_factory_for(dead))
+    assert cache.get("kernel:x") is None
+    cache.put("kernel:x", b"1")
+
+
+def test_whole_stack_with_redis_down_still_works(settings):
+    down = settings.model_copy(update={"redis_url": DEAD_REDIS})
+    cache = build_kernel_cache(down)
+    cache.put("kernel:c", b"v")
+    assert build_kernel_cache(down).get("kernel:c") == b"v"
+
+
+def test_stats_accumulate_in_redis(settings):
+    record_cache_stats(settings, {"hits": 3, "misses": 1, "puts": 1, "seconds_saved": 0.5,
+                                  "hits_by_layer": {"redis": 2, "postgres": 1}})
+    record_cache_stats(settings, {"hits": 1, "misses": 0, "puts": 0, "seconds_saved": 0.25})
+    stats = read_cache_stats(settings)
+    assert (stats["hits"], stats["misses"], stats["puts"]) == (4, 1, 1)
+    assert stats["seconds_saved"] == 0.75 and stats["hit_rate"] == 0.8
+    assert stats["hits_by_layer"] == {"redis": 2, "postgres": 1}
+
+
+def test_embedded_mode_uses_the_sqlite_table_for_entries_and_stats(tmp_path):
+    from service.db import make_engine, upgrade
+
+    embedded = Settings(data_dir=tmp_path)
+    upgrade(make_engine(embedded.database_url))
+    cache = build_kernel_cache(embedded)
+    assert [layer.name for layer in cache.layers] == ["lru", "postgres"]
+    assert isinstance(cache.layers[0], LRUCache)
+    cache.put("kernel:e", b"v")
+    assert build_kernel_cache(embedded).get("kernel:e") == b"v"
+    record_cache_stats(embedded, {"hits": 2, "misses": 2, "seconds_saved": 1.5})
+    record_cache_stats(embedded, {"hits": 1, "misses": 0})
+    stats = read_cache_stats(embedded)
+    assert (stats["hits"], stats["misses"], stats["seconds_saved"], stats["entries"]) == (3, 2, 1.5, 1)
+
+
+def test_recording_stats_never_raises(tmp_path):
+    down = Settings(database_url="postgresql+psycopg://postgres@127.0.0.1:1/none", broker_url=DEAD_REDIS,
+                    redis_url=DEAD_REDIS, data_dir=tmp_path, auth="required")
+    record_cache_stats(down, {"hits": 1})
+    assert read_cache_stats(down)["hits"] == 0

@@ -1,0 +1,58 @@
+"""The worker path with the real compiler core (no stand-in): a job succeeds with the core's artifacts, and
+a second model sharing layers with the first gets kernel-cache hits across pipeline processes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.workers.conftest import create_job, load_job
+from workers.cache_backends import read_cache_stats
+from workers.execute import execute_job
+
+pytestmark = pytest.mark.services
+
+SPEC = {"target": "cpu-ort", "measure_latency": False}
+
+
+def mlp(widths: list[int]) -> bytes:
+    """MatMul+Add+Relu layers of the given widths; equal (in, out) pairs are the same kernel."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    nodes, inits, name = [], [], "x"
+    for index, (fan_in, fan_out) in enumerate(zip(widths, widths[1:], strict=False)):
+        w, b = f"w{index}", f"b{index}"
+        inits += [numpy_helper.from_array(rng.standard_normal((fan_in, fan_out)).astype(np.float32), w),
+                  numpy_helper.from_array(rng.standard_normal(fan_out).astype(np.float32), b)]
+        nodes += [helper.make_node("MatMul", [name, w], [f"m{index}"]),
+                  helper.make_node("Add", [f"m{index}", b], [f"a{index}"]),
+                  helper.make_node("Relu", [f"a{index}"], [f"r{index}"])]
+        name = f"r{index}"
+    graph = helper.make_graph(
+        nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, widths[0]])],
+        [helper.make_tensor_value_info(name, TensorProto.FLOAT, [4, widths[-1]])], inits,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10).SerializeToString()
+
+
+def test_real_core_job_and_kernel_cache_hits_across_models(settings, monkeypatch):
+    pytest.importorskip("flexdsa_core.optimizer")
+    monkeypatch.delenv("FLEXDSA_TEST_OPTIMIZER")
+
+    first = create_job(settings, mlp([64, 128, 64, 32]), spec=SPEC)
+    assert execute_job(first, settings=settings, worker_id="t1") == "succeeded", load_job(settings, first).error
+    job = load_job(settings, first)
+    names = {a.name for a in job.artifacts}
+    assert {"manifest.json", "report.json", "fusion_plan.json"} <= names
+    first_cache = job.report_summary["cache"]
+
+    # Same first two layers, a different head: a fresh pipeline process finds those kernels in Redis.
+    second = create_job(settings, mlp([64, 128, 64, 16]), spec=SPEC)
+    assert execute_job(second, settings=settings, worker_id="t1") == "succeeded", load_job(settings, second).error
+    second_cache = load_job(settings, second).report_summary["cache"]
+    assert second_cache["hits"] > first_cache["hits"], (first_cache, second_cache)
+
+    stats = read_cache_stats(settings)
+    assert stats["hits"] >= second_cache["hits"] and stats["hits_by_layer"].get("redis", 0) > 0
+    assert stats["entries"] > 0
