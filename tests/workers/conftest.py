@@ -100,8 +100,8 @@ def settings(pg_database_url, redis_url, redis_client, tmp_path, monkeypatch):
 def _clear_tables(url: str) -> None:
     from sqlalchemy import text
 
-    from workers.db import session_factory_for
     from service.config import Settings
+    from workers.db import session_factory_for
 
     sessions = session_factory_for(Settings(database_url=url, broker_url="redis://unused", **FAST_LIMITS))
     with sessions() as session, session.begin():
