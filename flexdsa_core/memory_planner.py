@@ -38,6 +38,7 @@ from typing import Any
 import onnx_ir as ir
 
 from flexdsa_core.errors import InvalidModelError
+from flexdsa_core.shape_tracker import is_batch_dim
 
 __all__ = ["ALIGNMENT", "ELEMENTWISE_OPS", "MemoryPlan", "TensorAssignment", "plan_memory"]
 
@@ -264,7 +265,7 @@ class _Sizer:
         if _ONNX_FRESH_DIM.match(name):
             return None
         if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
-            value = DEFAULT_BATCH if "batch" in name.lower() or name in ("N", "B") else DEFAULT_DIM
+            value = DEFAULT_BATCH if is_batch_dim(name) else DEFAULT_DIM
             self.used[name] = value
             self.assumed.add(name)
             return value
