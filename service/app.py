@@ -90,7 +90,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         title="Flex-DSA",
         version=__version__,
         description="Verified ONNX model optimisation for edge accelerators. Authenticate with the "
-        "`X-API-Key` header. Every error answers `{\"error\": {\"code\", \"message\", \"details\"}}`.",
+        '`X-API-Key` header. Every error answers `{"error": {"code", "message", "details"}}`.',
         lifespan=lifespan,
     )
     app.state.settings = settings

@@ -40,7 +40,13 @@ def serve(
 
     from service.app import create_app
     from service.auth import ensure_tenant
-    from service.db import DatabaseNotMigratedError, make_engine, make_session_factory, prepare_database, session_scope
+    from service.db import (
+        DatabaseNotMigratedError,
+        make_engine,
+        make_session_factory,
+        prepare_database,
+        session_scope,
+    )
 
     settings = _settings()
     overrides = {k: v for k, v in {"host": host, "port": port}.items() if v is not None}
@@ -70,7 +76,9 @@ def db_upgrade(revision: Annotated[str, typer.Argument(help="Target revision")] 
     engine = make_engine(settings.database_url)
     try:
         upgrade(engine, revision)
-        typer.echo(f"Database {engine.url.render_as_string(hide_password=True)} at revision {current_revision(engine)}.")
+        typer.echo(
+            f"Database {engine.url.render_as_string(hide_password=True)} at revision {current_revision(engine)}."
+        )
     except Exception as err:
         raise _fail(f"Migration failed: {err}") from None
     finally:
@@ -84,7 +92,13 @@ def keys_create(
 ) -> None:
     """Create an API key and print it. It is shown once: only its hash is stored."""
     from service.auth import create_api_key
-    from service.db import DatabaseNotMigratedError, make_engine, make_session_factory, prepare_database, session_scope
+    from service.db import (
+        DatabaseNotMigratedError,
+        make_engine,
+        make_session_factory,
+        prepare_database,
+        session_scope,
+    )
 
     settings = _settings()
     engine = make_engine(settings.database_url)
@@ -102,7 +116,9 @@ def keys_create(
 
 
 @keys_app.command("revoke")
-def keys_revoke(prefix: Annotated[str, typer.Argument(help="The key's prefix (the part after 'fdsa_')")]) -> None:
+def keys_revoke(
+    prefix: Annotated[str, typer.Argument(help="The key's prefix (the part after 'fdsa_')")],
+) -> None:
     """Revoke a key by its prefix."""
     from service.auth import revoke_api_key
     from service.db import make_engine, make_session_factory, session_scope
@@ -124,12 +140,26 @@ def worker(
     """Run a Celery worker (distributed mode). Each process takes one job at a time."""
     settings = _settings()
     if settings.mode != "distributed":
-        raise _fail("`flexdsa worker` needs FLEXDSA_BROKER_URL (distributed mode); `flexdsa serve` runs "
-                    "an in-process worker in embedded mode.")
+        raise _fail(
+            "`flexdsa worker` needs FLEXDSA_BROKER_URL (distributed mode); `flexdsa serve` runs "
+            "an in-process worker in embedded mode."
+        )
     # One job per process at a time, no prefetching: jobs are long, and a prefetched job would wait
     # behind a running one while another worker sits idle.
-    args = [sys.executable, "-m", "celery", "-A", "workers.app", "worker", "--loglevel", loglevel,
-            "--prefetch-multiplier", "1", "-O", "fair"]
+    args = [
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "workers.app",
+        "worker",
+        "--loglevel",
+        loglevel,
+        "--prefetch-multiplier",
+        "1",
+        "-O",
+        "fair",
+    ]
     if concurrency:
         args += ["--concurrency", str(concurrency)]
     if queues:

@@ -25,17 +25,27 @@ AuthPolicy = Literal["optional", "required"]
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="FLEXDSA_", env_file=None, extra="ignore", validate_default=True)
+    model_config = SettingsConfigDict(
+        env_prefix="FLEXDSA_", env_file=None, extra="ignore", validate_default=True
+    )
 
     # Where embedded mode keeps its SQLite file and artifacts; the other paths default under it.
     data_dir: Path = Path("./flexdsa-data")
-    database_url: str | None = Field(None, description="SQLAlchemy URL; default sqlite:///<data_dir>/flexdsa.db.")
-    artifact_dir: Path | None = Field(None, description="Local artifact store root; default <data_dir>/artifacts.")
+    database_url: str | None = Field(
+        None, description="SQLAlchemy URL; default sqlite:///<data_dir>/flexdsa.db."
+    )
+    artifact_dir: Path | None = Field(
+        None, description="Local artifact store root; default <data_dir>/artifacts."
+    )
     broker_url: str | None = Field(None, description="Celery broker. None = embedded in-process worker.")
-    redis_url: str | None = Field(None, description="Redis for progress pub/sub and the hot kernel cache. None = none.")
+    redis_url: str | None = Field(
+        None, description="Redis for progress pub/sub and the hot kernel cache. None = none."
+    )
 
     max_upload_bytes: int = Field(1 * GiB, gt=0)
-    max_queued_jobs_per_tenant: int = Field(20, ge=1, description="Default quota; tenants.max_queued_jobs overrides.")
+    max_queued_jobs_per_tenant: int = Field(
+        20, ge=1, description="Default quota; tenants.max_queued_jobs overrides."
+    )
 
     job_soft_time_limit_s: int = Field(1800, gt=0)
     job_hard_time_limit_s: int = Field(2100, gt=0)
@@ -43,13 +53,20 @@ class Settings(BaseSettings):
     # is still legitimately running would then run twice, so it must exceed the hard time limit.
     broker_visibility_timeout_s: int = Field(2400, gt=0)
     max_attempts: int = Field(3, ge=1)
-    lease_seconds: int = Field(60, gt=0, description="A worker's claim on a job lapses unless renewed this often.")
-    reconcile_interval_s: int = Field(15, gt=0, description="How often expired leases are swept and re-queued.")
-    embedded_worker: bool = Field(True, description="Embedded mode: run the in-process worker inside the API.")
+    lease_seconds: int = Field(
+        60, gt=0, description="A worker's claim on a job lapses unless renewed this often."
+    )
+    reconcile_interval_s: int = Field(
+        15, gt=0, description="How often expired leases are swept and re-queued."
+    )
+    embedded_worker: bool = Field(
+        True, description="Embedded mode: run the in-process worker inside the API."
+    )
     embedded_worker_threads: int = Field(1, ge=1)
 
     auth: AuthPolicy | None = Field(
-        None, description="'optional': requests without a key act as tenant 'default' (embedded default); 'required'."
+        None,
+        description="'optional': requests without a key act as tenant 'default' (embedded default); 'required'.",
     )
     default_tenant: str = "default"
 

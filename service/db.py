@@ -110,7 +110,9 @@ def check_migrated(engine: Engine) -> None:
     current = current_revision(engine)
     if current != head:
         where = engine.url.render_as_string(hide_password=True)
-        state = "has no Flex-DSA schema" if current is None else f"is at revision {current}, code expects {head}"
+        state = (
+            "has no Flex-DSA schema" if current is None else f"is at revision {current}, code expects {head}"
+        )
         raise DatabaseNotMigratedError(
             f"The database {where} {state}. Run `flexdsa db upgrade` (with the same FLEXDSA_DATABASE_URL) "
             "and start again."

@@ -99,7 +99,8 @@ def error_response(status: int, code: str, message: str, details: Any = None, he
 def _validation_details(errors) -> list[dict]:
     # Drop 'input' (it can echo a whole uploaded spec back) and 'url'; keep where and what.
     return [
-        {"loc": list(err.get("loc", ())), "msg": err.get("msg", ""), "type": err.get("type", "")} for err in errors
+        {"loc": list(err.get("loc", ())), "msg": err.get("msg", ""), "type": err.get("type", "")}
+        for err in errors
     ]
 
 
@@ -131,4 +132,6 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def _unhandled(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error on %s %s", request.method, request.url.path)
-        return error_response(500, "internal_error", "Internal server error; the service log has the details.")
+        return error_response(
+            500, "internal_error", "Internal server error; the service log has the details."
+        )

@@ -49,13 +49,17 @@ def parse_spec(spec_json: str) -> tuple[RequestSpec, TargetSpec]:
             {"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")}
             for e in err.errors(include_url=False)
         ]
-        raise InvalidRequest("The 'spec' field is not a valid request spec; see details.",
-                             code="invalid_spec", details=details) from None
+        raise InvalidRequest(
+            "The 'spec' field is not a valid request spec; see details.", code="invalid_spec", details=details
+        ) from None
     try:
         target = spec.target_spec()
     except ValidationError as err:
-        raise InvalidRequest("The custom target spec is invalid; see details.", code="invalid_target",
-                             details=[{"loc": ["target", *e["loc"]], "msg": e["msg"]} for e in err.errors()]) from None
+        raise InvalidRequest(
+            "The custom target spec is invalid; see details.",
+            code="invalid_target",
+            details=[{"loc": ["target", *e["loc"]], "msg": e["msg"]} for e in err.errors()],
+        ) from None
     except FlexDSAError as err:
         # An unknown target inside a request is a bad request (422), not a missing resource.
         raise InvalidRequest(err.message, code=err.code, details=err.details) from None
@@ -75,7 +79,9 @@ def check_model(upload: ReceivedUpload) -> None:
 
 
 def job_cache_key(model_sha256: str, spec: RequestSpec, target: TargetSpec) -> str:
-    canonical = json.dumps(spec.model_dump(mode="json", exclude={"target"}), sort_keys=True, separators=(",", ":"))
+    canonical = json.dumps(
+        spec.model_dump(mode="json", exclude={"target"}), sort_keys=True, separators=(",", ":")
+    )
     body = f"{model_sha256}|{target.name}@{target.version}:{target.spec_hash()}|{canonical}|{__version__}"
     return hashlib.sha256(body.encode()).hexdigest()
 
@@ -92,9 +98,13 @@ def find_by_idempotency_key(session: Session, tenant: Tenant, key: str | None) -
 def _check_quota(session: Session, settings: Settings, tenant: Tenant) -> None:
     # Lock the tenant row (Postgres) so two concurrent submissions cannot both squeeze under the limit.
     session.execute(select(Tenant.id).where(Tenant.id == tenant.id).with_for_update())
-    limit = tenant.max_queued_jobs if tenant.max_queued_jobs is not None else settings.max_queued_jobs_per_tenant
+    limit = (
+        tenant.max_queued_jobs if tenant.max_queued_jobs is not None else settings.max_queued_jobs_per_tenant
+    )
     queued = session.scalar(
-        select(func.count()).select_from(Job).where(Job.tenant_id == tenant.id, Job.status == JobStatus.queued)
+        select(func.count())
+        .select_from(Job)
+        .where(Job.tenant_id == tenant.id, Job.status == JobStatus.queued)
     )
     if queued >= limit:
         raise QuotaExceeded(
@@ -107,8 +117,12 @@ def _check_quota(session: Session, settings: Settings, tenant: Tenant) -> None:
 def _cached_source(session: Session, tenant: Tenant, cache_key: str) -> Job | None:
     return session.scalar(
         select(Job)
-        .where(Job.tenant_id == tenant.id, Job.job_cache_key == cache_key, Job.status == JobStatus.succeeded,
-               Job.cached_from_job_id.is_(None))
+        .where(
+            Job.tenant_id == tenant.id,
+            Job.job_cache_key == cache_key,
+            Job.status == JobStatus.succeeded,
+            Job.cached_from_job_id.is_(None),
+        )
         .order_by(Job.finished_at.desc())
         .limit(1)
     )
@@ -130,10 +144,19 @@ def submit_job(
     blob_key = store.put_file(upload.path, key=upload.sha256, move=True)
     cache_key = job_cache_key(upload.sha256, spec, target)
     job = Job(
-        tenant_id=tenant.id, status=JobStatus.queued.value, progress=0.0, target=target.name,
-        spec=spec.model_dump(mode="json"), model_sha256=upload.sha256, model_blob_key=blob_key,
-        model_filename=upload.filename, model_size=upload.size, idempotency_key=idempotency_key,
-        job_cache_key=cache_key, attempts=0, max_attempts=settings.max_attempts,
+        tenant_id=tenant.id,
+        status=JobStatus.queued.value,
+        progress=0.0,
+        target=target.name,
+        spec=spec.model_dump(mode="json"),
+        model_sha256=upload.sha256,
+        model_blob_key=blob_key,
+        model_filename=upload.filename,
+        model_size=upload.size,
+        idempotency_key=idempotency_key,
+        job_cache_key=cache_key,
+        attempts=0,
+        max_attempts=settings.max_attempts,
     )
     try:
         with session.no_autoflush:
@@ -187,7 +210,9 @@ def publish(redis_client, job: Job, kind: str) -> None:
     if redis_client is None:
         return
     try:
-        redis_client.publish(job_channel(job.id), json.dumps({"job_id": job.id, "kind": kind, "status": job.status}))
+        redis_client.publish(
+            job_channel(job.id), json.dumps({"job_id": job.id, "kind": kind, "status": job.status})
+        )
     except Exception as err:
         log.warning("could not publish %s for job %s: %s", kind, job.id, err)
 
@@ -201,8 +226,13 @@ def cancel_job(session: Session, job: Job) -> tuple[Job, str]:
     cancelled = session.execute(
         update(Job)
         .where(Job.id == job.id, Job.status == JobStatus.queued)
-        .values(status=JobStatus.cancelled.value, finished_at=now, updated_at=now, cancel_requested=True,
-                error={"code": "cancelled", "message": "Cancelled before it started.", "details": {}})
+        .values(
+            status=JobStatus.cancelled.value,
+            finished_at=now,
+            updated_at=now,
+            cancel_requested=True,
+            error={"code": "cancelled", "message": "Cancelled before it started.", "details": {}},
+        )
     ).rowcount
     if cancelled:
         session.refresh(job)
@@ -210,7 +240,8 @@ def cancel_job(session: Session, job: Job) -> tuple[Job, str]:
         session.commit()
         return job, "cancelled"
     requested = session.execute(
-        update(Job).where(Job.id == job.id, Job.status == JobStatus.running)
+        update(Job)
+        .where(Job.id == job.id, Job.status == JobStatus.running)
         .values(cancel_requested=True, updated_at=now)
     ).rowcount
     session.refresh(job)
@@ -219,8 +250,11 @@ def cancel_job(session: Session, job: Job) -> tuple[Job, str]:
         session.commit()
         return job, "cancel_requested"
     session.rollback()
-    raise Conflict(f"Job {job.id} has already finished ({job.status}); there is nothing to cancel.",
-                   code="job_finished", details={"status": job.status})
+    raise Conflict(
+        f"Job {job.id} has already finished ({job.status}); there is nothing to cancel.",
+        code="job_finished",
+        details={"status": job.status},
+    )
 
 
 # --- reading ----------------------------------------------------------------------------------------------
@@ -232,13 +266,28 @@ def job_out(job: Job, root_path: str = "") -> JobOut:
     run_s = ((job.finished_at or now) - job.started_at).total_seconds() if job.started_at else None
     base = f"{root_path}/jobs/{job.id}"
     return JobOut(
-        id=job.id, status=job.status, stage=job.stage, progress=job.progress,
-        progress_percent=round(job.progress * 100, 1), target=job.target, model_filename=job.model_filename,
-        model_size=job.model_size, model_sha256=job.model_sha256, spec=job.spec, attempts=job.attempts,
-        max_attempts=job.max_attempts, cancel_requested=job.cancel_requested,
-        cached_from_job_id=job.cached_from_job_id, created_at=job.created_at, started_at=job.started_at,
-        finished_at=job.finished_at, updated_at=job.updated_at, queued_seconds=queued_s, run_seconds=run_s,
-        report_summary=job.report_summary, error=JobError(**job.error) if job.error else None,
+        id=job.id,
+        status=job.status,
+        stage=job.stage,
+        progress=job.progress,
+        progress_percent=round(job.progress * 100, 1),
+        target=job.target,
+        model_filename=job.model_filename,
+        model_size=job.model_size,
+        model_sha256=job.model_sha256,
+        spec=job.spec,
+        attempts=job.attempts,
+        max_attempts=job.max_attempts,
+        cancel_requested=job.cancel_requested,
+        cached_from_job_id=job.cached_from_job_id,
+        created_at=job.created_at,
+        started_at=job.started_at,
+        finished_at=job.finished_at,
+        updated_at=job.updated_at,
+        queued_seconds=queued_s,
+        run_seconds=run_s,
+        report_summary=job.report_summary,
+        error=JobError(**job.error) if job.error else None,
         links=JobLinks(self=base, events=f"{base}/events", artifacts=f"{base}/artifacts"),
     )
 
@@ -258,7 +307,13 @@ def decode_cursor(cursor: str) -> tuple[datetime, str]:
 
 
 def list_jobs(
-    session: Session, tenant: Tenant, *, status: str | None, target: str | None, limit: int, offset: int,
+    session: Session,
+    tenant: Tenant,
+    *,
+    status: str | None,
+    target: str | None,
+    limit: int,
+    offset: int,
     cursor: str | None,
 ) -> tuple[list[Job], int, str | None]:
     filters = [Job.tenant_id == tenant.id]

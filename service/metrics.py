@@ -30,7 +30,9 @@ class _JobsByStatus:
         counts = {status.value: 0 for status in JobStatus}
         try:
             with self.session_factory() as session:
-                counts.update(dict(session.execute(select(Job.status, func.count()).group_by(Job.status)).all()))
+                counts.update(
+                    dict(session.execute(select(Job.status, func.count()).group_by(Job.status)).all())
+                )
         except Exception as err:  # a scrape must not fail because the database is down
             log.warning("metrics: cannot count jobs: %s", err)
             return
@@ -46,7 +48,10 @@ class Metrics:
             "flexdsa_http_requests", "HTTP requests", ["method", "route", "status"], registry=self.registry
         )
         self.request_seconds = Histogram(
-            "flexdsa_http_request_seconds", "HTTP request duration", ["method", "route"], registry=self.registry
+            "flexdsa_http_request_seconds",
+            "HTTP request duration",
+            ["method", "route"],
+            registry=self.registry,
         )
         self.upload_bytes = Counter("flexdsa_upload_bytes", "Model bytes received", registry=self.registry)
         self.jobs_submitted = Counter(

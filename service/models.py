@@ -172,7 +172,12 @@ class Job(Base):
     def record(self, kind: str, message: str | None = None) -> JobEvent:
         """Add an event carrying the job's current status/stage/progress to its session (the caller commits)."""
         event = JobEvent(
-            kind=kind, status=self.status, stage=self.stage, progress=self.progress, message=message, at=utcnow()
+            kind=kind,
+            status=self.status,
+            stage=self.stage,
+            progress=self.progress,
+            message=message,
+            at=utcnow(),
         )
         session = object_session(self)
         if session is None or self.id is None:

@@ -36,7 +36,9 @@ class JobCreated(BaseModel):
     job_id: str
     status: JobStatusName
     status_url: str
-    cached: bool = Field(..., description="True when answered at once from an identical earlier job's artifacts.")
+    cached: bool = Field(
+        ..., description="True when answered at once from an identical earlier job's artifacts."
+    )
 
 
 class JobError(BaseModel):
@@ -84,7 +86,9 @@ class JobPage(BaseModel):
     total: int
     limit: int
     offset: int | None
-    next_cursor: str | None = Field(None, description="Pass as ?cursor= for the next page (stable under inserts).")
+    next_cursor: str | None = Field(
+        None, description="Pass as ?cursor= for the next page (stable under inserts)."
+    )
 
 
 class JobEventOut(BaseModel):
@@ -140,7 +144,9 @@ class TargetDetail(BaseModel):
 class KernelCacheStats(BaseModel):
     entries: int
     stored_hits: int = Field(..., description="Hits recorded on durable (database) entries.")
-    hits: int | None = Field(None, description="All layers, from the shared Redis counters (None without Redis).")
+    hits: int | None = Field(
+        None, description="All layers, from the shared Redis counters (None without Redis)."
+    )
     misses: int | None = None
     seconds_saved: float | None = None
     redis: dict[str, Any] | None = None

@@ -64,6 +64,7 @@ class ArtifactStore(ABC):
     @abstractmethod
     def delete(self, key: str) -> None: ...
 
+    @abstractmethod
     def check_writable(self) -> None:
         """Raise OSError if the store cannot take writes (used by /readyz)."""
 

@@ -155,7 +155,7 @@ async def receive_model_upload(request: Request, staging_dir: Path, limit: int) 
     if content_type != b"multipart/form-data" or b"boundary" not in params:
         raise InvalidRequest(
             "Send multipart/form-data with a 'model' file and a 'spec' JSON field "
-            "(curl -F model=@model.onnx -F spec='{\"target\": \"cpu-ort\"}').",
+            '(curl -F model=@model.onnx -F spec=\'{"target": "cpu-ort"}\').',
             code="invalid_upload",
         )
     receiver = _FormReceiver(staging_dir, limit)
@@ -174,15 +174,22 @@ async def receive_model_upload(request: Request, staging_dir: Path, limit: int) 
         raise
     except Exception as err:  # python-multipart's parse errors
         receiver.abort()
-        raise InvalidRequest(f"The multipart body could not be parsed: {err}", code="invalid_upload") from None
+        raise InvalidRequest(
+            f"The multipart body could not be parsed: {err}", code="invalid_upload"
+        ) from None
     upload = receiver.finish()
     if upload.path is None:
-        raise InvalidRequest("The form has no 'model' file part.", code="invalid_upload",
-                             details={"fields": sorted(upload.fields)})
+        raise InvalidRequest(
+            "The form has no 'model' file part.",
+            code="invalid_upload",
+            details={"fields": sorted(upload.fields)},
+        )
     if upload.spec is None:
         upload.discard()
-        raise InvalidRequest("The form has no 'spec' field (a JSON object, e.g. {\"target\": \"cpu-ort\"}).",
-                             code="invalid_upload")
+        raise InvalidRequest(
+            'The form has no \'spec\' field (a JSON object, e.g. {"target": "cpu-ort"}).',
+            code="invalid_upload",
+        )
     return upload
 
 
@@ -228,7 +235,9 @@ def _fields(buf, pos: int, end: int, where: str):
             length, start = _varint(buf, pos, end)
             pos = start + length
         else:
-            raise NotOnnxError(f"{where}: wire type {wire} (field {number}) is not used by ONNX: not an ONNX model")
+            raise NotOnnxError(
+                f"{where}: wire type {wire} (field {number}) is not used by ONNX: not an ONNX model"
+            )
         if pos > end:
             raise NotOnnxError(
                 f"{where}: field {number} runs {pos - end} bytes past the end: the file is truncated"
@@ -256,6 +265,8 @@ def check_onnx_structure(path: Path) -> None:
             raise NotOnnxError("the model has no graph")
         graph_start, graph_end = seen[MODEL_GRAPH]
         for number, wire, start, end in _fields(buf, graph_start, graph_end, "GraphProto"):
-            if number == GRAPH_NODE and wire == WIRE_LEN:  # nodes are small; weights (initializers) are skipped
+            if (
+                number == GRAPH_NODE and wire == WIRE_LEN
+            ):  # nodes are small; weights (initializers) are skipped
                 for _ in _fields(buf, start, end, "NodeProto"):
                     pass

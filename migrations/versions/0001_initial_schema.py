@@ -88,7 +88,9 @@ def upgrade() -> None:
 
     op.create_table(
         "job_events",
-        sa.Column("id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), autoincrement=True, nullable=False),
+        sa.Column(
+            "id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), autoincrement=True, nullable=False
+        ),
         sa.Column("job_id", sa.String(length=36), nullable=False),
         sa.Column("at", TIME, nullable=False),
         sa.Column("kind", sa.String(length=32), nullable=False),

@@ -38,7 +38,9 @@ def _redis_counters(redis_client) -> dict | None:
     return counters
 
 
-@router.get("/cache/stats", response_model=CacheStatsOut, summary="Kernel cache and whole-job cache statistics")
+@router.get(
+    "/cache/stats", response_model=CacheStatsOut, summary="Kernel cache and whole-job cache statistics"
+)
 def cache_stats(request: Request, tenant: CurrentTenant, session: SessionDep) -> CacheStatsOut:
     entries, stored_hits = session.execute(
         select(func.count(), func.coalesce(func.sum(KernelCacheEntry.hits), 0))

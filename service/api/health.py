@@ -57,7 +57,10 @@ def _first_line(err: Exception) -> str:
 )
 def readyz(request: Request) -> Readiness:
     app, settings = request.app, request.app.state.settings
-    checks: dict[str, tuple] = {"database": (_check_database, app), "artifact_store": (app.state.store.check_writable,)}
+    checks: dict[str, tuple] = {
+        "database": (_check_database, app),
+        "artifact_store": (app.state.store.check_writable,),
+    }
     if settings.broker_url:
         checks["broker"] = (_check_broker, settings.broker_url)
     if settings.redis_url:
@@ -68,11 +71,15 @@ def readyz(request: Request) -> Readiness:
             check(*args)
             results[name] = "ok"
         except Exception as err:
-            results[name] = _first_line(err) if name != "database" or "flexdsa db upgrade" not in str(err) else str(err)
+            results[name] = (
+                _first_line(err) if name != "database" or "flexdsa db upgrade" not in str(err) else str(err)
+            )
             failed.append(name)
     if failed:
-        raise NotReady(f"Not ready: {', '.join(failed)} failed. " + " ".join(results[n] for n in failed),
-                       details={"checks": results})
+        raise NotReady(
+            f"Not ready: {', '.join(failed)} failed. " + " ".join(results[n] for n in failed),
+            details={"checks": results},
+        )
     return Readiness(status="ready", checks=results)
 
 

@@ -182,7 +182,9 @@ def download_artifact(job: JobOfCurrentTenant, name: str, session: SessionDep, s
         raise NotFound(f"Job {job.id} has no artifact {name!r}.", code="artifact_not_found")
     filename = name.rsplit("/", 1)[-1]
     if isinstance(store, LocalStore):
-        return FileResponse(store.path(artifact.blob_key), media_type=artifact.content_type, filename=filename)
+        return FileResponse(
+            store.path(artifact.blob_key), media_type=artifact.content_type, filename=filename
+        )
     return StreamingResponse(
         store.iter_chunks(artifact.blob_key),
         media_type=artifact.content_type,

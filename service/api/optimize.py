@@ -29,7 +29,7 @@ _MULTIPART_BODY = {
                         "model": {"type": "string", "format": "binary", "description": "The .onnx file"},
                         "spec": {
                             "type": "string",
-                            "description": "RequestSpec as JSON, e.g. {\"target\": \"cpu-ort\"}",
+                            "description": 'RequestSpec as JSON, e.g. {"target": "cpu-ort"}',
                             "contentMediaType": "application/json",
                         },
                     },
@@ -74,7 +74,11 @@ async def optimize(
     store: StoreDep,
     idempotency_key: Annotated[
         str | None,
-        Header(alias="Idempotency-Key", max_length=255, description="Retries with the same key return the same job"),
+        Header(
+            alias="Idempotency-Key",
+            max_length=255,
+            description="Retries with the same key return the same job",
+        ),
     ] = None,
 ) -> JSONResponse:
     # A retry is answered before its body is read: the first request's job is the answer.

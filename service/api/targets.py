@@ -31,14 +31,21 @@ def get_targets(request: Request, _tenant: CurrentTenant) -> list[TargetSummary]
     root = request.scope.get("root_path", "")
     return [
         TargetSummary(
-            name=t.name, vendor=t.vendor, version=t.version, description=t.description, dtypes=list(t.dtypes),
-            static_shapes=t.static_shapes, url=f"{root}/targets/{t.name}",
+            name=t.name,
+            vendor=t.vendor,
+            version=t.version,
+            description=t.description,
+            dtypes=list(t.dtypes),
+            static_shapes=t.static_shapes,
+            url=f"{root}/targets/{t.name}",
         )
         for t in list_targets()
     ]
 
 
-@router.get("/targets/{name}", response_model=TargetDetail, summary="A target's spec and switchable fusion rules")
+@router.get(
+    "/targets/{name}", response_model=TargetDetail, summary="A target's spec and switchable fusion rules"
+)
 def get_target(name: str, _tenant: CurrentTenant) -> TargetDetail:
     target = load_target(name)  # TargetNotFoundError -> 404 (service/errors.py)
     return TargetDetail(name=target.name, spec=target.model_dump(mode="json"), fusion_rules=_fusion_rules())

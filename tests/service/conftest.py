@@ -19,10 +19,14 @@ def tiny_onnx(alpha: float = 0.1) -> bytes:
 
     node = helper.make_node("LeakyRelu", ["x"], ["y"], alpha=alpha)
     graph = helper.make_graph(
-        [node], "tiny", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
+        [node],
+        "tiny",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])],
     )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+    return helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9
+    ).SerializeToString()
 
 
 @dataclass
@@ -52,15 +56,23 @@ class ServiceEnv:
             session.commit()
         return {"X-API-Key": key}
 
-    def submit(self, headers, model: bytes | None = None, spec: dict | str | None = None,
-               idempotency_key: str | None = None, filename: str = "model.onnx", client=None):
+    def submit(
+        self,
+        headers,
+        model: bytes | None = None,
+        spec: dict | str | None = None,
+        idempotency_key: str | None = None,
+        filename: str = "model.onnx",
+        client=None,
+    ):
         spec = spec if spec is not None else {"target": "cpu-ort"}
         spec_text = spec if isinstance(spec, str) else json.dumps(spec)
         headers = dict(headers)
         if idempotency_key:
             headers["Idempotency-Key"] = idempotency_key
         return (client or self.client).post(
-            "/optimize", headers=headers,
+            "/optimize",
+            headers=headers,
             files={"model": (filename, tiny_onnx() if model is None else model, "application/octet-stream")},
             data={"spec": spec_text},
         )
@@ -73,8 +85,13 @@ class ServiceEnv:
             job.events, job.artifacts  # noqa: B018 - load before the session closes
             return job
 
-    def finish(self, job_id: str, status: str = "succeeded", artifacts: dict[str, bytes] | None = None,
-               report: dict | None = None) -> None:
+    def finish(
+        self,
+        job_id: str,
+        status: str = "succeeded",
+        artifacts: dict[str, bytes] | None = None,
+        report: dict | None = None,
+    ) -> None:
         """Play the worker: end the job and store its artifacts."""
         from service.models import Artifact, Job, utcnow
 
@@ -87,7 +104,11 @@ class ServiceEnv:
             for name, data in (artifacts or {}).items():
                 key = self.store.put_bytes(data)
                 content_type = "application/zip" if name.endswith(".zip") else "application/json"
-                session.add(Artifact(job_id=job_id, name=name, blob_key=key, size=len(data), content_type=content_type))
+                session.add(
+                    Artifact(
+                        job_id=job_id, name=name, blob_key=key, size=len(data), content_type=content_type
+                    )
+                )
             job.record(status, "finished by the test")
             session.commit()
 
@@ -100,8 +121,14 @@ def service_env(request, tmp_path_factory):
     if request.param == "postgres":
         pg_url = request.getfixturevalue("pg_database_url")
         redis_url = request.getfixturevalue("redis_url")
-        settings = Settings(data_dir=data_dir, database_url=pg_url, redis_url=redis_url, auth="required",
-                            embedded_worker=False, max_queued_jobs_per_tenant=20)
+        settings = Settings(
+            data_dir=data_dir,
+            database_url=pg_url,
+            redis_url=redis_url,
+            auth="required",
+            embedded_worker=False,
+            max_queued_jobs_per_tenant=20,
+        )
     else:
         settings = Settings(data_dir=data_dir, auth="required", embedded_worker=False)
     from service.app import create_app

@@ -29,7 +29,9 @@ def test_cache_stats(env, headers):
         session.add(KernelCacheEntry(key=f"kernel:{env.backend}-stats", value=b"{}", hits=3))
         session.commit()
     if env.settings.redis_url:
-        env.app.state.redis.hset("flexdsa:cache:stats", mapping={"hits": 5, "misses": 2, "seconds_saved": 1.5})
+        env.app.state.redis.hset(
+            "flexdsa:cache:stats", mapping={"hits": 5, "misses": 2, "seconds_saved": 1.5}
+        )
     spec = {"target": "cpu-ort", "seed": 99}
     first = env.submit(headers, spec=spec).json()["job_id"]
     env.finish(first)
@@ -95,9 +97,20 @@ def test_metrics(env, headers):
 
 def test_openapi_documents_the_contract(env):
     schema = env.client.get("/openapi.json").json()
-    for path in ["/optimize", "/jobs", "/jobs/{job_id}", "/jobs/{job_id}/events", "/jobs/{job_id}/artifacts",
-                 "/jobs/{job_id}/artifacts/{name}", "/targets", "/targets/{name}", "/cache/stats", "/healthz",
-                 "/readyz", "/metrics"]:
+    for path in [
+        "/optimize",
+        "/jobs",
+        "/jobs/{job_id}",
+        "/jobs/{job_id}/events",
+        "/jobs/{job_id}/artifacts",
+        "/jobs/{job_id}/artifacts/{name}",
+        "/targets",
+        "/targets/{name}",
+        "/cache/stats",
+        "/healthz",
+        "/readyz",
+        "/metrics",
+    ]:
         assert path in schema["paths"], path
     assert "multipart/form-data" in schema["paths"]["/optimize"]["post"]["requestBody"]["content"]
     assert "ErrorResponse" in schema["components"]["schemas"]

@@ -46,8 +46,11 @@ def test_idempotent_retry_returns_the_same_job(env, headers):
     assert retry.json()["job_id"] == first.json()["job_id"]
     assert retry.headers["Idempotent-Replayed"] == "true"
     with env.sessions() as session:
-        count = session.scalar(select(func.count()).select_from(Job).where(Job.idempotency_key == "build-42",
-                                                                          Job.id == first.json()["job_id"]))
+        count = session.scalar(
+            select(func.count())
+            .select_from(Job)
+            .where(Job.idempotency_key == "build-42", Job.id == first.json()["job_id"])
+        )
     assert count == 1
     assert env.enqueued == [first.json()["job_id"]]
     # The same key from another tenant is another job.
@@ -72,15 +75,20 @@ def test_concurrent_idempotent_submissions_make_one_job(env, headers):
 def test_whole_job_cache_answers_identical_request_at_once(env, headers):
     spec = {"target": "cpu-ort", "objective": "latency"}
     first = env.submit(headers, spec=spec).json()["job_id"]
-    env.finish(first, artifacts={"bundle.zip": b"PK-zip-bytes", "report.json": b'{"ok": true}'},
-               report={"fusions": 4})
+    env.finish(
+        first,
+        artifacts={"bundle.zip": b"PK-zip-bytes", "report.json": b'{"ok": true}'},
+        report={"fusions": 4},
+    )
     again = env.submit(headers, spec=spec)
     body = again.json()
     assert again.status_code == 202 and body["cached"] is True and body["status"] == "succeeded"
     cached = env.job(body["job_id"])
     assert cached.cached_from_job_id == first and cached.report_summary == {"fusions": 4}
     original = env.job(first)
-    assert {(a.name, a.blob_key) for a in cached.artifacts} == {(a.name, a.blob_key) for a in original.artifacts}
+    assert {(a.name, a.blob_key) for a in cached.artifacts} == {
+        (a.name, a.blob_key) for a in original.artifacts
+    }
     assert body["job_id"] not in env.enqueued
     download = env.client.get(f"/jobs/{body['job_id']}/artifacts/bundle.zip", headers=headers)
     assert download.status_code == 200 and download.content == b"PK-zip-bytes"
@@ -222,8 +230,9 @@ def test_events_resume_after_last_event_id(env, headers):
     env.finish(job_id)
     with env.sessions() as session:
         first_id = session.scalar(select(func.min(JobEvent.id)).where(JobEvent.job_id == job_id))
-    with env.client.stream("GET", f"/jobs/{job_id}/events",
-                           headers={**headers, "Last-Event-ID": str(first_id)}) as response:
+    with env.client.stream(
+        "GET", f"/jobs/{job_id}/events", headers={**headers, "Last-Event-ID": str(first_id)}
+    ) as response:
         events = _read_sse(response)
     assert [name for name, _ in events] == ["succeeded", "end"]
 

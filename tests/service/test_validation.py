@@ -52,8 +52,10 @@ def test_oversize_upload_is_413_before_anything_is_stored(env, headers, small_li
 
 def test_oversize_streamed_upload_without_content_length_is_413(env, headers, small_limit_client):
     boundary = "b0undary"
-    head = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"spec\"\r\n\r\n{json.dumps({'target': 'cpu-ort'})}"
-            f"\r\n--{boundary}\r\nContent-Disposition: form-data; name=\"model\"; filename=\"m.onnx\"\r\n\r\n").encode()
+    head = (
+        f'--{boundary}\r\nContent-Disposition: form-data; name="spec"\r\n\r\n{json.dumps({"target": "cpu-ort"})}'
+        f'\r\n--{boundary}\r\nContent-Disposition: form-data; name="model"; filename="m.onnx"\r\n\r\n'
+    ).encode()
 
     def body():  # a generator: httpx sends it chunked, with no Content-Length
         yield head
@@ -62,15 +64,21 @@ def test_oversize_streamed_upload_without_content_length_is_413(env, headers, sm
         yield f"\r\n--{boundary}--\r\n".encode()
 
     response = small_limit_client.post(
-        "/optimize", headers={**headers, "Content-Type": f"multipart/form-data; boundary={boundary}"}, content=body()
+        "/optimize",
+        headers={**headers, "Content-Type": f"multipart/form-data; boundary={boundary}"},
+        content=body(),
     )
     _assert_error(response, 413, "payload_too_large")
     assert _job_count(env, headers) == 0
 
 
 def test_declared_content_length_is_checked_first(env, headers, small_limit_client):
-    request = httpx.Request("POST", "http://testserver/optimize", headers={**headers, "Content-Length": "999999999",
-                            "Content-Type": "multipart/form-data; boundary=x"}, content=b"")
+    request = httpx.Request(
+        "POST",
+        "http://testserver/optimize",
+        headers={**headers, "Content-Length": "999999999", "Content-Type": "multipart/form-data; boundary=x"},
+        content=b"",
+    )
     response = small_limit_client.send(request)
     _assert_error(response, 413, "payload_too_large")
 
@@ -100,8 +108,11 @@ def test_model_without_graph_is_422(env, headers):
 
 
 def test_invalid_spec_is_422_with_field_errors(env, headers):
-    error = _assert_error(env.submit(headers, spec={"target": "cpu-ort", "objectiv": "latency",
-                                                    "latency_repeats": 0}), 422, "invalid_spec")
+    error = _assert_error(
+        env.submit(headers, spec={"target": "cpu-ort", "objectiv": "latency", "latency_repeats": 0}),
+        422,
+        "invalid_spec",
+    )
     locations = {tuple(d["loc"]) for d in error["details"]}
     assert ("objectiv",) in locations and ("latency_repeats",) in locations
     _assert_error(env.submit(headers, spec="{not json"), 422, "invalid_spec")
@@ -138,8 +149,12 @@ def test_quota_of_queued_jobs_is_429(env):
     env.client.delete(f"/jobs/{first}", headers=headers)
     assert env.submit(headers, model=tiny_onnx(0.3)).status_code == 202
     with env.sessions() as session:
-        assert session.scalar(select(func.count()).select_from(Job).where(Job.status == "queued",
-                                                                        Job.id.in_(env.enqueued))) == 2
+        assert (
+            session.scalar(
+                select(func.count()).select_from(Job).where(Job.status == "queued", Job.id.in_(env.enqueued))
+            )
+            == 2
+        )
 
 
 def test_framework_errors_use_the_error_shape(env, headers):

@@ -1,0 +1,36 @@
+"""The embedded path end to end: `flexdsa serve`'s app with its in-process worker runs a real job on SQLite,
+streams its progress, serves its artifacts, and answers the identical request from the whole-job cache."""
+
+from __future__ import annotations
+
+import json
+
+from fastapi.testclient import TestClient
+
+from service.app import create_app
+from service.config import Settings
+from tests.service.conftest import tiny_onnx
+
+
+def test_embedded_job_runs_to_completion(tmp_path):
+    settings = Settings(
+        data_dir=tmp_path
+    )  # no variables: SQLite, local store, in-process worker, no key needed
+    with TestClient(create_app(settings)) as client:
+        submit = lambda: client.post(  # noqa: E731
+            "/optimize",
+            files={"model": ("tiny.onnx", tiny_onnx())},
+            data={"spec": json.dumps({"target": "cpu-ort"})},
+        )
+        job_id = submit().json()["job_id"]
+        with client.stream("GET", f"/jobs/{job_id}/events") as response:
+            kinds = [
+                line.split(":", 1)[1].strip() for line in response.iter_lines() if line.startswith("event:")
+            ]
+        assert kinds[0] == "queued" and kinds[-1] == "end"
+        job = client.get(f"/jobs/{job_id}").json()
+        assert job["status"] == "succeeded", job["error"]
+        artifacts = client.get(f"/jobs/{job_id}/artifacts").json()["items"]
+        assert artifacts and all(client.get(a["url"]).status_code == 200 for a in artifacts)
+        again = submit().json()
+        assert again["cached"] is True and again["status"] == "succeeded"
