@@ -381,10 +381,12 @@ def _time_session(
     session.run_with_iobinding(binding)  # warm-up; ORT allocates the outputs
     for output, value in zip(session.get_outputs(), binding.get_outputs(), strict=True):
         binding.bind_ortvalue_output(output.name, value)  # reuse them: no allocation inside the timing
-    session.run_with_iobinding(binding)
+    warm = _timed(lambda: session.run_with_iobinding(binding))
+    # At least 5 runs, as many as fit the budget (at most 50); a kernel slower than the budget runs twice.
+    least = 5 if warm < budget_s / 5 else 2
     runs: list[float] = []
     started = time.perf_counter()
-    while len(runs) < 5 or (len(runs) < 50 and time.perf_counter() - started < budget_s):
+    while len(runs) < least or (len(runs) < 50 and time.perf_counter() - started < budget_s):
         tick = time.perf_counter()
         session.run_with_iobinding(binding)
         runs.append(time.perf_counter() - tick)
@@ -503,6 +505,8 @@ class CostModel:
         self.measure_budget_s = measure_budget_s
         self.stats = CacheStats()
         self.measure_seconds = 0.0
+        # Lowered (128 -> 64 -> ...) when a model refuses the default, e.g. a position table of 64.
+        self.representative_dim = REPRESENTATIVE_DIM
         self._notes: dict[str, None] = {}
         from flexdsa_core import __version__
 
@@ -545,12 +549,20 @@ class CostModel:
                             kernels=1, measured=1)  # fmt: skip
         return self._timed_cost(work(view), view)
 
-    def nodes_cost(self, nodes: Iterable[ir.Node], *, opsets: Mapping[str, int] | None = None) -> Cost:
-        """Cost of a set of nodes; values whose shapes the graph does not know (a rewrite's new
-        intermediates, contrib-op outputs) are found first by running the nodes once in ONNX Runtime."""
+    def nodes_cost(
+        self,
+        nodes: Iterable[ir.Node],
+        *,
+        opsets: Mapping[str, int] | None = None,
+        shapes: Mapping[ir.Value, TensorInfo] | None = None,
+    ) -> Cost:
+        """Cost of a set of nodes. Values with no static shape in the graph (a rewrite's new
+        intermediates, contrib-op outputs, symbolic dims) and not in ``shapes`` are found first by
+        running the nodes once in ONNX Runtime, so that every shape is consistent with its inputs."""
         nodes = list(nodes)
-        shapes = self.infer_shapes(nodes, opsets=opsets)
-        return sum((self.node_cost(n, opsets=opsets, shapes=shapes) for n in nodes), Cost())
+        known = dict(shapes or {})
+        known.update(self.infer_shapes(nodes, opsets=opsets, known=known))
+        return sum((self.node_cost(n, opsets=opsets, shapes=known) for n in nodes), Cost())
 
     def graph_cost(self, model: ir.Model) -> Cost:
         """Cost of the model's main graph (subgraphs of control-flow nodes are not descended into)."""
@@ -562,7 +574,11 @@ class CostModel:
             "target": self.target.name,
             "basis": self.basis,
             "energy_available": self.energy_available,
-            "representative_dims": {"batch": REPRESENTATIVE_BATCH, "other": REPRESENTATIVE_DIM, **self.dims},
+            "representative_dims": {
+                "batch": REPRESENTATIVE_BATCH,
+                "other": self.representative_dim,
+                **self.dims,
+            },
             "cache": self.stats.as_dict(),
             "measuring_seconds": round(self.measure_seconds, 4),
             "notes": self.notes,
@@ -570,7 +586,7 @@ class CostModel:
 
     # -- shapes ------------------------------------------------------------------------------------
 
-    def concrete(self, value: ir.Value, axis_names: Sequence[object] | None = None) -> TensorInfo | None:
+    def concrete(self, value: ir.Value) -> TensorInfo | None:
         """The value with every dim made concrete, or None when its shape or dtype is unknown."""
         if value.shape is None or value.dtype is None:
             return None
@@ -591,45 +607,61 @@ class CostModel:
         name = getattr(dim, "value", None)
         if name is not None and name in self.dims:
             return int(self.dims[name])
-        if name is None:
-            return REPRESENTATIVE_BATCH if axis == 0 else REPRESENTATIVE_DIM
-        return REPRESENTATIVE_BATCH if _BATCH_NAMES.match(str(name)) else REPRESENTATIVE_DIM
+        if name is None or str(name).startswith("unk__"):  # anonymous, or named by shape inference
+            return REPRESENTATIVE_BATCH if axis == 0 else self.representative_dim
+        return REPRESENTATIVE_BATCH if _BATCH_NAMES.match(str(name)) else self.representative_dim
 
     def infer_shapes(
-        self, nodes: Sequence[ir.Node], *, opsets: Mapping[str, int] | None = None
+        self,
+        nodes: Sequence[ir.Node],
+        *,
+        opsets: Mapping[str, int] | None = None,
+        known: Mapping[ir.Value, TensorInfo] | None = None,
     ) -> dict[ir.Value, TensorInfo]:
-        """Concrete shapes for the values the nodes produce but the graph has no shape for: the nodes
-        are run once in ONNX Runtime (no optimisation) on representative inputs. Best effort: values it
-        cannot reach stay unknown."""
-        produced = {out for n in nodes for out in n.outputs}
-        unknown = [v for v in produced if self.concrete(v) is None]
-        if not unknown:
+        """Concrete shapes for the values the nodes produce that have no static shape (and are not in
+        ``known``): the nodes are run once in ONNX Runtime (no optimisation) on representative inputs,
+        symbolic dims of the external inputs specialised as the module docstring says. Best effort:
+        when the run fails, nothing is returned and the graph's own (specialised) shapes are used."""
+        known = known or {}
+        produced = [out for n in nodes for out in n.outputs]
+        if all(v in known or _is_static(v) for v in produced):
             return {}
+        produced_set = set(produced)
+        # The graph's own names where it has them: control-flow subgraphs refer to outer values by name.
         names: dict[ir.Value, str] = {}
+        used: set[str] = set()
+
+        def name_of(value: ir.Value) -> str:
+            name = value.name if value.name and value.name not in used else f"_probe_{len(names)}"
+            names[value] = name
+            used.add(name)
+            return name
+
         external: list[ir.Value] = []
         for n in nodes:
             for value in n.inputs:
-                if value is not None and value not in produced and value not in names:
-                    names[value] = f"in{len(names)}"
+                if value is not None and value not in produced_set and value not in names:
+                    name_of(value)
                     external.append(value)
         for value in produced:
-            names[value] = f"v{len(names)}"
-        rng = np.random.default_rng(0)
-        proto_nodes, graph_inputs, initializers, feeds = [], [], [], {}
+            if value not in names:
+                name_of(value)
+        proto_nodes, graph_inputs, initializers, fed = [], [], [], []
         for value in external:
-            info = self.concrete(value)
+            info = known.get(value) or self.concrete(value)
             if info is None:
                 return {}
             if value.const_value is not None:
                 initializers.append(onnx.numpy_helper.from_array(value.const_value.numpy(), names[value]))
             else:
                 elem = onnx.helper.np_dtype_to_tensor_dtype(np.dtype(info.dtype))
-                graph_inputs.append(onnx.helper.make_tensor_value_info(names[value], elem, list(info.shape)))
-                feeds[names[value]] = _random_array(info.shape, info.dtype, rng)
+                dims = list(info.shape) if value in known else [_dim_proto(d) for d in value.shape]
+                graph_inputs.append(onnx.helper.make_tensor_value_info(names[value], elem, dims))
+                fed.append(value)
         for n in nodes:
             proto_nodes.append(_node_proto(n, [names.get(v, "") if v is not None else "" for v in n.inputs],
                                            [names[v] for v in n.outputs]))  # fmt: skip
-        outputs = [names[v] for v in produced]
+        outputs = list(dict.fromkeys(names[v] for v in produced))
         graph_outputs = []
         for name in outputs:
             value_info = onnx.ValueInfoProto()
@@ -642,22 +674,55 @@ class CostModel:
         model = onnx.helper.make_model(
             graph, opset_imports=[onnx.helper.make_opsetid(d, v) for d, v in opsets.items()], ir_version=10
         )
+        results = self._probe(model, outputs, fed, names, known, nodes)
+        if results is None:
+            return {}
+        found = {}
+        for value, array in zip(dict.fromkeys(produced), results, strict=True):
+            if isinstance(array, np.ndarray):
+                const = value.const_value is not None
+                # Small integers are shapes and axes: keep what the run computed, so that a Reshape fed
+                # by shape arithmetic can still be measured with its real target shape.
+                small = array if array.dtype.kind in "iu" and array.size <= _SMALL_CONST else None
+                found[value] = TensorInfo(tuple(array.shape), array.dtype.name, const, small)
+        return found
+
+    def _probe(self, model, outputs, fed, names, known, nodes) -> list | None:
+        """Run the probe model; where symbolic dims are fed, retry with smaller representative values
+        if the model refuses the current one (keeping the first that works for all later costing)."""
+        symbolic = any(v not in known and not _is_static(v) for v in fed)
+        candidates = [self.representative_dim]
+        if symbolic:
+            candidates += [d for d in (64, 32, 16, 8) if d < self.representative_dim]
         try:
             session = ort.InferenceSession(
                 model.SerializeToString(),
                 _session_options(_LEVELS["disabled"]),
                 providers=["CPUExecutionProvider"],
             )
-            results = session.run(outputs, feeds)
         except Exception as error:  # noqa: BLE001 - ORT raises many types; an unknown shape is not fatal
-            self._note(f"could not infer shapes by running {', '.join(sorted({n.op_type for n in nodes}))}: "
-                       f"{str(error).splitlines()[0][:160]}")  # fmt: skip
-            return {}
-        found = {}
-        for value, array in zip(produced, results, strict=True):
-            if isinstance(array, np.ndarray):
-                found[value] = TensorInfo(tuple(array.shape), array.dtype.name)
-        return found
+            self._note(f"could not infer shapes: {str(error).splitlines()[0][:160]}")
+            return None
+        chosen = self.representative_dim
+        for candidate in candidates:
+            self.representative_dim = candidate
+            rng = np.random.default_rng(0)
+            feeds = {}
+            for value in fed:
+                info = known.get(value) or self.concrete(value)
+                feeds[names[value]] = _random_array(info.shape, info.dtype, rng)
+            try:
+                results = session.run(outputs, feeds)
+            except Exception as error:  # noqa: BLE001
+                last_error = str(error).splitlines()[0][:160]
+                continue
+            if candidate != chosen:
+                self._note(f"symbolic dims costed at {candidate}, not {chosen}: the model refused {chosen}")
+            return results
+        self.representative_dim = chosen
+        ops = ", ".join(sorted({n.op_type for n in nodes}))
+        self._note(f"could not infer shapes by running {ops}: {last_error}")
+        return None
 
     def _opsets_of(self, node: ir.Node) -> Mapping[str, int]:
         graph = node.graph
@@ -710,6 +775,13 @@ class CostModel:
             attr.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS)
             for attr in node.attributes.values()
         ):
+            return None  # control flow: its cost is its subgraphs', not one kernel's
+        if any(
+            value is not None and value.const_value is None and info is not None and info.value is None
+            and np.dtype(info.dtype).kind in "iu" and node.op_type in _SHAPE_INPUT_OPS
+            for value, info in zip(node.inputs, view.inputs, strict=True)
+        ):  # fmt: skip
+            self._note(f"{node.op_type}: a shape input is neither constant nor known; not measured alone")
             return None
         opset = opsets.get(node.domain, _DEFAULT_OPSETS.get(node.domain, 1))
         key = self._key(node, view, opset)
@@ -717,6 +789,9 @@ class CostModel:
         if entry is not None:
             self.stats.hits += 1
             self.stats.seconds_saved += float(entry.get("measure_s", 0.0))
+            report_saved = getattr(self.cache, "saved", None)  # a StatsCache keeps the job's total
+            if callable(report_saved):
+                report_saved(float(entry.get("measure_s", 0.0)))
             return entry["seconds"] + self.target.launch_overhead_s
         self.stats.misses += 1
         entry = self._measure(node, view, opset, opsets)
@@ -772,10 +847,8 @@ class CostModel:
             if value is not None and value.const_value is not None:
                 constant = value.const_value.numpy()
             elif value is not None and info is not None:
-                if np.dtype(info.dtype).kind in "iu" and node.op_type in _SHAPE_INPUT_OPS:
-                    self._note(f"{node.op_type}: a shape input is not constant; not measured alone")
-                    return None
-                feeds[name] = _random_array(info.shape, info.dtype, rng)
+                known = info.value is not None
+                feeds[name] = np.asarray(info.value) if known else _random_array(info.shape, info.dtype, rng)
             inputs.append((name, info, constant))
         outputs = [f"o{index}" if live else "" for index, live in enumerate(_live_outputs(node))]
         proto = _node_proto(node, [name for name, _, _ in inputs], outputs)
@@ -825,6 +898,16 @@ _SHAPE_INPUT_OPS = frozenset(
     {"Reshape", "Expand", "Tile", "Slice", "ConstantOfShape", "Range", "Resize", "Pad", "TopK", "Squeeze",
      "Unsqueeze", "ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "Split", "OneHot", "Upsample"}
 )  # fmt: skip
+
+
+def _dim_proto(dim: object) -> int | str | None:
+    if isinstance(dim, int):
+        return dim
+    return getattr(dim, "value", None)
+
+
+def _is_static(value: ir.Value) -> bool:
+    return value.dtype is not None and value.shape is not None and value.shape.is_static()
 
 
 def _live_outputs(node: ir.Node) -> list[bool]:

@@ -15,8 +15,8 @@ For each rule, in ``order``:
    with the ``CostModel`` (measured kernels on cpu-ort, a roofline estimate elsewhere). The match is
    applied only if the gain pays for the objective:
 
-   * ``latency``: ``gain.seconds > margin`` (margin 2 % of the removed nodes' time when measured, so a
-     measured tie is refused as noise; 0 for estimates);
+   * ``latency``: ``gain.seconds > margin`` (when measured, margin = max(5 % of the removed nodes' time,
+     0.5 µs), so a measured tie is refused as noise; 0 for estimates);
    * ``energy``: ``gain.joules > 0`` (where the target has no power figure, energy is unavailable and the
      decision falls back to latency, said so in the plan);
    * ``balanced``: ``gain.seconds / before.seconds + gain.joules / before.joules > 0`` (the first-order
@@ -44,14 +44,16 @@ import onnx_ir.passes.common as ir_passes
 import onnxscript.optimizer
 from onnxscript.rewriter import RULE_NAME_TAG, MatchStatus, RewriteRule
 
-from flexdsa_core.cost_model import Cost, CostModel
+from flexdsa_core.cost_model import Cost, CostModel, TensorInfo
 from flexdsa_core.fusions import FusionRule, discover_rules
 from flexdsa_core.targets.spec import TargetSpec, op_key
 
 __all__ = ["FusionPlan", "FusionSwitcher"]
 
 Objective = Literal["latency", "energy", "balanced"]
-_MEASURED_NOISE = 0.02
+# A measured gain must beat timing noise: 5 % of the removed nodes' time and half a microsecond.
+_MEASURED_NOISE = 0.05
+_MEASURED_NOISE_S = 0.5e-6
 _MAX_REASONS = 10
 
 
@@ -145,12 +147,16 @@ class FusionSwitcher:
         self.objective = objective
         self.disabled = frozenset(disabled)
         self._notes: dict[str, None] = {}
+        # Concrete shapes by value name, found once per run by running the graph: symbolic dims are
+        # then specialised consistently across a match instead of one value at a time.
+        self._shapes: dict[str, TensorInfo] = {}
 
     def run(self, model: ir.Model, rules: Sequence[FusionRule] | None = None) -> FusionPlan:
         """Rewrite ``model`` in place to the chosen strategy and return the plan."""
         rules = sorted(rules if rules is not None else discover_rules(), key=lambda r: (r.order, r.name))
         plan = FusionPlan(self.target.name, self.objective, self.cost_model.basis)
         onnxscript.optimizer.basic_constant_propagation(model.graph)
+        self._shapes = self._graph_shapes(model)
         done_groups: set[str] = set()
         changed = False
         for rule in rules:
@@ -218,6 +224,30 @@ class FusionSwitcher:
             entries[rule.name] = entry
         plan.candidates.extend(entries[r.name] for r in group)
         return best is not None and bool(trials[best].taken)
+
+    def _graph_shapes(self, model: ir.Model) -> dict[str, TensorInfo]:
+        values = [v for n in model.graph for v in n.outputs]
+        if all(v.shape is not None and v.shape.is_static() and v.dtype is not None for v in values):
+            return {}
+        found = self.cost_model.infer_shapes(list(model.graph), opsets=model.opset_imports)
+        return {v.name: info for v, info in found.items() if v.name}
+
+    def _known_shapes(self, nodes: Sequence[ir.Node]) -> dict[ir.Value, TensorInfo]:
+        """The run-wide shapes of the values around ``nodes`` that already exist in the graph (never of
+        values the replacement creates: their names are not yet the graph's)."""
+        if not self._shapes:
+            return {}
+        inside = set(nodes)
+        known = {}
+        for node in nodes:
+            around = [*node.inputs, *(node.outputs if node.graph is not None else ())]
+            for value in around:
+                if value is None or value.const_value is not None or value.name not in self._shapes:
+                    continue
+                if node.graph is None and value.producer() in inside:
+                    continue
+                known[value] = self._shapes[value.name]
+        return known
 
     def _legality(self, rule: FusionRule) -> str | None:
         if rule.name in self.disabled or (rule.alternatives and rule.alternatives in self.disabled):
@@ -287,8 +317,8 @@ class FusionSwitcher:
             return _Judgement(False, f"refused: target {self.target.name} has no {', '.join(missing)}", kind)
         _carry_output_types(delta, added)
         opsets = model.opset_imports
-        before = self.cost_model.nodes_cost(removed, opsets=opsets)
-        after = self.cost_model.nodes_cost(added, opsets=opsets)
+        before = self.cost_model.nodes_cost(removed, opsets=opsets, shapes=self._known_shapes(removed))
+        after = self.cost_model.nodes_cost(added, opsets=opsets, shapes=self._known_shapes(added))
         gain_seconds = _minus(before.seconds, after.seconds)
         gain_joules = _minus(before.joules, after.joules)
         taken, basis = self._pays(before, after, gain_seconds, gain_joules)
@@ -318,7 +348,9 @@ class FusionSwitcher:
         if objective == "balanced":
             score = gain_seconds / (before.seconds or 1.0) + gain_joules / (before.joules or 1.0)
             return score > 0, f", energy {_mj(before.joules)} -> {_mj(after.joules)}"
-        margin = _MEASURED_NOISE * (before.seconds or 0.0) if after.measured and before.measured else 0.0
+        margin = 0.0
+        if after.measured and before.measured:
+            margin = max(_MEASURED_NOISE * (before.seconds or 0.0), _MEASURED_NOISE_S)
         if 0 < gain_seconds <= margin:
             return False, " (gain within measurement noise)"
         return gain_seconds > margin, ""
