@@ -123,7 +123,7 @@ class MemoryPlan:
         overwrites; offsets are aligned; the arena holds every tensor and respects both bounds.
         """
         problems = []
-        tensors = sorted(self.assignments.values(), key=lambda a: a.offset)
+        tensors = list(self.assignments.values())
         for a in tensors:
             if a.offset % self.alignment:
                 problems.append(f"{a.name!r} at offset {a.offset} is not {self.alignment}-byte aligned")
@@ -131,17 +131,20 @@ class MemoryPlan:
                 problems.append(
                     f"{a.name!r} ends at {a.offset + a.size}, past the arena ({self.arena_bytes})"
                 )
-        for i, a in enumerate(tensors):
-            for b in tensors[i + 1 :]:
-                if b.offset >= a.offset + a.aligned_size:
-                    break
-                lifetimes_overlap = a.start <= b.end and b.start <= a.end
+        # Two lifetimes overlap exactly when the earlier-born tensor is still live at the later one's birth,
+        # so each tensor is compared with what is live when it is born: O(tensors x live), not all pairs.
+        live: list[TensorAssignment] = []
+        for b in sorted(tensors, key=lambda t: t.start):
+            live = [a for a in live if a.end >= b.start]
+            for a in live:
+                share_bytes = a.offset < b.offset + b.aligned_size and b.offset < a.offset + a.aligned_size
                 in_place_pair = a.in_place_of == b.name or b.in_place_of == a.name
-                if lifetimes_overlap and not in_place_pair:
+                if share_bytes and not in_place_pair:
                     problems.append(
                         f"{a.name!r} [{a.start},{a.end}] and {b.name!r} [{b.start},{b.end}] are live together "
                         f"and overlap in the arena ({a.offset}+{a.size} vs {b.offset}+{b.size})"
                     )
+            live.append(b)
         if self.arena_bytes < self.peak_live_bytes:
             problems.append(
                 f"arena {self.arena_bytes} is below the peak-live lower bound {self.peak_live_bytes}"

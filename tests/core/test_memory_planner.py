@@ -268,3 +268,12 @@ def test_uses_by_nodes_outside_the_graph_are_ignored():
     plan = plan_memory(model)
     assert_sound(plan)
     assert plan.assignments["a"].end == 1
+
+
+def test_the_invariant_check_catches_a_broken_plan():
+    plan = plan_memory(parse(TRANSPOSE_CHAIN))
+    plan.assignments["b"].offset = plan.assignments["a"].offset  # 'a' is still read when 'b' is written
+    assert any("'a' [0,1] and 'b' [1,2] are live together" in p for p in plan.violations())
+    plan = plan_memory(parse(DIAMOND))
+    plan.assignments["c"].offset += 8
+    assert any("not 64-byte aligned" in p for p in plan.violations())
