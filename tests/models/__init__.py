@@ -29,7 +29,9 @@ def fixture(name: str) -> Path:
         raise KeyError(f"unknown model fixture {name!r}; known: {', '.join(FIXTURES)}")
     path = FIXTURES[name]
     if not path.is_file():
-        raise FileNotFoundError(f"{path} is missing; rebuild it with `python tests/models/build_fixtures.py {name}`")
+        raise FileNotFoundError(
+            f"{path} is missing; rebuild it with `python tests/models/build_fixtures.py {name}`"
+        )
     return path
 
 

@@ -161,7 +161,9 @@ class Bert(nn.Module):
         self.dropout = nn.Dropout(0.1)
         self.layers = nn.ModuleList(BertLayer(config) for _ in range(config.layers))
         self.pooler = nn.Linear(config.hidden, config.hidden)
-        self.register_buffer("position_ids", torch.arange(config.max_positions).unsqueeze(0), persistent=False)
+        self.register_buffer(
+            "position_ids", torch.arange(config.max_positions).unsqueeze(0), persistent=False
+        )
 
     def forward(self, input_ids, attention_mask, token_type_ids):
         seq = input_ids.shape[1]
@@ -172,7 +174,9 @@ class Bert(nn.Module):
         )
         hidden = self.dropout(self.embedding_norm(embeddings))
         # (batch, seq) of 1/0 -> (batch, 1, 1, seq) of 0 / large negative, added to the scores.
-        additive_mask = (1.0 - attention_mask[:, None, None, :].to(hidden.dtype)) * torch.finfo(hidden.dtype).min
+        additive_mask = (1.0 - attention_mask[:, None, None, :].to(hidden.dtype)) * torch.finfo(
+            hidden.dtype
+        ).min
         for layer in self.layers:
             hidden = layer(hidden, additive_mask)
         pooled = torch.tanh(self.pooler(hidden[:, 0]))
@@ -227,7 +231,9 @@ class Gpt2Attention(nn.Module):
         self.c_attn = nn.Linear(config.hidden, 3 * config.hidden)
         self.c_proj = nn.Linear(config.hidden, config.hidden)
         causal = torch.tril(torch.ones(config.max_positions, config.max_positions, dtype=torch.bool))
-        self.register_buffer("causal", causal.view(1, 1, config.max_positions, config.max_positions), persistent=False)
+        self.register_buffer(
+            "causal", causal.view(1, 1, config.max_positions, config.max_positions), persistent=False
+        )
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         q, k, v = self.c_attn(hidden).split(self.hidden, dim=2)
@@ -261,7 +267,9 @@ class Gpt2(nn.Module):
         self.wpe = nn.Embedding(config.max_positions, config.hidden)
         self.blocks = nn.ModuleList(Gpt2Block(config) for _ in range(config.layers))
         self.ln_f = nn.LayerNorm(config.hidden, eps=config.eps)
-        self.register_buffer("position_ids", torch.arange(config.max_positions).unsqueeze(0), persistent=False)
+        self.register_buffer(
+            "position_ids", torch.arange(config.max_positions).unsqueeze(0), persistent=False
+        )
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         seq = input_ids.shape[1]
@@ -395,7 +403,9 @@ class Llama(nn.Module):
         angles = torch.cat((angles, angles), dim=-1)
         self.register_buffer("cos_cached", angles.cos(), persistent=False)
         self.register_buffer("sin_cached", angles.sin(), persistent=False)
-        causal = torch.full((config.max_positions, config.max_positions), torch.finfo(torch.float32).min).triu(1)
+        causal = torch.full(
+            (config.max_positions, config.max_positions), torch.finfo(torch.float32).min
+        ).triu(1)
         self.register_buffer("causal_cached", causal, persistent=False)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -494,8 +504,13 @@ class Vit(nn.Module):
 
 def build_vit(config: VitConfig) -> ExportSpec:
     torch.manual_seed(config.seed)  # cls_token / pos_embed are drawn in __init__
-    pixels = torch.randn(config.batch, config.channels, config.image, config.image,
-                         generator=torch.Generator().manual_seed(config.seed + 1))
+    pixels = torch.randn(
+        config.batch,
+        config.channels,
+        config.image,
+        config.image,
+        generator=torch.Generator().manual_seed(config.seed + 1),
+    )
     return ExportSpec(
         module=_finish(Vit(config), config.seed),
         inputs=(pixels,),
@@ -563,7 +578,9 @@ class ResNet(nn.Module):
 
 
 def _image_spec(module: nn.Module, config, seed: int) -> ExportSpec:
-    pixels = torch.randn(config.batch, 3, config.image, config.image, generator=torch.Generator().manual_seed(seed + 1))
+    pixels = torch.randn(
+        config.batch, 3, config.image, config.image, generator=torch.Generator().manual_seed(seed + 1)
+    )
     return ExportSpec(
         module=_finish(module, seed),
         inputs=(pixels,),
@@ -582,7 +599,15 @@ def build_resnet(config: ResNetConfig) -> ExportSpec:
 # ----------------------------------------------------------------------------------------------------
 
 # (expansion t, channels c, repeats n, stride s) of the MobileNetV2 paper, table 2.
-MOBILENET_V2_STAGES = ((1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1), (6, 160, 3, 2), (6, 320, 1, 1))
+MOBILENET_V2_STAGES = (
+    (1, 16, 1, 1),
+    (6, 24, 2, 2),
+    (6, 32, 3, 2),
+    (6, 64, 4, 2),
+    (6, 96, 3, 1),
+    (6, 160, 3, 2),
+    (6, 320, 1, 1),
+)
 
 
 @dataclass(frozen=True)
@@ -601,7 +626,9 @@ def _make_divisible(value: float, divisor: int = 8) -> int:
     return rounded + divisor if rounded < 0.9 * value else rounded
 
 
-def _conv_bn_relu6(in_channels: int, out_channels: int, kernel: int, stride: int, groups: int = 1) -> nn.Sequential:
+def _conv_bn_relu6(
+    in_channels: int, out_channels: int, kernel: int, stride: int, groups: int = 1
+) -> nn.Sequential:
     return nn.Sequential(
         nn.Conv2d(in_channels, out_channels, kernel, stride, kernel // 2, groups=groups, bias=False),
         nn.BatchNorm2d(out_channels),
@@ -634,7 +661,9 @@ class MobileNetV2(nn.Module):
         for expansion, channels, repeats, stride in MOBILENET_V2_STAGES:
             out_channels = _make_divisible(channels * config.width)
             for index in range(min(repeats, config.max_repeats)):
-                layers.append(InvertedResidual(in_channels, out_channels, stride if index == 0 else 1, expansion))
+                layers.append(
+                    InvertedResidual(in_channels, out_channels, stride if index == 0 else 1, expansion)
+                )
                 in_channels = out_channels
         layers.append(_conv_bn_relu6(in_channels, config.last_channels, 1, 1))
         self.features = nn.Sequential(*layers)
@@ -668,21 +697,32 @@ ARCHITECTURES: dict[str, Architecture] = {
         build_bert,
         tiny=BertConfig(),
         # BERT-base width, 4 of its 12 layers.
-        bench=BertConfig(vocab_size=30522, hidden=768, layers=4, heads=12, intermediate=3072, max_positions=512, seq=128),
+        bench=BertConfig(
+            vocab_size=30522, hidden=768, layers=4, heads=12, intermediate=3072, max_positions=512, seq=128
+        ),
         kind="text",
     ),
     "gpt2": Architecture(
         build_gpt2,
         tiny=Gpt2Config(),
         # GPT-2 small width, 4 of its 12 layers; the 50257-token LM head is part of the cost.
-        bench=Gpt2Config(vocab_size=50257, hidden=768, layers=4, heads=12, intermediate=3072, max_positions=1024, seq=128),
+        bench=Gpt2Config(
+            vocab_size=50257, hidden=768, layers=4, heads=12, intermediate=3072, max_positions=1024, seq=128
+        ),
         kind="text",
     ),
     "llama": Architecture(
         build_llama,
         tiny=LlamaConfig(),
         bench=LlamaConfig(
-            vocab_size=32000, hidden=768, layers=4, heads=12, kv_heads=4, intermediate=2048, max_positions=2048, seq=128
+            vocab_size=32000,
+            hidden=768,
+            layers=4,
+            heads=12,
+            kv_heads=4,
+            intermediate=2048,
+            max_positions=2048,
+            seq=128,
         ),
         kind="text",
     ),
@@ -696,7 +736,9 @@ ARCHITECTURES: dict[str, Architecture] = {
     "resnet": Architecture(
         build_resnet,
         tiny=ResNetConfig(),
-        bench=ResNetConfig(image=224, widths=(64, 128, 256, 512), blocks=(2, 2, 2, 2), classes=1000),  # ResNet-18
+        bench=ResNetConfig(
+            image=224, widths=(64, 128, 256, 512), blocks=(2, 2, 2, 2), classes=1000
+        ),  # ResNet-18
         kind="vision",
     ),
     "mobilenetv2": Architecture(

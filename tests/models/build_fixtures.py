@@ -55,11 +55,15 @@ def build(name: str) -> Path:
     # Same weights (same seed), other shapes: the exported graph must not have baked the export shape in.
     diffs.append(_max_abs_diff(path, export_spec(name, "tiny", **OTHER_SHAPES[arch.kind])))
     if max(diffs) > ATOL:
-        raise SystemExit(f"{name}: ONNX Runtime differs from PyTorch by {max(diffs):.2e} (> {ATOL}); fixture not usable")
+        raise SystemExit(
+            f"{name}: ONNX Runtime differs from PyTorch by {max(diffs):.2e} (> {ATOL}); fixture not usable"
+        )
 
     model = onnx.load(str(path))
-    print(f"{name:12s} {path.stat().st_size / 1024:7.0f} KB  {len(model.graph.node):4d} nodes  "
-          f"opset {model.opset_import[0].version}  max |ort - torch| {max(diffs):.1e}")
+    print(
+        f"{name:12s} {path.stat().st_size / 1024:7.0f} KB  {len(model.graph.node):4d} nodes  "
+        f"opset {model.opset_import[0].version}  max |ort - torch| {max(diffs):.1e}"
+    )
     if name in EXAMPLE_COPIES:
         EXAMPLE_COPIES[name].parent.mkdir(exist_ok=True)
         shutil.copyfile(path, EXAMPLE_COPIES[name])
@@ -68,7 +72,9 @@ def build(name: str) -> Path:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("names", nargs="*", help=f"fixtures to rebuild, of {', '.join(ARCHITECTURES)} (default: all)")
+    parser.add_argument(
+        "names", nargs="*", help=f"fixtures to rebuild, of {', '.join(ARCHITECTURES)} (default: all)"
+    )
     args = parser.parse_args(argv)
     unknown = sorted(set(args.names) - set(ARCHITECTURES))
     if unknown:
