@@ -9,7 +9,9 @@ The core, as PyTorch exporters write it for BERT/GPT-2/ViT-style blocks (q, k, v
 The key's transpose is either one ``perm=[0, 2, 3, 1]`` or heads() then ``perm=[0, 1, 3, 2]``; the scale is a
 Div or Mul after the first MatMul, or (``F.scaled_dot_product_attention``'s export) a Mul on each of q
 and kᵀ by sqrt(scale); the mask is any float tensor added to the scores (BERT's [B, 1, 1, T], a causal
-[S, T], ...); an inference Dropout may follow the Softmax.
+[S, T], ...); GPT-2's causal ``Where(causal, scores, lowest)`` with a constant condition becomes a
+constant additive bias (where(causal, 0, lowest): the same Softmax to float32 rounding); an inference
+Dropout may follow the Softmax.
 
 - ``multihead_attention``: the core → ``com.microsoft::MultiHeadAttention(q, k, v, attention_bias=mask)``.
 - ``attention``: the core with its three projections ``x @ W + b`` from one input x (self-attention,
@@ -81,6 +83,12 @@ class _AttentionBase(pattern.RewriteRuleClassBase):
             tag_var="qk_scaling",
             tag_values=["Div", "Mul", "None"],
         )
+        # GPT-2's causal mask: Where(causal, scores, lowest float), turned into an additive bias.
+        scores = pattern.OrValue(
+            [op.Where(pattern.Var("causal"), scores, pattern.Var("fill")), scores],
+            tag_var="has_causal",
+            tag_values=[True, False],
+        )
         scores = pattern.OrValue(
             [_either(op.Add, scores, mask), scores], tag_var="has_mask", tag_values=[True, False]
         )
@@ -151,21 +159,27 @@ class _AttentionBase(pattern.RewriteRuleClassBase):
         self._head_size = head_size
 
         self._mask = bindings.get("mask") if bindings.get("has_mask") else None
-        self._expand_mask = False
+        bias_shapes = []
         if self._mask is not None:
             mask = self._mask
             if mask.dtype != ir.DataType.FLOAT:
                 return f"The mask '{mask.name}' is {mask.dtype}, not a float32 additive mask."
             if mask.shape is not None and mask.shape.rank() > 4:
                 return f"The mask '{mask.name}' has rank {mask.shape.rank()} > 4."
-            # MHA/Attention broadcast the bias over batch and heads only: [B|1, H|1, S, T].
-            query_length = q_dims[1]
-            self._expand_mask = not (
-                mask.shape is not None
-                and mask.shape.rank() == 4
-                and isinstance(query_length, int)
-                and mask.shape[2] == query_length
-            )
+            bias_shapes.append(mask.shape)
+        self._causal = None
+        if bindings.get("has_causal"):
+            causal, fill = bindings["causal"], bindings["fill"]
+            condition = None if causal.is_graph_input() else _ir_utils.get_numpy_value(causal)
+            fill_value = _const_scalar(fill)
+            if condition is None or condition.dtype != np.bool_ or condition.ndim > 4 or fill_value is None:
+                return "The Where before the Softmax is not a constant boolean mask with a constant fill."
+            self._causal = (causal, np.where(condition, 0.0, fill_value).astype(np.float32))
+            bias_shapes.append(ir.Shape(condition.shape))
+        # MHA/Attention broadcast the bias over batch and heads only ([B|1, H|1, S, T]): expand it unless
+        # its shape is known to be that already.
+        self._expand_bias = bool(bias_shapes) and not _is_full_bias(bias_shapes, q_dims[1], k_dims[1])
+        self._lengths = (q_dims[1], k_dims[1])
         return None
 
     @staticmethod
@@ -173,13 +187,37 @@ class _AttentionBase(pattern.RewriteRuleClassBase):
         imports = context.model.opset_imports
         return imports.get("", imports.get("ai.onnx", 1))
 
-    def attention_bias(self, op, query):
-        """The mask as the fused ops take it ([B|1, H|1, S, T]), or None."""
-        if self._mask is None or not self._expand_mask:
-            return self._mask
+    def setup(self):
+        self._causal_biases: dict[ir.Value, ir.Value] = {}
+
+    def attention_bias(self, op, query, key):
+        """The additive mask (and the causal mask as a bias) as the fused ops take it, or None."""
+        bias = None
+        if self._causal is not None:
+            condition, additive = self._causal
+            bias = self._causal_biases.get(condition)
+            if bias is None:  # one bias initializer per causal mask, shared by every layer that uses it
+                bias = op.initializer(ir.tensor(additive), name=f"{condition.name}__additive_bias")
+                self._causal_biases[condition] = bias
+        if self._mask is not None:
+            bias = self._mask if bias is None else op.Add(bias, self._mask)
+        if bias is None or not self._expand_bias:
+            return bias
+        if all(isinstance(length, int) for length in self._lengths):
+            return op.Expand(bias, op.Constant(value_ints=[1, 1, *self._lengths]))
         one = op.Constant(value_ints=[1])
-        query_length = op.Shape(query, start=1, end=2)
-        return op.Expand(self._mask, op.Concat(one, one, query_length, one, axis=0))
+        lengths = (op.Shape(query, start=1, end=2), op.Shape(key, start=1, end=2))
+        return op.Expand(bias, op.Concat(one, one, *lengths, axis=0))
+
+
+def _is_full_bias(shapes: list[ir.Shape | None], query_length, key_length) -> bool:
+    """Whether the broadcast of ``shapes`` is known to be [*, *, query_length, key_length]."""
+    if any(shape is None or not all(isinstance(d, int) for d in shape) for shape in shapes):
+        return False
+    if not isinstance(query_length, int) or not isinstance(key_length, int):
+        return False
+    broadcast = np.broadcast_shapes(*(tuple(shape) for shape in shapes))
+    return len(broadcast) == 4 and broadcast[2:] == (query_length, key_length)
 
 
 class MultiHeadAttentionFusion(_AttentionBase):
@@ -198,7 +236,7 @@ class MultiHeadAttentionFusion(_AttentionBase):
         return result
 
     def rewrite(self, op, query, key, value, **_):
-        mask = self.attention_bias(op, query)
+        mask = self.attention_bias(op, query, key)
         inputs = [query, key, value] + ([None, None, mask] if mask is not None else [])
         return op.MultiHeadAttention(
             *inputs, num_heads=self._num_heads, scale=self._scale, _domain="com.microsoft"
@@ -254,7 +292,7 @@ class AttentionFusion(_AttentionBase):
     def rewrite(self, op, x, wq, **_):
         weight = op.initializer(ir.tensor(self._packed_weight), name=f"{wq.name}__qkv_weight")
         bias = op.initializer(ir.tensor(self._packed_bias), name=f"{wq.name}__qkv_bias")
-        mask = self.attention_bias(op, x)
+        mask = self.attention_bias(op, x, x)
         inputs = [x, weight, bias] + ([None, None, mask] if mask is not None else [])
         return op.Attention(
             *inputs,

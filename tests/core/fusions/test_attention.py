@@ -101,7 +101,7 @@ def fuse(rule_name: str, text: str, expected_ops: list[str], *, count: int = 1) 
     rng = np.random.default_rng(0)
     feeds = {}
     for value in original.graph.input:
-        shape = [d.dim_value for d in value.type.tensor_type.shape.dim]
+        shape = [d.dim_value or 3 for d in value.type.tensor_type.shape.dim]  # symbolic dims: 3
         feeds[value.name] = rng.standard_normal(shape).astype(np.float32)
     if "mask" in feeds:  # an additive padding mask: 0 where attended, -10000 where masked
         feeds["mask"] = np.where(rng.random(feeds["mask"].shape) < 0.3, -10000.0, 0.0).astype(np.float32)
@@ -117,7 +117,7 @@ def refused(rule_name: str, text: str) -> None:
     assert op_types(fused) == op_types(original)
 
 
-_EXPAND = ["Constant", "Shape", "Concat", "Expand"]
+_EXPAND = ["Constant", "Expand"]  # the mask broadcast to [.., S, T], which the fused ops need
 
 
 @pytest.mark.parametrize("key", [KEY_COMPOSED, KEY_TWO_STEP], ids=["key-0231", "key-heads-then-0132"])
@@ -140,6 +140,50 @@ def test_mha_passes_a_full_mask_as_is_and_takes_it_on_the_left():
 
 def test_mha_expands_a_causal_2d_mask():
     fuse("multihead_attention", mha_graph(core(), mask_shape=f"[{S}, {S}]"), [*_EXPAND, "MultiHeadAttention"])
+
+
+def test_mha_with_symbolic_batch_and_sequence_expands_through_shapes():
+    text = (
+        mha_graph(core())
+        .replace(f"[{B}, {S}, {D}]", f"[batch, seq, {D}]")
+        .replace(f"[{B}, 1, 1, {S}]", "[batch, 1, 1, seq]")
+    )
+    fuse(
+        "multihead_attention", text, ["Constant", "Shape", "Shape", "Concat", "Expand", "MultiHeadAttention"]
+    )
+
+
+_LOWEST = "-3.4028234663852886e38"
+_CAUSAL = ", ".join("1" if j <= i else "0" for i in range(S) for j in range(S))
+# GPT-2 (eager attention): scores / sqrt(Dh), then Where(causal, scores, lowest float), then + padding mask.
+GPT2_CAUSAL = core(mask=None).replace(
+    "sc = Div (qk, sqrt_dh)", "sd = Div (qk, sqrt_dh)\n    sc = Where (causal, sd, lowest)"
+)
+
+
+def gpt2_graph(body: str) -> str:
+    return mha_graph(body).replace(
+        "float sqrt_dh",
+        f"bool[1, 1, {S}, {S}] causal = {{{_CAUSAL}}}, float lowest = {{{_LOWEST}}}, float sqrt_dh",
+    )
+
+
+def test_mha_turns_gpt2_causal_where_into_a_bias():
+    fused = fuse("multihead_attention", gpt2_graph(GPT2_CAUSAL), ["MultiHeadAttention"])
+    assert any(init.name.endswith("__additive_bias") for init in fused.graph.initializer)
+
+
+def test_mha_adds_gpt2_causal_and_padding_masks():
+    body = GPT2_CAUSAL.replace(
+        "p = Softmax <axis = -1> (sc)", "m = Add (sc, mask)\n    p = Softmax <axis = -1> (m)"
+    )
+    fuse("multihead_attention", gpt2_graph(body), ["Add", "MultiHeadAttention"])
+
+
+def test_mha_refuses_a_causal_condition_that_is_an_input():
+    text = gpt2_graph(GPT2_CAUSAL).replace(f"bool[1, 1, {S}, {S}] causal = {{{_CAUSAL}}}, ", "")
+    text = text.replace("(float[2, 4, 8] q", f"(bool[1, 1, {S}, {S}] causal, float[2, 4, 8] q")
+    refused("multihead_attention", text)
 
 
 @pytest.mark.parametrize(
