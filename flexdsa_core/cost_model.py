@@ -59,6 +59,7 @@ import onnx
 import onnx_ir as ir
 import onnxruntime as ort
 
+from flexdsa_core import __version__
 from flexdsa_core.cache import CacheStats, KernelCache, LRUCache, kernel_key
 from flexdsa_core.targets.spec import TargetSpec, op_key
 
@@ -508,8 +509,6 @@ class CostModel:
         # Lowered (128 -> 64 -> ...) when a model refuses the default, e.g. a position table of 64.
         self.representative_dim = REPRESENTATIVE_DIM
         self._notes: dict[str, None] = {}
-        from flexdsa_core import __version__
-
         self.compiler_version = f"{__version__}+ort{ort.__version__}"
 
     # -- public ------------------------------------------------------------------------------------
@@ -542,12 +541,12 @@ class CostModel:
         if view is None:
             self._note(f"{node.op_type}: input shapes unknown; costed as one launch")
             return self._timed_cost(Cost(), None)
+        base = work(view)
         if self.measuring:
             seconds = self._measured_seconds(node, view, opsets or self._opsets_of(node))
             if seconds is not None:
-                return Cost(flops=work(view).flops, bytes=work(view).bytes, seconds=seconds, joules=None,
-                            kernels=1, measured=1)  # fmt: skip
-        return self._timed_cost(work(view), view)
+                return Cost(base.flops, base.bytes, seconds=seconds, joules=None, kernels=1, measured=1)
+        return self._timed_cost(base, view)
 
     def nodes_cost(
         self,

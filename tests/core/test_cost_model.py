@@ -172,6 +172,22 @@ def test_unknown_intermediate_shapes_are_found_by_running_the_nodes():
     assert cost.flops == 32 * 64 + 2 * 32 * 16 * 64
 
 
+def test_symbolic_dims_are_lowered_when_the_model_refuses_128():
+    # A table of 64 positions: seq = 128 cannot run, so the cost model costs seq at 64 and says so.
+    text = """
+    <ir_version: 10, opset_import: ["" : 18]>
+    g (float[batch,seq,8] x) => (float[batch,seq,8] y)
+    {
+      y = Add(x, table)
+    }
+    """
+    cost_model = CostModel(NPU)
+    cost = cost_model.graph_cost(_model(text, table=(1, 64, 8)))
+    assert cost.flops == 64 * 8
+    assert any("costed at 64" in note for note in cost_model.notes)
+    assert cost_model.describe()["representative_dims"]["other"] == 64
+
+
 # -- measured kernels (cpu-ort) ----------------------------------------------------------------------
 
 TWO_LAYERS = """

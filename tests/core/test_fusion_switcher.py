@@ -99,14 +99,21 @@ def _relu_model() -> ir.Model:
     return ir.serde.deserialize_model(onnx.parser.parse_model(RELU_MODEL))
 
 
-def _skip_ln_model() -> ir.Model:
-    text = """
+def _skip_ln_model(seqs: tuple[int, ...] = (128,)) -> ir.Model:
+    """One Add + LayerNormalization block per sequence length, on inputs of [1, seq, 768]."""
+    inputs = ", ".join(f"float[1,{n},768] x{i}, float[1,{n},768] s{i}" for i, n in enumerate(seqs))
+    outputs = ", ".join(f"float[1,{n},768] y{i}" for i, n in enumerate(seqs))
+    infos = ", ".join(f"float[1,{n},768] t{i}" for i, n in enumerate(seqs))
+    body = "\n".join(
+        f"t{i} = Add(x{i}, s{i})\ny{i} = LayerNormalization<axis=-1, epsilon=1e-5>(t{i}, gamma, beta)"
+        for i in range(len(seqs))
+    )
+    text = f"""
     <ir_version: 10, opset_import: ["" : 18]>
-    g (float[1,128,768] x, float[1,128,768] s) => (float[1,128,768] y) <float[1,128,768] t>
-    {
-      t = Add(x, s)
-      y = LayerNormalization<axis=-1, epsilon=1e-5>(t, gamma, beta)
-    }
+    g ({inputs}) => ({outputs}) <{infos}>
+    {{
+      {body}
+    }}
     """
     proto = onnx.parser.parse_model(text)
     rng = np.random.default_rng(0)
@@ -117,14 +124,14 @@ def _skip_ln_model() -> ir.Model:
     return ir.serde.deserialize_model(proto)
 
 
-def _fused_skip_ln_node() -> ir.Node:
+def _fused_skip_ln_node(seq: int = 128) -> ir.Node:
     """The node the rule will build, in a model of its own, to compute its cache key."""
-    text = """
+    text = f"""
     <ir_version: 10, opset_import: ["" : 18, "com.microsoft" : 1]>
-    g (float[1,128,768] x, float[1,128,768] s) => (float[1,128,768] y)
-    {
+    g (float[1,{seq},768] x, float[1,{seq},768] s) => (float[1,{seq},768] y)
+    {{
       y = com.microsoft.SkipLayerNormalization<epsilon=1e-5>(x, s, gamma, beta)
-    }
+    }}
     """
     proto = onnx.parser.parse_model(text)
     for name in ("gamma", "beta"):
@@ -237,6 +244,22 @@ def test_skip_layer_norm_decided_by_measurement(fused_s, decision):
     assert _ops(model) == expected
 
 
+def test_decides_per_match_a_fusion_can_pay_at_one_shape_and_not_another():
+    model = _skip_ln_model(seqs=(128, 4))
+    switcher = _cpu_switcher()
+    for node in model.graph:
+        _seed(switcher.cost_model, node, 20e-6 if node.op_type == "Add" else 60e-6)
+    _seed(switcher.cost_model, _fused_skip_ln_node(128), 400e-6)  # slower than unfused at seq 128
+    _seed(switcher.cost_model, _fused_skip_ln_node(4), 5e-6)  # faster at seq 4
+    plan = switcher.run(model, [SKIP_LN])
+    entry = _entry(plan, "test_skip_layer_norm")
+    assert entry["decision"] == "partly taken"
+    assert (entry["matches"], entry["taken"], entry["refused"]) == (2, 1, 1)
+    assert sorted(_ops(model)) == ["Add", "LayerNormalization", "SkipLayerNormalization"]
+    fused = next(n for n in model.graph if n.op_type == "SkipLayerNormalization")
+    assert list(fused.outputs[0].shape) == [1, 4, 768]
+
+
 # -- estimates (vendor roofline) and objectives -------------------------------------------------------
 
 
@@ -257,6 +280,19 @@ def test_energy_objective_without_power_figures_falls_back_to_latency_and_says_s
     plan = _cpu_switcher(objective="energy").run(model, [DEDUPE_RELU])
     assert _entry(plan, "test_dedupe_relu")["decision"] == "taken"
     assert any("energy is unavailable" in note for note in plan.notes)
+
+
+def test_balanced_objective_uses_time_and_energy():
+    model = _relu_model()
+    plan = _npu_switcher(objective="balanced").run(model, [DEDUPE_RELU, BLOAT])
+    assert plan.applied == ["test_dedupe_relu"]
+    assert _entry(plan, "test_dedupe_relu")["estimated_gain"]["joules"] > 0
+    assert not any("energy is unavailable" in note for note in plan.notes)
+
+
+def test_unknown_objective_is_refused():
+    with pytest.raises(ValueError, match="objective"):
+        _npu_switcher(objective="throughput")
 
 
 def test_alternatives_pick_the_cheapest():
