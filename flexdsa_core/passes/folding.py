@@ -12,7 +12,8 @@ it evaluate:
   the input shapes are static, ``Shape → Gather → Unsqueeze → Concat → Reshape`` becomes a Reshape by a
   constant.
 
-The producers a fold leaves unused are removed in the same pass.
+The producers a fold leaves unused are removed in the same pass, and ``constant_folding`` also turns
+Constant nodes into initializers.
 """
 
 from __future__ import annotations
@@ -62,7 +63,9 @@ class _FencedFoldPass(ir.passes.InPlacePass):
 
 
 class ConstantFoldingPass(_FencedFoldPass):
-    """Nodes whose inputs are all constant → initializers, within ``max_fold_bytes``."""
+    """Nodes whose inputs are all constant → initializers, within ``max_fold_bytes``; Constant nodes
+    (exporter leftovers, coefficients made by other rewrites) → initializers too, since a target holds
+    weights, not Constant ops."""
 
     name = "constant_folding"
 
@@ -76,6 +79,11 @@ class ConstantFoldingPass(_FencedFoldPass):
                 should_fold=self._should_fold,
             )
         )
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        modified = super().call(model).modified
+        lifted = common_passes.LiftConstantsToInitializersPass(lift_all_constants=True, size_limit=0)(model)
+        return ir.passes.PassResult(model, modified or lifted.modified)
 
     def _should_fold(self, node: ir.Node) -> bool | None:
         """False when folding could load or create a tensor above the cap; None defers to onnxscript."""

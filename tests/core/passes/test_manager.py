@@ -124,7 +124,6 @@ def test_whole_pipeline_on_an_exporter_style_block():
         "MatMul",
         "Add",
         "Reshape",
-        "Constant",
         "Mul",
         "Relu",
         "Add",
