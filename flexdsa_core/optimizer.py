@@ -23,7 +23,7 @@ from pathlib import Path
 import onnx
 import onnx_ir as ir
 
-from flexdsa_core.cache import KernelCache, NullCache, StatsCache
+from flexdsa_core.cache import KernelCache, LayeredCache, LRUCache, StatsCache
 from flexdsa_core.cost_model import CostModel
 from flexdsa_core.errors import ValidationFailedError
 from flexdsa_core.fusion_switcher import FusionSwitcher
@@ -226,7 +226,10 @@ class FlexDSAOptimizer:
     ) -> OptimizeResult:
         options = options or OptimizeOptions()
         report_progress = _Progress(progress)
-        cache = cache if isinstance(cache, StatsCache) else StatsCache(cache or NullCache())
+        # An in-process LRU always sits in front: identical layers in one model (and the recompiles of the
+        # bisection) measure once, whatever the caller's cache is.
+        if not isinstance(cache, StatsCache):
+            cache = StatsCache(LayeredCache(LRUCache(), cache) if cache is not None else LRUCache())
         stage_seconds: Counter = Counter()
         workdir = Path(tempfile.mkdtemp(prefix="flexdsa-"))
         started = time.perf_counter()
@@ -478,8 +481,16 @@ class FlexDSAOptimizer:
                 )
                 comp = candidate
                 measured = timings(comp)
+        slower = measured["optimized"] > measured["original"] * SLOWER_THAN
         return comp, {
             "measured": True,
+            "slower_than_original": slower,
+            "note": (
+                "optimised model measured slower and no single rewrite explains it (timing noise at this size, "
+                "or the runtime's own fusions)"
+                if slower
+                else None
+            ),
             "engine": "onnxruntime CPUExecutionProvider",
             "graph_optimization_level": "ORT_ENABLE_ALL",
             "intra_op_threads": 1,

@@ -51,7 +51,7 @@ class PlatformAdapter:
         return files
 
     def model_filename(self, bucket: BucketModel) -> str:
-        return "model.onnx" if bucket.name == "dynamic" else f"model.{bucket.name}.onnx"
+        return "model.onnx" if bucket.name in ("dynamic", "static") else f"model.{bucket.name}.onnx"
 
     def manifest(self, buckets: list[BucketModel], target: TargetSpec, report: dict) -> dict:
         return {
@@ -61,5 +61,7 @@ class PlatformAdapter:
                 {"name": b.name, "file": self.model_filename(b), "input_shapes": b.input_shapes}
                 for b in buckets
             ],
+            # How run-time shapes map to buckets (the Shape Tracker's manifest).
+            "shapes": report.get("shapes", {}).get("manifest"),
             "converter": target.converter.model_dump() if target.converter else None,
         }
