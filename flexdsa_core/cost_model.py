@@ -509,6 +509,7 @@ class CostModel:
         # Lowered (128 -> 64 -> ...) when a model refuses the default, e.g. a position table of 64.
         self.representative_dim = REPRESENTATIVE_DIM
         self._notes: dict[str, None] = {}
+        self._memo: dict[str, dict] = {}
         self.compiler_version = f"{__version__}+ort{ort.__version__}"
 
     # -- public ------------------------------------------------------------------------------------
@@ -875,14 +876,26 @@ class CostModel:
         }
 
     def _cache_get(self, key: str) -> dict | None:
-        try:
-            raw = self.cache.get(key)
-            return json.loads(raw) if raw is not None else None
-        except Exception:  # noqa: BLE001 - a broken cache is a cache that misses
-            return None
+        """This model's own memo first (identical layers of one job measure once even when the caller
+        passes no cache, or a NullCache), then the shared cache."""
+        layer = "memo"
+        entry = self._memo.get(key)
+        if entry is None:
+            layer = getattr(self.cache, "name", "cache")
+            try:
+                raw = self.cache.get(key)
+                entry = json.loads(raw) if raw is not None else None
+            except Exception:  # noqa: BLE001 - a broken cache is a cache that misses
+                entry = None
+            if entry is None:
+                return None
+            self._memo[key] = entry
+        self.stats.by_layer[layer] = self.stats.by_layer.get(layer, 0) + 1
+        return entry
 
     def _cache_put(self, key: str, entry: dict) -> None:
         self.stats.puts += 1
+        self._memo[key] = entry
         try:
             self.cache.put(key, json.dumps(entry).encode())
         except Exception:  # noqa: BLE001 - a broken cache is a cache that misses
