@@ -242,7 +242,15 @@ def _check_external_data(model: ir.Model, folder: Path) -> dict[str, int]:
                 "model together with its data files, in the same folder layout.",
                 details={"tensor": name, "location": location},
             )
-        size = target.stat().st_size
+        stat = target.stat()
+        if stat.st_nlink > 1:  # onnx and onnx_ir refuse these too: a hard link can alias any file
+            raise ExternalDataError(
+                f"Tensor '{name}': the external data file '{location}' has {stat.st_nlink} hard links, so it "
+                "could alias a file outside the model's folder. Store uploaded data files as copies, not "
+                "hard links.",
+                details={"tensor": name, "location": location},
+            )
+        size = stat.st_size
         offset = tensor.offset or 0
         length = tensor.length if tensor.length is not None else tensor.nbytes
         if offset + length > size or length < tensor.nbytes:
@@ -331,7 +339,7 @@ def _run_checker(model: onnx.ModelProto | Path) -> None:
         else:
             onnx.checker.check_model(model)
     except onnx.checker.ValidationError as err:
-        message = str(err).strip().splitlines()[0] if str(err).strip() else "no details"
+        message = str(err).strip().splitlines()[0].rstrip(".") if str(err).strip() else "no details"
         raise InvalidModelError(
             f"The ONNX checker rejects the model: {message}. Fix the exporter output (the ONNX checker "
             "reports the same with onnx.checker.check_model(path)).",

@@ -346,3 +346,10 @@ def test_truncated_external_file_is_refused(tmp_path):
         stream.truncate(100)
     with pytest.raises(ExternalDataError, match="truncated"):
         ingest(path)
+
+
+def test_hard_linked_external_file_is_refused(tmp_path):
+    path = save_external(matmul_model(), tmp_path / "upload")
+    os.link(tmp_path / "upload" / "weights.bin", tmp_path / "elsewhere.bin")
+    with pytest.raises(ExternalDataError, match="hard links"):
+        ingest(path)
