@@ -201,14 +201,14 @@ def _concat(node: ir.Node) -> ir.Value | None:
 
 
 def _drop_if_unused(node: ir.Node) -> None:
-    """Remove ``node`` and, recursively, the producers it alone fed, once nothing reads its outputs."""
-    if node.graph is None or any(out.uses() or out.is_graph_output() for out in node.outputs):
-        return
-    producers = [value.producer() for value in node.inputs if value is not None]
-    node.graph.remove(node, safe=True)
-    for producer in producers:
-        if producer is not None:
-            _drop_if_unused(producer)
+    """Remove ``node`` and, transitively, the producers it alone fed, once nothing reads their outputs."""
+    pending = [node]
+    while pending:
+        current = pending.pop()
+        if current.graph is None or any(out.uses() or out.is_graph_output() for out in current.outputs):
+            continue
+        pending.extend(value.producer() for value in current.inputs if value is not None and value.producer())
+        current.graph.remove(current, safe=True)
 
 
 def _bypass(node: ir.Node, source: ir.Value) -> bool:
