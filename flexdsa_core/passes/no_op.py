@@ -5,6 +5,8 @@ below). A node that answers is bypassed: its consumers read the input directly. 
 ``x * 1`` is only a no-op when the constant does not broadcast ``x`` to a bigger shape. A graph output
 keeps its name (the forwarded value takes it); where that is impossible (the input is a graph input, an
 initializer or another graph output) the node is kept, as an ``Identity`` when it was something heavier.
+The one numeric liberty: ``x + 0`` for ``x = -0.0`` is ``+0.0``, and removing it keeps ``-0.0`` (equal
+under every comparison).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.core.passes.helpers import assert_rewrites, assert_unchanged
+from tests.core.passes.helpers import apply_pass, assert_rewrites, assert_unchanged, op_types, parse
 
 HEAD = '<ir_version: 8, opset_import: ["" : 17]>\n'
 
@@ -158,3 +158,23 @@ def test_expand_that_broadcasts_and_partial_slice_kept():
             y = Slice(e, st, en, ax)
         }""",
     )
+
+
+def test_opset_10_dropout_removed():
+    assert_rewrites(
+        "no_op_removal",
+        '<ir_version: 5, opset_import: ["" : 10]>\n'
+        "g (float[2,3] x) => (float[2,3] y) { a = Relu(x)\n d = Dropout<ratio = 0.3>(a)\n y = Relu(d) }",
+        ["Relu", "Relu"],
+    )
+
+
+def test_dropout_with_runtime_training_flag_kept():
+    text = (
+        HEAD
+        + "g (float[2,3] x, bool t) => (float[2,3] y) { a = Relu(x)\n r = Constant<value = float {0.0}>()\n"
+        "d = Dropout(a, r, t)\n y = Relu(d) }"
+    )
+    original = parse(text)
+    optimized, modified = apply_pass("no_op_removal", original)
+    assert not modified and op_types(optimized) == op_types(original)
