@@ -31,8 +31,24 @@ def _dtype_refusal(input: ir.Value, skip: ir.Value) -> str | None:
     return None
 
 
-class SkipLayerNormFusion(ort_skip.SkipLayerNormFusion):
-    """LayerNormalization(Add(x, skip) [+ bias], gamma, beta) → com.microsoft::SkipLayerNormalization(x, skip, gamma, beta[, bias])"""
+class _BiasOrder:
+    """Where the bias sits in its Add (``Add(t, bias)`` or, as TorchScript writes Linear, ``Add(bias, t)``):
+    rule variants, because ``RewriteRule.commute()`` fails on these patterns' OrValue in onnxscript 0.7."""
+
+    def __init__(
+        self, name: str, has_bias: bool = False, bias_pre_add: bool = False, bias_first: bool = False
+    ):
+        super().__init__(name, has_bias=has_bias, bias_pre_add=bias_pre_add)
+        self._bias_first = bias_first
+
+    def skip_sum(self, op, input, skip, bias):
+        def add_bias(value):
+            return op.Add(bias, value) if self._bias_first else op.Add(value, bias)
+
+        if self._has_bias and self._bias_pre_add:
+            input = add_bias(input)
+        skip_sum = pattern.OrValue([op.Add(skip, input), op.Add(input, skip)], name="skip_sum")
+        return add_bias(skip_sum) if self._has_bias and not self._bias_pre_add else skip_sum
 
     def check(self, op, input, skip, **kwargs) -> pattern.MatchResult:
         result = super().check(op, input=input, skip=skip, **kwargs)
@@ -41,34 +57,41 @@ class SkipLayerNormFusion(ort_skip.SkipLayerNormFusion):
         return result
 
 
-class SkipRmsNormFusion(ort_skip.SkipRmsNormFusion):
+class SkipLayerNormFusion(_BiasOrder, ort_skip.SkipLayerNormFusion):
+    """LayerNormalization(Add(x, skip) [+ bias], gamma, beta) → com.microsoft::SkipLayerNormalization(x, skip, gamma, beta[, bias])"""
+
+    def pattern(self, op, input, skip, gamma, beta, bias):
+        skip_sum = self.skip_sum(op, input, skip, bias)
+        normalized = op.LayerNormalization(
+            skip_sum, gamma, beta, axis=-1, _allow_other_attributes=True, _outputs=["layer_norm"]
+        )
+        return normalized, skip_sum
+
+
+class SkipRmsNormFusion(_BiasOrder, ort_skip.SkipRmsNormFusion):
     """RMSNormalization(Add(x, skip) [+ bias], gamma) → com.microsoft::SkipSimplifiedLayerNormalization(x, skip, gamma[, bias])"""
 
     def pattern(self, op, input, skip, gamma, bias, epsilon, stash_type):
-        if self._has_bias and self._bias_pre_add:
-            input = op.Add(input, bias)
-        skip_sum = pattern.OrValue([op.Add(skip, input), op.Add(input, skip)], name="skip_sum")
-        if self._has_bias and not self._bias_pre_add:
-            skip_sum = op.Add(skip_sum, bias)
+        skip_sum = self.skip_sum(op, input, skip, bias)
         normalized = op.RMSNormalization(
             skip_sum, gamma, axis=-1, _allow_other_attributes=True, _outputs=["simplified_layer_norm"]
         )
         return normalized, skip_sum
 
-    def check(self, op, input, skip, **kwargs) -> pattern.MatchResult:
-        result = super().check(op, input=input, skip=skip, **kwargs)
-        if result and (reason := _dtype_refusal(input, skip)) is not None:
-            return result.fail(reason, input)
-        return result
-
 
 def _variants(rule_class, prefix: str) -> list:
     # Bias forms first: a plain x + skip would otherwise match inside (x + bias) + skip.
-    return [
-        rule_class.rule(f"{prefix}PreBias", has_bias=True, bias_pre_add=True),
-        rule_class.rule(f"{prefix}Bias", has_bias=True, bias_pre_add=False),
-        rule_class.rule(prefix, has_bias=False),
+    biased = [
+        rule_class.rule(
+            f"{prefix}{where}{'_bias_first' if first else ''}",
+            has_bias=True,
+            bias_pre_add=pre,
+            bias_first=first,
+        )
+        for where, pre in (("PreBias", True), ("Bias", False))
+        for first in (False, True)
     ]
+    return [*biased, rule_class.rule(prefix, has_bias=False)]
 
 
 RULES = [

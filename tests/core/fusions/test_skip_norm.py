@@ -26,12 +26,17 @@ SKIP = "s = Add (x, skip)\n y = NORM (s, INPUTS)"
 SKIP_SWAPPED = "s = Add (skip, x)\n y = NORM (s, INPUTS)"
 SKIP_BIAS = "xs = Add (x, skip)\n s = Add (xs, bias)\n y = NORM (s, INPUTS)"
 PRE_BIAS = "xb = Add (x, bias)\n s = Add (xb, skip)\n y = NORM (s, INPUTS)"
+# TorchScript writes Linear's bias first: Add(bias, x @ W).
+PRE_BIAS_FIRST = "xb = Add (bias, x)\n s = Add (skip, xb)\n y = NORM (s, INPUTS)"
+SKIP_BIAS_FIRST = "xs = Add (x, skip)\n s = Add (bias, xs)\n y = NORM (s, INPUTS)"
 # The transformer block: the sum also feeds the next residual Add, so the fused op's 4th output carries it.
 RESIDUAL = "s = Add (x, skip)\n n = NORM (s, INPUTS)\n y = Add (s, n)"
 
 
 @pytest.mark.parametrize(
-    "body", [SKIP, SKIP_SWAPPED, SKIP_BIAS, PRE_BIAS], ids=["x+skip", "skip+x", "bias-after", "bias-before"]
+    "body",
+    [SKIP, SKIP_SWAPPED, SKIP_BIAS, PRE_BIAS, PRE_BIAS_FIRST, SKIP_BIAS_FIRST],
+    ids=["x+skip", "skip+x", "bias-after", "bias-before", "bias-first-before", "bias-first-after"],
 )
 def test_skip_layer_norm_fuses(body):
     fused = assert_fuses("skip_layer_norm", graph(body), ["SkipLayerNormalization"])
@@ -49,7 +54,9 @@ def test_skip_layer_norm_sum_as_a_graph_output():
     assert_fuses("skip_layer_norm", text, ["SkipLayerNormalization"])
 
 
-@pytest.mark.parametrize("body", [SKIP, SKIP_BIAS], ids=["x+skip", "bias-after"])
+@pytest.mark.parametrize(
+    "body", [SKIP, SKIP_BIAS, PRE_BIAS_FIRST], ids=["x+skip", "bias-after", "bias-first-before"]
+)
 def test_skip_rms_norm_fuses(body):
     assert_fuses("skip_rms_norm", graph(body, norm="RMSNormalization"), ["SkipSimplifiedLayerNormalization"])
 
