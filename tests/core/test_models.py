@@ -1,0 +1,83 @@
+"""Real architectures through the whole pipeline on cpu-ort: it succeeds, every output validates against
+the original in ONNX Runtime, every op is one the target runs, and the fusions we expect do fire."""
+
+from __future__ import annotations
+
+import json
+
+import onnx
+import pytest
+
+from flexdsa_core import FlexDSAOptimizer, OptimizeOptions
+from flexdsa_core.targets import get_adapter, load_target, op_key
+from tests.models import FIXTURES, fixture
+
+pytestmark = pytest.mark.models
+
+# Rules that must be taken on each fixture (a subset: the switcher may take more where they pay).
+EXPECTED_FUSIONS = {
+    "bert": {"layer_norm", "gelu_erf"},
+    "gpt2": {"layer_norm", "gelu_tanh"},
+    "llama": {"rms_norm", "silu"},
+    "vit": {"layer_norm", "gelu_erf"},
+    "resnet": {"conv_bn_fold"},
+    "mobilenetv2": {"conv_bn_fold"},
+}
+
+
+@pytest.fixture(scope="module")
+def cpu_ort():
+    return FlexDSAOptimizer(load_target("cpu-ort"))
+
+
+@pytest.mark.parametrize("name", sorted(FIXTURES))
+def test_fixture_optimises_and_validates(cpu_ort, name, tmp_path):
+    result = cpu_ort.optimize(fixture(name), OptimizeOptions(measure_latency=False))
+    report = result.report
+
+    assert report["validation"]["performed"] and report["validation"]["ok"], report["validation"]
+    assert report["nodes"]["total_after"] < report["nodes"]["total_before"]
+    missing = EXPECTED_FUSIONS[name] - set(report["fusions"]["applied"])
+    assert not missing, f"{name}: expected fusions not applied: {missing}"
+
+    target = load_target("cpu-ort")
+    adapter = get_adapter(target)
+    for bucket in result.buckets:
+        illegal = {
+            op_key(node.op_type, node.domain)
+            for node in bucket.model.graph
+            if not adapter.supports(target, node.op_type, node.domain)
+        }
+        assert not illegal, f"{name}: ops cpu-ort does not run: {illegal}"
+
+    written = {p.name for p in result.write(tmp_path)}
+    assert {"model.onnx", "manifest.json", "report.json", "fusion_plan.json"} <= written
+    onnx.checker.check_model(str(tmp_path / "model.onnx"))
+    plan = json.loads((tmp_path / "fusion_plan.json").read_text())
+    assert all("reason" in c for bucket in plan.values() for c in bucket["candidates"])
+
+
+def test_skip_layer_norm_is_refused_where_measured_slower(cpu_ort):
+    """The switcher takes LayerNorm but, on ORT's CPU kernels, not SkipLayerNorm (measured 4-6x slower)."""
+    result = cpu_ort.optimize(fixture("bert"), OptimizeOptions(measure_latency=False))
+    candidates = [c for c in result.report["fusions"]["candidates"] if c["rule"] == "skip_layer_norm"]
+    assert candidates and candidates[0]["matches"] > 0
+    assert not candidates[0]["taken"], candidates[0]
+    assert "SkipLayerNormalization" in candidates[0]["reason"]
+
+
+def test_user_can_switch_a_rule_off(cpu_ort):
+    result = cpu_ort.optimize(
+        fixture("bert"), OptimizeOptions(measure_latency=False, disabled_rules=["layer_norm"])
+    )
+    assert "layer_norm" not in result.report["fusions"]["applied"]
+    after = next(iter(result.report["nodes"]["after"].values()))
+    assert "LayerNormalization" not in after
+    assert result.report["validation"]["ok"]
+
+
+def test_latency_is_measured_and_reported(cpu_ort):
+    result = cpu_ort.optimize(fixture("resnet"), OptimizeOptions(latency_repeats=5))
+    latency = result.report["latency"]
+    assert latency["measured"] and latency["before_s"] > 0 and latency["after_s"] > 0
+    assert result.report["reproducibility"]["versions"]["onnxruntime"]
