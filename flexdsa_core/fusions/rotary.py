@@ -1,0 +1,148 @@
+"""Rotary position embedding written out (LLaMA/GPT-NeoX style, halves rotated) → ``com.microsoft::RotaryEmbedding``.
+
+    cos, sin   = Unsqueeze(Gather(cos_cache, position_ids), 1), same for sin      # [B, 1, S, Dh]
+    rotate(x)  = Concat(-x[..., Dh/2:], x[..., :Dh/2], axis=-1)
+    y          = x * cos + rotate(x) * sin                                           # x: [B, H, S, Dh]
+
+The exporters' caches hold each frequency twice (``cat(freqs, freqs)``, [P, Dh]); ONNX Runtime's op takes
+the [P, Dh/2] half, which the rule stores as a new initializer (one per cache, shared by the layers
+that use it), and refuses caches whose halves differ (another rotation layout). ONNX Runtime wants
+position ids of shape [B, S], so ids broadcast over the batch ([1, S]) are expanded first. Its CPU kernel
+is used in float32 here. Interleaved (GPT-J) and partial rotation are not matched.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+from onnxscript.rewriter import _ir_utils, pattern
+
+from flexdsa_core.fusions.base import make_rule
+
+_LAST_AXIS = (-1, 3)
+
+
+def _const_ints(value: ir.Value | None) -> list[int] | None:
+    array = _ir_utils.get_numpy_value(value)
+    return None if array is None else [int(v) for v in array.reshape(-1)]
+
+
+def _slice_bounds(node: ir.Node) -> tuple[int, int] | None:
+    """(start, end) of a Slice over the last axis with step 1, else None."""
+    inputs = list(node.inputs) + [None] * (5 - len(node.inputs))
+    starts, ends = _const_ints(inputs[1]), _const_ints(inputs[2])
+    axes = _const_ints(inputs[3]) if inputs[3] is not None else [0]
+    steps = _const_ints(inputs[4]) if inputs[4] is not None else [1]
+    if None in (starts, ends, axes, steps) or len(starts) != 1 or axes[0] not in _LAST_AXIS or steps != [1]:
+        return None
+    return starts[0], ends[0]
+
+
+class RotaryEmbeddingFusion(pattern.RewriteRuleClassBase):
+    """Add(Mul(x, cos), Mul(Concat(Neg(x[..., h:]), x[..., :h]), sin)) → com.microsoft::RotaryEmbedding(x, position_ids, cos_half, sin_half)"""
+
+    def pattern(self, op, x, cos_cache, sin_cache, position_ids):
+        cos = op.Unsqueeze(
+            op.Gather(cos_cache, position_ids, _outputs=["cos_rows"]),
+            _allow_other_inputs=True,
+            _outputs=["cos"],
+        )
+        sin = op.Unsqueeze(
+            op.Gather(sin_cache, position_ids, _outputs=["sin_rows"]),
+            _allow_other_inputs=True,
+            _outputs=["sin"],
+        )
+        first_half = op.Slice(x, _allow_other_inputs=True, _outputs=["first_half"])
+        second_half = op.Slice(x, _allow_other_inputs=True, _outputs=["second_half"])
+        rotated = op.Concat(op.Neg(second_half), first_half, _outputs=["rotated"])
+        return op.Add(op.Mul(x, cos), op.Mul(rotated, sin))
+
+    def check(self, context, x, cos_cache, sin_cache, position_ids, **bindings) -> pattern.MatchResult:
+        result = pattern.MatchResult()
+        if x.dtype != ir.DataType.FLOAT or x.shape is None or x.shape.rank() != 4:
+            return result.fail(f"Input '{x.name}' is not known to be a 4-D float32 [B, H, S, Dh] tensor.", x)
+        caches = []
+        for cache in (cos_cache, sin_cache):
+            array = None if cache.is_graph_input() else _ir_utils.get_numpy_value(cache)
+            if array is None or array.ndim != 2 or array.dtype != np.float32 or array.shape[1] % 2:
+                return result.fail(
+                    f"The cache '{cache.name}' is not a constant float32 [P, Dh] table.", cache
+                )
+            half = array.shape[1] // 2
+            if not np.array_equal(array[:, :half], array[:, half:]):
+                return result.fail(
+                    f"The cache '{cache.name}' does not repeat its frequencies in both halves.", cache
+                )
+            caches.append(array[:, :half])
+        head_size = caches[0].shape[1] * 2
+        if caches[0].shape != caches[1].shape or (isinstance(x.shape[3], int) and x.shape[3] != head_size):
+            return result.fail("The cos and sin caches do not fit each other and the head size.")
+        for name in ("cos_rows", "sin_rows"):
+            if bindings[name].producer().attributes.get_int("axis", 0) != 0:
+                return result.fail("The cache rows are not gathered along the positions axis.")
+        for name in ("cos", "sin"):
+            unsqueeze = bindings[name].producer()
+            axes = _const_ints(unsqueeze.inputs[1]) if len(unsqueeze.inputs) > 1 else None
+            if axes is None and "axes" in unsqueeze.attributes:
+                axes = list(unsqueeze.attributes["axes"].as_ints())
+            if axes != [1]:
+                return result.fail(
+                    f"The gathered {name} rows are unsqueezed at {axes}, not at the heads axis 1."
+                )
+        if _slice_bounds(bindings["first_half"].producer()) != (0, head_size // 2):
+            return result.fail("The first slice is not x[..., :Dh/2].")
+        second = _slice_bounds(bindings["second_half"].producer())
+        if second is None or second[0] != head_size // 2 or second[1] < head_size:
+            return result.fail("The second slice is not x[..., Dh/2:].")
+        if bindings["rotated"].producer().attributes.get_int("axis", 0) not in _LAST_AXIS:
+            return result.fail("The halves are not concatenated on the last axis.")
+        if (
+            position_ids.dtype != ir.DataType.INT64
+            or position_ids.shape is None
+            or position_ids.shape.rank() != 2
+        ):
+            return result.fail(
+                f"The position ids '{position_ids.name}' are not known to be int64 [B, S].", position_ids
+            )
+        self._half_caches = caches
+        self._expand_ids = position_ids.shape[0] != x.shape[0]
+        self._ids_shape = (x.shape[0], position_ids.shape[1])
+        return result
+
+    def setup(self):
+        self._shared: dict[ir.Value, ir.Value] = {}
+
+    def _half(self, op, cache: ir.Value, array: np.ndarray) -> ir.Value:
+        if cache not in self._shared:
+            self._shared[cache] = op.initializer(
+                ir.tensor(np.ascontiguousarray(array)), name=f"{cache.name}__half"
+            )
+        return self._shared[cache]
+
+    def rewrite(self, op, x, cos_cache, sin_cache, position_ids, **_):
+        if self._expand_ids and all(isinstance(d, int) for d in self._ids_shape):
+            position_ids = op.Expand(position_ids, op.Constant(value_ints=list(self._ids_shape)))
+        elif self._expand_ids:
+            batch = op.Shape(x, start=0, end=1)
+            length = op.Shape(position_ids, start=1, end=2)
+            position_ids = op.Expand(position_ids, op.Concat(batch, length, axis=0))
+        return op.RotaryEmbedding(
+            x,
+            position_ids,
+            self._half(op, cos_cache, self._half_caches[0]),
+            self._half(op, sin_cache, self._half_caches[1]),
+            interleaved=0,
+            _domain="com.microsoft",
+        )
+
+
+RULES = [
+    make_rule(
+        "rotary",
+        "Rotary embedding written as x * cos + rotate_half(x) * sin → com.microsoft::RotaryEmbedding",
+        ["com.microsoft::RotaryEmbedding"],
+        RotaryEmbeddingFusion.rule().commute(),
+        order=45,
+        opset_imports={"com.microsoft": 1},
+    )
+]
