@@ -81,7 +81,7 @@ def optimize(
         console.print(f"[red]error ({err.code}):[/red] {err.message}")
         raise typer.Exit(1) from None
     if not quiet:
-        Console().print(result.summary())
+        Console().print(result.summary(), markup=False, highlight=False)
         Console().print(f"Wrote {len(written)} files to {out}/: {', '.join(p.name for p in written)}")
 
 

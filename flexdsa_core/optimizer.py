@@ -64,6 +64,7 @@ class Compilation:
     memory: dict[str, dict]
     estimates: dict[str, dict]
     stage_seconds: Counter
+    legalization: dict[str, list[str]] = field(default_factory=dict)
 
 
 @dataclass
@@ -195,7 +196,7 @@ class FlexDSAOptimizer:
 
             # Platform legalisation: ops the target lacks are rewritten (or left to CPU fallback).
             start = time.perf_counter()
-            model = self.adapter.legalize(model, self.target)
+            model = self.adapter.legalize(model, self.target, comp.legalization.setdefault(bucket.name, []))
             seconds["adapter"] += time.perf_counter() - start
             if debug:
                 check_invariants(model, stage=f"legalize[{bucket.name}]", supported=self.adapter_supports)

@@ -86,6 +86,7 @@ def build_report(
             "candidates": _fusion_lines(comp.fusion_plans),
         },
         "disabled_rewrites": sorted(comp.disabled),
+        "legalization": comp.legalization,
         "shapes": {**shape_report, "buckets": [b.name for b in comp.buckets], "manifest": shape_manifest},
         "memory": comp.memory,
         "estimates": {
@@ -151,6 +152,9 @@ def render_summary(report: dict) -> str:
     for c in taken + refused:
         mark = "+" if c.get("taken") else "-"
         lines.append(f"  {mark} {c.get('rule')}: {c.get('reason', '')}")
+    for bucket, notes in report.get("legalization", {}).items():
+        for note in notes:
+            lines.append(f"Legalised     [{bucket}] {note}")
     for rollback in report["rollbacks"]:
         lines.append(f"Rolled back   {rollback['rewrite']} ({rollback['reason']}): {rollback['detail']}")
     validation = report["validation"]

@@ -38,8 +38,9 @@ class PlatformAdapter:
     def supports(self, target: TargetSpec, op_type: str, domain: str = "") -> bool:
         return op_key(op_type, domain) in self.supported_op_keys(target)
 
-    def legalize(self, model: ir.Model, target: TargetSpec) -> ir.Model:
-        """Rewrite ops the target lacks. The default leaves the model unchanged."""
+    def legalize(self, model: ir.Model, target: TargetSpec, notes: list[str]) -> ir.Model:
+        """Rewrite what the target's toolchain would mishandle; say what was done in ``notes``.
+        The default leaves the model unchanged."""
         return model
 
     def generate(self, buckets: list[BucketModel], target: TargetSpec, report: dict) -> dict[str, bytes]:
