@@ -15,8 +15,9 @@ For each rule, in ``order``:
    with the ``CostModel`` (measured kernels on cpu-ort, a roofline estimate elsewhere). The match is
    applied only if the gain pays for the objective:
 
-   * ``latency``: ``gain.seconds > margin`` (when measured, margin = max(5 % of the removed nodes' time,
-     0.5 µs), so a measured tie is refused as noise; 0 for estimates);
+   * ``latency``: ``gain.seconds > 0``; when both sides are measured, a gain within the noise margin
+     (max(5 % of the removed nodes' time, 0.5 µs)) either way is a tie, taken only if the rewrite
+     leaves fewer kernels (a folded BatchNorm: the Conv with a bias costs what it did without);
    * ``energy``: ``gain.joules > 0`` (where the target has no power figure, energy is unavailable and the
      decision falls back to latency, said so in the plan);
    * ``balanced``: ``gain.seconds / before.seconds + gain.joules / before.joules > 0`` (the first-order
@@ -288,15 +289,22 @@ class FusionSwitcher:
             if rewrite_rule.graph_pre_visitor:
                 rewrite_rule.graph_pre_visitor()
         for node in graph:
+            # One site, one judgement: variants of the rule are tried in turn until one pays; a site
+            # where none pays is recorded once, with the first variant's figures.
+            refused: _Judgement | None = None
             for rewrite_rule in rewrite_rules:
                 delta = rewrite_rule.try_rewrite(model, graph, node, tracer=run.tracer)
                 if delta is None:
                     continue
                 judgement = self._judge(model, rewrite_rule, delta)
-                run.judgements.append(judgement)
                 if judgement.taken:
                     _apply(graph, rewrite_rule, node, delta, _removed_nodes(rewrite_rule, delta))
+                    run.judgements.append(judgement)
+                    refused = None
                     break
+                refused = refused or judgement
+            if refused is not None:
+                run.judgements.append(refused)
             for attr in node.attributes.values():
                 if attr.type == ir.AttributeType.GRAPH:
                     self._drive_graph(model, attr.value, rule, run)
@@ -351,8 +359,10 @@ class FusionSwitcher:
         margin = 0.0
         if after.measured and before.measured:
             margin = max(_MEASURED_NOISE * (before.seconds or 0.0), _MEASURED_NOISE_S)
-        if 0 < gain_seconds <= margin:
-            return False, " (gain within measurement noise)"
+        if abs(gain_seconds) <= margin and gain_seconds != 0:
+            # A measured tie: fewer kernels decides (fewer launches, fewer tensors to keep).
+            fewer = after.kernels < before.kernels
+            return fewer, f" (within measurement noise; {'fewer' if fewer else 'no fewer'} kernels)"
         return gain_seconds > margin, ""
 
     def _note(self, text: str) -> None:
