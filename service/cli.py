@@ -60,6 +60,13 @@ def serve(
         with session_scope(make_session_factory(engine)) as session:
             ensure_tenant(session, settings.default_tenant)
     engine.dispose()
+    if settings.auth == "optional" and settings.host not in ("127.0.0.1", "localhost", "::1"):
+        typer.secho(
+            f"Warning: listening on {settings.host} without API keys (FLEXDSA_AUTH=optional): anyone who can "
+            "reach this port acts as the default tenant. Set FLEXDSA_AUTH=required and create keys.",
+            fg="yellow",
+            err=True,
+        )
     typer.echo(
         f"Flex-DSA {settings.mode} mode on http://{settings.host}:{settings.port} "
         f"(database {settings.database_url.split('@')[-1]}, artifacts {settings.artifact_dir}, auth {settings.auth})"

@@ -260,6 +260,17 @@ def cancel_job(session: Session, job: Job) -> tuple[Job, str]:
 # --- reading ----------------------------------------------------------------------------------------------
 
 
+def _job_error(error: dict | None) -> JobError | None:
+    # Written by workers; read defensively so one odd row never turns GET /jobs into a 500.
+    if not error:
+        return None
+    return JobError(
+        code=str(error.get("code", "error")),
+        message=str(error.get("message", "")),
+        details=error.get("details"),
+    )
+
+
 def job_out(job: Job, root_path: str = "") -> JobOut:
     now = utcnow()
     queued_s = (job.started_at - job.created_at).total_seconds() if job.started_at else None
@@ -287,7 +298,7 @@ def job_out(job: Job, root_path: str = "") -> JobOut:
         queued_seconds=queued_s,
         run_seconds=run_s,
         report_summary=job.report_summary,
-        error=JobError(**job.error) if job.error else None,
+        error=_job_error(job.error),
         links=JobLinks(self=base, events=f"{base}/events", artifacts=f"{base}/artifacts"),
     )
 

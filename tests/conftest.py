@@ -2,7 +2,8 @@
 
 PostgreSQL: ``FLEXDSA_TEST_PG_ADMIN_URL`` (default the ``postgres`` user on 127.0.0.1:5432, trust auth).
 Each test session creates fresh databases named ``flexdsa_test_<random>`` and drops them at the end.
-Redis: ``FLEXDSA_TEST_REDIS_URL`` (default database 14 on 127.0.0.1:6379), flushed at the start.
+Redis: ``FLEXDSA_TEST_SERVICE_REDIS_URL`` (default database 11 on 127.0.0.1:6379; the worker tests use 13 and
+the benchmarks 14), flushed at the start.
 When either is unreachable the tests that need it FAIL with that message; they are never skipped.
 """
 
@@ -14,7 +15,7 @@ import uuid
 import pytest
 
 PG_ADMIN_URL = os.environ.get("FLEXDSA_TEST_PG_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
-SERVICE_REDIS_URL = os.environ.get("FLEXDSA_TEST_REDIS_URL", "redis://127.0.0.1:6379/14")
+SERVICE_REDIS_URL = os.environ.get("FLEXDSA_TEST_SERVICE_REDIS_URL", "redis://127.0.0.1:6379/11")
 
 
 def _unreachable(what: str, err: Exception):

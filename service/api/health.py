@@ -7,7 +7,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import text
 
 from flexdsa_core import __version__
-from service.db import check_migrated
+from service.db import DatabaseNotMigratedError, check_migrated
 from service.errors import NotReady
 from service.schemas import ErrorResponse, Health, Readiness
 
@@ -71,9 +71,8 @@ def readyz(request: Request) -> Readiness:
             check(*args)
             results[name] = "ok"
         except Exception as err:
-            results[name] = (
-                _first_line(err) if name != "database" or "flexdsa db upgrade" not in str(err) else str(err)
-            )
+            # The migration message is the point (it says what to run); other errors: their first line.
+            results[name] = str(err) if isinstance(err, DatabaseNotMigratedError) else _first_line(err)
             failed.append(name)
     if failed:
         raise NotReady(

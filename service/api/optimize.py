@@ -85,6 +85,9 @@ async def optimize(
     existing = await run_in_threadpool(jobs.find_by_idempotency_key, session, tenant, idempotency_key)
     if existing is not None:
         return _created(request, existing, replayed=True)
+    # End the read transaction now: the upload may take minutes, and an idle-in-transaction connection
+    # would sit in the pool all that time (expire_on_commit=False keeps the tenant readable).
+    await run_in_threadpool(session.commit)
 
     check_content_length(request, settings.max_upload_bytes)
     upload = await receive_model_upload(request, store.staging_dir(), settings.max_upload_bytes)

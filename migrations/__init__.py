@@ -1,0 +1,1 @@
+"""Alembic migrations (a package so that it can be installed next to ``service``)."""
