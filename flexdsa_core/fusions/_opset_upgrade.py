@@ -79,10 +79,11 @@ def raise_default_opset(model: ir.Model, target: int) -> None:
 
 
 class OpsetUpgrade:
-    """The check/rewrite/cleanup bookkeeping for a rule whose fused op needs ONNX opset ``target``."""
+    """The check/rewrite/cleanup bookkeeping for a rule whose fused op ``op_type`` needs ONNX opset ``target``."""
 
-    def __init__(self, target: int):
+    def __init__(self, target: int, op_type: str):
         self.target = target
+        self.op_type = op_type
         self._model: ir.Model | None = None
         self._pending = False
 
@@ -94,6 +95,13 @@ class OpsetUpgrade:
         self._pending = True
 
     def finish(self) -> None:
-        if self._pending and self._model is not None:
+        # A tracing (debug) run calls rewrite without changing the graph: upgrade only if the op is there.
+        if self._pending and self._model is not None and self._holds_fused_op(self._model):
             raise_default_opset(self._model, self.target)
         self._pending = False
+
+    def _holds_fused_op(self, model: ir.Model) -> bool:
+        return any(
+            node.op_type == self.op_type and node.domain in ("", "ai.onnx")
+            for node in ir.traversal.RecursiveGraphIterator(model.graph)
+        )

@@ -27,7 +27,7 @@ class LayerNormFusion(pattern.RewriteRuleClassBase):
 
     def __init__(self):
         super().__init__("LayerNormFusion")
-        self._upgrade = OpsetUpgrade(LAYER_NORM_OPSET)
+        self._upgrade = OpsetUpgrade(LAYER_NORM_OPSET, "LayerNormalization")
 
     def pattern(self, op, x, scale, epsilon):
         mean = op.ReduceMean(x, _allow_other_inputs=True, _outputs=["mean"])

@@ -27,7 +27,7 @@ class RmsNormFusion(pattern.RewriteRuleClassBase):
 
     def __init__(self):
         super().__init__("RmsNormFusion")
-        self._upgrade = OpsetUpgrade(RMS_NORM_OPSET)
+        self._upgrade = OpsetUpgrade(RMS_NORM_OPSET, "RMSNormalization")
 
     def pattern(self, op, x, scale, epsilon, compute_type, output_type):
         x_compute = pattern.OrValue(

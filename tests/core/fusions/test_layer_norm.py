@@ -110,3 +110,15 @@ def test_refuses_opset_upgrade_over_an_op_that_changed_meaning():
     fused, count = apply_rule("layer_norm", model)
     assert count == 0
     assert _opset(fused) == 13
+
+
+def test_a_tracing_run_leaves_the_opset_alone():
+    """A debug (tracer) run calls rewrite but changes nothing, so the import must not move either."""
+    import onnx_ir as ir
+    from onnxscript.rewriter._basics import MatchingTracer
+
+    from tests.core.fusions.harness import rule
+
+    model = ir.serde.deserialize_model(parse(ATTR_AXES))
+    rule("layer_norm").rule_set().apply_to_model(model, tracer=MatchingTracer())
+    assert model.opset_imports[""] == 13
