@@ -35,7 +35,8 @@ class LayerNormFusion(pattern.RewriteRuleClassBase):
         squared = pattern.OrValue([op.Pow(deviation, 2.0), op.Mul(deviation, deviation)])
         variance = op.ReduceMean(squared, _allow_other_inputs=True, _outputs=["variance"])
         std_dev = op.Sqrt(op.Add(variance, epsilon))
-        normalized = pattern.OrValue([op.Div(deviation, std_dev), op.Mul(deviation, op.Reciprocal(std_dev))])
+        inverse = pattern.OrValue([op.Reciprocal(std_dev), op.Div(1.0, std_dev)])
+        normalized = pattern.OrValue([op.Div(deviation, std_dev), op.Mul(deviation, inverse)])
         return op.Mul(normalized, scale)
 
     def check(self, context, x, scale, epsilon, mean, variance, **_) -> pattern.MatchResult:

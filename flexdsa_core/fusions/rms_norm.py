@@ -36,7 +36,9 @@ class RmsNormFusion(pattern.RewriteRuleClassBase):
         squared = pattern.OrValue([op.Pow(x_compute, 2.0), op.Mul(x_compute, x_compute)])
         mean_square = op.ReduceMean(squared, _allow_other_inputs=True, _outputs=["mean_square"])
         rms = op.Sqrt(op.Add(mean_square, epsilon))
-        normalized = pattern.OrValue([op.Mul(x_compute, op.Reciprocal(rms)), op.Div(x_compute, rms)])
+        # torch.rsqrt exports as Div(1, Sqrt(.)); others write Reciprocal(Sqrt(.)) or divide by the root.
+        inverse = pattern.OrValue([op.Reciprocal(rms), op.Div(1.0, rms)])
+        normalized = pattern.OrValue([op.Mul(x_compute, inverse), op.Div(x_compute, rms)])
         normalized = pattern.OrValue(
             [op.Cast(normalized, to=output_type), normalized], tag_var="cast_out_tag", tag_values=[1, 0]
         )

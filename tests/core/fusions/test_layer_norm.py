@@ -122,3 +122,9 @@ def test_a_tracing_run_leaves_the_opset_alone():
     model = ir.serde.deserialize_model(parse(ATTR_AXES))
     rule("layer_norm").rule_set().apply_to_model(model, tracer=MatchingTracer())
     assert model.opset_imports[""] == 13
+
+
+def test_fuses_one_over_sqrt():
+    text = INPUT_AXES.replace("inv = Reciprocal (std)", "inv = Div (one, std)")
+    text = text.replace("int64[1] axes = {-1}", "int64[1] axes = {-1}, float one = {1.0}")
+    assert_fuses("layer_norm", text, ["LayerNormalization"])

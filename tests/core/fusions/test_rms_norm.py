@@ -47,6 +47,13 @@ def test_fuses_and_raises_the_import_to_23():
     assert _opset(fused) == 23
 
 
+def test_fuses_torch_rsqrt_written_as_one_over_sqrt():
+    text = RMS.replace("inv = Reciprocal (rms)", "inv = Div (one, rms)").replace(
+        "float two = {2.0}", "float two = {2.0}, float one = {1.0}"
+    )
+    assert_fuses("rms_norm", text.replace("n = Mul (x, inv)", "n = Mul (inv, x)"), ["RMSNormalization"])
+
+
 def test_fuses_half_precision_with_casts_and_swapped_operands():
     fused = assert_fuses("rms_norm", RMS_FP16, ["RMSNormalization"], atol=2e-3, rtol=2e-3)
     stash = next(a.i for a in fused.graph.node[0].attribute if a.name == "stash_type")
