@@ -84,6 +84,27 @@ def _redis_client(settings: Settings):
     return redis.Redis.from_url(settings.redis_url, socket_connect_timeout=2, socket_timeout=5)
 
 
+def _install_openapi(app: FastAPI) -> None:
+    """Add the RequestSpec schema (the upload's 'spec' field, parsed by hand) to the OpenAPI components."""
+    from fastapi.openapi.utils import get_openapi
+
+    from flexdsa_core import RequestSpec
+
+    def openapi() -> dict:
+        if app.openapi_schema is None:
+            schema = get_openapi(
+                title=app.title, version=app.version, description=app.description, routes=app.routes
+            )
+            spec_schema = RequestSpec.model_json_schema(ref_template="#/components/schemas/{model}")
+            components = schema.setdefault("components", {}).setdefault("schemas", {})
+            components.update(spec_schema.pop("$defs", {}))
+            components["RequestSpec"] = spec_schema
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or get_settings()
     app = FastAPI(
@@ -104,4 +125,5 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
     for _name, router in discover_routers():
         app.include_router(router)
+    _install_openapi(app)
     return app

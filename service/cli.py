@@ -37,6 +37,7 @@ def serve(
 ) -> None:
     """Start the service. Embedded (no FLEXDSA_BROKER_URL): migrates SQLite and runs the worker in-process."""
     import uvicorn
+    from sqlalchemy.exc import OperationalError
 
     from service.app import create_app
     from service.auth import ensure_tenant
@@ -56,6 +57,9 @@ def serve(
         prepare_database(settings, engine)
     except DatabaseNotMigratedError as err:
         raise _fail(str(err)) from None
+    except OperationalError as err:
+        where = engine.url.render_as_string(hide_password=True)
+        raise _fail(f"Cannot reach the database {where}: {str(err.orig).strip()}") from None
     if settings.auth == "optional":
         with session_scope(make_session_factory(engine)) as session:
             ensure_tenant(session, settings.default_tenant)

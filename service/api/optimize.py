@@ -8,7 +8,6 @@ from fastapi import APIRouter, Header, Request
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
-from flexdsa_core import RequestSpec
 from service import jobs
 from service.api.deps import CurrentTenant, SessionDep, SettingsDep, StoreDep
 from service.models import Job, JobStatus
@@ -17,6 +16,8 @@ from service.upload import check_content_length, receive_model_upload
 
 router = APIRouter(tags=["jobs"])
 
+# The body is parsed by hand (service/upload.py, streamed), so its schema is declared here. The spec
+# field's JSON schema is the RequestSpec component, added to the document by service.app.
 _MULTIPART_BODY = {
     "requestBody": {
         "required": True,
@@ -29,8 +30,9 @@ _MULTIPART_BODY = {
                         "model": {"type": "string", "format": "binary", "description": "The .onnx file"},
                         "spec": {
                             "type": "string",
-                            "description": 'RequestSpec as JSON, e.g. {"target": "cpu-ort"}',
+                            "description": 'RequestSpec as a JSON string, e.g. {"target": "cpu-ort"}',
                             "contentMediaType": "application/json",
+                            "contentSchema": {"$ref": "#/components/schemas/RequestSpec"},
                         },
                     },
                 },
@@ -59,7 +61,7 @@ def _created(request: Request, job: Job, *, replayed: bool) -> JSONResponse:
     status_code=202,
     response_model=JobCreated,
     summary="Submit a model for optimisation",
-    openapi_extra={**_MULTIPART_BODY, "x-request-spec-schema": RequestSpec.model_json_schema()},
+    openapi_extra=_MULTIPART_BODY,
     responses={
         **ERROR_RESPONSES,
         413: {"model": ErrorResponse, "description": "Model larger than FLEXDSA_MAX_UPLOAD_BYTES"},

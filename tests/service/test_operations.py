@@ -112,7 +112,10 @@ def test_openapi_documents_the_contract(env):
         "/metrics",
     ]:
         assert path in schema["paths"], path
-    assert "multipart/form-data" in schema["paths"]["/optimize"]["post"]["requestBody"]["content"]
+    body = schema["paths"]["/optimize"]["post"]["requestBody"]["content"]["multipart/form-data"]["schema"]
+    assert body["properties"]["spec"]["contentSchema"] == {"$ref": "#/components/schemas/RequestSpec"}
+    assert "target" in schema["components"]["schemas"]["RequestSpec"]["properties"]
+    assert "Tolerance" in schema["components"]["schemas"]
     assert "ErrorResponse" in schema["components"]["schemas"]
     assert env.client.get("/docs").status_code == 200
 
