@@ -64,6 +64,9 @@ def bench_model(name: str, rebuild: bool = False) -> BenchModel:
                 " (torch is needed to build the bench models: pip install torch)" if "torch" in tail else ""
             )
             raise SystemExit(f"could not build bench model {name}{hint}:\n{tail}")
+        for stale in MODELS_DIR.glob(f"{name}-*"):  # builds from an older architectures.py
+            if stale.stem.split(".")[0] != path.stem:
+                stale.unlink()
     meta = json.loads(meta_path.read_text())
     return BenchModel(name=name, path=path, **meta)
 
