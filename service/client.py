@@ -1,0 +1,257 @@
+"""``flexdsa submit``: send a model to a Flex-DSA server, follow the job, fetch its artifacts.
+
+    flexdsa submit model.onnx --target cpu-ort --server http://host:8000 --wait -o out/
+
+Posts to ``/optimize`` (the model plus a spec JSON built from ``--spec FILE`` and the options), then, with
+``--wait`` or ``-o``, polls ``GET /jobs/{id}`` under a progress bar until the job ends and downloads every
+artifact (just ``bundle.zip``, unpacked, when the server offers one) into OUT. Exit status: 0 when the job
+succeeded (or was queued, without ``--wait``), 1 when it failed or was cancelled (its error is printed),
+2 when the request itself was refused or the server could not be reached.
+
+This is a client: it talks HTTP only, and reads the key from ``--api-key`` or ``FLEXDSA_API_KEY``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import zipfile
+from pathlib import Path, PurePosixPath
+from typing import Annotated
+from urllib.parse import quote
+
+import typer
+
+API_KEY_HEADER = "X-API-Key"
+TERMINAL = {"succeeded", "failed", "cancelled"}
+POLL_S = 0.5
+BUNDLE = "bundle.zip"
+
+
+class ClientError(Exception):
+    """The server refused a request or could not be reached; the message says which and why."""
+
+
+def _error_message(response) -> str:
+    try:
+        error = response.json()["error"]
+        return f"{error['message']} ({error['code']}, HTTP {response.status_code})"
+    except Exception:
+        return f"HTTP {response.status_code}: {response.text[:300]}"
+
+
+class Client:
+    """The few calls ``submit`` makes, over one httpx connection pool."""
+
+    def __init__(self, server: str, api_key: str | None, timeout_s: float = 60.0) -> None:
+        import httpx
+
+        headers = {API_KEY_HEADER: api_key} if api_key else {}
+        self.http = httpx.Client(base_url=server.rstrip("/"), headers=headers, timeout=timeout_s)
+
+    def close(self) -> None:
+        self.http.close()
+
+    def _call(self, method: str, url: str, **kwargs):
+        import httpx
+
+        try:
+            response = self.http.request(method, url, **kwargs)
+        except httpx.HTTPError as err:
+            raise ClientError(f"Cannot reach {self.http.base_url}: {err}") from None
+        if response.status_code >= 400:
+            raise ClientError(_error_message(response))
+        return response
+
+    def submit(self, model: Path, spec: dict, idempotency_key: str | None = None) -> dict:
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
+        with model.open("rb") as handle:
+            return self._call(
+                "POST",
+                "/optimize",
+                files={"model": (model.name, handle, "application/octet-stream")},
+                data={"spec": json.dumps(spec)},
+                headers=headers,
+            ).json()
+
+    def job(self, job_id: str) -> dict:
+        return self._call("GET", f"/jobs/{job_id}").json()
+
+    def artifacts(self, job_id: str) -> list[dict]:
+        return self._call("GET", f"/jobs/{job_id}/artifacts").json()["items"]
+
+    def download(self, job_id: str, name: str, dest: Path) -> int:
+        import httpx
+
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        partial = dest.with_name(dest.name + ".part")
+        try:
+            with self.http.stream("GET", f"/jobs/{job_id}/artifacts/{quote(name)}") as response:
+                if response.status_code >= 400:
+                    response.read()
+                    raise ClientError(f"Downloading {name}: {_error_message(response)}")
+                with partial.open("wb") as out:
+                    for chunk in response.iter_bytes(1024 * 1024):
+                        out.write(chunk)
+        except httpx.HTTPError as err:
+            partial.unlink(missing_ok=True)
+            raise ClientError(f"Downloading {name} failed: {err}") from None
+        partial.replace(dest)  # a file in OUT is always complete
+        return dest.stat().st_size
+
+
+def build_spec(target: str, spec_file: Path | None, objective: str | None, disable: list[str]) -> dict:
+    """The request spec: the file's keys, then the command line's (``--target`` always wins)."""
+    spec: dict = {}
+    if spec_file is not None:
+        try:
+            spec = json.loads(spec_file.read_text())
+        except (OSError, json.JSONDecodeError) as err:
+            raise ClientError(f"Cannot read the spec file {spec_file}: {err}") from None
+        if not isinstance(spec, dict):
+            raise ClientError(f"{spec_file} must hold a JSON object (the request spec).")
+    spec["target"] = target
+    if objective:
+        spec["objective"] = objective
+    if disable:
+        spec["disabled_rules"] = sorted({*spec.get("disabled_rules", []), *disable})
+    return spec
+
+
+def safe_destination(out: Path, name: str) -> Path:
+    """Where artifact ``name`` goes under ``out``; a name that would leave ``out`` is refused."""
+    parts = PurePosixPath(name).parts
+    if not parts or PurePosixPath(name).is_absolute() or any(p in ("..", "") for p in parts) or "\\" in name:
+        raise ClientError(f"Refusing artifact name {name!r}: it would be written outside {out}.")
+    return out.joinpath(*parts)
+
+
+def wait_for(client: Client, job_id: str, quiet: bool, timeout_s: float | None) -> dict:
+    """Poll until the job ends, under a progress bar that shows the stage."""
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    deadline = time.monotonic() + timeout_s if timeout_s else None
+    columns = (
+        TextColumn("[bold]{task.fields[status]:<9}"), TextColumn("{task.fields[stage]:<9}"), BarColumn(),
+        TextColumn("{task.percentage:>3.0f}%"), TimeElapsedColumn(),
+    )  # fmt: skip
+    with Progress(*columns, console=Console(stderr=True), disable=quiet, transient=True) as bar:
+        task = bar.add_task("", total=1.0, status="queued", stage="")
+        while True:
+            job = client.job(job_id)
+            bar.update(task, completed=job["progress"], status=job["status"], stage=job["stage"] or "")
+            if job["status"] in TERMINAL:
+                return job
+            if deadline is not None and time.monotonic() > deadline:
+                raise ClientError(
+                    f"Job {job_id} is still {job['status']} after {timeout_s:.0f} s; follow it with "
+                    f"GET /jobs/{job_id}, or run submit again with a longer --timeout."
+                )
+            time.sleep(POLL_S)
+
+
+def fetch_artifacts(client: Client, job_id: str, out: Path) -> list[Path]:
+    """Every artifact into ``out``; when the server offers bundle.zip, that alone, unpacked."""
+    items = client.artifacts(job_id)
+    names = [item["name"] for item in items]
+    out.mkdir(parents=True, exist_ok=True)
+    if BUNDLE in names:
+        bundle = safe_destination(out, BUNDLE)
+        client.download(job_id, BUNDLE, bundle)
+        with zipfile.ZipFile(bundle) as archive:
+            members = [m for m in archive.namelist() if not m.endswith("/")]
+            for member in members:
+                safe_destination(out, member)  # check every name before writing any
+            archive.extractall(out, members)
+        return [bundle, *(out / m for m in members)]
+    written = []
+    for name in names:
+        destination = safe_destination(out, name)
+        client.download(job_id, name, destination)
+        written.append(destination)
+    return written
+
+
+def submit(
+    model: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="The ONNX model to send.")],
+    target: Annotated[str, typer.Option("--target", "-t", help="Target name (GET /targets on the server).")],
+    server: Annotated[
+        str, typer.Option(envvar="FLEXDSA_SERVER", help="Server base URL (or FLEXDSA_SERVER).")
+    ] = "http://127.0.0.1:8000",
+    api_key: Annotated[
+        str | None,
+        typer.Option(envvar="FLEXDSA_API_KEY", show_default=False, help="API key (or FLEXDSA_API_KEY)."),
+    ] = None,
+    spec: Annotated[
+        Path | None,
+        typer.Option(
+            exists=True, dir_okay=False, help="JSON file with more request options (the API's spec)."
+        ),
+    ] = None,
+    objective: Annotated[str | None, typer.Option(help="latency, energy or balanced.")] = None,
+    disable: Annotated[
+        list[str] | None, typer.Option("--disable", help="Switch a fusion rule off by name (repeatable).")
+    ] = None,
+    wait: Annotated[bool, typer.Option("--wait", help="Follow the job until it ends.")] = False,
+    out: Annotated[
+        Path | None, typer.Option("--out", "-o", help="Download the artifacts here (implies --wait).")
+    ] = None,
+    idempotency_key: Annotated[
+        str | None, typer.Option(help="Retries with the same key return the same job.")
+    ] = None,
+    timeout: Annotated[
+        float | None, typer.Option(help="Give up waiting after this many seconds (default: never).")
+    ] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print only the job id and errors.")] = False,
+) -> None:
+    """Submit MODEL to a Flex-DSA server; with --wait/-o follow it and download its artifacts."""
+    from rich.console import Console
+
+    console = Console(stderr=True)
+    client = None
+    try:
+        request = build_spec(target, spec, objective, disable or [])
+        client = Client(server, api_key)
+        created = client.submit(model, request, idempotency_key)
+        job_id = created["job_id"]
+        typer.echo(job_id)
+        if not quiet:
+            cached = " (answered from an identical earlier job)" if created.get("cached") else ""
+            console.print(
+                f"Job {job_id}: {created['status']}{cached}. Status: {server.rstrip('/')}{created['status_url']}"
+            )
+        if not (wait or out):
+            return
+        if created["status"] in TERMINAL:  # a cached answer: already done
+            job = client.job(job_id)
+        else:
+            job = wait_for(client, job_id, quiet, timeout)
+        if job["status"] != "succeeded":
+            error = job.get("error") or {}
+            console.print(
+                f"[red]Job {job_id} {job['status']}[/red]"
+                + (f" ({error.get('code')}): {error.get('message')}" if error else "")
+            )
+            raise typer.Exit(1)
+        if not quiet:
+            summary = job.get("report_summary") or {}
+            if summary.get("nodes_before") is not None:
+                speed = f", ORT CPU {summary['speedup']:.2f}x" if summary.get("speedup") else ""
+                console.print(
+                    f"Succeeded: nodes {summary['nodes_before']} -> {summary['nodes_after']}{speed}."
+                )
+        if out is not None:
+            written = fetch_artifacts(client, job_id, out)
+            if not quiet:
+                console.print(f"Wrote {len(written)} files to {out}/: {', '.join(p.name for p in written)}")
+    except ClientError as err:
+        console.print(f"[red]error:[/red] {err}")
+        raise typer.Exit(2) from None
+    finally:
+        if client is not None:
+            client.close()
+
+
+def register(app: typer.Typer) -> None:
+    app.command("submit")(submit)
