@@ -6,11 +6,14 @@ Exporters below opset 17 write LayerNorm this way. ONNX Runtime runs ``LayerNorm
 but the ONNX checker knows it only from opset 17, so when the model imports opset 13-16 the rule raises
 the import to 17 (see ``_opset_upgrade``: safe unless the model holds an op whose meaning changed) and
 refuses, with the reason, below 13. Two rewrites: the normalisation times ``scale`` becomes
-``LayerNormalization(x, scale)``, then a following ``+ bias`` folds into its third input.
+``LayerNormalization(x, scale)``, then a following ``+ bias`` folds into its third input. A LayerNorm
+without scale (``elementwise_affine=False``) becomes ``LayerNormalization(x, ones)``; that variant leaves
+a normalisation followed by a Mul with a 1-D operand to the scaled one.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import onnx_ir as ir
 from onnxscript.rewriter import _ir_utils, pattern
 
@@ -25,8 +28,12 @@ _FLOAT_TYPES = frozenset({ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BF
 class LayerNormFusion(pattern.RewriteRuleClassBase):
     """Mul(Div(Sub(x, ReduceMean(x)), Sqrt(Add(ReduceMean(Pow(Sub(..), 2)), eps))), scale) → LayerNormalization(x, scale)"""
 
-    def __init__(self):
-        super().__init__("LayerNormFusion")
+    def __init__(self, affine: bool = True, root: str = "div"):
+        # affine=False: a LayerNorm without scale (elementwise_affine=False) ends at the Div (root="div")
+        # or at Mul(deviation, 1/std) (root="mul"); it gets a scale of ones.
+        super().__init__("LayerNormFusion" if affine else f"LayerNormFusion_no_affine_{root}")
+        self._affine = affine
+        self._root = root
         self._upgrade = OpsetUpgrade(LAYER_NORM_OPSET, "LayerNormalization")
 
     def pattern(self, op, x, scale, epsilon):
@@ -36,6 +43,8 @@ class LayerNormFusion(pattern.RewriteRuleClassBase):
         variance = op.ReduceMean(squared, _allow_other_inputs=True, _outputs=["variance"])
         std_dev = op.Sqrt(op.Add(variance, epsilon))
         inverse = pattern.OrValue([op.Reciprocal(std_dev), op.Div(1.0, std_dev)])
+        if not self._affine:
+            return op.Div(deviation, std_dev) if self._root == "div" else op.Mul(deviation, inverse)
         normalized = pattern.OrValue([op.Div(deviation, std_dev), op.Mul(deviation, inverse)])
         return op.Mul(normalized, scale)
 
@@ -50,14 +59,32 @@ class LayerNormFusion(pattern.RewriteRuleClassBase):
                 return result.fail(reason, reduce)
         if _ir_utils.get_singleton_value(epsilon) is None:
             return result.fail(f"Epsilon '{epsilon.name}' is not a constant scalar.", epsilon)
-        if (reason := vector_refusal("scale", scale, x)) is not None:
+        if self._affine and (reason := vector_refusal("scale", scale, x)) is not None:
             return result.fail(reason, scale)
+        if not self._affine and (reason := self._no_affine_refusal(context, x)) is not None:
+            return result.fail(reason)
         if (reason := self._upgrade.refusal(context)) is not None:
             return result.fail(reason)
         return result
 
+    def _no_affine_refusal(self, context, x) -> str | None:
+        last = x.shape[-1] if x.shape is not None and x.shape.rank() else None
+        if not isinstance(last, int):
+            return f"The normalised axis of '{x.name}' has no known size for a scale of ones."
+        normalized = context.root.outputs[0]
+        consumers = [node for node, _ in normalized.uses()]
+        if len(consumers) == 1 and consumers[0].op_type == "Mul" and not normalized.is_graph_output():
+            other = [v for v in consumers[0].inputs if v is not normalized]
+            if other and other[0] is not None and other[0].shape is not None and other[0].shape.rank() == 1:
+                return "The normalised value is scaled next; the affine form of the rule takes it."
+        self._ones = (f"{normalized.name}__scale", np.ones(last, dtype=x.dtype.numpy()))
+        return None
+
     def rewrite(self, op, x, scale, epsilon, **_):
         self._upgrade.mark_rewritten()
+        if not self._affine:
+            name, ones = self._ones
+            scale = op.initializer(ir.tensor(ones), name=name)
         stash_type = ir.DataType.DOUBLE if x.dtype == ir.DataType.DOUBLE else ir.DataType.FLOAT
         return op.LayerNormalization(
             x,
@@ -96,7 +123,12 @@ RULES = [
         "layer_norm",
         "LayerNorm written as ReduceMean/Sub/Pow/ReduceMean/Add/Sqrt/Div/Mul/Add → one LayerNormalization",
         ["LayerNormalization"],
-        [*LayerNormFusion.rule().commute(), *LayerNormBiasFusion.rule().commute()],
+        [
+            *LayerNormFusion.rule().commute(),
+            *LayerNormFusion.rule(affine=False, root="div").commute(),
+            *LayerNormFusion.rule(affine=False, root="mul").commute(),
+            *LayerNormBiasFusion.rule().commute(),
+        ],
         order=10,
     )
 ]

@@ -128,3 +128,19 @@ def test_fuses_one_over_sqrt():
     text = INPUT_AXES.replace("inv = Reciprocal (std)", "inv = Div (one, std)")
     text = text.replace("int64[1] axes = {-1}", "int64[1] axes = {-1}, float one = {1.0}")
     assert_fuses("layer_norm", text, ["LayerNormalization"])
+
+
+def test_fuses_without_scale_or_bias():
+    """LayerNorm(elementwise_affine=False): the rule supplies a scale of ones."""
+    text = ATTR_AXES.replace(
+        "n = Div (d, std)\n    ns = Mul (n, scale)\n    y = Add (ns, bias)", "y = Div (d, std)"
+    )
+    fused = assert_fuses("layer_norm", text, ["LayerNormalization"])
+    scale = next(init for init in fused.graph.initializer if init.name == fused.graph.node[0].input[1])
+    assert list(onnx.numpy_helper.to_array(scale)) == [1.0] * 8
+
+
+def test_fuses_without_scale_then_a_gate_that_is_not_a_scale():
+    text = INPUT_AXES.replace("ns = Mul (scale, n)\n    y = Add (bias, ns)", "y = Mul (n, gate)")
+    text = text.replace("(float[2, 4, 8] x)", "(float[2, 4, 8] x, float[2, 4, 1] gate)")
+    assert_fuses("layer_norm", text, ["LayerNormalization", "Mul"])
