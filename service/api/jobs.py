@@ -106,6 +106,14 @@ async def _subscribe(redis_url: str, channel: str):
     return client, pubsub
 
 
+async def _close(client, pubsub) -> None:
+    for closable in (pubsub, client):
+        try:
+            await closable.aclose()
+        except Exception:  # already broken; nothing more to release
+            pass
+
+
 @router.get(
     "/jobs/{job_id}/events",
     summary="Live progress (Server-Sent Events)",
@@ -142,13 +150,19 @@ async def job_events(
                     yield {"event": "end", "data": json.dumps({"job_id": job_id, "status": status})}
                     return
                 if pubsub is not None:
-                    await pubsub.get_message(ignore_subscribe_messages=True, timeout=REDIS_FALLBACK_POLL_S)
+                    try:
+                        await pubsub.get_message(
+                            ignore_subscribe_messages=True, timeout=REDIS_FALLBACK_POLL_S
+                        )
+                    except Exception as err:  # Redis went away mid-stream: keep following by polling
+                        log.warning("progress stream for %s: Redis lost (%s); polling instead", job_id, err)
+                        await _close(client, pubsub)
+                        client = pubsub = None
                 else:
                     await asyncio.sleep(settings.sse_poll_interval_s)
         finally:
             if pubsub is not None:
-                await pubsub.aclose()
-                await client.aclose()
+                await _close(client, pubsub)
 
     return EventSourceResponse(stream(), ping=15)
 
