@@ -196,7 +196,11 @@ class FlexDSAOptimizer:
 
             # Platform legalisation: ops the target lacks are rewritten (or left to CPU fallback).
             start = time.perf_counter()
-            model = self.adapter.legalize(model, self.target, comp.legalization.setdefault(bucket.name, []))
+            legalized = self.adapter.legalize(model, self.target, disabled)
+            model = legalized.model
+            comp.legalization[bucket.name] = legalized.notes
+            for name in legalized.applied:
+                applied(name)
             seconds["adapter"] += time.perf_counter() - start
             if debug:
                 check_invariants(model, stage=f"legalize[{bucket.name}]", supported=self.adapter_supports)
@@ -210,7 +214,7 @@ class FlexDSAOptimizer:
             comp.fusion_plans[bucket.name] = plan.to_json()
             cost_after = cost_model.graph_cost(model)
             comp.estimates[bucket.name] = {"before": cost_before.as_dict(), "after": cost_after.as_dict()}
-            comp.buckets.append(BucketModel(bucket.name, model, bucket.input_shapes(model)))
+            comp.buckets.append(BucketModel(bucket.name, model, bucket.input_shapes(model), legalized.portable))
         return comp
 
     def adapter_supports(self, op_type: str, domain: str) -> bool:

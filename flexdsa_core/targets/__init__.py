@@ -8,11 +8,12 @@ from functools import cache
 from importlib import resources
 
 from flexdsa_core.errors import TargetNotFoundError
-from flexdsa_core.targets.base import BucketModel, PlatformAdapter
+from flexdsa_core.targets.base import BucketModel, Legalized, PlatformAdapter
 from flexdsa_core.targets.spec import TargetSpec, op_key
 
 __all__ = [
     "BucketModel",
+    "Legalized",
     "PlatformAdapter",
     "TargetSpec",
     "get_adapter",

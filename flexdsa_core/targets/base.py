@@ -22,6 +22,18 @@ class BucketModel:
     name: str
     model: ir.Model
     input_shapes: dict[str, list[int | str]] = field(default_factory=dict)
+    # A hardware-independent variant shipped beside ``model`` when the adapter tuned it for this machine.
+    portable: ir.Model | None = None
+
+
+@dataclass
+class Legalized:
+    """What the adapter did to one bucket's model before code generation."""
+
+    model: ir.Model
+    applied: list[str] = field(default_factory=list)  # named rewrites, so the bisection can switch them off
+    notes: list[str] = field(default_factory=list)
+    portable: ir.Model | None = None
 
 
 class PlatformAdapter:
@@ -38,16 +50,21 @@ class PlatformAdapter:
     def supports(self, target: TargetSpec, op_type: str, domain: str = "") -> bool:
         return op_key(op_type, domain) in self.supported_op_keys(target)
 
-    def legalize(self, model: ir.Model, target: TargetSpec, notes: list[str]) -> ir.Model:
-        """Rewrite what the target's toolchain would mishandle; say what was done in ``notes``.
-        The default leaves the model unchanged."""
-        return model
+    # Names of the adapter's own rewrites; users (and the bisection) switch them off like any rule.
+    rewrites: tuple[str, ...] = ()
+
+    def legalize(self, model: ir.Model, target: TargetSpec, disabled: frozenset[str]) -> Legalized:
+        """Rewrite what the target's toolchain would mishandle. The default leaves the model unchanged."""
+        return Legalized(model)
 
     def generate(self, buckets: list[BucketModel], target: TargetSpec, report: dict) -> dict[str, bytes]:
         """Artifacts by file name. The default: one ONNX per bucket plus ``manifest.json``."""
         files: dict[str, bytes] = {}
         for bucket in buckets:
             files[self.model_filename(bucket)] = ir.to_proto(bucket.model).SerializeToString()
+            if bucket.portable is not None:
+                portable_name = self.model_filename(bucket).replace(".onnx", ".portable.onnx")
+                files[portable_name] = ir.to_proto(bucket.portable).SerializeToString()
         files["manifest.json"] = json.dumps(self.manifest(buckets, target, report), indent=2).encode()
         return files
 

@@ -61,3 +61,42 @@ def test_broadcasting_add_is_left_alone():
     model = ir.serde.deserialize_model(parse(BROADCAST_ADD))
     assert pin_unfused_residuals(model) == 0
     assert [n.op_type for n in model.graph] == ["Add", "LayerNormalization"]
+
+
+CONV = """
+<ir_version: 9, opset_import: ["" : 17]>
+g (float[1, 8, 16, 16] x) => (float[1, 16, 16, 16] y)
+<float[16, 8, 3, 3] w = {W}>
+{
+    c = Conv <pads = [1, 1, 1, 1]> (x, w)
+    y = Relu(c)
+}
+"""
+
+
+def test_ort_layout_runs_offline_and_keeps_a_portable_model():
+    from flexdsa_core.targets.cpu_ort import cpu_features
+
+    weights = ", ".join(f"{v:.4f}" for v in np.random.default_rng(1).standard_normal(16 * 8 * 9))
+    original = parse(CONV.replace("{W}", "{" + weights + "}"))
+    target = load_target("cpu-ort")
+    legalized = get_adapter(target).legalize(ir.serde.deserialize_model(original), target, frozenset())
+
+    assert "ort_layout" in legalized.applied
+    assert legalized.portable is not None
+    assert [n.op_type for n in legalized.portable.graph] == ["Conv", "Relu"]
+    tuned = ir.serde.serialize_model(legalized.model)
+    if "avx2" in cpu_features()["vector_extensions"]:  # ORT blocks convolutions only with wide vectors
+        assert "com.microsoft.nchwc" in {n.domain for n in tuned.graph.node}
+    feeds = {"x": np.random.default_rng(2).standard_normal((1, 8, 16, 16)).astype(np.float32)}
+    np.testing.assert_allclose(run(tuned, feeds)[0], run(original, feeds)[0], rtol=1e-4, atol=1e-5)
+
+
+def test_adapter_rewrites_can_be_switched_off():
+    original = parse(RESIDUAL_LN)
+    target = load_target("cpu-ort")
+    legalized = get_adapter(target).legalize(
+        ir.serde.deserialize_model(original), target, frozenset({"ort_layout", "pin_residual_sum"})
+    )
+    assert legalized.applied == [] and legalized.portable is None
+    assert [n.op_type for n in legalized.model.graph] == ["Add", "LayerNormalization"]
