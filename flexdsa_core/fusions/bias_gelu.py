@@ -1,9 +1,12 @@
-"""A constant bias added just before a GELU → ``com.microsoft::BiasGelu``: ``gelu(x + bias)`` in one pass.
+"""A constant bias added just before a GELU → the fused op's bias input: ``gelu(x + bias)`` in one pass.
 
-Runs after ``gelu_erf`` (which makes the ``Gelu`` this rule consumes) and also takes ONNX's own ``Gelu``
-(opset 20) when it is the exact (erf) form. The pattern and its operand orders are onnxscript's
-``ort_fusions.bias_gelu``; this rule adds what ONNX Runtime's kernel needs and that one leaves out: the bias
-is a constant 1-D tensor as long as the input's last axis, and the input is float32.
+- ``bias_gelu``: ``Gelu(x + bias)`` → ``com.microsoft::BiasGelu(x, bias)``. Runs after ``gelu_erf`` (which
+  makes the ``Gelu`` it consumes) and also takes ONNX's own ``Gelu`` (opset 20) in its exact (erf) form.
+  The pattern and its operand orders are onnxscript's ``ort_fusions.bias_gelu``.
+- ``bias_fast_gelu``: ``FastGelu(x + bias)`` → ``com.microsoft::FastGelu(x, bias)`` after ``gelu_tanh``.
+
+Both add what ONNX Runtime's kernels need: the bias is a constant 1-D tensor as long as the input's last
+axis, and the input is float32.
 """
 
 from __future__ import annotations
@@ -15,24 +18,47 @@ from onnxscript.rewriter.ort_fusions import bias_gelu as ort_bias_gelu
 from flexdsa_core.fusions.base import make_rule
 
 
+def _bias_refusal(input: ir.Value, bias: ir.Value) -> str | None:
+    if bias.const_value is None or bias.is_graph_input():
+        return f"The bias '{bias.name}' is not a constant."
+    if bias.shape is None or bias.shape.rank() != 1:
+        return f"The bias '{bias.name}' is not a 1-D tensor."
+    if input.dtype != ir.DataType.FLOAT:
+        return f"Input '{input.name}' is {input.dtype}; ONNX Runtime's GELU kernels take float32."
+    if input.shape is not None and input.shape.rank() and input.shape[-1] != bias.shape[0]:
+        return f"The bias has {bias.shape[0]} elements, the input's last axis {input.shape[-1]}."
+    return None
+
+
 class BiasGeluFusion(ort_bias_gelu.BiasGeluFusion):
     """Gelu(Add(x, bias)) → com.microsoft::BiasGelu(x, bias)"""
 
     def check(self, op, gelu, input, bias, **kwargs) -> pattern.MatchResult:
         result = super().check(op, gelu=gelu, input=input, bias=bias, **kwargs)
-        if not result:
-            return result
-        if bias.const_value is None or bias.is_graph_input():
-            return result.fail(f"The bias '{bias.name}' is not a constant.", bias)
-        if input.dtype != ir.DataType.FLOAT:
-            return result.fail(
-                f"Input '{input.name}' is {input.dtype}; ONNX Runtime's BiasGelu takes float32.", input
-            )
-        if input.shape is not None and input.shape.rank() and input.shape[-1] != bias.shape[0]:
-            return result.fail(
-                f"The bias has {bias.shape[0]} elements, the input's last axis {input.shape[-1]}.", bias
-            )
+        if result and (reason := _bias_refusal(input, bias)) is not None:
+            return result.fail(reason, bias)
         return result
+
+
+class BiasFastGeluFusion(pattern.RewriteRuleClassBase):
+    """FastGelu(Add(x, bias)) → com.microsoft::FastGelu(x, bias)"""
+
+    def __init__(self, bias_first: bool):
+        super().__init__(f"BiasFastGelu{'_bias_first' if bias_first else ''}")
+        self._bias_first = bias_first
+
+    def pattern(self, op, input, bias):
+        biased = op.Add(bias, input) if self._bias_first else op.Add(input, bias)
+        return op.FastGelu(biased, _domain="com.microsoft")
+
+    def check(self, context, input, bias, **_) -> pattern.MatchResult:
+        result = pattern.MatchResult()
+        if (reason := _bias_refusal(input, bias)) is not None:
+            return result.fail(reason, bias)
+        return result
+
+    def rewrite(self, op, input, bias, **_):
+        return op.FastGelu(input, bias, _domain="com.microsoft")
 
 
 RULES = [
@@ -46,5 +72,13 @@ RULES = [
         ],
         order=30,
         opset_imports={"com.microsoft": 1},
-    )
+    ),
+    make_rule(
+        "bias_fast_gelu",
+        "FastGelu(x + constant 1-D bias) → com.microsoft::FastGelu(x, bias)",
+        ["com.microsoft::FastGelu"],
+        [BiasFastGeluFusion.rule(bias_first) for bias_first in (False, True)],
+        order=30,
+        opset_imports={"com.microsoft": 1},
+    ),
 ]

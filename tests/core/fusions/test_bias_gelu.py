@@ -63,3 +63,15 @@ g (float[2, 4] x) => (float[2, 4] y)
 )
 def test_refuses(text):
     assert_not_fused("bias_gelu", text)
+
+
+@pytest.mark.parametrize("add", ["Add (x, bias)", "Add (bias, x)"], ids=["x-first", "bias-first"])
+def test_bias_fast_gelu_fuses(add):
+    fused = assert_fuses("bias_fast_gelu", graph(add, gelu="com.microsoft.FastGelu"), ["FastGelu"])
+    assert list(fused.graph.node[0].input) == ["x", "bias"]
+
+
+def test_bias_fast_gelu_refuses_a_bias_that_is_an_input():
+    assert_not_fused(
+        "bias_fast_gelu", graph("Add (x, b)", gelu="com.microsoft.FastGelu", extra_in=", float[4] b")
+    )
