@@ -25,14 +25,14 @@ import onnx_ir as ir
 
 from flexdsa_core.cache import KernelCache, LayeredCache, LRUCache, StatsCache
 from flexdsa_core.cost_model import CostModel
-from flexdsa_core.errors import ValidationFailedError
+from flexdsa_core.errors import InvalidOptionsError, ValidationFailedError
 from flexdsa_core.fusion_switcher import FusionSwitcher
 from flexdsa_core.fusions import discover_rules
 from flexdsa_core.ingest import Ingested, ingest
 from flexdsa_core.invariants import check_invariants
 from flexdsa_core.memory_planner import plan_memory
 from flexdsa_core.options import OptimizeOptions
-from flexdsa_core.passes import generic_passes
+from flexdsa_core.passes import GENERIC_PASS_NAMES, generic_passes
 from flexdsa_core.passes.manager import run_passes
 from flexdsa_core.report import build_report, render_summary, report_summary
 from flexdsa_core.shape_tracker import ShapeTracker
@@ -135,6 +135,23 @@ class FlexDSAOptimizer:
         self.target = load_target(target) if isinstance(target, str) else target
         self.adapter: PlatformAdapter = get_adapter(self.target)
 
+    def switchable_rewrites(self) -> dict[str, list[str]]:
+        """Every name ``disabled_rules`` accepts for this target, by kind."""
+        return {
+            "passes": list(GENERIC_PASS_NAMES),
+            "fusions": [rule.name for rule in discover_rules()],
+            "target": list(self.adapter.rewrites),
+        }
+
+    def _check_disabled(self, options: OptimizeOptions) -> None:
+        known = {name for names in self.switchable_rewrites().values() for name in names}
+        unknown = sorted(set(options.disabled_rules) - known)
+        if unknown:
+            raise InvalidOptionsError(
+                f"disabled_rules names unknown rewrites: {', '.join(unknown)}. "
+                f"Known for target {self.target.name!r}: {', '.join(sorted(known))}."
+            )
+
     def supports(self, key: str) -> bool:
         op_type, domain = (key.split("::", 1)[1], key.split("::", 1)[0]) if "::" in key else (key, "")
         return self.adapter.supports(self.target, op_type, domain)
@@ -230,6 +247,7 @@ class FlexDSAOptimizer:
         progress: Progress | None = None,
     ) -> OptimizeResult:
         options = options or OptimizeOptions()
+        self._check_disabled(options)
         report_progress = _Progress(progress)
         # An in-process LRU always sits in front: identical layers in one model (and the recompiles of the
         # bisection) measure once, whatever the caller's cache is.

@@ -81,3 +81,12 @@ def test_latency_is_measured_and_reported(cpu_ort):
     latency = result.report["latency"]
     assert latency["measured"] and latency["before_s"] > 0 and latency["after_s"] > 0
     assert result.report["reproducibility"]["versions"]["onnxruntime"]
+
+
+def test_unknown_rule_name_is_a_clear_error(cpu_ort):
+    from flexdsa_core.errors import InvalidOptionsError
+
+    with pytest.raises(InvalidOptionsError, match="layer_nrom"):
+        cpu_ort.optimize(fixture("resnet"), OptimizeOptions(disabled_rules=["layer_nrom"]))
+    names = cpu_ort.switchable_rewrites()
+    assert "layer_norm" in names["fusions"] and "cse" in names["passes"] and "ort_layout" in names["target"]
