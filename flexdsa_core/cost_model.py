@@ -18,10 +18,16 @@ Seconds and joules, per kernel:
 
 * ``cpu-ort`` (``target.calibrated``): measured. The node is cut out into a one-node model (same op,
   domain, opset, attributes, input shapes and dtypes; constant inputs kept as initializers so ONNX
-  Runtime pre-packs them as it would in the real model) and timed in ONNX Runtime here: one intra-op
-  thread, sequential execution, ``ORT_ENABLE_BASIC``, inputs and outputs bound once (IOBinding), the
-  median of several runs, minus the median of an empty run (the Python and session overhead a real
-  graph does not pay per node), plus ``launch_overhead_s`` (what a real graph does pay per node).
+  Runtime pre-packs them as it would in the real model) and run in ONNX Runtime here: one intra-op
+  thread, sequential execution, ``ORT_ENABLE_BASIC`` (a single node has nothing to fuse, and the NCHWc
+  layout pass of ``ORT_ENABLE_ALL`` would wrap one Conv in reorders that a real graph amortises),
+  inputs and outputs bound once (IOBinding). Each run is timed in CPU time of the calling thread (a
+  one-thread session runs its kernels there): time spent preempted on a busy shared machine does not
+  count, memory contention still does. Of 5 to 50 runs (within ``measure_budget_s``) the figure is
+  the median of the faster half (the lower quartile), less the same figure for an empty run (the
+  Python and session overhead a real graph does not pay per node), plus ``launch_overhead_s`` (what a
+  real graph does pay per node). The plain median is cached alongside. Close calls are re-timed side
+  by side (``compare``), both sets interleaved round by round.
   Fused kernels are the reason to measure: at [1,128,768] ONNX Runtime 1.31's CPU
   SkipLayerNormalization is several times slower than Add + LayerNormalization, while BiasGelu and
   SimplifiedLayerNormalization are faster than their unfused forms, whatever a roofline says.
@@ -370,10 +376,9 @@ def _random_array(shape: Sequence[int], dtype: str, rng: np.random.Generator) ->
     return np.zeros(shape, dtype=np_dtype)
 
 
-def _time_session(
-    session: ort.InferenceSession, feeds: Mapping[str, np.ndarray], budget_s: float
-) -> list[float]:
-    """Seconds per run: inputs and outputs bound once, so only the kernel (and ORT's dispatch) is timed."""
+def _bound_runner(session: ort.InferenceSession, feeds: Mapping[str, np.ndarray]) -> Callable[[], None]:
+    """One run of the session with inputs and outputs bound once, so that only the kernel (and ORT's
+    dispatch) is timed, never allocation or copies."""
     binding = session.io_binding()
     for name, array in feeds.items():
         binding.bind_cpu_input(name, array)
@@ -382,15 +387,24 @@ def _time_session(
     session.run_with_iobinding(binding)  # warm-up; ORT allocates the outputs
     for output, value in zip(session.get_outputs(), binding.get_outputs(), strict=True):
         binding.bind_ortvalue_output(output.name, value)  # reuse them: no allocation inside the timing
-    warm = _timed(lambda: session.run_with_iobinding(binding))
-    # At least 5 runs, as many as fit the budget (at most 50); a kernel slower than the budget runs twice.
+    return lambda: session.run_with_iobinding(binding)
+
+
+def _time_session(
+    session: ort.InferenceSession, feeds: Mapping[str, np.ndarray], budget_s: float
+) -> list[float]:
+    return _time_runner(_bound_runner(session, feeds), budget_s)
+
+
+def _time_runner(run: Callable[[], None], budget_s: float) -> list[float]:
+    """Seconds per run: at least 5 runs, as many as fit the budget (at most 50); a kernel slower than
+    the budget runs twice."""
+    warm = _timed(run)
     least = 5 if warm < budget_s / 5 else 2
     runs: list[float] = []
     started = time.perf_counter()
     while len(runs) < least or (len(runs) < 50 and time.perf_counter() - started < budget_s):
-        tick = time.perf_counter()
-        session.run_with_iobinding(binding)
-        runs.append(time.perf_counter() - tick)
+        runs.append(_timed(run))
     return runs
 
 
@@ -419,6 +433,12 @@ def _single_node_model(
     return onnx.helper.make_model(graph, opset_imports=opset_ids, ir_version=10)
 
 
+def _steady(runs: Sequence[float]) -> float:
+    """The median of the faster half of the runs (their lower quartile)."""
+    ordered = sorted(runs)
+    return statistics.median(ordered[: max(1, (len(ordered) + 1) // 2)])
+
+
 @functools.cache
 def _empty_run_seconds() -> float:
     """Median of a run that does nothing (Identity on one float): the fixed cost of ``run`` itself."""
@@ -428,7 +448,7 @@ def _empty_run_seconds() -> float:
     session = ort.InferenceSession(
         model.SerializeToString(), _session_options(_LEVELS["basic"]), providers=["CPUExecutionProvider"]
     )
-    return statistics.median(_time_session(session, {"x": np.ones(1, np.float32)}, 0.05))
+    return _steady(_time_session(session, {"x": np.ones(1, np.float32)}, 0.05))
 
 
 @functools.cache
@@ -472,9 +492,13 @@ def _host_rates() -> tuple[float, float]:
 
 
 def _timed(function: Callable[[], object]) -> float:
-    tick = time.perf_counter()
+    """CPU seconds of this thread spent in ``function``. A one-thread ONNX Runtime session runs its
+    kernels on the calling thread, so this is the kernel's time; unlike wall time it does not include
+    the time the thread sat preempted on a busy shared machine (a 2 ms MatMul read 22 ms of wall time
+    under load, 2.1 ms of thread time)."""
+    tick = time.thread_time()
     function()
-    return time.perf_counter() - tick
+    return time.thread_time() - tick
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -510,6 +534,7 @@ class CostModel:
         self.representative_dim = REPRESENTATIVE_DIM
         self._notes: dict[str, None] = {}
         self._memo: dict[str, dict] = {}
+        self._compared: dict[tuple, tuple[float, float]] = {}
         self.compiler_version = f"{__version__}+ort{ort.__version__}"
 
     # -- public ------------------------------------------------------------------------------------
@@ -517,7 +542,7 @@ class CostModel:
     @property
     def basis(self) -> str:
         if self.measuring:
-            return f"measured with ONNX Runtime {ort.__version__} on this machine (1 thread, median of runs)"
+            return f"measured with ONNX Runtime {ort.__version__} on this machine (1 thread, lower quartile of runs)"
         return f"roofline estimate from the {self.target.name} spec"
 
     @property
@@ -567,6 +592,60 @@ class CostModel:
     def graph_cost(self, model: ir.Model) -> Cost:
         """Cost of the model's main graph (subgraphs of control-flow nodes are not descended into)."""
         return self.nodes_cost(list(model.graph), opsets=model.opset_imports)
+
+    def compare(
+        self,
+        first: Sequence[ir.Node],
+        second: Sequence[ir.Node],
+        *,
+        opsets: Mapping[str, int] | None = None,
+        shapes: Mapping[ir.Value, TensorInfo] | None = None,
+    ) -> tuple[float, float] | None:
+        """Seconds of two node sets timed side by side, for close calls: each round runs every kernel
+        of both sets once (in alternating order), so that load on a shared machine falls on both sides
+        alike. Per kernel the same figure as a measurement (steady run time less the empty run, plus
+        ``launch_overhead_s``). None when not measuring or a kernel cannot be run alone. Remembered
+        for the life of this model only (the same close call at twelve identical layers is timed once),
+        never put in the shared cache: it is a comparison, not a kernel's cost."""
+        if not self.measuring:
+            return None
+        started = time.perf_counter()
+        kernels: list[tuple[int, ir.Node, OpView, int, Mapping[str, int]]] = []
+        for side, nodes in enumerate((first, second)):
+            nodes = [n for n in nodes if not (n.op_type == "Constant" and n.domain in ("", "ai.onnx"))]
+            known = dict(shapes or {})
+            known.update(self.infer_shapes(nodes, opsets=opsets, known=known))
+            for node in nodes:
+                view = self._view(node, known)
+                if view is None or not self._measurable(node, view):
+                    return None
+                node_opsets = opsets or self._opsets_of(node)
+                opset = node_opsets.get(node.domain, _DEFAULT_OPSETS.get(node.domain, 1))
+                kernels.append((side, node, view, opset, node_opsets))
+        memo_key = tuple((side, self._key(node, view, opset)) for side, node, view, opset, _ in kernels)
+        if memo_key in self._compared:
+            return self._compared[memo_key]
+        runners: list[tuple[int, Callable[[], None]]] = []
+        for side, node, view, opset, node_opsets in kernels:
+            run = self._kernel_runner(node, view, opset, node_opsets)
+            if run is None:
+                return None
+            runners.append((side, run))
+        times: list[list[float]] = [[] for _ in runners]
+        order = list(range(len(runners)))
+        rounds = 0
+        budget = 4 * self.measure_budget_s
+        timing_started = time.perf_counter()
+        while rounds < 5 or (rounds < 50 and time.perf_counter() - timing_started < budget):
+            for index in order if rounds % 2 == 0 else reversed(order):
+                times[index].append(_timed(runners[index][1]))
+            rounds += 1
+        totals = [0.0, 0.0]
+        for (side, _), runs in zip(runners, times, strict=True):
+            totals[side] += max(_steady(runs) - _empty_run_seconds(), 0.0) + self.target.launch_overhead_s
+        self.measure_seconds += time.perf_counter() - started
+        self._compared[memo_key] = (totals[0], totals[1])
+        return totals[0], totals[1]
 
     def describe(self) -> dict:
         """What the figures rest on, for reports."""
@@ -770,18 +849,23 @@ class CostModel:
             joules = target.power_w * (compute_s + memory_s + target.launch_overhead_s)
         return Cost(flops=base.flops, bytes=base.bytes, seconds=seconds, joules=joules, kernels=1)
 
-    def _measured_seconds(self, node: ir.Node, view: OpView, opsets: Mapping[str, int]) -> float | None:
+    def _measurable(self, node: ir.Node, view: OpView) -> bool:
         if any(
             attr.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS)
             for attr in node.attributes.values()
         ):
-            return None  # control flow: its cost is its subgraphs', not one kernel's
+            return False  # control flow: its cost is its subgraphs', not one kernel's
         if any(
             value is not None and value.const_value is None and info is not None and info.value is None
             and np.dtype(info.dtype).kind in "iu" and node.op_type in _SHAPE_INPUT_OPS
             for value, info in zip(node.inputs, view.inputs, strict=True)
         ):  # fmt: skip
             self._note(f"{node.op_type}: a shape input is neither constant nor known; not measured alone")
+            return False
+        return True
+
+    def _measured_seconds(self, node: ir.Node, view: OpView, opsets: Mapping[str, int]) -> float | None:
+        if not self._measurable(node, view):
             return None
         opset = opsets.get(node.domain, _DEFAULT_OPSETS.get(node.domain, 1))
         key = self._key(node, view, opset)
@@ -839,6 +923,24 @@ class CostModel:
 
     def _measure(self, node: ir.Node, view: OpView, opset: int, opsets: Mapping[str, int]) -> dict | None:
         started = time.perf_counter()
+        run = self._kernel_runner(node, view, opset, opsets)
+        if run is None:
+            return None
+        runs = _time_runner(run, self.measure_budget_s)
+        elapsed = time.perf_counter() - started
+        self.measure_seconds += elapsed
+        return {
+            "seconds": max(_steady(runs) - _empty_run_seconds(), 0.0),
+            "raw_steady_s": _steady(runs),
+            "raw_median_s": statistics.median(runs),
+            "runs": len(runs),
+            "measure_s": elapsed,
+        }
+
+    def _kernel_runner(
+        self, node: ir.Node, view: OpView, opset: int, opsets: Mapping[str, int]
+    ) -> Callable[[], None] | None:
+        """The node alone in an ONNX Runtime session, bound and warmed up, as a function running it once."""
         rng = np.random.default_rng(0)
         inputs, feeds = [], {}
         for index, (value, info) in enumerate(zip(node.inputs, view.inputs, strict=True)):
@@ -860,20 +962,11 @@ class CostModel:
                 _session_options(_LEVELS[self.ort_level]),
                 providers=["CPUExecutionProvider"],
             )
-            runs = _time_session(session, feeds, self.measure_budget_s)
+            return _bound_runner(session, feeds)
         except Exception as error:  # noqa: BLE001 - any ORT failure means "not measurable alone"
             self._note(f"{op_key(node.op_type, node.domain)} not measurable alone in ONNX Runtime: "
                        f"{str(error).splitlines()[0][:160]}")  # fmt: skip
             return None
-        raw = statistics.median(runs)
-        elapsed = time.perf_counter() - started
-        self.measure_seconds += elapsed
-        return {
-            "seconds": max(raw - _empty_run_seconds(), 0.0),
-            "raw_median_s": raw,
-            "runs": len(runs),
-            "measure_s": elapsed,
-        }
 
     def _cache_get(self, key: str) -> dict | None:
         """This model's own memo first (identical layers of one job measure once even when the caller
