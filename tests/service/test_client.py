@@ -1,0 +1,261 @@
+"""``flexdsa submit`` against a real uvicorn server in embedded mode (SQLite, in-process worker, tmp data dir):
+a job that succeeds (artifacts downloaded), one that fails (exit 1 with the job's error), requests the server
+refuses (exit 2 with its message), and the client's own guards.
+
+``embedded_server`` is shared with the dashboard's browser tests.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import zipfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import onnx
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from service.client import Client, ClientError, fetch_artifacts, register, safe_destination
+
+REPO = Path(__file__).resolve().parents[2]
+BERT = REPO / "tests" / "models" / "bert.onnx"
+START_TIMEOUT_S = 90
+JOB_TIMEOUT_S = 240
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@dataclass
+class LiveServer:
+    url: str
+    data_dir: Path
+
+    def settings(self):
+        """The server's settings, for a test that must reach behind the API (its SQLite file, its store)."""
+        from service.config import Settings
+
+        return Settings(data_dir=self.data_dir)
+
+
+@contextmanager
+def embedded_server(data_dir: Path, **settings: str) -> Iterator[LiveServer]:
+    """``uvicorn service.app:create_app`` on 127.0.0.1 with embedded defaults under ``data_dir``.
+
+    ``settings`` become ``FLEXDSA_<NAME>`` variables (e.g. ``auth="required"``). The server is a separate
+    process, as in production, so the in-process worker and its job children are really exercised.
+    """
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEXDSA_")}
+    env.update(
+        {"FLEXDSA_DATA_DIR": str(data_dir), **{f"FLEXDSA_{k.upper()}": v for k, v in settings.items()}}
+    )
+    log_path = data_dir / "server.log"
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "uvicorn", "service.app:create_app", "--factory",
+             "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"],
+            cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            if process.poll() is not None:
+                pytest.fail(f"the server exited ({process.returncode}):\n{log_path.read_text()[-3000:]}")
+            try:
+                if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(
+                    f"the server did not answer in {START_TIMEOUT_S} s:\n{log_path.read_text()[-3000:]}"
+                )
+            time.sleep(0.2)
+        yield LiveServer(url, data_dir)
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def failing_onnx() -> bytes:
+    """A well-formed model the pipeline refuses: its one op is in a domain ONNX Runtime does not know."""
+    from onnx import TensorProto, helper
+
+    node = helper.make_node("Frobnicate", ["x"], ["y"], domain="acme.custom")
+    graph = helper.make_graph(
+        [node],
+        "unsupported",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])],
+    )
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("acme.custom", 1)]
+    return helper.make_model(graph, opset_imports=opsets, ir_version=9).SerializeToString()
+
+
+def wait_for_job(
+    url: str, job_id: str, headers: dict | None = None, timeout_s: float = JOB_TIMEOUT_S
+) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        job = httpx.get(f"{url}/jobs/{job_id}", headers=headers or {}, timeout=10).json()
+        if job["status"] in ("succeeded", "failed", "cancelled"):
+            return job
+        assert time.monotonic() < deadline, f"job {job_id} still {job['status']} after {timeout_s} s"
+        time.sleep(0.3)
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory) -> Iterator[LiveServer]:
+    with embedded_server(tmp_path_factory.mktemp("client-server")) as server:
+        yield server
+
+
+@pytest.fixture
+def server(live) -> str:
+    return live.url
+
+
+@pytest.fixture
+def cli():
+    app = typer.Typer()
+    register(app)
+    app.command("noop", hidden=True)(lambda: None)  # a second command keeps `submit` a named subcommand
+    runner = CliRunner()
+    return lambda *args: runner.invoke(app, [str(a) for a in args], env={"FLEXDSA_API_KEY": None})
+
+
+def test_submit_wait_downloads_every_artifact(server, cli, tmp_path):
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"measure_latency": False, "objective": "balanced"}))
+    out = tmp_path / "out"
+    result = cli(
+        "submit", BERT, "--target", "cpu-ort", "--server", server, "--spec", spec, "--wait", "-o", out
+    )
+    assert result.exit_code == 0, result.output
+    job_id = result.stdout.strip().splitlines()[0]
+    job = httpx.get(f"{server}/jobs/{job_id}").json()
+    assert job["status"] == "succeeded"
+    assert job["spec"]["objective"] == "balanced" and job["spec"]["measure_latency"] is False
+
+    listed = {a["name"]: a["size"] for a in httpx.get(f"{server}/jobs/{job_id}/artifacts").json()["items"]}
+    assert {p.name: p.stat().st_size for p in out.iterdir()} == listed
+    model = onnx.load_model(out / "model.onnx")
+    onnx.checker.check_model(model)
+    report = json.loads((out / "report.json").read_text())
+    assert report["nodes"]["total_after"] < report["nodes"]["total_before"]
+    assert "Succeeded: nodes" in result.output
+
+
+def test_submit_without_wait_prints_the_job_and_returns(server, cli, tmp_path):
+    model = tmp_path / "bad.onnx"
+    model.write_bytes(failing_onnx())
+    result = cli("submit", model, "--target", "cpu-ort", "--server", server, "--quiet")
+    assert result.exit_code == 0, result.output
+    job_id = result.stdout.strip()
+    assert httpx.get(f"{server}/jobs/{job_id}").status_code == 200
+
+
+def test_failed_job_exits_1_with_its_error(server, tmp_path):
+    """Through the installed entry point, as a user runs it."""
+    model = tmp_path / "unsupported.onnx"
+    model.write_bytes(failing_onnx())
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEXDSA_")}
+    result = subprocess.run(
+        [sys.executable, "-m", "flexdsa_core.cli", "submit", str(model), "--target", "cpu-ort",
+         "--server", server, "--wait", "-o", str(tmp_path / "out")],
+        capture_output=True, text=True, cwd=REPO, env={**env, "COLUMNS": "300"}, timeout=JOB_TIMEOUT_S,
+    )  # fmt: skip
+    assert result.returncode == 1, result.stderr
+    assert "failed (unsupported_model)" in result.stderr
+    assert "acme.custom" in result.stderr
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--target", "no-such-target"], "unknown_target"),
+        (["--target", "cpu-ort", "--api-key", "fdsa_wrong_key"], "invalid_api_key"),
+    ],
+)
+def test_refused_request_exits_2_with_the_servers_message(server, cli, tmp_path, args, expected):
+    model = tmp_path / "m.onnx"
+    model.write_bytes(failing_onnx())
+    result = cli("submit", model, *args, "--server", server, "--wait")
+    assert result.exit_code == 2
+    assert expected in result.output
+
+
+def test_unreachable_server_exits_2(cli, tmp_path):
+    model = tmp_path / "m.onnx"
+    model.write_bytes(failing_onnx())
+    result = cli("submit", model, "--target", "cpu-ort", "--server", f"http://127.0.0.1:{_free_port()}")
+    assert result.exit_code == 2
+    assert "Cannot reach" in result.output
+
+
+def test_bundle_zip_is_downloaded_and_unpacked_instead_of_each_file(live, tmp_path):
+    """When a job offers bundle.zip, the client fetches that one file and unpacks it."""
+    from service.db import make_engine, make_session_factory
+    from service.models import Artifact
+    from service.storage import make_store
+
+    server = live.url
+    created = httpx.post(
+        f"{server}/optimize",
+        files={"model": ("bad.onnx", failing_onnx())},
+        data={"spec": json.dumps({"target": "cpu-ort"})},
+    ).json()
+    wait_for_job(server, created["job_id"])
+    bundle = tmp_path / "bundle.zip"
+    with zipfile.ZipFile(bundle, "w") as archive:
+        archive.writestr("model.onnx", b"onnx bytes")
+        archive.writestr("vendor/convert.sh", b"#!/bin/sh\n")
+    settings = live.settings()
+    key = make_store(settings).put_file(bundle)
+    engine = make_engine(settings.database_url)
+    with make_session_factory(engine)() as session:
+        session.add(Artifact(job_id=created["job_id"], name="bundle.zip", blob_key=key,
+                             size=bundle.stat().st_size, content_type="application/zip"))  # fmt: skip
+        session.add(Artifact(job_id=created["job_id"], name="report.json", blob_key=key, size=1))
+        session.commit()
+    engine.dispose()
+
+    client = Client(server, None)
+    try:
+        written = fetch_artifacts(client, created["job_id"], tmp_path / "out")
+    finally:
+        client.close()
+    assert (tmp_path / "out" / "vendor" / "convert.sh").read_bytes() == b"#!/bin/sh\n"
+    assert (tmp_path / "out" / "model.onnx").read_bytes() == b"onnx bytes"
+    assert not (tmp_path / "out" / "report.json").exists()  # the bundle alone was fetched
+    assert len(written) == 3
+
+
+@pytest.mark.parametrize("name", ["../escape", "/etc/passwd", "a/../../b", "a\\..\\b", ""])
+def test_artifact_names_never_leave_the_output_folder(tmp_path, name):
+    with pytest.raises(ClientError):
+        safe_destination(tmp_path, name)
+
+
+def test_nested_artifact_names_stay_nested(tmp_path):
+    assert safe_destination(tmp_path, "bucket_128/model.onnx") == tmp_path / "bucket_128" / "model.onnx"
