@@ -96,8 +96,12 @@ def find_by_idempotency_key(session: Session, tenant: Tenant, key: str | None) -
 
 
 def _check_quota(session: Session, settings: Settings, tenant: Tenant) -> None:
-    # Lock the tenant row (Postgres) so two concurrent submissions cannot both squeeze under the limit.
-    session.execute(select(Tenant.id).where(Tenant.id == tenant.id).with_for_update())
+    # Serialise this tenant's submissions so two concurrent ones cannot both squeeze under the limit: a row
+    # lock on Postgres; SQLite has no FOR UPDATE, so a no-op write takes its database write lock instead.
+    if session.get_bind().dialect.name == "sqlite":
+        session.execute(update(Tenant).where(Tenant.id == tenant.id).values(name=Tenant.name))
+    else:
+        session.execute(select(Tenant.id).where(Tenant.id == tenant.id).with_for_update())
     limit = (
         tenant.max_queued_jobs if tenant.max_queued_jobs is not None else settings.max_queued_jobs_per_tenant
     )

@@ -178,3 +178,20 @@ def test_unhandled_exception_is_500_in_the_error_shape(env):
     response = TestClient(app, raise_server_exceptions=False).get("/boom")
     error = _assert_error(response, 500, "internal_error")
     assert "secret" not in error["message"]
+
+
+def test_quota_holds_under_concurrent_submissions(env):
+    import threading
+
+    headers = env.new_key(max_queued_jobs=2)
+    statuses = []
+
+    def post(alpha):
+        statuses.append(env.submit(headers, model=tiny_onnx(alpha)).status_code)
+
+    threads = [threading.Thread(target=post, args=(0.01 * i,)) for i in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(statuses) == [202, 202, 429, 429, 429, 429]
