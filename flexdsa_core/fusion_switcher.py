@@ -15,9 +15,11 @@ For each rule, in ``order``:
    with the ``CostModel`` (measured kernels on cpu-ort, a roofline estimate elsewhere). The match is
    applied only if the gain pays for the objective:
 
-   * ``latency``: ``gain.seconds > 0``; when both sides are measured, a gain within the noise margin
-     (max(5 % of the removed nodes' time, 0.5 µs)) either way is a tie, taken only if the rewrite
-     leaves fewer kernels (a folded BatchNorm: the Conv with a bias costs what it did without);
+   * ``latency``: ``gain.seconds > 0``. When both sides are measured and within 25 % of each other,
+     they are first re-timed side by side (``CostModel.compare``: two measurements taken at different
+     moments on a shared machine differ by that much); a gain then within the noise margin (max(5 %
+     of the removed nodes' time, 0.5 µs)) either way is a tie, taken only if the rewrite leaves fewer
+     kernels (a folded BatchNorm: the Conv with a bias costs about what it did without);
    * ``energy``: ``gain.joules > 0`` (where the target has no power figure, energy is unavailable and the
      decision falls back to latency, said so in the plan);
    * ``balanced``: ``gain.seconds / before.seconds + gain.joules / before.joules > 0`` (the first-order
@@ -26,7 +28,8 @@ For each rule, in ``order``:
 Rules sharing an ``alternatives`` group consume the same nodes at different granularities: each
 alternative is run as above on a clone of the model, "none" counts as gain 0, and the one with the
 largest total gain for the objective is applied to the model; the others are refused with the figures.
-Alternatives are compared per group, not mixed per match.
+Alternatives are compared per group, not mixed per match. At one site the rule's variants are tried in
+turn until one pays; a site where none pays is recorded once.
 
 Refusals by a rule's own ``check`` (a failed ``MatchResult`` with a sentence) are collected through the
 matching tracer and written under the rule in the plan. The main graph and control-flow subgraphs are
@@ -36,9 +39,8 @@ rewritten; model-local functions are not (they are inlined before this stage).
 from __future__ import annotations
 
 import collections
-import dataclasses
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 import onnx_ir as ir
@@ -335,8 +337,8 @@ class FusionSwitcher:
             shapes = {**self._known_shapes(removed), **self._known_shapes(added)}
             side_by_side = self.cost_model.compare(removed, added, opsets=opsets, shapes=shapes)
             if side_by_side is not None:
-                before = dataclasses.replace(before, seconds=side_by_side[0])
-                after = dataclasses.replace(after, seconds=side_by_side[1])
+                before = replace(before, seconds=side_by_side[0])
+                after = replace(after, seconds=side_by_side[1])
                 retimed = ", a close call re-timed side by side"
         gain_seconds = _minus(before.seconds, after.seconds)
         gain_joules = _minus(before.joules, after.joules)

@@ -233,6 +233,15 @@ def test_a_seeded_measurement_is_used_as_is():
     assert cost_model.stats.hits == 1 and cost_model.stats.seconds_saved == 1.5
 
 
+def test_compare_times_two_sets_side_by_side_and_remembers():
+    cost_model = CostModel(load_target("cpu-ort"))
+    first, second = _model(TWO_LAYERS, w1=(128, 128), w2=(128, 128)).graph
+    pair = cost_model.compare([first], [first, second])
+    assert pair is not None and 0 < pair[0] < pair[1]
+    assert cost_model.compare([first], [first, second]) == pair  # the same close call is timed once
+    assert CostModel(NPU).compare([first], [second]) is None  # nothing to time on an estimated target
+
+
 def test_measure_sgemm_peak_is_a_plausible_rate():
     peak = measure_sgemm_peak(seconds=0.05, size=256)
     assert 1e8 < peak < 1e13

@@ -80,6 +80,17 @@ def _only_small(context, x):
     return True
 
 
+def _relu_again(op, x):
+    return op.Relu(x)
+
+
+def _one_relu(op, x):
+    return op.Relu(x)
+
+
+# Replaces a Relu with an identical Relu: the two sides cost the same, a close call by construction.
+SAME = make_rule("test_same", "Relu(x) → Relu(x)", ["Relu"], [RewriteRule(_one_relu, _relu_again)])
+
 PICKY = make_rule(
     "test_picky", "Relu(Relu(x)) → Relu(x), small tensors only", ["Relu"],
     [RewriteRule(_double_relu, _single_relu, _only_small)],
@@ -219,6 +230,16 @@ def test_refuses_a_rule_that_costs_time_when_measured():
     assert entry["by_kind"][0]["gain_seconds_each"] < 0
     assert "Relu+MatMul" in entry["reason"] and "refused" in entry["reason"]
     assert _ops(model) == ["Relu", "Relu"]
+
+
+def test_a_close_call_is_re_timed_side_by_side():
+    model = _relu_model()
+    plan = _cpu_switcher().run(model, [SAME])
+    entry = _entry(plan, "test_same")
+    assert entry["matches"] == 2
+    assert "re-timed side by side" in entry["reason"]
+    # No fewer kernels: taken only if the re-timing showed a gain beyond noise, never as a tie.
+    assert "no fewer kernels): taken" not in entry["reason"]
 
 
 @pytest.mark.parametrize(("fused_s", "decision"), [(400e-6, "refused"), (5e-6, "taken")])
