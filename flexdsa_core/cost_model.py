@@ -534,7 +534,6 @@ class CostModel:
         self.representative_dim = REPRESENTATIVE_DIM
         self._notes: dict[str, None] = {}
         self._memo: dict[str, dict] = {}
-        self._compared: dict[tuple, tuple[float, float]] = {}
         self.compiler_version = f"{__version__}+ort{ort.__version__}"
 
     # -- public ------------------------------------------------------------------------------------
@@ -604,9 +603,9 @@ class CostModel:
         """Seconds of two node sets timed side by side, for close calls: each round runs every kernel
         of both sets once (in alternating order), so that load on a shared machine falls on both sides
         alike. Per kernel the same figure as a measurement (steady run time less the empty run, plus
-        ``launch_overhead_s``). None when not measuring or a kernel cannot be run alone. Remembered
-        for the life of this model only (the same close call at twelve identical layers is timed once),
-        never put in the shared cache: it is a comparison, not a kernel's cost."""
+        ``launch_overhead_s``). None when not measuring or a kernel cannot be run alone. Cached like a
+        measurement, under the pair of kernel keys: the same close call at twelve identical layers,
+        or in the next job, is timed once and decided the same way."""
         if not self.measuring:
             return None
         started = time.perf_counter()
@@ -622,9 +621,13 @@ class CostModel:
                 node_opsets = opsets or self._opsets_of(node)
                 opset = node_opsets.get(node.domain, _DEFAULT_OPSETS.get(node.domain, 1))
                 kernels.append((side, node, view, opset, node_opsets))
-        memo_key = tuple((side, self._key(node, view, opset)) for side, node, view, opset, _ in kernels)
-        if memo_key in self._compared:
-            return self._compared[memo_key]
+        pair = [[side, self._key(node, view, opset)] for side, node, view, opset, _ in kernels]
+        key = kernel_key({"compare": pair}, self.target.name, self.target.version, self.compiler_version)
+        entry = self._cache_get(key)
+        if entry is not None:
+            self._count_hit(entry)
+            return entry["first"], entry["second"]
+        self.stats.misses += 1
         runners: list[tuple[int, Callable[[], None]]] = []
         for side, node, view, opset, node_opsets in kernels:
             run = self._kernel_runner(node, view, opset, node_opsets)
@@ -643,8 +646,11 @@ class CostModel:
         totals = [0.0, 0.0]
         for (side, _), runs in zip(runners, times, strict=True):
             totals[side] += max(_steady(runs) - _empty_run_seconds(), 0.0) + self.target.launch_overhead_s
-        self.measure_seconds += time.perf_counter() - started
-        self._compared[memo_key] = (totals[0], totals[1])
+        elapsed = time.perf_counter() - started
+        self.measure_seconds += elapsed
+        self._cache_put(
+            key, {"first": totals[0], "second": totals[1], "rounds": rounds, "measure_s": elapsed}
+        )
         return totals[0], totals[1]
 
     def describe(self) -> dict:
@@ -871,11 +877,7 @@ class CostModel:
         key = self._key(node, view, opset)
         entry = self._cache_get(key)
         if entry is not None:
-            self.stats.hits += 1
-            self.stats.seconds_saved += float(entry.get("measure_s", 0.0))
-            report_saved = getattr(self.cache, "saved", None)  # a StatsCache keeps the job's total
-            if callable(report_saved):
-                report_saved(float(entry.get("measure_s", 0.0)))
+            self._count_hit(entry)
             return entry["seconds"] + self.target.launch_overhead_s
         self.stats.misses += 1
         entry = self._measure(node, view, opset, opsets)
@@ -967,6 +969,14 @@ class CostModel:
             self._note(f"{op_key(node.op_type, node.domain)} not measurable alone in ONNX Runtime: "
                        f"{str(error).splitlines()[0][:160]}")  # fmt: skip
             return None
+
+    def _count_hit(self, entry: dict) -> None:
+        saved = float(entry.get("measure_s", 0.0))
+        self.stats.hits += 1
+        self.stats.seconds_saved += saved
+        report_saved = getattr(self.cache, "saved", None)  # a StatsCache keeps the job's total
+        if callable(report_saved):
+            report_saved(saved)
 
     def _cache_get(self, key: str) -> dict | None:
         """This model's own memo first (identical layers of one job measure once even when the caller
