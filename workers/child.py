@@ -161,6 +161,14 @@ def run(request: dict, channel: _Channel) -> dict:
         }
 
 
+def _preload() -> None:
+    _optimizer_class()
+    import service.config  # noqa: F401
+    import service.storage  # noqa: F401
+    import workers.cache_backends  # noqa: F401
+    from service import models  # noqa: F401
+
+
 def _cache_stats(cache, summary) -> dict:
     """The layered cache's counts; the time saved is known to the core, which wraps the cache to count it."""
     stats = cache.stats.as_dict()
@@ -177,7 +185,11 @@ def main() -> int:
     channel = _Channel(os.dup(1))
     os.dup2(2, 1)
     sys.stdout = sys.stderr
-    request = json.loads(sys.stdin.readline())
+    _preload()  # a warm spare does its imports before a job arrives
+    line = sys.stdin.readline()
+    if not line:  # a spare that was never used: the worker went away or discarded it
+        return 0
+    request = json.loads(line)
     threading.Thread(target=_exit_when_worker_dies, name="worker-watch", daemon=True).start()
     channel.send(run(request, channel))
     return 0

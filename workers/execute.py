@@ -449,6 +449,50 @@ def _add_event(session, job_id: str, kind: str, status: JobStatus, stage: str | 
 # --- the child process --------------------------------------------------------------------------------
 
 
+# One pre-started pipeline process per thread (the thread matters: the child's PR_SET_PDEATHSIG follows
+# the thread that started it). Off with FLEXDSA_WARM_PIPELINE=0.
+WARM_SPARE = os.environ.get("FLEXDSA_WARM_PIPELINE", "1") != "0"
+_spares = threading.local()
+
+
+def _child_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
+    return env
+
+
+class _Spare:
+    """A started ``python -m workers.child`` waiting for its request on stdin."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self.env = env
+        self.stderr_file = tempfile.TemporaryFile()
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "workers.child"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr_file, env=env, close_fds=True,
+        )
+
+    def usable(self, env: dict[str, str]) -> bool:
+        return self.process.poll() is None and self.env == env
+
+    def discard(self) -> None:
+        for stream in (self.process.stdin, self.process.stdout, self.stderr_file):
+            with contextlib.suppress(OSError, ValueError):
+                stream.close()  # EOF on stdin: the spare exits by itself
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(KILL_GRACE_S)
+        if self.process.poll() is None:
+            self.process.kill()
+
+
+def discard_spare() -> None:
+    """Stop this thread's warm pipeline process (tests, shutdown)."""
+    spare = getattr(_spares, "spare", None)
+    _spares.spare = None
+    if spare is not None:
+        spare.discard()
+
+
 class _Child:
     """One ``python -m workers.child`` process and the thread that reads its JSON lines."""
 
@@ -463,17 +507,21 @@ class _Child:
 
     @classmethod
     def start(cls, request: dict) -> _Child:
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
-        stderr_file = tempfile.TemporaryFile()
-        process = subprocess.Popen(
-            [sys.executable, "-m", "workers.child"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr_file, env=env,
-            close_fds=True,
-        )
-        process.stdin.write((json.dumps(request, default=str) + "\n").encode())
-        process.stdin.flush()  # stdin stays open: its EOF tells the child that we died
-        return cls(process, stderr_file)
+        """Hand ``request`` to a pipeline process: this thread's warm spare when it matches the current
+        environment, else a new one; then start the next spare, which imports the compiler while this job
+        runs, so the next job skips the ~1 s of interpreter and library start-up."""
+        env = _child_env()
+        spare: _Spare | None = getattr(_spares, "spare", None)
+        _spares.spare = None
+        if spare is not None and not spare.usable(env):
+            spare.discard()
+            spare = None
+        spare = spare or _Spare(env)
+        spare.process.stdin.write((json.dumps(request, default=str) + "\n").encode())
+        spare.process.stdin.flush()  # stdin stays open: its EOF tells the child that we died
+        if WARM_SPARE:
+            _spares.spare = _Spare(env)
+        return cls(spare.process, spare.stderr_file)
 
     def _read(self) -> None:
         try:

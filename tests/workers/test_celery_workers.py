@@ -20,11 +20,20 @@ ARTIFACTS = ["manifest.json", "model.onnx", "report.json"]
 
 
 def _pipeline_pids(worker) -> list[int]:
+    """The worker's pipeline processes, oldest first: the running job's, then the warm spare."""
     try:
-        return [p.pid for p in psutil.Process(worker.process.pid).children(recursive=True)
-                if "workers.child" in " ".join(p.cmdline())]
+        children = [p for p in psutil.Process(worker.process.pid).children(recursive=True)
+                    if "workers.child" in " ".join(p.cmdline())]
+        return [p.pid for p in sorted(children, key=lambda p: p.create_time())]
     except psutil.NoSuchProcess:
         return []
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
 
 
 def _queue_drained(redis_client) -> bool:
@@ -54,8 +63,7 @@ def test_worker_killed_mid_job_is_taken_over_after_the_lease(settings, start_wor
              45, "the job to be running on w1")
     pipeline = wait_for(lambda: _pipeline_pids(first), 10, "w1's pipeline process")
     first.kill()  # SIGKILL to the whole worker: main process, pool process and pipeline
-    wait_for(lambda: not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"
-                             for pid in pipeline), 10, "the orphaned pipeline to die")
+    wait_for(lambda: all(_gone(pid) for pid in pipeline), 10, "the orphaned pipeline (and spare) to die")
     owner = load_job(settings, job_id).lease_owner
 
     start_worker("w2", FLEXDSA_TEST_STAGE_DELAY_S="0.2")
@@ -86,11 +94,12 @@ def test_cancel_stops_a_running_job(settings, start_worker):
     job_id = create_job(settings)
     enqueue(job_id, settings)
     wait_for(lambda: load_job(settings, job_id).stage is not None, 45, "the job to start")
+    running = _pipeline_pids(worker)[0]
     with session_factory_for(settings)() as session, session.begin():
         session.execute(update(Job).where(Job.id == job_id).values(cancel_requested=True))
     job = wait_status(settings, job_id, {"cancelled", "succeeded", "failed"}, 15)
     assert job.status == "cancelled" and job.artifacts == []
-    wait_for(lambda: not _pipeline_pids(worker), 10, "the pipeline process to be killed")
+    wait_for(lambda: _gone(running), 10, "the pipeline process to be killed")
 
 
 def test_job_whose_message_was_lost_is_republished(settings, start_worker):
