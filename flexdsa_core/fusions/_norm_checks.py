@@ -3,6 +3,7 @@ before opset 18, an input from 18), and the 1-D scale/bias vectors the fused ops
 
 from __future__ import annotations
 
+import numpy as np
 import onnx_ir as ir
 from onnxscript.rewriter import _ir_utils
 
@@ -44,3 +45,20 @@ def vector_refusal(name: str, value: ir.Value, x: ir.Value) -> str | None:
     if value.dtype != x.dtype:
         return f"The {name} '{value.name}' is {value.dtype}, the input {x.dtype}."
     return None
+
+
+def ones_scale(context, x: ir.Value) -> tuple[str, np.ndarray] | str:
+    """For a normalisation matched without its scale: the name and value of a scale of ones, or why not.
+
+    Refuses when the normalised value is multiplied next by a 1-D tensor: that is the scale, and the
+    scaled form of the rule, which meets it later in the graph, takes the whole."""
+    last = x.shape[-1] if x.shape is not None and x.shape.rank() else None
+    if not isinstance(last, int):
+        return f"The normalised axis of '{x.name}' has no known size for a scale of ones."
+    normalized = context.root.outputs[0]
+    consumers = [node for node, _ in normalized.uses()]
+    if len(consumers) == 1 and consumers[0].op_type == "Mul" and not normalized.is_graph_output():
+        other = [v for v in consumers[0].inputs if v is not normalized]
+        if other and other[0] is not None and other[0].shape is not None and other[0].shape.rank() == 1:
+            return "The normalised value is scaled next; the scaled form of the rule takes it."
+    return f"{normalized.name}__scale", np.ones(last, dtype=x.dtype.numpy())

@@ -13,11 +13,10 @@ a normalisation followed by a Mul with a 1-D operand to the scaled one.
 
 from __future__ import annotations
 
-import numpy as np
 import onnx_ir as ir
 from onnxscript.rewriter import _ir_utils, pattern
 
-from flexdsa_core.fusions._norm_checks import last_axis_refusal, node_label, vector_refusal
+from flexdsa_core.fusions._norm_checks import last_axis_refusal, node_label, ones_scale, vector_refusal
 from flexdsa_core.fusions._opset_upgrade import OpsetUpgrade
 from flexdsa_core.fusions.base import make_rule
 
@@ -61,24 +60,13 @@ class LayerNormFusion(pattern.RewriteRuleClassBase):
             return result.fail(f"Epsilon '{epsilon.name}' is not a constant scalar.", epsilon)
         if self._affine and (reason := vector_refusal("scale", scale, x)) is not None:
             return result.fail(reason, scale)
-        if not self._affine and (reason := self._no_affine_refusal(context, x)) is not None:
-            return result.fail(reason)
+        if not self._affine:
+            self._ones = ones_scale(context, x)
+            if isinstance(self._ones, str):
+                return result.fail(self._ones)
         if (reason := self._upgrade.refusal(context)) is not None:
             return result.fail(reason)
         return result
-
-    def _no_affine_refusal(self, context, x) -> str | None:
-        last = x.shape[-1] if x.shape is not None and x.shape.rank() else None
-        if not isinstance(last, int):
-            return f"The normalised axis of '{x.name}' has no known size for a scale of ones."
-        normalized = context.root.outputs[0]
-        consumers = [node for node, _ in normalized.uses()]
-        if len(consumers) == 1 and consumers[0].op_type == "Mul" and not normalized.is_graph_output():
-            other = [v for v in consumers[0].inputs if v is not normalized]
-            if other and other[0] is not None and other[0].shape is not None and other[0].shape.rank() == 1:
-                return "The normalised value is scaled next; the affine form of the rule takes it."
-        self._ones = (f"{normalized.name}__scale", np.ones(last, dtype=x.dtype.numpy()))
-        return None
 
     def rewrite(self, op, x, scale, epsilon, **_):
         self._upgrade.mark_rewritten()

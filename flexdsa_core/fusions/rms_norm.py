@@ -13,7 +13,7 @@ from __future__ import annotations
 import onnx_ir as ir
 from onnxscript.rewriter import _ir_utils, pattern
 
-from flexdsa_core.fusions._norm_checks import last_axis_refusal, vector_refusal
+from flexdsa_core.fusions._norm_checks import last_axis_refusal, ones_scale, vector_refusal
 from flexdsa_core.fusions._opset_upgrade import OpsetUpgrade
 from flexdsa_core.fusions.base import make_rule
 
@@ -25,8 +25,12 @@ _STASH_TYPES = frozenset({ir.DataType.FLOAT, ir.DataType.DOUBLE})
 class RmsNormFusion(pattern.RewriteRuleClassBase):
     """Mul(Mul(x, Reciprocal(Sqrt(Add(ReduceMean(Pow(x, 2)), eps)))), scale) → RMSNormalization(x, scale)"""
 
-    def __init__(self):
-        super().__init__("RmsNormFusion")
+    def __init__(self, scaled: bool = True, root: str = "mul"):
+        # scaled=False: an RMSNorm whose scale is gone (all ones, removed as x * 1) or absent ends at
+        # Mul(x, 1/rms) (root="mul") or Div(x, rms) (root="div"); it gets a scale of ones.
+        super().__init__("RmsNormFusion" if scaled else f"RmsNormFusion_unscaled_{root}")
+        self._scaled = scaled
+        self._root = root
         self._upgrade = OpsetUpgrade(RMS_NORM_OPSET, "RMSNormalization")
 
     def pattern(self, op, x, scale, epsilon, compute_type, output_type):
@@ -38,6 +42,8 @@ class RmsNormFusion(pattern.RewriteRuleClassBase):
         rms = op.Sqrt(op.Add(mean_square, epsilon))
         # torch.rsqrt exports as Div(1, Sqrt(.)); others write Reciprocal(Sqrt(.)) or divide by the root.
         inverse = pattern.OrValue([op.Reciprocal(rms), op.Div(1.0, rms)])
+        if not self._scaled:
+            return op.Mul(x_compute, inverse) if self._root == "mul" else op.Div(x_compute, rms)
         normalized = pattern.OrValue([op.Mul(x_compute, inverse), op.Div(x_compute, rms)])
         normalized = pattern.OrValue(
             [op.Cast(normalized, to=output_type), normalized], tag_var="cast_out_tag", tag_values=[1, 0]
@@ -45,7 +51,17 @@ class RmsNormFusion(pattern.RewriteRuleClassBase):
         return op.Mul(normalized, scale)
 
     def check(
-        self, context, x, scale, epsilon, mean_square, cast_in_tag, cast_out_tag, compute_type=None, **_
+        self,
+        context,
+        x,
+        scale,
+        epsilon,
+        mean_square,
+        cast_in_tag,
+        cast_out_tag=0,
+        compute_type=None,
+        output_type=None,
+        **_,
     ) -> pattern.MatchResult:
         result = pattern.MatchResult()
         if x.dtype not in _FLOAT_TYPES:
@@ -54,22 +70,32 @@ class RmsNormFusion(pattern.RewriteRuleClassBase):
             return result.fail(reason, mean_square)
         if _ir_utils.get_singleton_value(epsilon) is None:
             return result.fail(f"Epsilon '{epsilon.name}' is not a constant scalar.", epsilon)
-        if cast_in_tag != cast_out_tag:
-            # A cast up without the cast back (or the reverse) changes the output dtype RMSNormalization keeps.
+        # RMSNormalization computes in stash_type and returns the input's dtype: the optional casts around
+        # the computation must come back to it (a same-type Cast, as exporters write, is no cast at all).
+        compute = ir.DataType(compute_type.as_int()) if cast_in_tag else x.dtype
+        output = ir.DataType(output_type.as_int()) if cast_out_tag else compute
+        if output != x.dtype:
             return result.fail(
-                "The input is cast for the computation but the result is not cast back (or the reverse)."
+                f"The normalised result is {output}, not the input's {x.dtype} as RMSNormalization keeps."
             )
-        self._stash_type = ir.DataType(compute_type.as_int()) if cast_in_tag else x.dtype
+        self._stash_type = compute
         if self._stash_type not in _STASH_TYPES:
             return result.fail(f"The normalisation is computed in {self._stash_type}, not float or double.")
-        if (reason := vector_refusal("scale", scale, x)) is not None:
+        if self._scaled and (reason := vector_refusal("scale", scale, x)) is not None:
             return result.fail(reason, scale)
+        if not self._scaled:
+            self._ones = ones_scale(context, x)
+            if isinstance(self._ones, str):
+                return result.fail(self._ones)
         if (reason := self._upgrade.refusal(context)) is not None:
             return result.fail(reason)
         return result
 
     def rewrite(self, op, x, scale, epsilon, **_):
         self._upgrade.mark_rewritten()
+        if not self._scaled:
+            name, ones = self._ones
+            scale = op.initializer(ir.tensor(ones), name=name)
         return op.RMSNormalization(
             x,
             scale,
@@ -87,7 +113,11 @@ RULES = [
         "rms_norm",
         "RMSNorm written as Pow/ReduceMean/Add/Sqrt/Reciprocal/Mul/Mul → one RMSNormalization",
         ["RMSNormalization"],
-        RmsNormFusion.rule().commute(),
+        [
+            *RmsNormFusion.rule().commute(),
+            *RmsNormFusion.rule(scaled=False, root="mul").commute(),
+            *RmsNormFusion.rule(scaled=False, root="div").commute(),
+        ],
         order=10,
     )
 ]

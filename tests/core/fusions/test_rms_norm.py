@@ -65,22 +65,11 @@ def test_fuses_half_precision_with_casts_and_swapped_operands():
     [
         pytest.param(("axes = {-1}", "axes = {1}"), id="not-the-last-axis"),
         pytest.param(("float[2, 4, 8] y)", "float[2, 4, 8] y, float[2, 4, 1] ms)"), id="mean-used-outside"),
-        pytest.param(('"" : 18]', '"" : 17]'), id="opset-17-reduce-mean-changes-at-18"),
-        pytest.param(
-            ("float[8] scale = {1.5, 0.5, 1, 2, -1, 0.25, 3, 1}", "float[2, 4, 8] scale = {}"),
-            id="scale-not-1d",
-        ),
     ],
 )
 def test_refuses(change):
     old, new = change
     text = RMS.replace(old, new)
-    if "float[2, 4, 8] scale" in text:  # a full-shaped scale comes in as an input
-        text = text.replace("float[2, 4, 8] scale = {}, ", "").replace(
-            "(float[2, 4, 8] x)", "(float[2, 4, 8] x, float[2, 4, 8] scale)"
-        )
-    if '"" : 17' in text:
-        text = text.replace("<keepdims = 1> (x2, axes)", "<keepdims = 1, axes = [-1]> (x2)")
     assert_not_fused("rms_norm", text)
 
 
@@ -90,3 +79,60 @@ def test_refuses_a_cast_up_without_the_cast_back():
     )
     text = text.replace("=> (float16[2, 4, 8] y)", "=> (float[2, 4, 8] y)")
     assert_not_fused("rms_norm", text)
+
+
+# Opset 14, as the TorchScript exporter writes LLaMA: ReduceMean's axes are an attribute, Split has no sizes.
+RMS_OPSET_14 = """
+<ir_version: 10, opset_import: ["" : 14]>
+rms (float[2, 4, 8] x) => (float[2, 4, 8] y, float[2, 4, 1] m, float[2, 4, 4] a, float[2, 4, 4] b)
+<float[8] scale = {1.5, 0.5, 1, 2, -1, 0.25, 3, 1}, float eps = {1e-6}, float two = {2.0}>
+{
+    x2 = Pow (x, two)
+    ms = ReduceMean <axes = [-1]> (x2)
+    mse = Add (ms, eps)
+    rms = Sqrt (mse)
+    inv = Reciprocal (rms)
+    n = Mul (x, inv)
+    y = Mul (scale, n)
+    m = ReduceMean <axes = [2]> (x)
+    a, b = Split <axis = -1> (x)
+}"""
+
+
+def test_fuses_at_opset_14_adapting_the_ops_opset_18_changed():
+    fused = assert_fuses("rms_norm", RMS_OPSET_14, ["RMSNormalization", "ReduceMean", "Split"])
+    assert _opset(fused) == 23
+    reduce_mean, split = fused.graph.node[1], fused.graph.node[2]
+    assert len(reduce_mean.input) == 2 and not reduce_mean.attribute  # axes became an input
+    assert [a.i for a in split.attribute if a.name == "num_outputs"] == [2]
+
+
+def test_refuses_an_upgrade_over_an_op_that_changed_meaning():
+    text = RMS.replace('"" : 18]', '"" : 17]').replace(
+        "<keepdims = 1> (x2, axes)", "<keepdims = 1, axes = [-1]> (x2)"
+    )
+    text = text.replace(
+        "(float[2, 4, 8] x)", "(float[2, 4, 8] x, float[1, 1, 4, 4] img, float[1, 2, 2, 2] grid)"
+    )
+    text = text.replace("=> (float[2, 4, 8] y)", "=> (float[2, 4, 8] y, float[1, 1, 2, 2] sampled)")
+    text = text.replace(
+        "    y = Mul (n, scale)", "    y = Mul (n, scale)\n    sampled = GridSample (img, grid)"
+    )
+    assert_not_fused("rms_norm", text)
+
+
+def test_fuses_without_scale():
+    """A scale of ones that the generic passes removed (x * 1), or none: the rule supplies the ones."""
+    fused = assert_fuses(
+        "rms_norm",
+        RMS.replace("n = Mul (x, inv)\n    y = Mul (n, scale)", "y = Mul (x, inv)"),
+        ["RMSNormalization"],
+    )
+    scale = next(init for init in fused.graph.initializer if init.name == fused.graph.node[0].input[1])
+    assert list(onnx.numpy_helper.to_array(scale)) == [1.0] * 8
+
+
+def test_a_full_shaped_scale_stays_a_mul_after_the_normalisation():
+    text = RMS.replace("float[8] scale = {1.5, 0.5, 1, 2, -1, 0.25, 3, 1}, ", "")
+    text = text.replace("(float[2, 4, 8] x)", "(float[2, 4, 8] x, float[2, 4, 8] scale)")
+    assert_fuses("rms_norm", text, ["RMSNormalization", "Mul"])
