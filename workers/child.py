@@ -114,7 +114,7 @@ def run(request: dict, channel: _Channel) -> dict:
     """Run one job's pipeline; return the result message (FlexDSAError and bugs become error messages)."""
     from flexdsa_core import FlexDSAError, RequestSpec
     from service.config import Settings
-    from service.storage import make_store
+    from service.storage import BlobNotFoundError, make_store
     from workers.cache_backends import build_kernel_cache
 
     settings = Settings(**request["settings"])
@@ -146,6 +146,12 @@ def run(request: dict, channel: _Channel) -> dict:
         summary = result.report_summary()
         return {"type": "result", "artifacts": artifacts, "report_summary": summary,
                 "cache_stats": _cache_stats(cache, summary)}
+    except BlobNotFoundError:
+        return {
+            "type": "error", "code": "model_unavailable",
+            "message": "the uploaded model is no longer in the artifact store; submit it again",
+            "details": {"blob_key": request["model_blob_key"]}, "cache_stats": cache.stats.as_dict(),
+        }
     except FlexDSAError as err:
         return {
             "type": "error", "code": err.code, "message": err.message, "details": err.details,

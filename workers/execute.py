@@ -37,6 +37,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from sqlalchemy import and_, bindparam, delete, func, insert, or_, select, update
+from sqlalchemy.exc import OperationalError
 
 from service.models import Artifact, Job, JobEvent, JobStatus, UTCDateTime, utcnow
 from workers.db import session_factory_for
@@ -244,24 +245,32 @@ class _JobRun:
         started = time.monotonic()
         next_heartbeat = started + heartbeat_s
         next_cancel_check = started + CANCEL_CHECK_S
+        lease_valid_until = started + self.settings.lease_seconds
         last_progress_write = 0.0
         final: dict | None = None
         try:
             while True:
                 for message in child.messages(POLL_S):
                     if message.get("type") == "progress":
-                        last_progress_write = self._on_progress(message, last_progress_write)
+                        last_progress_write = self._tolerate_db(
+                            self._on_progress, message, last_progress_write, default=last_progress_write
+                        )
                     elif message.get("type") in ("result", "error"):
                         final = message
                 if child.finished():
                     break
                 now = time.monotonic()
                 if now >= next_heartbeat:
-                    self._renew_lease()
+                    if self._tolerate_db(self._renew_lease, default=False):
+                        lease_valid_until = now + self.settings.lease_seconds
+                    elif now >= lease_valid_until:
+                        # The database has been unreachable for a whole lease: another worker may own
+                        # the job by now, so stop rather than risk two runs.
+                        raise LeaseLost(self.job.id)
                     next_heartbeat = now + heartbeat_s
                 if now >= next_cancel_check:
                     next_cancel_check = now + CANCEL_CHECK_S
-                    if self._cancel_requested():
+                    if self._tolerate_db(self._cancel_requested, default=False):
                         child.kill()
                         return self._cancel()
                 elapsed = now - started
@@ -283,16 +292,27 @@ class _JobRun:
 
         if final is not None and final["type"] == "result":
             self._record_cache_stats(final)
-            self._succeed(final["artifacts"], final.get("report_summary"))
+            _retrying(self._succeed, final["artifacts"], final.get("report_summary"))
             return JobStatus.succeeded.value
         if final is not None:
             self._record_cache_stats(final)
             error = {"code": final.get("code") or "flexdsa_error", "message": final.get("message") or "",
                      "details": final.get("details") or {}}
-            return self._fail(error)
+            return _retrying(self._fail, error)
         if child.terminated:  # it ended because we stopped it at the soft limit
-            return self._time_limit_exceeded(time.monotonic() - started)
-        return self._crashed(child)
+            return _retrying(self._time_limit_exceeded, time.monotonic() - started)
+        return _retrying(self._crashed, child)
+
+    def _tolerate_db(self, action, *args, default):
+        """Run a database call of the watch loop; a blip (connection lost, failover) is logged and skipped
+        rather than killing a long job. ``LeaseLost`` still propagates."""
+        try:
+            return action(*args)
+        except LeaseLost:
+            raise
+        except OperationalError as err:
+            log.warning("job %s: database unavailable during the run (%s); retrying", self.job.id, err)
+            return default
 
     def _child_request(self) -> dict:
         return {
@@ -325,7 +345,7 @@ class _JobRun:
         self.publisher.publish(JobStatus.running.value, self.stage, self.progress, text)
         return now
 
-    def _renew_lease(self) -> None:
+    def _renew_lease(self) -> bool:
         now = utcnow()
         with self.sessions() as session, session.begin():
             result = session.execute(
@@ -335,6 +355,7 @@ class _JobRun:
             )
             if result.rowcount == 0:
                 raise LeaseLost(self.job.id)
+        return True
 
     def _cancel_requested(self) -> bool:
         with self.sessions() as session:
@@ -428,6 +449,18 @@ class _JobRun:
             from workers.cache_backends import record_cache_stats
 
             record_cache_stats(self.settings, final["cache_stats"], self.sessions)
+
+
+def _retrying(action, *args, delays_s: tuple[float, ...] = (1.0, 3.0)):
+    """A final write survives a short database blip: the pipeline's result is too dear to drop on one
+    failed connection. After the last try the error propagates and the lease lapses (the job runs again)."""
+    for delay_s in delays_s:
+        try:
+            return action(*args)
+        except OperationalError as err:
+            log.warning("final write failed (%s); retrying in %.0f s", err, delay_s)
+            time.sleep(delay_s)
+    return action(*args)
 
 
 def _finish(job: Job, status: JobStatus, *, error: dict | None = None) -> None:

@@ -200,3 +200,46 @@ def test_models_sharing_layers_hit_the_kernel_cache(settings, redis_client):
     third = create_job(settings, tiny_model((0.3, 0.7)))
     assert execute_job(third, settings=settings, worker_id="t1") == "succeeded"
     assert load_job(settings, third).report_summary["cache_hits"] == 2
+
+
+def test_database_blips_during_a_run_are_tolerated(settings, monkeypatch):
+    from sqlalchemy.exc import OperationalError
+
+    from workers.execute import _JobRun
+
+    monkeypatch.setenv("FLEXDSA_TEST_STAGE_DELAY_S", "0.6")
+    real_renew = _JobRun._renew_lease
+    calls = {"n": 0}
+
+    def flaky_renew(self):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise OperationalError("UPDATE jobs", {}, Exception("connection reset"))
+        return real_renew(self)
+
+    monkeypatch.setattr(_JobRun, "_renew_lease", flaky_renew)
+    job_id = create_job(settings)
+    assert execute_job(job_id, settings=settings, worker_id="t1") == "succeeded"
+    assert calls["n"] >= 2
+
+
+def test_a_worker_cut_off_from_the_database_for_a_lease_stops(settings, monkeypatch):
+    from sqlalchemy.exc import OperationalError
+
+    from workers.execute import _JobRun
+
+    def unreachable(self):
+        raise OperationalError("UPDATE jobs", {}, Exception("connection refused"))
+
+    monkeypatch.setenv("FLEXDSA_TEST_STAGE_DELAY_S", "2")
+    monkeypatch.setattr(_JobRun, "_renew_lease", unreachable)
+    job_id = create_job(settings)
+    started = time.monotonic()
+    # It stops within about a lease (4 s), not after the whole job (12 s), and writes nothing final.
+    assert execute_job(job_id, settings=settings, worker_id="t1") == "running"
+    assert time.monotonic() - started < 9
+    monkeypatch.undo()
+    monkeypatch.setenv("FLEXDSA_TEST_OPTIMIZER", "tests.workers.standin:StandInOptimizer")
+    time.sleep(settings.lease_seconds)
+    assert execute_job(job_id, settings=settings, worker_id="t2") == "succeeded"
+    assert load_job(settings, job_id).attempts == 2
