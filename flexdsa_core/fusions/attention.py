@@ -31,6 +31,7 @@ import numpy as np
 import onnx_ir as ir
 from onnxscript.rewriter import _ir_utils, pattern
 
+from flexdsa_core.fusions._norm_checks import node_label
 from flexdsa_core.fusions.base import make_rule
 
 _HEADS = [0, 2, 1, 3]
@@ -50,11 +51,117 @@ def _const_scalar(value: ir.Value | None) -> float | None:
     return None if scalar is None else float(scalar)
 
 
+# Ops that compute with shapes: what a Shape node's result may flow through before a matched Reshape.
+_SHAPE_OPS = frozenset(
+    {"Shape", "Gather", "Unsqueeze", "Squeeze", "Concat", "Slice", "Cast", "Div", "Mul", "Add", "Sub"}
+)
+
+
+def _dims(value: ir.Value, known: dict) -> list | None:
+    if value in known:
+        return known[value]
+    if value.shape is None:
+        return None
+    return [d if isinstance(d, int) else None for d in value.shape]
+
+
+def _shape_entries(value: ir.Value | None, known: dict) -> list | None:
+    """The entries of a 1-D shape tensor, each an int or None (unknown), or None when unreadable.
+    Reads constants and the exporters' dynamic form Concat(Unsqueeze(Gather(Shape(t), i)), [H], ...)."""
+    if value is None:
+        return None
+    if (constant := _const_ints(value)) is not None:
+        return constant
+    node = value.producer()
+    if node is None:
+        return None
+    if node.op_type == "Concat":
+        parts = [_shape_entries(part, known) for part in node.inputs]
+        return None if any(part is None for part in parts) else [entry for part in parts for entry in part]
+    if node.op_type == "Unsqueeze":
+        return [_scalar(node.inputs[0], known)]
+    if node.op_type == "Shape":
+        dims = _dims(node.inputs[0], known)
+        if dims is None:
+            return None
+        start, end = node.attributes.get_int("start", 0), node.attributes.get_int("end", len(dims))
+        return dims[start:end]
+    return None
+
+
+def _scalar(value: ir.Value | None, known: dict) -> int | None:
+    """An integer scalar computed from constants and known dims, or None."""
+    if value is None:
+        return None
+    if (constant := _ir_utils.get_singleton_value(value)) is not None:
+        return int(constant)
+    node = value.producer()
+    if node is None:
+        return None
+    if node.op_type in ("Cast", "Squeeze", "Identity"):
+        return _scalar(node.inputs[0], known)
+    if node.op_type == "Gather" and node.attributes.get_int("axis", 0) == 0:
+        entries, index = _shape_entries(node.inputs[0], known), _scalar(node.inputs[1], known)
+        if entries is None or index is None or not -len(entries) <= index < len(entries):
+            return None
+        return entries[index]
+    if node.op_type in ("Mul", "Div"):
+        left, right = _scalar(node.inputs[0], known), _scalar(node.inputs[1], known)
+        if left is None or right is None:
+            return None
+        if node.op_type == "Mul":
+            return left * right
+        return left // right if right and left % right == 0 else None
+    return None
+
+
+def _outside_use_refusal(context) -> str | None:
+    """None when the matched intermediates are read outside the match only to compute its own shapes."""
+    matched = set(context.nodes)
+    for node in matched:
+        if node is context.root:
+            continue
+        for output in node.outputs:
+            if output.is_graph_output():
+                return f"'{output.name}' inside the attention is a graph output."
+            for user, _ in output.uses():
+                if user not in matched and not _only_shapes_for(user, matched):
+                    return f"'{output.name}' inside the attention is also used by {node_label(user)}."
+    return None
+
+
+def _only_shapes_for(shape_node: ir.Node, matched: set) -> bool:
+    """Whether ``shape_node`` is a Shape whose result only flows, through shape ops, into matched nodes."""
+    if shape_node.op_type != "Shape":
+        return False
+    pending, seen = [shape_node], set()
+    while pending:
+        node = pending.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        for output in node.outputs:
+            if output.is_graph_output():
+                return False
+            for user, _ in output.uses():
+                if user in matched:
+                    continue
+                if user.op_type not in _SHAPE_OPS:
+                    return False
+                pending.append(user)
+    return True
+
+
 class _AttentionBase(pattern.RewriteRuleClassBase):
     """Shared by both granularities: the core pattern from q, k, v to the merged heads, and its checks."""
 
     def __init__(self, name: str, composed_key_transpose: bool):
-        super().__init__(f"{name}{'_key_perm_0231' if composed_key_transpose else '_key_heads_then_0132'}")
+        # remove_nodes=False: with dynamic shapes, Shape nodes read the matched intermediates to build the
+        # Reshape shapes; the check allows exactly those uses, and the dead nodes go after the rewrite.
+        super().__init__(
+            f"{name}{'_key_perm_0231' if composed_key_transpose else '_key_heads_then_0132'}",
+            remove_nodes=False,
+        )
         self._composed_key_transpose = composed_key_transpose
 
     def core(self, op, query, key, value):
@@ -98,7 +205,7 @@ class _AttentionBase(pattern.RewriteRuleClassBase):
             tag_var="has_dropout",
             tag_values=[True, False],
         )
-        context = op.Transpose(op.MatMul(probs, v_heads), perm=_HEADS)
+        context = op.Transpose(op.MatMul(probs, v_heads, _outputs=["context_4d"]), perm=_HEADS)
         return op.Reshape(context, _allow_other_inputs=True, _outputs=["merged"])
 
     def core_refusal(self, context, query, key, value, bindings: dict, shapes=None) -> str | None:
@@ -108,29 +215,39 @@ class _AttentionBase(pattern.RewriteRuleClassBase):
         for name, tensor in (("query", query), ("key", key), ("value", value)):
             if tensor.dtype is not None and tensor.dtype != ir.DataType.FLOAT:
                 return f"The {name} '{tensor.name}' is {tensor.dtype}; ONNX Runtime's CPU attention takes float32."
-        q_shape, k_shape, v_shape = (
-            _const_ints(bindings[n].producer().inputs[1]) for n in ("q_4d", "k_4d", "v_4d")
-        )
-        if q_shape is None or k_shape is None or v_shape is None:
-            return "A Reshape to heads has no constant shape (fold shape computations first)."
-        if len(q_shape) != 4 or len(k_shape) != 4 or len(v_shape) != 4:
-            return "A Reshape to heads does not make a 4-D [B, S, H, Dh] tensor."
-        num_heads, head_size = q_shape[2], q_shape[3]
-        if num_heads <= 0 or head_size <= 0:
-            return (
-                f"The heads Reshape {q_shape} does not give the number of heads and head size as constants."
-            )
-        if k_shape[2:] != [num_heads, head_size] or v_shape[2] != num_heads or v_shape[3] == 0:
-            return f"Query, key and value are split into heads differently ({q_shape}, {k_shape}, {v_shape})."
-        merged_shape = _const_ints(bindings["merged"].producer().inputs[1])
-        v_hidden = num_heads * v_shape[3] if v_shape[3] > 0 else None
-        if merged_shape is None or len(merged_shape) != 3 or merged_shape[2] not in (-1, v_hidden):
-            return f"The heads are not merged back into [B, S, H*Dh] (Reshape to {merged_shape})."
         for name, tensor, dims in (("query", query, q_dims), ("key", key, k_dims), ("value", value, v_dims)):
             if dims is None or len(dims) != 3:
                 return f"The {name} '{tensor.name}' is not known to be a 3-D [B, S, H*Dh] tensor."
+        known = {query: list(q_dims), key: list(k_dims), value: list(v_dims)}
+        heads = {}
+        for name, dims in (("q_4d", q_dims), ("k_4d", k_dims), ("v_4d", v_dims)):
+            entries = _shape_entries(bindings[name].producer().inputs[1], known)
+            if entries is None or len(entries) != 4:
+                return f"A Reshape to heads does not make a readable 4-D [B, S, H, Dh] shape ({entries})."
+            count, size = entries[2], entries[3]
+            hidden = dims[2] if isinstance(dims[2], int) else None
+            if count == -1 and size and size > 0 and hidden:
+                count = hidden // size
+            if size == -1 and count and count > 0 and hidden:
+                size = hidden // count
+            if not (isinstance(count, int) and count > 0 and isinstance(size, int) and size > 0):
+                return f"A Reshape to heads {entries} does not tell the number of heads and head size."
+            heads[name] = (count, size)
+        num_heads, head_size = heads["q_4d"]
+        v_head_size = heads["v_4d"][1]
+        if heads["k_4d"] != heads["q_4d"] or heads["v_4d"][0] != num_heads:
+            return f"Query, key and value are split into heads differently ({heads})."
         if q_dims[2] != num_heads * head_size or k_dims[2] != num_heads * head_size:
             return f"Query/key hidden size is not {num_heads} heads x {head_size}."
+        merge = bindings["merged"].producer()
+        context_4d = bindings["context_4d"]
+        known[context_4d] = [None, num_heads, None, v_head_size]
+        known[merge.inputs[0]] = [None, None, num_heads, v_head_size]
+        merged = _shape_entries(merge.inputs[1], known)
+        if merged is None or len(merged) != 3 or merged[2] not in (-1, num_heads * v_head_size):
+            return f"The heads are not merged back into [B, S, H*Dh] (Reshape to {merged})."
+        if (reason := _outside_use_refusal(context)) is not None:
+            return reason
 
         probs_node = bindings["probs"].producer()
         axis = probs_node.attributes.get_int("axis", -1 if self._opset(context) >= 13 else 1)

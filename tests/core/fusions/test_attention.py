@@ -142,6 +142,67 @@ def test_mha_expands_a_causal_2d_mask():
     fuse("multihead_attention", mha_graph(core(), mask_shape=f"[{S}, {S}]"), [*_EXPAND, "MultiHeadAttention"])
 
 
+def test_mha_derives_the_head_count_left_to_reshape():
+    text = mha_graph(core()).replace(f"heads = {{0, 0, {H}, {DH}}}", f"heads = {{0, 0, -1, {DH}}}")
+    fuse("multihead_attention", text, [*_EXPAND, "MultiHeadAttention"])
+
+
+# The TorchScript exporter with dynamic batch and sequence: every Reshape shape is computed from Shape
+# nodes on the tensors inside the attention (the merge reads the context's own shape).
+DYNAMIC = """
+    qs = Shape (q)
+    b = Gather <axis = 0> (qs, i0)
+    s = Gather <axis = 0> (qs, i1)
+    d = Gather <axis = 0> (qs, i2)
+    dh = Div (d, nh)
+    bu = Unsqueeze (b, a0)
+    su = Unsqueeze (s, a0)
+    dhu = Unsqueeze (dh, a0)
+    heads = Concat <axis = 0> (bu, su, nh1, dhu)
+    BODY
+    cs = Shape (c)
+    cb = Gather <axis = 0> (cs, i0)
+    ch = Gather <axis = 0> (cs, i1)
+    cl = Gather <axis = 0> (cs, i2)
+    cd = Gather <axis = 0> (cs, i3)
+    hd = Mul (ch, cd)
+    cbu = Unsqueeze (cb, a0)
+    clu = Unsqueeze (cl, a0)
+    hdu = Unsqueeze (hd, a0)
+    merged = Concat <axis = 0> (cbu, clu, hdu)
+"""
+
+
+def test_mha_reads_shapes_computed_from_shape_nodes():
+    body = (
+        DYNAMIC.replace("BODY", core().replace("\n    y = Reshape (ct, merged)", ""))
+        + "    y = Reshape (ct, merged)"
+    )
+    text = mha_graph(body).replace(
+        f"{_SHAPES}, ",
+        f"int64 i0 = {{0}}, int64 i1 = {{1}}, int64 i2 = {{2}}, int64 i3 = {{3}}, int64 nh = {{{H}}}, int64[1] nh1 = {{{H}}}, int64[1] a0 = {{0}}, ",
+    )
+    text = text.replace(f"[{B}, {S}, {D}]", f"[batch, seq, {D}]").replace(
+        f"[{B}, 1, 1, {S}]", "[batch, 1, 1, seq]"
+    )
+    fused = fuse(
+        "multihead_attention", text, ["Constant", "Shape", "Shape", "Concat", "Expand", "MultiHeadAttention"]
+    )
+    assert "Reshape" not in op_types(fused)
+
+
+def test_mha_refuses_a_context_shape_used_elsewhere():
+    body = (
+        DYNAMIC.replace("BODY", core().replace("\n    y = Reshape (ct, merged)", ""))
+        + "    y = Reshape (ct, merged)"
+    )
+    text = mha_graph(body, extra_out=", int64[4] cs").replace(
+        f"{_SHAPES}, ",
+        f"int64 i0 = {{0}}, int64 i1 = {{1}}, int64 i2 = {{2}}, int64 i3 = {{3}}, int64 nh = {{{H}}}, int64[1] nh1 = {{{H}}}, int64[1] a0 = {{0}}, ",
+    )
+    refused("multihead_attention", text)
+
+
 def test_mha_with_symbolic_batch_and_sequence_expands_through_shapes():
     text = (
         mha_graph(core())
@@ -198,8 +259,10 @@ def test_mha_refuses_a_causal_condition_that_is_an_input():
             id="scale-not-constant",
         ),
         pytest.param(
-            mha_graph(core()).replace(f"heads = {{0, 0, {H}, {DH}}}", "heads = {0, 0, -1, 4}"),
-            id="heads-count-left-to-inference",
+            mha_graph(core())
+            .replace(f"int64[4] heads = {{0, 0, {H}, {DH}}}, ", "")
+            .replace("(float[2, 4, 8] q", "(int64[4] heads, float[2, 4, 8] q"),
+            id="heads-shape-unknown",
         ),
     ],
 )
