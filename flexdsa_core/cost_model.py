@@ -1034,12 +1034,14 @@ def _live_outputs(node: ir.Node) -> list[bool]:
 
 
 def _compute_dtype(view: OpView) -> str:
+    """The dtype whose peak bounds the node: its first float tensor, else its first input's (8-bit
+    integers of either sign count as 'int8', the key the specs use)."""
     for tensor in (*view.inputs, *view.outputs):
         if tensor is not None and np.dtype(tensor.dtype).kind == "f":
             return tensor.dtype
     for tensor in view.inputs:
         if tensor is not None:
-            return tensor.dtype
+            return "int8" if tensor.dtype in ("int8", "uint8") else tensor.dtype
     return "float32"
 
 
