@@ -69,7 +69,7 @@ from flexdsa_core import __version__
 from flexdsa_core.cache import CacheStats, KernelCache, LRUCache, kernel_key
 from flexdsa_core.targets.spec import TargetSpec, op_key
 
-__all__ = ["Cost", "CostModel", "OpView", "TensorInfo", "measure_sgemm_peak", "op_cost"]
+__all__ = ["Cost", "CostModel", "OpView", "TensorInfo", "measure_sgemm_peak", "op_cost", "work"]
 
 REPRESENTATIVE_BATCH = 1
 REPRESENTATIVE_DIM = 128
