@@ -9,9 +9,9 @@ The core, as PyTorch exporters write it for BERT/GPT-2/ViT-style blocks (q, k, v
 The key's transpose is either one ``perm=[0, 2, 3, 1]`` or heads() then ``perm=[0, 1, 3, 2]``; the scale is a
 Div or Mul after the first MatMul, or (``F.scaled_dot_product_attention``'s export) a Mul on each of q
 and kᵀ by sqrt(scale); the mask is any float tensor added to the scores (BERT's [B, 1, 1, T], a causal
-[S, T], ...); GPT-2's causal ``Where(causal, scores, lowest)`` with a constant condition becomes a
-constant additive bias (where(causal, 0, lowest): the same Softmax to float32 rounding); an inference
-Dropout may follow the Softmax.
+[S, T], ...); GPT-2's causal ``Where(causal, scores, lowest)`` becomes the additive bias
+where(causal, 0, lowest) (the same Softmax to float32 rounding): a constant when the condition is one,
+else one Where computed at run time; an inference Dropout may follow the Softmax.
 
 - ``multihead_attention``: the core → ``com.microsoft::MultiHeadAttention(q, k, v, attention_bias=mask)``.
 - ``attention``: the core with its three projections ``x @ W + b`` from one input x (self-attention,
@@ -287,12 +287,15 @@ class _AttentionBase(pattern.RewriteRuleClassBase):
         self._causal = None
         if bindings.get("has_causal"):
             causal, fill = bindings["causal"], bindings["fill"]
-            condition = None if causal.is_graph_input() else _ir_utils.get_numpy_value(causal)
             fill_value = _const_scalar(fill)
-            if condition is None or condition.dtype != np.bool_ or condition.ndim > 4 or fill_value is None:
-                return "The Where before the Softmax is not a constant boolean mask with a constant fill."
-            self._causal = (causal, np.where(condition, 0.0, fill_value).astype(np.float32))
-            bias_shapes.append(ir.Shape(condition.shape))
+            if causal.dtype != ir.DataType.BOOL or fill_value is None:
+                return "The Where before the Softmax does not select the scores by a boolean mask against a constant."
+            condition = None if causal.is_graph_input() else _ir_utils.get_numpy_value(causal)
+            if condition is not None and condition.ndim > 4:
+                return f"The causal mask '{causal.name}' has rank {condition.ndim} > 4."
+            additive = None if condition is None else np.where(condition, 0.0, fill_value).astype(np.float32)
+            self._causal = (causal, additive, fill_value)
+            bias_shapes.append(ir.Shape(condition.shape) if condition is not None else causal.shape)
         # MHA/Attention broadcast the bias over batch and heads only ([B|1, H|1, S, T]): expand it unless
         # its shape is known to be that already.
         self._expand_bias = bool(bias_shapes) and not _is_full_bias(bias_shapes, q_dims[1], k_dims[1])
@@ -311,10 +314,16 @@ class _AttentionBase(pattern.RewriteRuleClassBase):
         """The additive mask (and the causal mask as a bias) as the fused ops take it, or None."""
         bias = None
         if self._causal is not None:
-            condition, additive = self._causal
+            condition, additive, fill = self._causal
             bias = self._causal_biases.get(condition)
-            if bias is None:  # one bias initializer per causal mask, shared by every layer that uses it
-                bias = op.initializer(ir.tensor(additive), name=f"{condition.name}__additive_bias")
+            if bias is None or bias.graph is None:  # reuse only what an accepted rewrite put in the graph
+                if additive is not None:  # constant mask: one bias initializer, shared by the layers
+                    bias = op.initializer(ir.tensor(additive), name=f"{condition.name}__additive_bias")
+                else:  # computed mask (dynamic shapes): the same selection as a bias, at run time
+                    zero, lowest = (
+                        op.Constant(value=ir.tensor(np.array(v, dtype=np.float32))) for v in (0.0, fill)
+                    )
+                    bias = op.Where(condition, zero, lowest)
                 self._causal_biases[condition] = bias
         if self._mask is not None:
             bias = self._mask if bias is None else op.Add(bias, self._mask)

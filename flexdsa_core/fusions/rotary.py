@@ -113,11 +113,11 @@ class RotaryEmbeddingFusion(pattern.RewriteRuleClassBase):
         self._shared: dict[ir.Value, ir.Value] = {}
 
     def _half(self, op, cache: ir.Value, array: np.ndarray) -> ir.Value:
-        if cache not in self._shared:
-            self._shared[cache] = op.initializer(
-                ir.tensor(np.ascontiguousarray(array)), name=f"{cache.name}__half"
-            )
-        return self._shared[cache]
+        half = self._shared.get(cache)
+        if half is None or half.graph is None:  # reuse only what an accepted rewrite put in the graph
+            half = op.initializer(ir.tensor(np.ascontiguousarray(array)), name=f"{cache.name}__half")
+            self._shared[cache] = half
+        return half
 
     def rewrite(self, op, x, cos_cache, sin_cache, position_ids, **_):
         if self._expand_ids and all(isinstance(d, int) for d in self._ids_shape):
