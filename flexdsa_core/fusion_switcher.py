@@ -307,6 +307,7 @@ class FusionSwitcher:
                     run.judgements.append(judgement)
                     refused = None
                     break
+                _discard(delta)
                 refused = refused or judgement
             if refused is not None:
                 run.judgements.append(refused)
@@ -560,3 +561,11 @@ def _by_kind(judgements: Sequence[_Judgement]) -> list[dict]:
             }
         )
     return sorted(lines, key=lambda line: -line["count"])
+
+
+def _discard(delta) -> None:
+    """Detach a refused replacement: its nodes were built against live values and would stay listed as
+    their users (later stages, e.g. the memory planner, would then see consumers outside the graph)."""
+    for node in delta.new_nodes:
+        for index in range(len(node.inputs)):
+            node.replace_input_with(index, None)
