@@ -99,14 +99,17 @@ def build_large_model(path: Path, size_gb: float, width: int, seed: int = 0) -> 
 # ---------------------------------------------------------------------------------------------------
 
 
-def run_measured(command: list[str], log_path: Path, timeout_s: float) -> dict:
-    """Run ``command``; returns exit code, wall seconds and peak RSS (bytes) of its process tree."""
+def run_measured(
+    command: list[str], log_path: Path, timeout_s: float, max_rss_bytes: float = math.inf
+) -> dict:
+    """Run ``command``; returns exit code, wall seconds and peak RSS (bytes) of its process tree. The tree
+    is killed past ``timeout_s`` or once it holds more than ``max_rss_bytes`` (this machine is shared)."""
     start = time.perf_counter()
     with open(log_path, "w") as log:
         proc = subprocess.Popen(command, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT)
     root = psutil.Process(proc.pid)
     peak_tree = 0
-    timed_out = False
+    timed_out = over_memory = False
     while True:
         try:
             if root.status() == psutil.STATUS_ZOMBIE:
@@ -121,9 +124,14 @@ def run_measured(command: list[str], log_path: Path, timeout_s: float) -> dict:
             peak_tree = max(peak_tree, rss)
         except psutil.NoSuchProcess:
             break
-        if time.perf_counter() - start > timeout_s:
-            timed_out = True
-            proc.kill()
+        timed_out = time.perf_counter() - start > timeout_s
+        over_memory = peak_tree > max_rss_bytes
+        if timed_out or over_memory:
+            for member in reversed(tree):
+                try:
+                    member.kill()
+                except psutil.Error:
+                    pass
             break
         time.sleep(0.02)
     # wait4 reaps this child and gives its own rusage (ru_maxrss in KiB on Linux).
@@ -132,6 +140,7 @@ def run_measured(command: list[str], log_path: Path, timeout_s: float) -> dict:
     return {
         "exit_code": proc.returncode,
         "timed_out": timed_out,
+        "killed_over_memory": over_memory,
         "seconds": time.perf_counter() - start,
         "peak_rss_bytes": max(peak_tree, usage.ru_maxrss * 1024),
         "peak_rss_sampled_bytes": peak_tree,
@@ -158,6 +167,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--width", type=int, default=4096)
     parser.add_argument("--target", default="cpu-ort")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds flexdsa optimize may take")
+    parser.add_argument(
+        "--max-rss-gb",
+        type=float,
+        default=round(psutil.virtual_memory().total * 0.6 / 1e9, 1),
+        help="kill flexdsa optimize once it holds more than this (default 60%% of this machine's memory)",
+    )
     parser.add_argument(
         "--no-reference", action="store_true", help="skip the onnx.load reference measurement"
     )
@@ -212,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
     print("running: flexdsa optimize " + " ".join(command[4:]), flush=True)
     log_path = LARGE_DIR / "optimize.log"
-    run = run_measured(command, log_path, args.timeout)
+    run = run_measured(command, log_path, args.timeout, args.max_rss_gb * 1e9)
     result["flexdsa_optimize"] = {**run, "command": command[3:], "log_tail": _tail(log_path)}
     status = 0
     log = log_path.read_text(errors="replace")
@@ -223,8 +238,11 @@ def main(argv: list[str] | None = None) -> int:
         ok = run["exit_code"] == 0 and not run["timed_out"]
         result["flexdsa_optimize"]["status"] = "ok" if ok else "failed"
         result["peak_rss_over_model_size"] = run["peak_rss_bytes"] / model_bytes
+        killed = " (timed out)" if run["timed_out"] else ""
+        if run["killed_over_memory"]:
+            killed += f" (killed past --max-rss-gb {args.max_rss_gb:g}: the peak is a lower bound)"
         print(
-            f"flexdsa optimize: exit {run['exit_code']}{' (timed out)' if run['timed_out'] else ''}, "
+            f"flexdsa optimize: exit {run['exit_code']}{killed}, "
             f"{run['seconds']:.1f} s, peak RSS {run['peak_rss_bytes'] / 1e9:.2f} GB; "
             f"model {model_bytes / 1e9:.2f} GB; ratio {result['peak_rss_over_model_size']:.2f}x"
         )
