@@ -13,9 +13,15 @@ and kᵀ by sqrt(scale); the mask is any float tensor added to the scores (BERT'
 where(causal, 0, lowest) (the same Softmax to float32 rounding): a constant when the condition is one,
 else one Where computed at run time; an inference Dropout may follow the Softmax.
 
-- ``multihead_attention``: the core → ``com.microsoft::MultiHeadAttention(q, k, v, attention_bias=mask)``.
-- ``attention``: the core with its three projections ``x @ W + b`` from one input x (self-attention,
-  constant weights) → ``com.microsoft::Attention(x, [Wq|Wk|Wv], [bq|bk|bv])``: one GEMM for q, k, v.
+timm's ViT writes q, k, v packed: one [B, S, 3*H*Dh] tensor reshaped to [B, S, 3, H, Dh], transposed to
+[3, B, H, S, Dh] and picked apart by Gather (layout "packed"; the others are "key_0231"/"key_0132").
+With dynamic shapes the exporters compute every Reshape shape from Shape nodes on the tensors around;
+the check reads those (``_shape_entries``) and allows the matched intermediates no other use.
+
+- ``multihead_attention``: the core → ``com.microsoft::MultiHeadAttention(q, k, v, attention_bias=mask)``
+  (packed: q, k, v split off the last axis first).
+- ``attention``: the core with its projections from one input x (self-attention, constant weights) →
+  ``com.microsoft::Attention(x, [Wq|Wk|Wv], [bq|bk|bv])``: one GEMM for q, k, v (packed: W and b as they are).
 
 The two consume the same core, so they share the ``attention`` alternatives group and the Fusion Switcher
 costs each. The MHA/Attention kernels take an attention bias of shape [B or 1, H or 1, S, T] only, so a
@@ -55,6 +61,21 @@ def _const_scalar(value: ir.Value | None) -> float | None:
 _SHAPE_OPS = frozenset(
     {"Shape", "Gather", "Unsqueeze", "Squeeze", "Concat", "Slice", "Cast", "Div", "Mul", "Add", "Sub"}
 )
+
+
+_LAYOUTS = ("key_0231", "key_0132", "packed")
+
+
+def _heads_and_size(count, size, hidden) -> tuple[int, int] | None:
+    """(heads, head size) from a Reshape's two head entries, one of which may be -1 (left to Reshape)."""
+    hidden = hidden if isinstance(hidden, int) else None
+    if count == -1 and isinstance(size, int) and size > 0 and hidden:
+        count = hidden // size
+    if size == -1 and isinstance(count, int) and count > 0 and hidden:
+        size = hidden // count
+    if isinstance(count, int) and count > 0 and isinstance(size, int) and size > 0:
+        return count, size
+    return None
 
 
 def _dims(value: ir.Value, known: dict) -> list | None:
@@ -125,6 +146,8 @@ def _outside_use_refusal(context) -> str | None:
             if output.is_graph_output():
                 return f"'{output.name}' inside the attention is a graph output."
             for user, _ in output.uses():
+                if user.graph is None:
+                    continue  # a node a discarded rewrite built (tracing, or a refused candidate): not a use
                 if user not in matched and not _only_shapes_for(user, matched):
                     return f"'{output.name}' inside the attention is also used by {node_label(user)}."
     return None
@@ -144,7 +167,7 @@ def _only_shapes_for(shape_node: ir.Node, matched: set) -> bool:
             if output.is_graph_output():
                 return False
             for user, _ in output.uses():
-                if user in matched:
+                if user in matched or user.graph is None:
                     continue
                 if user.op_type not in _SHAPE_OPS:
                     return False
@@ -155,24 +178,34 @@ def _only_shapes_for(shape_node: ir.Node, matched: set) -> bool:
 class _AttentionBase(pattern.RewriteRuleClassBase):
     """Shared by both granularities: the core pattern from q, k, v to the merged heads, and its checks."""
 
-    def __init__(self, name: str, composed_key_transpose: bool):
+    def __init__(self, name: str, layout: str):
         # remove_nodes=False: with dynamic shapes, Shape nodes read the matched intermediates to build the
         # Reshape shapes; the check allows exactly those uses, and the dead nodes go after the rewrite.
-        super().__init__(
-            f"{name}{'_key_perm_0231' if composed_key_transpose else '_key_heads_then_0132'}",
-            remove_nodes=False,
-        )
-        self._composed_key_transpose = composed_key_transpose
+        super().__init__(f"{name}_{layout}", remove_nodes=False)
+        assert layout in _LAYOUTS, layout
+        self._layout = layout
 
-    def core(self, op, query, key, value):
+    def heads(self, op, query, key, value):
+        """(q, kᵀ, v) split into heads, [B, H, S, Dh] (kᵀ: [B, H, Dh, S])."""
+        if self._layout == "packed":  # timm: one [B, S, 3*H*Dh] tensor -> [3, B, H, S, Dh], then Gather
+            qkv_heads = op.Transpose(
+                op.Reshape(query, _allow_other_inputs=True, _outputs=["qkv_5d"]), perm=[2, 0, 3, 1, 4]
+            )
+            q_heads = op.Gather(qkv_heads, 0, _outputs=["q_picked"])
+            k_transposed = op.Transpose(op.Gather(qkv_heads, 1, _outputs=["k_picked"]), perm=[0, 1, 3, 2])
+            v_heads = op.Gather(qkv_heads, 2, _outputs=["v_picked"])
+            return q_heads, k_transposed, v_heads
         q_heads = op.Transpose(op.Reshape(query, _allow_other_inputs=True, _outputs=["q_4d"]), perm=_HEADS)
         k_4d = op.Reshape(key, _allow_other_inputs=True, _outputs=["k_4d"])
-        if self._composed_key_transpose:
+        if self._layout == "key_0231":
             k_transposed = op.Transpose(k_4d, perm=[0, 2, 3, 1])
         else:
             k_transposed = op.Transpose(op.Transpose(k_4d, perm=_HEADS), perm=[0, 1, 3, 2])
         v_heads = op.Transpose(op.Reshape(value, _allow_other_inputs=True, _outputs=["v_4d"]), perm=_HEADS)
+        return q_heads, k_transposed, v_heads
 
+    def core(self, op, query, key=None, value=None):
+        q_heads, k_transposed, v_heads = self.heads(op, query, key, value)
         q_scale, k_scale, qk_scale, mask = (
             pattern.Var(n) for n in ("q_scale", "k_scale", "qk_scale", "mask")
         )
@@ -210,7 +243,11 @@ class _AttentionBase(pattern.RewriteRuleClassBase):
 
     def core_refusal(self, context, query, key, value, bindings: dict, shapes=None) -> str | None:
         """None when the matched core is the attention the fused ops compute; sets the fused op's parameters.
-        ``shapes`` gives the shapes of query, key and value where the caller knows more than the graph."""
+        ``shapes`` gives the shapes of query, key and value where the caller knows more than the graph.
+        In the packed layout ``query`` is the [B, S, 3*H*Dh] tensor and ``key``/``value`` are None."""
+        packed = self._layout == "packed"
+        if packed:
+            key = value = query
         q_dims, k_dims, v_dims = shapes or (query.shape, key.shape, value.shape)
         for name, tensor in (("query", query), ("key", key), ("value", value)):
             if tensor.dtype is not None and tensor.dtype != ir.DataType.FLOAT:
@@ -219,26 +256,26 @@ class _AttentionBase(pattern.RewriteRuleClassBase):
             if dims is None or len(dims) != 3:
                 return f"The {name} '{tensor.name}' is not known to be a 3-D [B, S, H*Dh] tensor."
         known = {query: list(q_dims), key: list(k_dims), value: list(v_dims)}
-        heads = {}
-        for name, dims in (("q_4d", q_dims), ("k_4d", k_dims), ("v_4d", v_dims)):
-            entries = _shape_entries(bindings[name].producer().inputs[1], known)
-            if entries is None or len(entries) != 4:
-                return f"A Reshape to heads does not make a readable 4-D [B, S, H, Dh] shape ({entries})."
-            count, size = entries[2], entries[3]
-            hidden = dims[2] if isinstance(dims[2], int) else None
-            if count == -1 and size and size > 0 and hidden:
-                count = hidden // size
-            if size == -1 and count and count > 0 and hidden:
-                size = hidden // count
-            if not (isinstance(count, int) and count > 0 and isinstance(size, int) and size > 0):
-                return f"A Reshape to heads {entries} does not tell the number of heads and head size."
-            heads[name] = (count, size)
-        num_heads, head_size = heads["q_4d"]
-        v_head_size = heads["v_4d"][1]
-        if heads["k_4d"] != heads["q_4d"] or heads["v_4d"][0] != num_heads:
-            return f"Query, key and value are split into heads differently ({heads})."
-        if q_dims[2] != num_heads * head_size or k_dims[2] != num_heads * head_size:
-            return f"Query/key hidden size is not {num_heads} heads x {head_size}."
+        if packed:
+            if (reason := self._packed_refusal(bindings, known, q_dims)) is not None:
+                return reason
+            num_heads, head_size = self._packed_heads
+            v_head_size = head_size
+        else:
+            heads = {}
+            for name, dims in (("q_4d", q_dims), ("k_4d", k_dims), ("v_4d", v_dims)):
+                entries = _shape_entries(bindings[name].producer().inputs[1], known)
+                if entries is None or len(entries) != 4:
+                    return f"A Reshape to heads does not make a readable 4-D [B, S, H, Dh] shape ({entries})."
+                heads[name] = _heads_and_size(entries[2], entries[3], dims[2])
+                if heads[name] is None:
+                    return f"A Reshape to heads {entries} does not tell the number of heads and head size."
+            num_heads, head_size = heads["q_4d"]
+            v_head_size = heads["v_4d"][1]
+            if heads["k_4d"] != heads["q_4d"] or heads["v_4d"][0] != num_heads:
+                return f"Query, key and value are split into heads differently ({heads})."
+            if q_dims[2] != num_heads * head_size or k_dims[2] != num_heads * head_size:
+                return f"Query/key hidden size is not {num_heads} heads x {head_size}."
         merge = bindings["merged"].producer()
         context_4d = bindings["context_4d"]
         known[context_4d] = [None, num_heads, None, v_head_size]
@@ -302,6 +339,20 @@ class _AttentionBase(pattern.RewriteRuleClassBase):
         self._lengths = (q_dims[1], k_dims[1])
         return None
 
+    def _packed_refusal(self, bindings: dict, known: dict, dims) -> str | None:
+        entries = _shape_entries(bindings["qkv_5d"].producer().inputs[1], known)
+        if entries is None or len(entries) != 5 or entries[2] != 3:
+            return f"The packed projection is not reshaped into [B, S, 3, H, Dh] ({entries})."
+        hidden = dims[2] // 3 if isinstance(dims[2], int) and dims[2] % 3 == 0 else None
+        heads = _heads_and_size(entries[3], entries[4], hidden)
+        if heads is None or hidden != heads[0] * heads[1]:
+            return f"The packed Reshape {entries} does not tell the number of heads and head size."
+        for name in ("q_picked", "k_picked", "v_picked"):
+            if bindings[name].producer().attributes.get_int("axis", 0) != 0:
+                return "Query, key and value are not picked from the packed heads along its first axis."
+        self._packed_heads = heads
+        return None
+
     @staticmethod
     def _opset(context) -> int:
         imports = context.model.opset_imports
@@ -349,19 +400,24 @@ def _is_full_bias(shapes: list[ir.Shape | None], query_length, key_length) -> bo
 class MultiHeadAttentionFusion(_AttentionBase):
     """Reshape(Transpose(MatMul(Softmax(MatMul(heads(q), heads(k)ᵀ) * scale + mask), heads(v)))) → com.microsoft::MultiHeadAttention(q, k, v, mask)"""
 
-    def __init__(self, composed_key_transpose: bool):
-        super().__init__("MultiHeadAttention", composed_key_transpose)
+    def __init__(self, layout: str):
+        super().__init__("MultiHeadAttention", layout)
 
     def pattern(self, op, query, key, value):
+        if self._layout == "packed":
+            return self.core(op, query)
         return self.core(op, query, key, value)
 
-    def check(self, context, query, key, value, **bindings) -> pattern.MatchResult:
+    def check(self, context, query, key=None, value=None, **bindings) -> pattern.MatchResult:
         result = pattern.MatchResult()
         if (reason := self.core_refusal(context, query, key, value, bindings)) is not None:
             return result.fail(reason)
         return result
 
-    def rewrite(self, op, query, key, value, **_):
+    def rewrite(self, op, query, key=None, value=None, **_):
+        if self._layout == "packed":  # [B, S, 3D] holds q, k and v in that order along its last axis
+            hidden = self._num_heads * self._head_size
+            query, key, value = op.Split(query, op.Constant(value_ints=[hidden] * 3), axis=-1, _outputs=3)
         mask = self.attention_bias(op, query, key)
         inputs = [query, key, value] + ([None, None, mask] if mask is not None else [])
         return op.MultiHeadAttention(
@@ -372,19 +428,25 @@ class MultiHeadAttentionFusion(_AttentionBase):
 class AttentionFusion(_AttentionBase):
     """heads-attention over (x @ Wq + bq, x @ Wk + bk, x @ Wv + bv) → com.microsoft::Attention(x, [Wq|Wk|Wv], [bq|bk|bv], mask)"""
 
-    def __init__(self, composed_key_transpose: bool):
-        super().__init__("Attention", composed_key_transpose)
+    def __init__(self, layout: str):
+        super().__init__("Attention", layout)
 
     def pattern(self, op, x, wq, bq, wk, bk, wv, bv):
         def projection(weight, bias):
             return _either(op.Add, op.MatMul(x, weight), bias)
 
+        if self._layout == "packed":  # one projection to [B, S, 3D]: wq and bq stand for the packed ones
+            return self.core(op, projection(wq, bq))
         return self.core(op, projection(wq, bq), projection(wk, bk), projection(wv, bv))
 
-    def check(self, context, x, wq, bq, wk, bk, wv, bv, **bindings) -> pattern.MatchResult:
+    def check(
+        self, context, x, wq, bq, wk=None, bk=None, wv=None, bv=None, **bindings
+    ) -> pattern.MatchResult:
         result = pattern.MatchResult()
         if x.shape is None or x.shape.rank() != 3 or x.dtype != ir.DataType.FLOAT:
             return result.fail(f"The input '{x.name}' is not known to be a 3-D float32 [B, S, D] tensor.", x)
+        if self._layout == "packed":
+            return self._check_packed(context, x, wq, bq, bindings)
         arrays = []
         for name, tensor, rank in (
             ("Wq", wq, 2),
@@ -415,22 +477,45 @@ class AttentionFusion(_AttentionBase):
         self._hidden_sizes = [w.shape[1] for w in weights]
         return result
 
-    def rewrite(self, op, x, wq, **_):
-        weight = op.initializer(ir.tensor(self._packed_weight), name=f"{wq.name}__qkv_weight")
-        bias = op.initializer(ir.tensor(self._packed_bias), name=f"{wq.name}__qkv_bias")
+    def _check_packed(self, context, x, weight, bias, bindings) -> pattern.MatchResult:
+        result = pattern.MatchResult()
+        arrays = []
+        for name, tensor, rank in (("W", weight, 2), ("b", bias, 1)):
+            array = None if tensor.is_graph_input() else _ir_utils.get_numpy_value(tensor)
+            if array is None or array.ndim != rank or array.dtype != np.float32:
+                return result.fail(
+                    f"{name} '{tensor.name}' is not a constant float32 {rank}-D tensor.", tensor
+                )
+            arrays.append(array)
+        if arrays[0].shape[0] != x.shape[2] or arrays[0].shape[1] != arrays[1].shape[0]:
+            return result.fail("The packed projection weight and bias do not fit the input and each other.")
+        qkv = bindings["qkv_5d"].producer().inputs[0]
+        shapes = [(x.shape[0], x.shape[1], arrays[0].shape[1])] * 3
+        if (reason := self.core_refusal(context, qkv, None, None, bindings, shapes)) is not None:
+            return result.fail(reason)
+        self._packed_weight, self._packed_bias = (
+            None,
+            None,
+        )  # already packed: the rewrite uses them as they are
+        self._hidden_sizes = None
+        return result
+
+    def rewrite(self, op, x, wq, bq, **_):
+        if self._packed_weight is None:
+            weight, bias = wq, bq
+        else:
+            weight = op.initializer(ir.tensor(self._packed_weight), name=f"{wq.name}__qkv_weight")
+            bias = op.initializer(ir.tensor(self._packed_bias), name=f"{wq.name}__qkv_bias")
         mask = self.attention_bias(op, x, x)
         inputs = [x, weight, bias] + ([None, None, mask] if mask is not None else [])
+        sizes = {"qkv_hidden_sizes": self._hidden_sizes} if self._hidden_sizes else {}
         return op.Attention(
-            *inputs,
-            num_heads=self._num_heads,
-            qkv_hidden_sizes=self._hidden_sizes,
-            scale=self._scale,
-            _domain="com.microsoft",
+            *inputs, num_heads=self._num_heads, scale=self._scale, _domain="com.microsoft", **sizes
         )
 
 
 def _variants(rule_class) -> list:
-    return [rule_class.rule(composed) for composed in (True, False)]
+    return [rule_class.rule(layout) for layout in _LAYOUTS]
 
 
 RULES = [

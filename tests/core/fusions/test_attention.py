@@ -304,3 +304,59 @@ def test_attention_refuses_weights_that_are_inputs():
         text.split(f"float[{D}, {D}] wk = ")[0] + text.split(f"float[{D}, {D}] wk = ")[1].split("}, ", 1)[1]
     )
     refused("attention", text)
+
+
+# timm's ViT attention: one projection to [B, S, 3*H*Dh], reshaped to [B, S, 3, H, Dh], heads picked by Gather.
+PACKED = """
+    qkv5 = Reshape (qkv, heads5)
+    t = Transpose <perm = [2, 0, 3, 1, 4]> (qkv5)
+    qh = Gather <axis = 0> (t, i0)
+    kh = Gather <axis = 0> (t, i1)
+    vh = Gather <axis = 0> (t, i2)
+    qs = Mul (qh, inv_sqrt_dh)
+    kt = Transpose <perm = [0, 1, 3, 2]> (kh)
+    a = MatMul (qs, kt)
+    p = Softmax <axis = -1> (a)
+    c = MatMul (p, vh)
+    ct = Transpose <perm = [0, 2, 1, 3]> (c)
+    y = Reshape (ct, merged)
+"""
+_PACKED_CONSTANTS = (
+    f"int64[5] heads5 = {{0, 0, 3, {H}, {DH}}}, int64[3] merged = {{0, 0, {D}}}, int64 i0 = {{0}}, "
+    f"int64 i1 = {{1}}, int64 i2 = {{2}}, float inv_sqrt_dh = {{{DH**-0.5}}}"
+)
+
+
+def test_mha_fuses_timm_packed_qkv():
+    text = f"""
+<ir_version: 10, opset_import: ["" : 17]>
+vit (float[{B}, {S}, {3 * D}] qkv) => (float[{B}, {S}, {D}] y)
+<{_PACKED_CONSTANTS}>
+{{{PACKED}}}"""
+    fuse("multihead_attention", text, ["Constant", "Split", "MultiHeadAttention"])
+
+
+def test_attention_fuses_timm_packed_projection_as_is():
+    rng = np.random.default_rng(2)
+    weight = ", ".join(f"{v:.4f}" for v in rng.standard_normal(D * 3 * D) * 0.5)
+    bias = ", ".join(f"{v:.4f}" for v in rng.standard_normal(3 * D) * 0.1)
+    text = f"""
+<ir_version: 10, opset_import: ["" : 17]>
+vit (float[{B}, {S}, {D}] x) => (float[{B}, {S}, {D}] y)
+<{_PACKED_CONSTANTS}, float[{D}, {3 * D}] w = {{{weight}}}, float[{3 * D}] b = {{{bias}}}>
+{{
+    m = MatMul (x, w)
+    qkv = Add (b, m)
+    {PACKED}
+}}"""
+    fused = fuse("attention", text, ["Attention"])
+    assert list(fused.graph.node[0].input) == ["x", "w", "b"]
+
+
+def test_mha_refuses_a_packed_reshape_that_is_not_q_k_v_first():
+    text = f"""
+<ir_version: 10, opset_import: ["" : 17]>
+vit (float[{B}, {S}, {3 * D}] qkv) => (float[{B}, {S}, {D}] y)
+<{_PACKED_CONSTANTS.replace(f"heads5 = {{0, 0, 3, {H}, {DH}}}", f"heads5 = {{0, 0, {H}, 3, {DH}}}")}>
+{{{PACKED}}}"""
+    refused("multihead_attention", text)
