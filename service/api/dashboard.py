@@ -56,8 +56,12 @@ STATIC_DIR = _HERE / "static"
 templates = Jinja2Templates(directory=str(_HERE / "templates"))
 
 
+def _number(value) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
 def _filesize(size: int | None) -> str:
-    if size is None:
+    if not _number(size):
         return "–"
     for unit in ("B", "KB", "MB", "GB"):
         if size < 1024 or unit == "GB":
@@ -67,7 +71,7 @@ def _filesize(size: int | None) -> str:
 
 
 def _seconds(value: float | None) -> str:
-    if value is None:
+    if not _number(value):
         return "–"
     if value < 1e-3:
         return f"{value * 1e6:.1f} µs"
@@ -183,7 +187,14 @@ def job_page(
     job = session.get(Job, job_id)
     if job is None or job.tenant_id != tenant.id:  # another tenant's job reads exactly as a missing one
         return _page(request, "not_found.html", status_code=404, job_id=job_id, tenant=tenant.name)
-    return _page(request, "job.html", tenant=tenant.name, **job_view(request, session, store, job))
+    view = job_view(request, session, store, job)
+    try:
+        return _page(request, "job.html", tenant=tenant.name, **view)
+    except Exception:
+        # A report of a shape this page does not know must not hide the job: show it without the report.
+        log.exception("dashboard: cannot render the report of job %s", job.id)
+        view.update(report=None, report_error=True)
+        return _page(request, "job.html", tenant=tenant.name, **view)
 
 
 @router.get("/ui/login", response_class=HTMLResponse)

@@ -1,0 +1,259 @@
+"""The dashboard in headless Chromium (Playwright) against a real uvicorn server in embedded mode: upload a
+model through the form, watch the job finish on its page, read the report, download artifacts; failed jobs,
+the status filter, the job list updating live, reading with JavaScript off, and the key login.
+
+Screenshots of the pages go to the system temp folder (``flexdsa-dashboard-*.png``) for a human to look at.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import onnx
+import pytest
+
+from tests.service.conftest import tiny_onnx
+from tests.service.test_client import (
+    BERT,
+    JOB_TIMEOUT_S,
+    REPO,
+    LiveServer,
+    embedded_server,
+    failing_onnx,
+    wait_for_job,
+)
+
+pytestmark = pytest.mark.browser
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+]  # fmt: skip
+JOB_TIMEOUT_MS = JOB_TIMEOUT_S * 1000
+SHOTS = Path(tempfile.gettempdir())
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory) -> Iterator[LiveServer]:
+    with embedded_server(tmp_path_factory.mktemp("dashboard")) as server:
+        yield server
+
+
+@pytest.fixture
+def page(browser, live):
+    context = browser.new_context(
+        base_url=live.url, viewport={"width": 1400, "height": 900}, accept_downloads=True
+    )
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda err: errors.append(str(err)))
+    yield page
+    context.close()
+    assert not errors, f"JavaScript errors: {errors}"
+
+
+def submit(url: str, model: bytes, spec: dict | None = None, headers: dict | None = None) -> str:
+    response = httpx.post(
+        f"{url}/optimize",
+        files={"model": ("model.onnx", model)},
+        data={"spec": json.dumps(spec or {"target": "cpu-ort"})},
+        headers=headers or {},
+        timeout=60,
+    )
+    assert response.status_code == 202, response.text
+    return response.json()["job_id"]
+
+
+def test_upload_watch_report_and_download(page, live):
+    page.goto("/")
+    form = page.locator("#upload-form")
+    form.locator("input[name=model]").set_input_files(str(BERT))
+    form.locator("select[name=target]").select_option("cpu-ort")
+    form.locator("select[name=objective]").select_option("latency")
+    page.locator("details.rules summary").click()
+    form.locator("input[name=disabled_rules][value=skip_layer_norm]").check()
+    form.locator("button[type=submit]").click()
+
+    page.wait_for_url(re.compile(r"/ui/jobs/[0-9a-f-]{36}$"))
+    job_id = page.locator("#job").get_attribute("data-job-id")
+    # The page follows the job live and reloads itself once it ends: no reload from the test.
+    page.wait_for_selector("#job[data-status=succeeded]", timeout=JOB_TIMEOUT_MS)
+    job = httpx.get(f"{live.url}/jobs/{job_id}").json()
+    assert job["spec"]["disabled_rules"] == ["skip_layer_norm"] and job["spec"]["objective"] == "latency"
+
+    report = page.locator("#report")
+    assert "344 →" in report.locator(".tile").first.inner_text()  # nodes before -> after
+    assert report.get_by_text("passed", exact=True).is_visible()
+    ops = page.locator("table.ops tbody tr")
+    assert ops.count() > 5 and page.locator("table.ops tr.changed").count() > 0
+    fusions = page.locator("table.fusions tbody tr")
+    assert fusions.count() > 0
+    assert page.locator("table.fusions .badge", has_text="taken").count() > 0
+    assert page.locator("table.fusions td.reason").first.inner_text().strip()  # every decision gives a reason
+    assert "skip_layer_norm" in page.locator("#report").inner_text()  # named as switched off
+    assert page.locator("#estimates .badge.estimate").is_visible()  # estimates are labelled as such
+    assert "×" in page.locator("#latency + p").inner_text()  # measured ORT CPU speed-up
+    assert page.locator("#validation + table tbody tr").count() == 2  # bert's two outputs
+    assert page.locator("#memory + table tbody tr").count() >= 1
+    graphs = page.locator("#graphs svg.graph")
+    assert graphs.count() == 2
+    assert graphs.nth(0).locator("g.op").count() > graphs.nth(1).locator("g.op").count() > 0
+    assert page.locator("#events tr").filter(has_text="succeeded").count() == 1
+
+    page.screenshot(path=str(SHOTS / "flexdsa-dashboard-job.png"), full_page=True)
+
+    with page.expect_download() as download:
+        page.locator("#artifacts a", has_text="model.onnx").click()
+    model = onnx.load_model_from_string(Path(download.value.path()).read_bytes())
+    onnx.checker.check_model(model)
+    assert len(model.graph.node) == job["report_summary"]["nodes_after"]
+    with page.expect_download() as download:
+        page.locator("#artifacts a", has_text="report.json").click()
+    assert json.loads(Path(download.value.path()).read_bytes())["nodes"]["total_before"] == 344
+
+    page.goto("/")
+    row = page.locator(f"tr[data-job-id='{job_id}']")
+    assert row.locator("[data-field=status]").inner_text() == "succeeded"
+    assert "344 →" in row.inner_text()
+    page.screenshot(path=str(SHOTS / "flexdsa-dashboard-jobs.png"), full_page=True)
+
+
+def test_failed_job_shows_its_error_code_and_message(page, live):
+    job_id = submit(live.url, failing_onnx())
+    page.goto(f"/ui/jobs/{job_id}")
+    page.wait_for_selector("#job[data-status=failed]", timeout=JOB_TIMEOUT_MS)
+    error = page.locator("#job-error")
+    assert error.locator("h2").inner_text() == "Failed: unsupported_model"
+    assert "acme.custom" in error.locator(".error-message").inner_text()
+    assert page.locator("#report").count() == 0
+    page.screenshot(path=str(SHOTS / "flexdsa-dashboard-failed.png"), full_page=True)
+
+
+def test_job_list_follows_new_and_finishing_jobs_live(page, live):
+    page.goto("/")
+    job_id = submit(live.url, failing_onnx())  # submitted elsewhere while the page is open
+    row = page.locator(f"tr[data-job-id='{job_id}']")
+    row.wait_for(timeout=15_000)
+    row.locator("[data-field=status]", has_text="failed").wait_for(timeout=JOB_TIMEOUT_MS)
+    assert "unsupported_model" in row.inner_text()
+
+
+def test_status_filter_lists_only_that_status(page, live):
+    failed = submit(live.url, failing_onnx())
+    succeeded = submit(live.url, tiny_onnx(0.3), {"target": "cpu-ort", "measure_latency": False})
+    wait_for_job(live.url, failed)
+    wait_for_job(live.url, succeeded)
+    page.goto("/?status=failed")
+    statuses = page.locator("#job-table tbody [data-field=status]").all_inner_texts()
+    assert statuses and set(statuses) == {"failed"}
+    assert page.locator(f"tr[data-job-id='{failed}']").count() == 1
+    assert page.locator(f"tr[data-job-id='{succeeded}']").count() == 0
+    assert page.locator(".filters a.current").inner_text() == "failed"
+
+
+def test_pages_read_with_javascript_off(browser, live):
+    job_id = submit(live.url, tiny_onnx(0.2), {"target": "cpu-ort", "measure_latency": False})
+    wait_for_job(live.url, job_id)
+    context = browser.new_context(base_url=live.url, java_script_enabled=False)
+    try:
+        page = context.new_page()
+        page.goto(f"/ui/jobs/{job_id}")
+        assert page.locator("#job").get_attribute("data-status") == "succeeded"
+        assert page.locator("#report").is_visible()
+        assert "Not measured" in page.locator("#latency + p").inner_text()
+        assert page.locator("#artifacts a", has_text="model.onnx").is_visible()
+        page.goto("/")
+        assert page.locator(f"tr[data-job-id='{job_id}']").is_visible()
+        assert "needs JavaScript" in page.locator("noscript").first.inner_text()
+    finally:
+        context.close()
+
+
+def test_unknown_job_answers_a_404_page(page, live):
+    response = page.goto("/ui/jobs/00000000-0000-0000-0000-000000000000")
+    assert response.status == 404
+    assert page.locator("h1").inner_text() == "No such job"
+
+
+# --- distributed-style auth: keys required -------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def keyed(tmp_path_factory) -> Iterator[tuple[LiveServer, dict[str, str]]]:
+    data_dir = tmp_path_factory.mktemp("dashboard-keys")
+    keys = {tenant: _create_key(data_dir, tenant) for tenant in ("acme", "globex")}
+    with embedded_server(data_dir, auth="required") as server:
+        yield server, keys
+
+
+def _create_key(data_dir: Path, tenant: str) -> str:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEXDSA_")}
+    env.update(FLEXDSA_DATA_DIR=str(data_dir), FLEXDSA_AUTH="required")
+    result = subprocess.run(
+        [sys.executable, "-m", "flexdsa_core.cli", "keys", "create", "--tenant", tenant],
+        capture_output=True, text=True, cwd=REPO, env=env, check=True, timeout=120,
+    )  # fmt: skip
+    return result.stdout.strip().splitlines()[-1]
+
+
+def test_login_sets_an_httponly_cookie_and_scopes_jobs_to_the_tenant(browser, keyed):
+    server, keys = keyed
+    theirs = submit(server.url, failing_onnx(), headers={"X-API-Key": keys["globex"]})
+    context = browser.new_context(base_url=server.url)
+    try:
+        page = context.new_page()
+        page.goto("/")
+        assert page.url.endswith("/ui/login?next=/")  # no key yet: the login page, not a JSON 401
+        page.fill("input[name=api_key]", "fdsa_not_a_real_key")
+        page.click("form.login button")
+        assert "not valid" in page.locator("#login-error").inner_text()
+        assert not context.cookies()
+
+        page.fill("input[name=api_key]", keys["acme"])
+        page.click("form.login button")
+        page.wait_for_url(re.compile(r"/$"))
+        assert page.locator(".tenant b").inner_text() == "acme"
+        (cookie,) = context.cookies()
+        assert cookie["name"] == "flexdsa_key" and cookie["httpOnly"] and cookie["sameSite"] == "Lax"
+
+        # The cookie carries the tenant for the script's API calls too: upload through the form.
+        page.locator("#upload-form input[name=model]").set_input_files(
+            {"name": "leaky.onnx", "mimeType": "application/octet-stream", "buffer": tiny_onnx(0.4)}
+        )
+        page.locator("#upload-form input[name=measure_latency]").uncheck()
+        page.locator("#upload-form button[type=submit]").click()
+        page.wait_for_selector("#job[data-status=succeeded]", timeout=JOB_TIMEOUT_MS)
+        mine = page.locator("#job").get_attribute("data-job-id")
+        job = httpx.get(f"{server.url}/jobs/{mine}", headers={"X-API-Key": keys["acme"]}).json()
+        assert job["model_filename"] == "leaky.onnx"
+
+        response = page.goto(f"/ui/jobs/{theirs}")  # another tenant's job reads as missing
+        assert response.status == 404
+        page.goto("/")
+        assert page.locator(f"tr[data-job-id='{theirs}']").count() == 0
+        assert page.locator(f"tr[data-job-id='{mine}']").count() == 1
+
+        page.click("header form button")  # log out
+        page.wait_for_url(re.compile(r"/ui/login$"))
+        assert not context.cookies()
+    finally:
+        context.close()
