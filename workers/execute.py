@@ -113,6 +113,8 @@ def _claim(sessions, job_id: str, settings, worker_id: str) -> ClaimedJob | None
             lease_owner=worker_id,
             lease_expires_at=now + timedelta(seconds=settings.lease_seconds),
             attempts=Job.attempts + 1,
+            stage=None,  # a retry starts over; the events keep where the last attempt got to
+            progress=0.0,
             started_at=func.coalesce(Job.started_at, bindparam("now", now, type_=UTCDateTime())),
             updated_at=now,
         )

@@ -243,3 +243,11 @@ def test_a_worker_cut_off_from_the_database_for_a_lease_stops(settings, monkeypa
     time.sleep(settings.lease_seconds)
     assert execute_job(job_id, settings=settings, worker_id="t2") == "succeeded"
     assert load_job(settings, job_id).attempts == 2
+
+
+def test_job_succeeds_with_redis_down(settings):
+    """Redis only carries live progress and the hot cache layer: without it a job still runs."""
+    down = settings.model_copy(update={"redis_url": "redis://127.0.0.1:1/0"})
+    job_id = create_job(settings)
+    assert execute_job(job_id, settings=down, worker_id="t1") == "succeeded"
+    assert load_job(settings, job_id).report_summary["kernels"] == 3
