@@ -37,7 +37,7 @@ import numpy as np
 import onnx_ir as ir
 from onnxscript.rewriter import _ir_utils, pattern
 
-from flexdsa_core.fusions._norm_checks import node_label
+from flexdsa_core.fusions._shape_values import outside_use_refusal, shape_entries
 from flexdsa_core.fusions.base import make_rule
 
 _HEADS = [0, 2, 1, 3]
@@ -47,20 +47,9 @@ def _either(make, a, b):
     return pattern.OrValue([make(a, b), make(b, a)])
 
 
-def _const_ints(value: ir.Value | None) -> list[int] | None:
-    array = _ir_utils.get_numpy_value(value)
-    return None if array is None or array.ndim != 1 else [int(v) for v in array]
-
-
 def _const_scalar(value: ir.Value | None) -> float | None:
     scalar = _ir_utils.get_singleton_value(value)
     return None if scalar is None else float(scalar)
-
-
-# Ops that compute with shapes: what a Shape node's result may flow through before a matched Reshape.
-_SHAPE_OPS = frozenset(
-    {"Shape", "Gather", "Unsqueeze", "Squeeze", "Concat", "Slice", "Cast", "Div", "Mul", "Add", "Sub"}
-)
 
 
 _LAYOUTS = ("key_0231", "key_0132", "packed")
@@ -76,103 +65,6 @@ def _heads_and_size(count, size, hidden) -> tuple[int, int] | None:
     if isinstance(count, int) and count > 0 and isinstance(size, int) and size > 0:
         return count, size
     return None
-
-
-def _dims(value: ir.Value, known: dict) -> list | None:
-    if value in known:
-        return known[value]
-    if value.shape is None:
-        return None
-    return [d if isinstance(d, int) else None for d in value.shape]
-
-
-def _shape_entries(value: ir.Value | None, known: dict) -> list | None:
-    """The entries of a 1-D shape tensor, each an int or None (unknown), or None when unreadable.
-    Reads constants and the exporters' dynamic form Concat(Unsqueeze(Gather(Shape(t), i)), [H], ...)."""
-    if value is None:
-        return None
-    if (constant := _const_ints(value)) is not None:
-        return constant
-    node = value.producer()
-    if node is None:
-        return None
-    if node.op_type == "Concat":
-        parts = [_shape_entries(part, known) for part in node.inputs]
-        return None if any(part is None for part in parts) else [entry for part in parts for entry in part]
-    if node.op_type == "Unsqueeze":
-        return [_scalar(node.inputs[0], known)]
-    if node.op_type == "Shape":
-        dims = _dims(node.inputs[0], known)
-        if dims is None:
-            return None
-        start, end = node.attributes.get_int("start", 0), node.attributes.get_int("end", len(dims))
-        return dims[start:end]
-    return None
-
-
-def _scalar(value: ir.Value | None, known: dict) -> int | None:
-    """An integer scalar computed from constants and known dims, or None."""
-    if value is None:
-        return None
-    if (constant := _ir_utils.get_singleton_value(value)) is not None:
-        return int(constant)
-    node = value.producer()
-    if node is None:
-        return None
-    if node.op_type in ("Cast", "Squeeze", "Identity"):
-        return _scalar(node.inputs[0], known)
-    if node.op_type == "Gather" and node.attributes.get_int("axis", 0) == 0:
-        entries, index = _shape_entries(node.inputs[0], known), _scalar(node.inputs[1], known)
-        if entries is None or index is None or not -len(entries) <= index < len(entries):
-            return None
-        return entries[index]
-    if node.op_type in ("Mul", "Div"):
-        left, right = _scalar(node.inputs[0], known), _scalar(node.inputs[1], known)
-        if left is None or right is None:
-            return None
-        if node.op_type == "Mul":
-            return left * right
-        return left // right if right and left % right == 0 else None
-    return None
-
-
-def _outside_use_refusal(context) -> str | None:
-    """None when the matched intermediates are read outside the match only to compute its own shapes."""
-    matched = set(context.nodes)
-    for node in matched:
-        if node is context.root:
-            continue
-        for output in node.outputs:
-            if output.is_graph_output():
-                return f"'{output.name}' inside the attention is a graph output."
-            for user, _ in output.uses():
-                if user.graph is None:
-                    continue  # a node a discarded rewrite built (tracing, or a refused candidate): not a use
-                if user not in matched and not _only_shapes_for(user, matched):
-                    return f"'{output.name}' inside the attention is also used by {node_label(user)}."
-    return None
-
-
-def _only_shapes_for(shape_node: ir.Node, matched: set) -> bool:
-    """Whether ``shape_node`` is a Shape whose result only flows, through shape ops, into matched nodes."""
-    if shape_node.op_type != "Shape":
-        return False
-    pending, seen = [shape_node], set()
-    while pending:
-        node = pending.pop()
-        if node in seen:
-            continue
-        seen.add(node)
-        for output in node.outputs:
-            if output.is_graph_output():
-                return False
-            for user, _ in output.uses():
-                if user in matched or user.graph is None:
-                    continue
-                if user.op_type not in _SHAPE_OPS:
-                    return False
-                pending.append(user)
-    return True
 
 
 class _AttentionBase(pattern.RewriteRuleClassBase):
@@ -264,7 +156,7 @@ class _AttentionBase(pattern.RewriteRuleClassBase):
         else:
             heads = {}
             for name, dims in (("q_4d", q_dims), ("k_4d", k_dims), ("v_4d", v_dims)):
-                entries = _shape_entries(bindings[name].producer().inputs[1], known)
+                entries = shape_entries(bindings[name].producer().inputs[1], known)
                 if entries is None or len(entries) != 4:
                     return f"A Reshape to heads does not make a readable 4-D [B, S, H, Dh] shape ({entries})."
                 heads[name] = _heads_and_size(entries[2], entries[3], dims[2])
@@ -280,10 +172,10 @@ class _AttentionBase(pattern.RewriteRuleClassBase):
         context_4d = bindings["context_4d"]
         known[context_4d] = [None, num_heads, None, v_head_size]
         known[merge.inputs[0]] = [None, None, num_heads, v_head_size]
-        merged = _shape_entries(merge.inputs[1], known)
+        merged = shape_entries(merge.inputs[1], known)
         if merged is None or len(merged) != 3 or merged[2] not in (-1, num_heads * v_head_size):
             return f"The heads are not merged back into [B, S, H*Dh] (Reshape to {merged})."
-        if (reason := _outside_use_refusal(context)) is not None:
+        if (reason := outside_use_refusal(context)) is not None:
             return reason
 
         probs_node = bindings["probs"].producer()
@@ -340,7 +232,7 @@ class _AttentionBase(pattern.RewriteRuleClassBase):
         return None
 
     def _packed_refusal(self, bindings: dict, known: dict, dims) -> str | None:
-        entries = _shape_entries(bindings["qkv_5d"].producer().inputs[1], known)
+        entries = shape_entries(bindings["qkv_5d"].producer().inputs[1], known)
         if entries is None or len(entries) != 5 or entries[2] != 3:
             return f"The packed projection is not reshaped into [B, S, 3, H, Dh] ({entries})."
         hidden = dims[2] // 3 if isinstance(dims[2], int) and dims[2] % 3 == 0 else None
