@@ -83,3 +83,37 @@ def test_expands_position_ids_shared_by_the_batch():
 )
 def test_refuses(text):
     assert_not_fused("rotary", text)
+
+
+# The LLaMA fixture's form with dynamic shapes: cos = cos_cached[:seq][None, None] (positions 0..S-1) and the
+# halves' bounds computed from x's shape.
+SLICED = """
+    xs = Shape (x)
+    seq = Gather <axis = 0> (xs, two)
+    seq1 = Unsqueeze (seq, zero)
+    cr = Slice (cos_cache, zero, seq1, zero)
+    cos = Unsqueeze (cr, zero_one)
+    sr = Slice (sin_cache, zero, seq1, zero)
+    sin = Unsqueeze (sr, zero_one)
+    dh = Gather <axis = 0> (xs, three)
+    h = Div (dh, two)
+    h1 = Unsqueeze (h, zero)
+    x1 = Slice (x, zero, h1, last)
+    x2 = Slice (x, h1, big, last)
+    nx2 = Neg (x2)
+    rot = Concat <axis = -1> (nx2, x1)
+    xc = Mul (x, cos)
+    rs = Mul (rot, sin)
+    y = Add (xc, rs)
+"""
+
+
+def test_fuses_cache_rows_sliced_to_the_sequence():
+    text = graph(SLICED).replace(
+        "int64[1] one = {1},", "int64 two = {2}, int64 three = {3}, int64[2] zero_one = {0, 1},"
+    )
+    text = text.replace(f", int64[{B}, {S}] pos", "")
+    rng = np.random.default_rng(0)
+    feeds = {"x": rng.standard_normal((B, H, S, DH)).astype(np.float32)}
+    fused = assert_fuses("rotary", text, ["Constant", "RotaryEmbedding"], feeds=feeds)
+    assert [a.ints for a in fused.graph.node[0].attribute] == [[0]]  # positions from 0
