@@ -9,8 +9,8 @@ The exporters' caches hold each frequency twice (``cat(freqs, freqs)``, [P, Dh])
 the [P, Dh/2] half, which the rule stores as a new initializer (one per cache, shared by the layers
 that use it), and refuses caches whose halves differ (another rotation layout). ONNX Runtime wants
 position ids of shape [B, S], so ids broadcast over the batch ([1, S]) are expanded first; rows sliced
-from s0 become its 1-element form, the offset s0. (A computed slice end is taken to be s0 + S, the only
-value for which x * cos broadcasts unless S = 1.) Its CPU kernel is used in float32 here. Interleaved
+from s0 become its 1-element form, the offset s0. (A computed slice end is taken to be s0 + S: x * cos
+broadcasts only over S rows or one, and one row for a longer sequence is no rotary embedding.) Its CPU kernel is used in float32 here. Interleaved
 (GPT-J) and partial rotation are not matched.
 """
 
