@@ -16,7 +16,9 @@ else one Where computed at run time; an inference Dropout may follow the Softmax
 timm's ViT writes q, k, v packed: one [B, S, 3*H*Dh] tensor reshaped to [B, S, 3, H, Dh], transposed to
 [3, B, H, S, Dh] and picked apart by Gather (layout "packed"; the others are "key_0231"/"key_0132").
 With dynamic shapes the exporters compute every Reshape shape from Shape nodes on the tensors around;
-the check reads those (``_shape_entries``) and allows the matched intermediates no other use.
+the check reads those (``_shape_values``) and allows the matched intermediates no other use than such
+Shape nodes, which die with the match (the rules keep ``remove_nodes=False`` and a dead-node sweep
+follows).
 
 - ``multihead_attention``: the core → ``com.microsoft::MultiHeadAttention(q, k, v, attention_bias=mask)``
   (packed: q, k, v split off the last axis first).
