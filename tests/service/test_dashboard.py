@@ -54,7 +54,8 @@ def browser():
 
 @pytest.fixture(scope="module")
 def live(tmp_path_factory) -> Iterator[LiveServer]:
-    with embedded_server(tmp_path_factory.mktemp("dashboard")) as server:
+    # Each pipeline stage lasts at least this long (workers/child.py), so a test can see a job mid-run.
+    with embedded_server(tmp_path_factory.mktemp("dashboard"), test_stage_delay_s="0.4") as server:
         yield server
 
 
@@ -95,7 +96,19 @@ def test_upload_watch_report_and_download(page, live):
 
     page.wait_for_url(re.compile(r"/ui/jobs/[0-9a-f-]{36}$"))
     job_id = page.locator("#job").get_attribute("data-job-id")
-    # The page follows the job live and reloads itself once it ends: no reload from the test.
+    # The page follows the job live: status, stage, progress bar and event rows change under the script.
+    page.wait_for_function(
+        """() => {
+            const job = document.querySelector('#job');
+            const bar = job.querySelector('[data-field=progress]');
+            return job.dataset.status === 'running' && Number(bar.getAttribute('aria-valuenow')) > 0
+                && job.querySelector('[data-field=stage]').textContent !== '–'
+                && document.querySelectorAll('#events tr').length > 2;
+        }""",
+        timeout=JOB_TIMEOUT_MS,
+    )
+    page.screenshot(path=str(SHOTS / "flexdsa-dashboard-running.png"))
+    # ... and reloads itself once the job ends, to show the report: no reload from the test.
     page.wait_for_selector("#job[data-status=succeeded]", timeout=JOB_TIMEOUT_MS)
     job = httpx.get(f"{live.url}/jobs/{job_id}").json()
     assert job["spec"]["disabled_rules"] == ["skip_layer_norm"] and job["spec"]["objective"] == "latency"
@@ -257,3 +270,13 @@ def test_login_sets_an_httponly_cookie_and_scopes_jobs_to_the_tenant(browser, ke
         assert not context.cookies()
     finally:
         context.close()
+
+
+def test_cancel_button_stops_a_job(page, live):
+    job_id = submit(live.url, BERT.read_bytes(), {"target": "cpu-ort", "seed": 7})  # not in the job cache
+    page.goto(f"/ui/jobs/{job_id}")
+    page.on("dialog", lambda dialog: dialog.accept())
+    page.locator("#cancel-job").click()
+    page.wait_for_selector("#job[data-status=cancelled]", timeout=JOB_TIMEOUT_MS)
+    assert page.locator("#job-error h2").inner_text().startswith("Cancelled")
+    assert page.locator("#cancel-job").count() == 0
