@@ -2,8 +2,10 @@
 
 A fused op such as ``LayerNormalization`` (opset 17) or ``RMSNormalization`` (opset 23) only passes the
 ONNX checker when the graph imports that opset. Moving the import from version ``v`` to ``target`` keeps
-the model's meaning when no node it holds changed meaning or signature in ``(v, target]``; the few ops
-that did are listed below with the version that changed them. Below opset 13 too much changed
+the model's meaning when no node it holds changed meaning in ``(v, target]``; the few ops that did are
+listed below with the version that changed them. Two signature changes at opset 18 are adapted in place
+instead, because exporters at opset 13-17 use them everywhere: a Reduce* op's ``axes`` attribute becomes
+a constant input, and a Split without split sizes gets ``num_outputs``. Below opset 13 too much changed
 (Softmax's axis semantics, Squeeze/Unsqueeze/ReduceSum/Split axes moved to inputs): such a model needs
 the version converter first, and the rule refuses with that sentence.
 
@@ -14,6 +16,7 @@ A rule uses this in two steps, because ``check`` must not modify the model: ``ch
 
 from __future__ import annotations
 
+import numpy as np
 import onnx_ir as ir
 
 from flexdsa_core.fusions._norm_checks import node_label
@@ -23,19 +26,16 @@ OLDEST_UPGRADABLE = 13
 # op_type -> the opset versions (above 13) at which its meaning or signature changed.
 _CHANGED_AT: dict[str, tuple[int, ...]] = {
     "RoiAlign": (16,),  # default coordinate_transformation_mode became half_pixel
-    "ReduceL1": (18,),  # Reduce*: axes moved from an attribute to an input
-    "ReduceL2": (18,),
-    "ReduceLogSum": (18,),
-    "ReduceLogSumExp": (18,),
-    "ReduceMax": (18,),
-    "ReduceMean": (18,),
-    "ReduceMin": (18,),
-    "ReduceProd": (18,),
-    "ReduceSumSquare": (18,),
     "DFT": (20,),  # axis moved from an attribute to an input
     "GridSample": (20,),  # mode names changed (bilinear -> linear, bicubic -> cubic)
     "GroupNormalization": (21,),  # scale and bias became per channel instead of per group
 }
+
+# Adapted at opset 18 (see _adapt_to_18): the Reduce ops whose axes moved from an attribute to an input.
+ADAPTED_AT_18 = frozenset(
+    {"ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "ReduceMax", "ReduceMean", "ReduceMin"}
+    | {"ReduceProd", "ReduceSumSquare", "Split"}
+)
 
 
 def default_opset(graph_or_function: ir.Graph | ir.Function, model: ir.Model) -> int | None:
@@ -68,13 +68,43 @@ def upgrade_refusal(model: ir.Model, graph_or_function: ir.Graph | ir.Function, 
                 f"The fused op needs ONNX opset {target} but the model imports {current} and its node "
                 f"{node_label(node)} changed meaning at opset {changed[0]}."
             )
+        if current < 18 <= target and node.op_type in ADAPTED_AT_18 and node.graph is not model.graph:
+            return f"The node {node_label(node)} inside a subgraph would need adapting to opset 18."
     return None
+
+
+def _adapt_to_18(model: ir.Model) -> None:
+    """Rewrite the opset-13 signatures that opset 18 changed (the graph's top level only; see refusal)."""
+    graph = model.graph
+    for node in list(graph):
+        if node.domain not in ("", "ai.onnx") or node.op_type not in ADAPTED_AT_18:
+            continue
+        if node.op_type == "Split":
+            has_sizes = len(node.inputs) > 1 and node.inputs[1] is not None
+            if not has_sizes and "num_outputs" not in node.attributes:
+                node.attributes["num_outputs"] = ir.AttrInt64("num_outputs", len(node.outputs))
+            continue
+        axes = node.attributes.pop("axes", None)
+        if axes is None:
+            continue  # no axes: reduce over all of them, as in opset 18 without the input
+        name = f"{node.outputs[0].name}__axes"
+        value = ir.Value(
+            name=name, const_value=ir.tensor(np.array(list(axes.as_ints()), dtype=np.int64), name=name)
+        )
+        value.shape = ir.Shape([len(axes.as_ints())])
+        value.type = ir.TensorType(ir.DataType.INT64)
+        graph.register_initializer(value)
+        node.resize_inputs(2)
+        node.replace_input_with(1, value)
 
 
 def raise_default_opset(model: ir.Model, target: int) -> None:
     """Import ONNX opset ``target`` (never lowers it); valid only after ``upgrade_refusal`` said None."""
     key = "ai.onnx" if "ai.onnx" in model.opset_imports and "" not in model.opset_imports else ""
-    if model.opset_imports.get(key, 0) < target:
+    current = model.opset_imports.get(key, 0)
+    if current < 18 <= target:
+        _adapt_to_18(model)
+    if current < target:
         model.opset_imports[key] = target
 
 
