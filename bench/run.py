@@ -109,6 +109,10 @@ def optimise_all(model, tools: list[str], timeout_s: float) -> dict[str, dict]:
                 + (f"  (slowest stages, s: {slowest})" if slowest else ""),
                 flush=True,
             )
+        elif result.get("unavailable"):
+            print(
+                f"  {tool:17s} unavailable here ({result.get('error')}); going on with the others", flush=True
+            )
         else:
             print(f"  {tool:17s} FAILED: {result.get('error')}", flush=True)
         results[tool] = result
