@@ -23,7 +23,7 @@ from collections import OrderedDict
 from pathlib import Path
 from threading import Lock
 from typing import Annotated, Any
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 from fastapi import APIRouter, Cookie, Form, Header, Query, Request
 from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse, Response
@@ -209,6 +209,8 @@ def login(
     api_key: Annotated[str, Form()] = "",
     next: Annotated[str, Form()] = "/",
 ):
+    if not _same_origin(request):
+        return _page(request, "login.html", status_code=403, next="/", error=CROSS_SITE)
     key = api_key.strip()
     tenant = authenticate(session, key) if key else None
     if tenant is None:
@@ -229,9 +231,25 @@ def login(
 
 @router.post("/ui/logout")
 def logout(request: Request):
+    if not _same_origin(request):
+        return _page(request, "login.html", status_code=403, next="/", error=CROSS_SITE)
     response = RedirectResponse(f"{_root(request)}/ui/login", status_code=303)
     response.delete_cookie(API_KEY_COOKIE, path="/", httponly=True, samesite="lax")
     return response
+
+
+CROSS_SITE = "This form was posted from another site; log in from this page instead."
+
+
+def _same_origin(request: Request) -> bool:
+    """A login or logout posted by another site's page is refused (it could swap the visitor's tenant).
+    Browsers send Origin on every cross-site POST; a request without one is not from a foreign page."""
+    origin = request.headers.get("origin")
+    if origin is None:
+        return True
+    # Behind a proxy that rewrites Host, X-Forwarded-Host names the site (a foreign form cannot set it).
+    hosts = {request.headers.get("host"), request.headers.get("x-forwarded-host")}
+    return urlsplit(origin).netloc in hosts - {None}
 
 
 def _safe_next(target: str) -> str:

@@ -280,3 +280,14 @@ def test_cancel_button_stops_a_job(page, live):
     page.wait_for_selector("#job[data-status=cancelled]", timeout=JOB_TIMEOUT_MS)
     assert page.locator("#job-error h2").inner_text().startswith("Cancelled")
     assert page.locator("#cancel-job").count() == 0
+
+
+def test_login_posted_from_another_site_is_refused(keyed):
+    server, keys = keyed
+    response = httpx.post(
+        f"{server.url}/ui/login",
+        data={"api_key": keys["acme"], "next": "/"},
+        headers={"Origin": "https://evil.example"},
+    )
+    assert response.status_code == 403
+    assert "flexdsa_key" not in response.cookies
