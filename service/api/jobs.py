@@ -5,6 +5,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import shutil
+import tempfile
+import zipfile
 from typing import Annotated
 from urllib.parse import quote
 
@@ -16,7 +19,7 @@ from starlette.concurrency import run_in_threadpool
 
 from service import jobs
 from service.api.deps import CurrentTenant, JobOfCurrentTenant, SessionDep, SettingsDep, StoreDep
-from service.errors import NotFound
+from service.errors import Conflict, NotFound
 from service.models import TERMINAL_STATUSES, Artifact, Job, JobEvent
 from service.schemas import (
     ERROR_RESPONSES,
@@ -167,6 +170,40 @@ async def job_events(
     return EventSourceResponse(stream(), ping=15)
 
 
+BUNDLE_NAME = "bundle.zip"
+
+
+def _bundle(job: Job, session, store) -> StreamingResponse:
+    """Every artifact of a succeeded job in one zip, built on the fly (stored, not deflated: ONNX weights
+    do not compress, and the blobs are already on disk once)."""
+    if job.status != "succeeded":
+        raise Conflict(
+            f"Job {job.id} is {job.status}; its bundle exists once it has succeeded.", code="job_not_finished"
+        )
+    rows = session.scalars(select(Artifact).where(Artifact.job_id == job.id).order_by(Artifact.name)).all()
+    spool = tempfile.TemporaryFile()
+    with zipfile.ZipFile(spool, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as bundle:
+        for row in rows:
+            with store.open(row.blob_key) as source, bundle.open(row.name, "w", force_zip64=True) as target:
+                shutil.copyfileobj(source, target, 1 << 20)
+    size = spool.tell()
+    spool.seek(0)
+
+    def chunks():
+        with spool:
+            while chunk := spool.read(1 << 20):
+                yield chunk
+
+    return StreamingResponse(
+        chunks(),
+        media_type="application/zip",
+        headers={
+            "Content-Length": str(size),
+            "Content-Disposition": f'attachment; filename="flexdsa-{job.id}.zip"',
+        },
+    )
+
+
 def _artifact_out(request: Request, job_id: str, artifact: Artifact) -> ArtifactOut:
     return ArtifactOut(
         name=artifact.name,
@@ -192,6 +229,8 @@ def list_artifacts(request: Request, job: JobOfCurrentTenant, session: SessionDe
 )
 def download_artifact(job: JobOfCurrentTenant, name: str, session: SessionDep, store: StoreDep):
     artifact = session.scalar(select(Artifact).where(Artifact.job_id == job.id, Artifact.name == name))
+    if artifact is None and name == BUNDLE_NAME:
+        return _bundle(job, session, store)
     if artifact is None or not store.exists(artifact.blob_key):
         raise NotFound(f"Job {job.id} has no artifact {name!r}.", code="artifact_not_found")
     filename = name.rsplit("/", 1)[-1]

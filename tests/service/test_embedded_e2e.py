@@ -3,7 +3,9 @@ streams its progress, serves its artifacts, and answers the identical request fr
 
 from __future__ import annotations
 
+import io
 import json
+import zipfile
 
 from fastapi.testclient import TestClient
 
@@ -32,5 +34,10 @@ def test_embedded_job_runs_to_completion(tmp_path):
         assert job["status"] == "succeeded", job["error"]
         artifacts = client.get(f"/jobs/{job_id}/artifacts").json()["items"]
         assert artifacts and all(client.get(a["url"]).status_code == 200 for a in artifacts)
+        bundle = client.get(f"/jobs/{job_id}/artifacts/bundle.zip")
+        assert bundle.status_code == 200 and bundle.headers["content-type"] == "application/zip"
+        with zipfile.ZipFile(io.BytesIO(bundle.content)) as archive:
+            assert sorted(archive.namelist()) == sorted(a["name"] for a in artifacts)
+            assert archive.read("report.json") == client.get(f"/jobs/{job_id}/artifacts/report.json").content
         again = submit().json()
         assert again["cached"] is True and again["status"] == "succeeded"
