@@ -1,9 +1,9 @@
 """Fixtures for the worker tests: a fresh PostgreSQL database (migrated with Alembic), a dedicated Redis
 database, an artifact folder, and real Celery worker processes started and killed by the tests.
 
-PostgreSQL and Redis must be running (``FLEXDSA_TEST_PG_ADMIN_URL``, default the local ``postgres`` user on
-127.0.0.1:5432; ``FLEXDSA_TEST_REDIS_URL``, default redis://127.0.0.1:6379/13). If they are not, these tests
-fail with that message rather than being skipped.
+The PostgreSQL database comes from the shared ``pg_database_url`` fixture (``tests/conftest.py``); Redis is
+``FLEXDSA_TEST_REDIS_URL`` (default redis://127.0.0.1:6379/13, the worker tests' own database). If either
+is missing these tests fail with that message rather than being skipped.
 """
 
 from __future__ import annotations
@@ -15,13 +15,11 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PG_ADMIN_URL = os.environ.get("FLEXDSA_TEST_PG_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 REDIS_URL = os.environ.get("FLEXDSA_TEST_REDIS_URL", "redis://127.0.0.1:6379/13")
 STANDIN = "tests.workers.standin:StandInOptimizer"
 # Short leases so the fault tests finish in seconds; the validators still hold (interval < lease, ...).
@@ -37,29 +35,6 @@ FAST_LIMITS = {
 
 def _fail_without(service: str, err: Exception):
     pytest.fail(f"{service} is required for the worker tests and is not reachable: {err}", pytrace=False)
-
-
-@pytest.fixture(scope="session")
-def pg_database_url():
-    import psycopg
-
-    name = f"flexdsa_workers_{uuid.uuid4().hex[:10]}"
-    try:
-        admin = psycopg.connect(PG_ADMIN_URL, autocommit=True, connect_timeout=5)
-    except Exception as err:
-        _fail_without(f"PostgreSQL at {PG_ADMIN_URL}", err)
-    with admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    base = PG_ADMIN_URL.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://", 1)
-    url = f"{base}/{name}"
-    from service.db import make_engine, upgrade
-
-    engine = make_engine(url)
-    upgrade(engine)
-    engine.dispose()
-    yield url
-    with psycopg.connect(PG_ADMIN_URL, autocommit=True) as admin:
-        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 @pytest.fixture(scope="session")
