@@ -3,7 +3,8 @@
 ONNX Runtime runs native code on untrusted models; a model that segfaults it must fail its job, not kill
 the worker. So the worker (``workers.execute``) starts this process per job and only watches it.
 
-Protocol. stdin: one JSON line ``{"job_id", "model_blob_key", "model_filename", "spec", "settings"}``,
+Protocol. stdin: one JSON line ``{"job_id", "model_blob_key", "model_filename", "spec", "settings",
+"work_dir"}`` (``work_dir``: a folder the worker made for this job's temporary files and removes after),
 then kept open: EOF on stdin means the worker died, and this process exits at once. stdout: JSON lines,
 ``{"type": "progress", "stage", "fraction", "message"}`` while running, then exactly one of
 ``{"type": "result", "artifacts": [{"name", "blob_key", "size", "content_type"}], "report_summary",
@@ -120,29 +121,22 @@ def run(request: dict, channel: _Channel) -> dict:
     settings = Settings(**request["settings"])
     store = make_store(settings)
     cache = build_kernel_cache(settings)
+    # Every temporary file of this job (the core's included) goes under the folder the worker made for
+    # it, and the worker removes that folder whatever happens to this process.
+    work_dir = Path(request.get("work_dir") or tempfile.mkdtemp(prefix="flexdsa-job-"))
+    tempfile.tempdir = str(work_dir)
     try:
         spec = RequestSpec.model_validate(request["spec"])
-        with tempfile.TemporaryDirectory(prefix="flexdsa-job-") as work_dir:
-            # Only the base name: the upload's name never chooses where we write.
-            model_path = Path(work_dir) / (PurePath(request["model_filename"] or "model.onnx").name or "model.onnx")
-            with store.open(request["model_blob_key"]) as source, open(model_path, "wb") as target:
-                while chunk := source.read(1024 * 1024):
-                    target.write(chunk)
-            if os.environ.get("FLEXDSA_TEST_CHILD_ABORT") == "1":
-                os.abort()
-            optimizer = _optimizer_class()(spec.target_spec())
-            result = optimizer.optimize(
-                model_path, spec.options(), cache=cache, progress=_progress_reporter(channel)
-            )
-        artifacts = []
-        for name, content in sorted(result.artifacts.items()):
-            data = content if isinstance(content, bytes) else str(content).encode()
-            artifacts.append({
-                "name": name,
-                "blob_key": store.put_bytes(data),
-                "size": len(data),
-                "content_type": content_type_for(name),
-            })
+        # Only the base name: the upload's name never chooses where we write.
+        model_path = work_dir / (PurePath(request["model_filename"] or "model.onnx").name or "model.onnx")
+        with store.open(request["model_blob_key"]) as source, open(model_path, "wb") as target:
+            while chunk := source.read(1024 * 1024):
+                target.write(chunk)
+        if os.environ.get("FLEXDSA_TEST_CHILD_ABORT") == "1":
+            os.abort()
+        optimizer = _optimizer_class()(spec.target_spec())
+        result = optimizer.optimize(model_path, spec.options(), cache=cache, progress=_progress_reporter(channel))
+        artifacts = [_store_artifact(store, name, content) for name, content in sorted(result.artifacts.items())]
         summary = result.report_summary()
         return {"type": "result", "artifacts": artifacts, "report_summary": summary,
                 "cache_stats": _cache_stats(cache, summary)}
@@ -165,6 +159,17 @@ def run(request: dict, channel: _Channel) -> dict:
             "details": {"traceback": traceback.format_exc(limit=20)},
             "cache_stats": cache.stats.as_dict(),
         }
+
+
+def _store_artifact(store, name: str, content) -> dict:
+    """Artifacts come as bytes, or as a path for large files the core wrote to disk."""
+    if isinstance(content, (str, os.PathLike)):
+        path = Path(content)
+        return {"name": name, "blob_key": store.put_file(path), "size": path.stat().st_size,
+                "content_type": content_type_for(name)}
+    data = bytes(content)
+    return {"name": name, "blob_key": store.put_bytes(data), "size": len(data),
+            "content_type": content_type_for(name)}
 
 
 def _preload() -> None:
@@ -191,14 +196,28 @@ def main() -> int:
     channel = _Channel(os.dup(1))
     os.dup2(2, 1)
     sys.stdout = sys.stderr
-    _preload()  # a warm spare does its imports before a job arrives
+    try:
+        _preload()  # a warm spare does its imports before a job arrives
+        preload_error = None
+    except Exception as err:  # e.g. a broken install: the job fails with this, not as a "crash"
+        preload_error = err
     line = sys.stdin.readline()
     if not line:  # a spare that was never used: the worker went away or discarded it
         return 0
-    request = json.loads(line)
     threading.Thread(target=_exit_when_worker_dies, name="worker-watch", daemon=True).start()
-    channel.send(run(request, channel))
-    return 0
+    try:
+        if preload_error is not None:
+            raise preload_error
+        message = run(json.loads(line), channel)
+    except BaseException as err:  # anything outside the pipeline: report it rather than die silently
+        message = {"type": "error", "code": "internal_error",
+                   "message": f"the pipeline process failed: {type(err).__name__}: {err}",
+                   "details": {"traceback": traceback.format_exc(limit=20)}}
+    channel.send(message)
+    sys.stderr.flush()
+    # Skip interpreter shutdown: the stdin watcher holds the stdin lock, and finalising around it can
+    # abort the process after its result is already sent.
+    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ import json
 import logging
 import os
 import queue
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -242,7 +243,14 @@ class _JobRun:
     # -- pipeline --
 
     def run_pipeline(self) -> str:
-        child = _Child.start(self._child_request())
+        work_dir = tempfile.mkdtemp(prefix=f"flexdsa-job-{self.job.id[:8]}-")
+        try:
+            return self._run_child(work_dir)
+        finally:
+            shutil.rmtree(work_dir, ignore_errors=True)  # also after a crash: nothing of a job lingers
+
+    def _run_child(self, work_dir: str) -> str:
+        child = _Child.start(self._child_request(work_dir))
         heartbeat_s = max(1.0, min(self.settings.lease_seconds / 3, 10.0))
         started = time.monotonic()
         next_heartbeat = started + heartbeat_s
@@ -316,8 +324,9 @@ class _JobRun:
             log.warning("job %s: database unavailable during the run (%s); retrying", self.job.id, err)
             return default
 
-    def _child_request(self) -> dict:
+    def _child_request(self, work_dir: str) -> dict:
         return {
+            "work_dir": work_dir,
             "job_id": self.job.id,
             "model_blob_key": self.job.model_blob_key,
             "model_filename": self.job.model_filename,

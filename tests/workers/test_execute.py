@@ -123,6 +123,11 @@ def test_crash_is_retried_then_given_up(settings, monkeypatch):
     assert job.error["code"] == "pipeline_crashed"
     assert job.error["message"] == "gave up after 2 attempts: pipeline process crashed (signal 6)"
     assert [e.kind for e in job.events].count("retry") == 1
+    # The crashed attempts' temporary folders were removed by the worker.
+    import tempfile
+    from pathlib import Path
+
+    assert not list(Path(tempfile.gettempdir()).glob(f"flexdsa-job-{job_id[:8]}-*"))
 
 
 def test_cancel_while_running_kills_the_pipeline(settings, monkeypatch):
