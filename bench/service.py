@@ -21,6 +21,7 @@ import json
 import multiprocessing
 import os
 import platform
+import shutil
 import signal
 import socket
 import statistics
@@ -318,7 +319,7 @@ class Service:
             time.sleep(0.3)
         time.sleep(2.0)  # let the pool processes finish importing before the clock starts
 
-    def close(self) -> None:
+    def close(self, keep_logs: bool = False) -> None:
         for process in reversed(self.processes):
             if process.poll() is None:
                 try:
@@ -337,6 +338,10 @@ class Service:
                 admin.execute(f'DROP DATABASE IF EXISTS "{self.db_name}" WITH (FORCE)')
         except Exception as err:
             print(f"could not drop {self.db_name}: {err}", file=sys.stderr)
+        if keep_logs:
+            print(f"service logs kept in {self.tmp}", file=sys.stderr)
+        else:
+            shutil.rmtree(self.tmp, ignore_errors=True)
 
 
 def summarise(run: dict, workers: int) -> dict:
@@ -389,6 +394,7 @@ def main(argv: list[str] | None = None) -> int:
         "concurrency": args.concurrency,
         "runs": [],
     }
+    succeeded = False
     try:
         key = service.start()
         service.scale_workers(min(worker_counts))
@@ -416,8 +422,9 @@ def main(argv: list[str] | None = None) -> int:
         results["cache_stats"] = httpx.get(
             f"{service.base_url}/cache/stats", headers={"X-API-Key": key}, timeout=10
         ).json()
+        succeeded = True
     finally:
-        service.close()
+        service.close(keep_logs=not succeeded)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2))
     print(json.dumps(results, indent=2))
