@@ -32,6 +32,7 @@ import tempfile
 import threading
 import time
 import traceback
+import uuid
 from pathlib import Path, PurePath
 
 log = logging.getLogger("workers.child")
@@ -151,14 +152,22 @@ def run(request: dict, channel: _Channel) -> dict:
             "type": "error", "code": err.code, "message": err.message, "details": err.details,
             "cache_stats": cache.stats.as_dict(),
         }
-    except Exception as err:  # a bug in the core: final, with the traceback for whoever fixes it
+    except Exception as err:  # a bug in the core: final; the traceback goes to the worker's log, not the user
+        incident = _log_incident()
         return {
             "type": "error",
             "code": "internal_error",
-            "message": f"the optimizer failed unexpectedly: {type(err).__name__}: {err}",
-            "details": {"traceback": traceback.format_exc(limit=20)},
+            "message": f"the optimizer failed unexpectedly ({type(err).__name__}); incident {incident} is in the worker log",
+            "details": {"incident": incident},
             "cache_stats": cache.stats.as_dict(),
         }
+
+
+def _log_incident() -> str:
+    """Write the current traceback to stderr (the worker's log) under a short id the user can quote."""
+    incident = uuid.uuid4().hex[:12]
+    print(f"flexdsa pipeline incident {incident}:\n{traceback.format_exc(limit=30)}", file=sys.stderr, flush=True)
+    return incident
 
 
 def _store_artifact(store, name: str, content) -> dict:
@@ -210,9 +219,10 @@ def main() -> int:
             raise preload_error
         message = run(json.loads(line), channel)
     except BaseException as err:  # anything outside the pipeline: report it rather than die silently
+        incident = _log_incident()
         message = {"type": "error", "code": "internal_error",
-                   "message": f"the pipeline process failed: {type(err).__name__}: {err}",
-                   "details": {"traceback": traceback.format_exc(limit=20)}}
+                   "message": f"the pipeline process failed ({type(err).__name__}); incident {incident} is in the worker log",
+                   "details": {"incident": incident}}
     channel.send(message)
     sys.stderr.flush()
     # Skip interpreter shutdown: the stdin watcher holds the stdin lock, and finalising around it can

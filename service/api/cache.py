@@ -7,9 +7,10 @@ import logging
 from fastapi import APIRouter, Request
 from sqlalchemy import func, select
 
-from service.api.deps import CurrentTenant, SessionDep
+from service.api.deps import CurrentTenant, SessionDep, SettingsDep
 from service.models import Job, KernelCacheEntry
 from service.schemas import ERROR_RESPONSES, CacheStatsOut, JobCacheStats, KernelCacheStats
+from workers.cache_backends import SQL_STATS_ROW, read_cache_stats
 
 log = logging.getLogger("flexdsa.service")
 
@@ -41,11 +42,17 @@ def _redis_counters(redis_client) -> dict | None:
 @router.get(
     "/cache/stats", response_model=CacheStatsOut, summary="Kernel cache and whole-job cache statistics"
 )
-def cache_stats(request: Request, tenant: CurrentTenant, session: SessionDep) -> CacheStatsOut:
+def cache_stats(
+    request: Request, tenant: CurrentTenant, session: SessionDep, settings: SettingsDep
+) -> CacheStatsOut:
     entries, stored_hits = session.execute(
-        select(func.count(), func.coalesce(func.sum(KernelCacheEntry.hits), 0))
+        select(func.count(), func.coalesce(func.sum(KernelCacheEntry.hits), 0)).where(
+            KernelCacheEntry.key != SQL_STATS_ROW
+        )
     ).one()
     counters = _redis_counters(request.app.state.redis)
+    if counters is None:  # embedded mode: the workers keep their totals in the database
+        counters = read_cache_stats(settings)
     job_hits, job_total = session.execute(
         select(func.count(Job.cached_from_job_id), func.count()).where(Job.tenant_id == tenant.id)
     ).one()
