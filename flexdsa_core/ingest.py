@@ -18,6 +18,7 @@ for one protobuf (or when the model already keeps tensors outside).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 import os
@@ -90,7 +91,9 @@ def _ingest_bytes(data: bytes, max_bytes: int | None) -> Ingested:
     _check_domains(model)
     _check_graph(model, warnings)
     _run_checker(ir.serde.serialize_model(model) if warnings else proto)
+    lowered_from = _fit_runtime_ir_version(model, warnings)
     info = _describe(model, sha256=hashlib.sha256(data).hexdigest(), file_bytes=len(data), external_files={})
+    info["ir_version_lowered_from"] = lowered_from
     return Ingested(model, info, warnings)
 
 
@@ -117,8 +120,48 @@ def _ingest_path(path: Path, max_bytes: int | None) -> Ingested:
         _run_checker(ir.serde.serialize_model(model))
     else:
         _run_checker(path)
+    lowered_from = _fit_runtime_ir_version(model, warnings)
     info = _describe(model, sha256=sha256, file_bytes=file_bytes, external_files=external_files)
+    info["ir_version_lowered_from"] = lowered_from
     return Ingested(model, info, warnings)
+
+
+@functools.cache
+def runtime_max_ir_version() -> int:
+    """The newest IR version the installed ONNX Runtime loads (it refuses newer ones outright)."""
+    import onnxruntime as ort
+
+    for version in range(onnx.IR_VERSION, 6, -1):
+        probe = onnx.helper.make_model(
+            onnx.helper.make_graph(
+                [onnx.helper.make_node("Identity", ["x"], ["y"])],
+                "probe",
+                [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1])],
+                [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])],
+            ),  # fmt: skip
+            opset_imports=[onnx.helper.make_opsetid("", 13)],
+            ir_version=version,
+        )
+        try:
+            ort.InferenceSession(probe.SerializeToString(), providers=["CPUExecutionProvider"])
+            return version
+        except Exception:  # noqa: BLE001 - "unsupported IR version": try the next older one
+            continue
+    return 7
+
+
+def _fit_runtime_ir_version(model: ir.Model, warnings: list[str]) -> int | None:
+    """Lower an IR version newer than ONNX Runtime loads (onnx >= 1.20 writes 14 by default, ORT 1.31 takes
+    13); the IR version only gates which features may appear, and the checker has passed the model."""
+    newest = runtime_max_ir_version()
+    if model.ir_version is None or model.ir_version <= newest:
+        return None
+    original = model.ir_version
+    model.ir_version = newest
+    warnings.append(
+        f"IR version {original} is newer than ONNX Runtime loads; the model is handled as IR version {newest}."
+    )
+    return original
 
 
 def _check_size(size: int, max_bytes: int | None, *, external: bool = False) -> None:

@@ -277,6 +277,8 @@ class FlexDSAOptimizer:
             model = model.SerializeToString()
         ingested: Ingested = ingest(model)
         original_source = Path(model) if isinstance(model, (str, Path)) else model
+        if ingested.info.get("ir_version_lowered_from"):  # ONNX Runtime refuses the file as uploaded
+            original_source = self._model_source(ingested.model)
         stage_seconds["ingest"] = time.perf_counter() - start
         nodes_before = _op_counts(ingested.model)
         report_progress.finish("ingest")

@@ -353,3 +353,24 @@ def test_hard_linked_external_file_is_refused(tmp_path):
     os.link(tmp_path / "upload" / "weights.bin", tmp_path / "elsewhere.bin")
     with pytest.raises(ExternalDataError, match="hard links"):
         ingest(path)
+
+
+def test_ir_version_newer_than_onnxruntime_is_lowered_and_the_model_still_optimises():
+    from flexdsa_core import FlexDSAOptimizer, OptimizeOptions
+    from flexdsa_core.ingest import runtime_max_ir_version
+
+    newest = runtime_max_ir_version()
+    text = f"""
+    <ir_version: {newest + 1}, opset_import: ["" : 17]>
+    g (float[2, 4] x) => (float[2, 4] y) {{
+        a = Identity(x)
+        y = Relu(a)
+    }}
+    """
+    data = onnx.parser.parse_model(text).SerializeToString()
+    ingested = ingest(data)
+    assert ingested.model.ir_version == newest
+    assert ingested.info["ir_version_lowered_from"] == newest + 1
+    assert any("IR version" in w for w in ingested.warnings)
+    result = FlexDSAOptimizer("cpu-ort").optimize(data, OptimizeOptions(measure_latency=False))
+    assert result.report["validation"]["ok"]
