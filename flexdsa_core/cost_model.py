@@ -76,6 +76,7 @@ REPRESENTATIVE_DIM = 128
 _BATCH_NAMES = re.compile(r"^(n|b|bs|batch|batch_?size|.*_batch|batch_.*)$", re.IGNORECASE)
 # Constant integer inputs up to this many elements are shapes/axes/pads: their values enter the key.
 _SMALL_CONST = 64
+_PROBE_CONSTANT_BUDGET_BYTES = 256 * 1024 * 1024
 _DEFAULT_OPSETS = {"": 21, "com.microsoft": 1}
 
 
@@ -731,6 +732,13 @@ class CostModel:
         for value in produced:
             if value not in names:
                 name_of(value)
+        # Running the nodes copies every constant they read into the probe; past this budget (a model with
+        # gigabytes of weights) the graph's own specialised shapes have to do.
+        constant_bytes = sum(
+            v.const_value.nbytes for v in external if v.const_value is not None and v.const_value.nbytes
+        )
+        if constant_bytes > _PROBE_CONSTANT_BUDGET_BYTES:
+            return {}
         proto_nodes, graph_inputs, initializers, fed = [], [], [], []
         for value in external:
             info = known.get(value) or self.concrete(value)

@@ -469,6 +469,15 @@ def _describe(model: ir.Model, *, sha256: str, file_bytes: int, external_files: 
 # --- saving ---------------------------------------------------------------------------------------------
 
 
+def needs_external_data(model: ir.Model, *, external_data_threshold: int = EXTERNAL_DATA_THRESHOLD) -> bool:
+    """Whether ``save_model`` would write external data: too big for one protobuf, or already external
+    (such a model cannot be handed to ONNX Runtime as bytes either)."""
+    tensors = list(_all_tensors(model))
+    if any(isinstance(tensor, ir.ExternalTensor) for tensor in tensors):
+        return True
+    return sum(math.ceil(tensor.size * tensor.dtype.itemsize) for tensor in tensors) > external_data_threshold
+
+
 def save_model(
     model: ir.Model, path: str | os.PathLike, *, external_data_threshold: int = EXTERNAL_DATA_THRESHOLD
 ) -> list[Path]:

@@ -28,7 +28,7 @@ from flexdsa_core.cost_model import CostModel
 from flexdsa_core.errors import InvalidOptionsError, ValidationFailedError
 from flexdsa_core.fusion_switcher import FusionSwitcher
 from flexdsa_core.fusions import discover_rules
-from flexdsa_core.ingest import Ingested, ingest
+from flexdsa_core.ingest import Ingested, ingest, needs_external_data, save_model
 from flexdsa_core.invariants import check_invariants
 from flexdsa_core.memory_planner import plan_memory
 from flexdsa_core.options import OptimizeOptions
@@ -46,7 +46,6 @@ STAGE_WEIGHTS = {
     "ingest": 0.05, "shapes": 0.05, "passes": 0.15, "fusion": 0.30, "memory": 0.05,
     "adapter": 0.05, "validate": 0.20, "measure": 0.10, "report": 0.05,
 }  # fmt: skip
-PROTO_LIMIT_BYTES = 1_800_000_000  # below protobuf's 2 GB cap, with room for the graph itself
 # Ratio above which the optimised model counts as slower than the original (timing noise is ~3%).
 SLOWER_THAN = 1.03
 MAX_ROLLBACKS = 6
@@ -244,7 +243,9 @@ class FlexDSAOptimizer:
                         if c.get("taken")
                     ),
                 }
-            comp.buckets.append(BucketModel(bucket.name, model, bucket.input_shapes(model), legalized.portable))
+            comp.buckets.append(
+                BucketModel(bucket.name, model, bucket.input_shapes(model), legalized.portable)
+            )
         return comp
 
     def adapter_supports(self, op_type: str, domain: str) -> bool:
@@ -350,7 +351,7 @@ class FlexDSAOptimizer:
             stage_seconds=dict(stage_seconds),
             total_seconds=time.perf_counter() - started,
         )
-        files = self.adapter.generate(comp.buckets, self.target, report)
+        files = self.adapter.generate(comp.buckets, self.target, report, workdir=workdir)
         artifacts: dict[str, bytes | Path] = {}
         for name, content in files.items():
             artifacts[name] = content
@@ -368,13 +369,11 @@ class FlexDSAOptimizer:
 
     @staticmethod
     def _model_source(model: ir.Model, workdir: Path | None = None) -> bytes | Path:
-        proto = ir.to_proto(model)
-        if proto.ByteSize() < PROTO_LIMIT_BYTES:
-            return proto.SerializeToString()
+        """What ONNX Runtime loads: bytes, or for models with external data a file written with its data."""
+        if not needs_external_data(model):
+            return ir.to_proto(model).SerializeToString()
         folder = Path(tempfile.mkdtemp(prefix="flexdsa-validate-", dir=workdir))
-        path = folder / "model.onnx"
-        ir.save(model, path, external_data="model.onnx.data")
-        return path
+        return save_model(model, folder / "model.onnx")[0]
 
     def _validate_buckets(self, comp, original_source, ingested, options, references) -> list:
         tolerances = {k: (v.atol, v.rtol) for k, v in (options.tolerances or {}).items()}
@@ -479,12 +478,15 @@ class FlexDSAOptimizer:
         bucket = comp.buckets[0]
         feeds = make_inputs(_proto_without_weights(bucket.model), seed=options.seed)
 
+        # Weights in external data: one session at a time, or the measurement holds the model in memory twice.
+        interleave = not needs_external_data(bucket.model)
+
         def timings(candidate: Compilation) -> dict[str, float]:
             models = {
                 "original": original_source,
                 "optimized": self._model_source(candidate.buckets[0].model),
             }
-            return measure_latency(models, feeds, repeats=options.latency_repeats)
+            return measure_latency(models, feeds, repeats=options.latency_repeats, interleave=interleave)
 
         measured = timings(comp)
         if options.never_slower and self.target.calibrated:
@@ -533,6 +535,7 @@ class FlexDSAOptimizer:
             "graph_optimization_level": "ORT_ENABLE_ALL",
             "intra_op_threads": 1,
             "repeats": options.latency_repeats,
+            "interleaved": interleave,
             "bucket": bucket.name,
             "input_shapes": {k: list(v.shape) for k, v in feeds.items()},
             "before_s": measured["original"],

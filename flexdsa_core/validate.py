@@ -247,8 +247,27 @@ def measure_latency(
     level=ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
     threads: int = 1,
     max_seconds: float = 30.0,
+    interleave: bool = True,
 ) -> dict[str, float]:
-    """Median seconds per run for each model, measured interleaved (round-robin) in this process."""
+    """Median seconds per run for each model, measured interleaved (round-robin) in this process.
+
+    ``interleave=False`` measures one model at a time and frees its session first: for models whose
+    weights would not fit in memory twice (more drift between the figures, said in the report)."""
+    if not interleave:
+        medians = {}
+        for name, source in models.items():
+            medians.update(
+                measure_latency(
+                    {name: source},
+                    feeds,
+                    repeats=repeats,
+                    warmup=warmup,
+                    level=level,
+                    threads=threads,
+                    max_seconds=max_seconds / len(models),
+                )  # fmt: skip
+            )
+        return medians
     sessions = {name: session(source, level=level, threads=threads) for name, source in models.items()}
     for sess in sessions.values():
         for _ in range(warmup):

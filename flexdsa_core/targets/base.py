@@ -8,7 +8,9 @@ platform is adding one file under ``targets/`` and one spec under ``targets/data
 from __future__ import annotations
 
 import json
+import tempfile
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import onnx_ir as ir
 
@@ -57,14 +59,17 @@ class PlatformAdapter:
         """Rewrite what the target's toolchain would mishandle. The default leaves the model unchanged."""
         return Legalized(model)
 
-    def generate(self, buckets: list[BucketModel], target: TargetSpec, report: dict) -> dict[str, bytes]:
-        """Artifacts by file name. The default: one ONNX per bucket plus ``manifest.json``."""
-        files: dict[str, bytes] = {}
+    def generate(
+        self, buckets: list[BucketModel], target: TargetSpec, report: dict, *, workdir: Path | None = None
+    ) -> dict[str, bytes | Path]:
+        """Artifacts by file name. The default: one ONNX per bucket plus ``manifest.json``. Models too big
+        for one protobuf are written under ``workdir`` with their external data, and given as paths."""
+        files: dict[str, bytes | Path] = {}
         for bucket in buckets:
-            files[self.model_filename(bucket)] = ir.to_proto(bucket.model).SerializeToString()
+            files.update(_model_files(bucket.model, self.model_filename(bucket), workdir))
             if bucket.portable is not None:
                 portable_name = self.model_filename(bucket).replace(".onnx", ".portable.onnx")
-                files[portable_name] = ir.to_proto(bucket.portable).SerializeToString()
+                files.update(_model_files(bucket.portable, portable_name, workdir))
         files["manifest.json"] = json.dumps(self.manifest(buckets, target, report), indent=2).encode()
         return files
 
@@ -83,3 +88,12 @@ class PlatformAdapter:
             "shapes": report.get("shapes", {}).get("manifest"),
             "converter": target.converter.model_dump() if target.converter else None,
         }
+
+
+def _model_files(model: ir.Model, name: str, workdir: Path | None) -> dict[str, bytes | Path]:
+    from flexdsa_core.ingest import needs_external_data, save_model
+
+    if not needs_external_data(model):
+        return {name: ir.to_proto(model).SerializeToString()}
+    folder = Path(tempfile.mkdtemp(prefix="flexdsa-artifacts-", dir=workdir))
+    return {path.name: path for path in save_model(model, folder / name)}

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import onnx_ir as ir
 
+from flexdsa_core.ingest import needs_external_data
 from flexdsa_core.targets.base import BucketModel, Legalized, PlatformAdapter
 from flexdsa_core.targets.spec import TargetSpec, op_key
 
@@ -86,15 +87,17 @@ def ort_layout(model: ir.Model) -> ir.Model | None:
     """
     import onnxruntime as ort
 
-    proto = ir.to_proto(model)
-    if proto.ByteSize() > _ORT_LAYOUT_LIMIT_BYTES:
+    if needs_external_data(model, external_data_threshold=_ORT_LAYOUT_LIMIT_BYTES):
         return None
+    proto = ir.to_proto(model)
     with tempfile.TemporaryDirectory(prefix="flexdsa-ort-") as folder:
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         options.optimized_model_filepath = str(Path(folder) / "model.onnx")
         options.intra_op_num_threads = 1
-        options.log_severity_level = 3  # its "hardware specific" warning is what we want; we say so in the manifest
+        options.log_severity_level = (
+            3  # its "hardware specific" warning is what we want; we say so in the manifest
+        )
         ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
         optimized = ir.load(Path(folder) / "model.onnx")
         for initializer in optimized.graph.initializers.values():  # read before the folder goes away
@@ -115,7 +118,9 @@ def cpu_features() -> dict[str, object]:
         pass
     return {
         "machine": platform.machine(),
-        "vector_extensions": sorted(f for f in flags if f.startswith(("avx", "sse4", "fma", "neon", "asimd"))),
+        "vector_extensions": sorted(
+            f for f in flags if f.startswith(("avx", "sse4", "fma", "neon", "asimd"))
+        ),
     }
 
 
@@ -137,7 +142,9 @@ class CpuOrtAdapter(PlatformAdapter):
         if "ort_layout" not in disabled:
             tuned = ort_layout(model)
             if tuned is None:
-                result.notes.append("ONNX Runtime's offline layout pass skipped: the model is over 1.8 GB")
+                result.notes.append(
+                    "ONNX Runtime's offline layout pass skipped: the model keeps its weights in external data"
+                )
             else:
                 result.portable, result.model = model, tuned
                 result.applied.append("ort_layout")
