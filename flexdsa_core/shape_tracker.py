@@ -19,11 +19,13 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import onnx_ir as ir
@@ -173,7 +175,7 @@ def _refine_symbolically(
     if weight_bytes > _SYMBOLIC_REFINE_MAX_BYTES:
         return {}, "onnxruntime symbolic shape inference skipped: the model's weights exceed 1 GiB"
     try:
-        from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+        SymbolicShapeInference = _ort_symbolic_shape_inference()
 
         probe = model.clone()
         names = {v.name for v in unresolved}
@@ -749,3 +751,18 @@ def _fold_only_shape_arithmetic(node: ir.Node) -> bool | None:
     if node.op_type == "ConstantOfShape" and node.domain in ("", "ai.onnx"):
         return True
     return None
+
+
+@functools.cache
+def _ort_symbolic_shape_inference():
+    """ONNX Runtime's ``SymbolicShapeInference``, loaded from its own file: importing it the usual way runs
+    ``onnxruntime.tools.__init__``, which imports torch whenever torch is installed (seconds, for nothing)."""
+    import importlib.util
+
+    import onnxruntime
+
+    path = Path(onnxruntime.__file__).parent / "tools" / "symbolic_shape_infer.py"
+    spec = importlib.util.spec_from_file_location("flexdsa_ort_symbolic_shape_infer", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.SymbolicShapeInference
