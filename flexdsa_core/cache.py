@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import tempfile
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 
@@ -82,6 +85,36 @@ class LRUCache:
 
     def __len__(self) -> int:
         return len(self._entries)
+
+
+class DiskCache:
+    """One file per entry under ``folder`` (sharded by key hash, written atomically): the CLI's cache, so
+    kernel measurements made on this machine are made once, not on every ``flexdsa optimize``."""
+
+    name = "disk"
+
+    def __init__(self, folder: str | Path) -> None:
+        self.folder = Path(folder)
+
+    def _path(self, key: str) -> Path:
+        digest = hashlib.sha256(key.encode()).hexdigest()
+        return self.folder / digest[:2] / digest
+
+    def get(self, key: str) -> bytes | None:
+        try:
+            return self._path(key).read_bytes()
+        except OSError:
+            return None
+
+    def put(self, key: str, value: bytes) -> None:
+        path = self._path(key)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with tempfile.NamedTemporaryFile(dir=path.parent, delete=False) as handle:
+                handle.write(value)
+            os.replace(handle.name, path)
+        except OSError:  # a cache that cannot write is a cache that misses next time
+            return
 
 
 class LayeredCache:

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import typer
 
+DEFAULT_CACHE_DIR = Path.home() / ".cache" / "flexdsa" / "kernels"
+
 app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
@@ -36,12 +38,18 @@ def optimize(
     ),
     no_measure: bool = typer.Option(False, "--no-measure", help="Skip the ONNX Runtime latency measurement."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only errors."),
+    cache_dir: Path = typer.Option(
+        DEFAULT_CACHE_DIR,
+        help="Kernel cache folder: measurements made on this machine are reused by later runs.",
+    ),
+    no_cache: bool = typer.Option(False, "--no-cache", help="Measure everything afresh (no kernel cache)."),
 ) -> None:
     """Optimise MODEL for TARGET; writes the package (models, manifest, report.json, fusion_plan.json) to OUT."""
     from pydantic import ValidationError
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from flexdsa_core.cache import DiskCache
     from flexdsa_core.errors import FlexDSAError
     from flexdsa_core.optimizer import FlexDSAOptimizer
     from flexdsa_core.options import RequestSpec
@@ -69,7 +77,8 @@ def optimize(
             def progress(stage: str, fraction: float, message: str) -> None:
                 bar.update(task, completed=fraction, stage=stage, description=message)
 
-            result = optimizer.optimize(model, request.options(), progress=progress)
+            cache = None if no_cache else DiskCache(cache_dir)
+            result = optimizer.optimize(model, request.options(), cache=cache, progress=progress)
         written = result.write(out)
     except ValidationError as err:
         console.print(f"[red]error:[/red] invalid options: {err}")
