@@ -76,7 +76,7 @@ REPRESENTATIVE_DIM = 128
 _BATCH_NAMES = re.compile(r"^(n|b|bs|batch|batch_?size|.*_batch|batch_.*)$", re.IGNORECASE)
 # Constant integer inputs up to this many elements are shapes/axes/pads: their values enter the key.
 _SMALL_CONST = 64
-_PROBE_CONSTANT_BUDGET_BYTES = 256 * 1024 * 1024
+_PROBE_CONSTANT_BUDGET_BYTES = 64 * 1024 * 1024
 _DEFAULT_OPSETS = {"": 21, "com.microsoft": 1}
 
 
