@@ -63,6 +63,13 @@ class Settings(BaseSettings):
         True, description="Embedded mode: run the in-process worker inside the API."
     )
     embedded_worker_threads: int = Field(1, ge=1)
+    warm_pipeline: bool = Field(
+        True,
+        description="Keep one pipeline process per worker thread started ahead, with the compiler imported.",
+    )
+    kernel_cache_ttl_s: int = Field(
+        7 * 24 * 3600, gt=0, description="Expiry of kernel-cache entries in Redis (the database keeps them)."
+    )
 
     auth: AuthPolicy | None = Field(
         None,

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -53,7 +52,10 @@ class _Breaker:
         if not already_open:
             log.warning(
                 "kernel cache layer %s unavailable (%s: %s); treating it as a miss for %.0f s",
-                self.name, action, err, self.retry_after_s,
+                self.name,
+                action,
+                err,
+                self.retry_after_s,
             )
 
 
@@ -62,8 +64,14 @@ class RedisCache:
 
     name = "redis"
 
-    def __init__(self, url: str, ttl_s: int = DEFAULT_REDIS_TTL_S, *, timeout_s: float = 1.0,
-                 retry_after_s: float = 10.0) -> None:
+    def __init__(
+        self,
+        url: str,
+        ttl_s: int = DEFAULT_REDIS_TTL_S,
+        *,
+        timeout_s: float = 1.0,
+        retry_after_s: float = 10.0,
+    ) -> None:
         import redis
 
         self.ttl_s = ttl_s
@@ -140,7 +148,9 @@ def _insert_ignoring_duplicates(session, key: str, value: bytes):
         from sqlalchemy.dialects.postgresql import insert
     else:
         from sqlalchemy.dialects.sqlite import insert
-    return insert(KernelCacheEntry).values(key=key, value=value).on_conflict_do_nothing(index_elements=["key"])
+    return (
+        insert(KernelCacheEntry).values(key=key, value=value).on_conflict_do_nothing(index_elements=["key"])
+    )
 
 
 class MeteredCache(LayeredCache):
@@ -156,7 +166,7 @@ def build_kernel_cache(settings, session_factory: Callable[[], Any] | None = Non
 
     layers: list = [LRUCache(LRU_ENTRIES)]
     if settings.redis_url:
-        ttl_s = int(os.environ.get("FLEXDSA_KERNEL_CACHE_TTL_S", DEFAULT_REDIS_TTL_S))
+        ttl_s = settings.kernel_cache_ttl_s
         layers.append(RedisCache(settings.redis_url, ttl_s))
     layers.append(PostgresCache(session_factory or session_factory_for(settings)))
     return MeteredCache(*layers)
@@ -178,7 +188,9 @@ def record_cache_stats(settings, stats: dict, session_factory: Callable[[], Any]
         if settings.redis_url:
             _record_in_redis(settings.redis_url, increments | by_layer, seconds_saved)
         else:
-            _record_in_sql(session_factory or _default_sessions(settings), increments | by_layer, seconds_saved)
+            _record_in_sql(
+                session_factory or _default_sessions(settings), increments | by_layer, seconds_saved
+            )
     except Exception as err:
         log.warning("could not record kernel cache statistics (%s); they are lost for this job", err)
 
@@ -263,7 +275,9 @@ def _count_entries(session_factory) -> int | None:
     try:
         with session_factory() as session:
             return session.scalar(
-                select(func.count()).select_from(KernelCacheEntry).where(KernelCacheEntry.key != SQL_STATS_ROW)
+                select(func.count())
+                .select_from(KernelCacheEntry)
+                .where(KernelCacheEntry.key != SQL_STATS_ROW)
             )
     except Exception as err:
         log.warning("could not count kernel cache entries: %s", err)

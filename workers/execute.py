@@ -120,8 +120,14 @@ def _claim(sessions, job_id: str, settings, worker_id: str) -> ClaimedJob | None
             updated_at=now,
         )
         .returning(
-            Job.id, Job.tenant_id, Job.attempts, Job.max_attempts, Job.job_cache_key,
-            Job.model_blob_key, Job.model_filename, Job.spec,
+            Job.id,
+            Job.tenant_id,
+            Job.attempts,
+            Job.max_attempts,
+            Job.job_cache_key,
+            Job.model_blob_key,
+            Job.model_filename,
+            Job.spec,
         )
         .execution_options(synchronize_session=False)
     )
@@ -130,8 +136,15 @@ def _claim(sessions, job_id: str, settings, worker_id: str) -> ClaimedJob | None
         if row is None:
             return None
         job = ClaimedJob(*row)
-        _add_event(session, job.id, "started", JobStatus.running, None, 0.0,
-                   f"attempt {job.attempts}/{job.max_attempts} on {worker_id}")
+        _add_event(
+            session,
+            job.id,
+            "started",
+            JobStatus.running,
+            None,
+            0.0,
+            f"attempt {job.attempts}/{job.max_attempts} on {worker_id}",
+        )
     return job
 
 
@@ -235,7 +248,9 @@ class _JobRun:
             source_id, summary = source.id, source.report_summary
         store = make_store(self.settings)
         if not artifacts or not all(store.exists(a["blob_key"]) for a in artifacts):
-            log.warning("job %s: cached job %s has missing blobs; running the pipeline", self.job.id, source_id)
+            log.warning(
+                "job %s: cached job %s has missing blobs; running the pipeline", self.job.id, source_id
+            )
             return False
         self._succeed(artifacts, summary, cached_from=source_id)
         return True
@@ -250,7 +265,7 @@ class _JobRun:
             shutil.rmtree(work_dir, ignore_errors=True)  # also after a crash: nothing of a job lingers
 
     def _run_child(self, work_dir: str) -> str:
-        child = _Child.start(self._child_request(work_dir))
+        child = _Child.start(self._child_request(work_dir), warm=self.settings.warm_pipeline)
         heartbeat_s = max(1.0, min(self.settings.lease_seconds / 3, 10.0))
         started = time.monotonic()
         next_heartbeat = started + heartbeat_s
@@ -306,8 +321,11 @@ class _JobRun:
             return JobStatus.succeeded.value
         if final is not None:
             self._record_cache_stats(final)
-            error = {"code": final.get("code") or "flexdsa_error", "message": final.get("message") or "",
-                     "details": final.get("details") or {}}
+            error = {
+                "code": final.get("code") or "flexdsa_error",
+                "message": final.get("message") or "",
+                "details": final.get("details") or {},
+            }
             return _retrying(self._fail, error)
         if child.terminated:  # it ended because we stopped it at the soft limit
             return _retrying(self._time_limit_exceeded, time.monotonic() - started)
@@ -345,14 +363,17 @@ class _JobRun:
         self.stage, self.progress = stage, max(self.progress, fraction)
         with self.sessions() as session, session.begin():
             result = session.execute(
-                update(Job).where(self._ours())
+                update(Job)
+                .where(self._ours())
                 .values(stage=self.stage, progress=self.progress, updated_at=utcnow())
                 .execution_options(synchronize_session=False)
             )
             if result.rowcount == 0:
                 raise LeaseLost(self.job.id)
             if stage_changed:
-                _add_event(session, self.job.id, "progress", JobStatus.running, self.stage, self.progress, text)
+                _add_event(
+                    session, self.job.id, "progress", JobStatus.running, self.stage, self.progress, text
+                )
         self.publisher.publish(JobStatus.running.value, self.stage, self.progress, text)
         return now
 
@@ -360,7 +381,8 @@ class _JobRun:
         now = utcnow()
         with self.sessions() as session, session.begin():
             result = session.execute(
-                update(Job).where(self._ours())
+                update(Job)
+                .where(self._ours())
                 .values(lease_expires_at=now + timedelta(seconds=self.settings.lease_seconds))
                 .execution_options(synchronize_session=False)
             )
@@ -381,11 +403,20 @@ class _JobRun:
             session.execute(delete(Artifact).where(Artifact.job_id == job.id))
             if artifacts:
                 now = utcnow()
-                session.execute(insert(Artifact), [
-                    {"job_id": job.id, "name": a["name"], "blob_key": a["blob_key"], "size": int(a["size"]),
-                     "content_type": a.get("content_type") or "application/octet-stream", "created_at": now}
-                    for a in artifacts
-                ])
+                session.execute(
+                    insert(Artifact),
+                    [
+                        {
+                            "job_id": job.id,
+                            "name": a["name"],
+                            "blob_key": a["blob_key"],
+                            "size": int(a["size"]),
+                            "content_type": a.get("content_type") or "application/octet-stream",
+                            "created_at": now,
+                        }
+                        for a in artifacts
+                    ],
+                )
             job.report_summary = summary
             job.cached_from_job_id = cached_from
             job.stage = "done"
@@ -416,12 +447,17 @@ class _JobRun:
         return JobStatus.cancelled.value
 
     def _time_limit_exceeded(self, elapsed_s: float) -> str:
-        return self._fail({
-            "code": "time_limit_exceeded",
-            "message": "time limit exceeded",
-            "details": {"elapsed_s": round(elapsed_s, 1), "limit_s": self.settings.job_hard_time_limit_s,
-                        "stage": self.stage},
-        })
+        return self._fail(
+            {
+                "code": "time_limit_exceeded",
+                "message": "time limit exceeded",
+                "details": {
+                    "elapsed_s": round(elapsed_s, 1),
+                    "limit_s": self.settings.job_hard_time_limit_s,
+                    "stage": self.stage,
+                },
+            }
+        )
 
     def _crashed(self, child: _Child) -> str:
         code = child.returncode
@@ -441,11 +477,20 @@ class _JobRun:
                 job.record("retry", reason)
             else:
                 message = f"gave up after {job.attempts} attempts: {reason}"
-                _finish(job, JobStatus.failed, error={"code": "pipeline_crashed", "message": message,
-                                                      "details": details})
+                _finish(
+                    job,
+                    JobStatus.failed,
+                    error={"code": "pipeline_crashed", "message": message, "details": details},
+                )
                 job.record("failed", message)
-        log.warning("job %s: %s (attempt %d/%d)%s", self.job.id, reason, self.job.attempts,
-                    self.job.max_attempts, "; re-queued" if retry else "; giving up")
+        log.warning(
+            "job %s: %s (attempt %d/%d)%s",
+            self.job.id,
+            reason,
+            self.job.attempts,
+            self.job.max_attempts,
+            "; re-queued" if retry else "; giving up",
+        )
         if retry:
             self.publisher.publish(JobStatus.queued.value, self.stage, self.progress, reason)
             from workers.dispatch import enqueue
@@ -484,18 +529,33 @@ def _finish(job: Job, status: JobStatus, *, error: dict | None = None) -> None:
     job.updated_at = now
 
 
-def _add_event(session, job_id: str, kind: str, status: JobStatus, stage: str | None, progress: float,
-               message: str | None) -> None:
-    session.add(JobEvent(job_id=job_id, kind=kind, status=status.value, stage=stage, progress=progress,
-                         message=message, at=utcnow()))
+def _add_event(
+    session,
+    job_id: str,
+    kind: str,
+    status: JobStatus,
+    stage: str | None,
+    progress: float,
+    message: str | None,
+) -> None:
+    session.add(
+        JobEvent(
+            job_id=job_id,
+            kind=kind,
+            status=status.value,
+            stage=stage,
+            progress=progress,
+            message=message,
+            at=utcnow(),
+        )
+    )
 
 
 # --- the child process --------------------------------------------------------------------------------
 
 
 # One pre-started pipeline process per thread (the thread matters: the child's PR_SET_PDEATHSIG follows
-# the thread that started it). Off with FLEXDSA_WARM_PIPELINE=0.
-WARM_SPARE = os.environ.get("FLEXDSA_WARM_PIPELINE", "1") != "0"
+# the thread that started it). Off with FLEXDSA_WARM_PIPELINE=false (Settings.warm_pipeline).
 _spares = threading.local()
 
 
@@ -513,7 +573,11 @@ class _Spare:
         self.stderr_file = tempfile.TemporaryFile()
         self.process = subprocess.Popen(
             [sys.executable, "-m", "workers.child"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr_file, env=env, close_fds=True,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.stderr_file,
+            env=env,
+            close_fds=True,
         )
 
     def usable(self, env: dict[str, str]) -> bool:
@@ -550,7 +614,7 @@ class _Child:
         threading.Thread(target=self._read, name=f"child-{process.pid}-reader", daemon=True).start()
 
     @classmethod
-    def start(cls, request: dict) -> _Child:
+    def start(cls, request: dict, *, warm: bool = True) -> _Child:
         """Hand ``request`` to a pipeline process: this thread's warm spare when it matches the current
         environment, else a new one; then start the next spare, which imports the compiler while this job
         runs, so the next job skips the ~1 s of interpreter and library start-up."""
@@ -563,7 +627,7 @@ class _Child:
         spare = spare or _Spare(env)
         spare.process.stdin.write((json.dumps(request, default=str) + "\n").encode())
         spare.process.stdin.flush()  # stdin stays open: its EOF tells the child that we died
-        if WARM_SPARE:
+        if warm:
             _spares.spare = _Spare(env)
         return cls(spare.process, spare.stderr_file)
 
@@ -647,8 +711,15 @@ class _Publisher:
     def publish(self, status: str, stage: str | None, progress: float, message: str = "") -> None:
         if self._client is None:
             return
-        payload = json.dumps({"job_id": self.job_id, "status": status, "stage": stage,
-                              "progress": round(progress, 4), "message": message})
+        payload = json.dumps(
+            {
+                "job_id": self.job_id,
+                "status": status,
+                "stage": stage,
+                "progress": round(progress, 4),
+                "message": message,
+            }
+        )
         try:
             self._client.publish(self.channel, payload)
         except Exception as err:  # live progress is best effort; the job row is the truth
