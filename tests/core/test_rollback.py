@@ -1,0 +1,122 @@
+"""What makes the output trustworthy: a rewrite that breaks the numerics is found by bisection, switched
+off and reported; a rewrite that makes the model slower on cpu-ort is dropped the same way."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnxscript.rewriter import RewriteRuleClassBase
+
+import flexdsa_core.optimizer as optimizer_module
+from flexdsa_core import FlexDSAOptimizer, OptimizeOptions
+from flexdsa_core.errors import ValidationFailedError
+from flexdsa_core.fusions import discover_rules, make_rule
+
+
+class _ShiftedReluAsLeakyRelu(RewriteRuleClassBase):
+    """Relu(Add(x, c)) → LeakyRelu(x): deliberately wrong (drops the shift, leaks negatives)."""
+
+    def pattern(self, op, x, c):
+        return op.Relu(op.Add(x, c))
+
+    def rewrite(self, op, x, c):
+        return op.LeakyRelu(x, alpha=0.5)
+
+
+BROKEN_RULE = make_rule(
+    "broken_for_test", "Relu(x + c) → LeakyRelu(x) (wrong on purpose)", ["LeakyRelu"],
+    [_ShiftedReluAsLeakyRelu.rule()], order=1,
+)  # fmt: skip
+
+
+def _model() -> bytes:
+    rng = np.random.default_rng(0)
+    weight = onnx.numpy_helper.from_array(rng.standard_normal((16, 16)).astype(np.float32), "w")
+    shift = onnx.numpy_helper.from_array(np.full((16,), 0.5, np.float32), "c")
+    gamma = onnx.numpy_helper.from_array(np.ones(16, np.float32), "gamma")
+    beta = onnx.numpy_helper.from_array(np.zeros(16, np.float32), "beta")
+    graph = onnx.helper.make_graph(
+        [
+            onnx.helper.make_node("MatMul", ["x", "w"], ["m"]),
+            onnx.helper.make_node("Add", ["m", "c"], ["s"]),
+            onnx.helper.make_node("Relu", ["s"], ["r"]),
+            onnx.helper.make_node("LayerNormalization", ["r", "gamma", "beta"], ["y"], axis=-1),
+        ],
+        "g",
+        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["batch", 16])],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["batch", 16])],
+        [weight, shift, gamma, beta],
+    )
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)], ir_version=9)
+    return model.SerializeToString()
+
+
+@pytest.fixture
+def with_broken_rule(monkeypatch):
+    """The broken rule in the library, and taken by the switcher (it may well measure as a tie)."""
+    import flexdsa_core.fusion_switcher as switcher_module
+
+    rules = (BROKEN_RULE, *discover_rules())
+    monkeypatch.setattr(optimizer_module, "discover_rules", lambda: rules)
+    original_judge = switcher_module.FusionSwitcher._judge
+
+    def judge_taking_broken_rule(self, model, rewrite_rule, delta):
+        judgement = original_judge(self, model, rewrite_rule, delta)
+        if rewrite_rule.name and "ShiftedRelu" in rewrite_rule.name:
+            judgement.taken = True
+        return judgement
+
+    monkeypatch.setattr(switcher_module.FusionSwitcher, "_judge", judge_taking_broken_rule)
+
+
+def test_broken_rewrite_is_found_rolled_back_and_reported(with_broken_rule):
+    result = FlexDSAOptimizer("cpu-ort").optimize(_model(), OptimizeOptions(measure_latency=False))
+    report = result.report
+    assert [r["rewrite"] for r in report["rollbacks"]] == ["broken_for_test"]
+    assert report["rollbacks"][0]["reason"] == "numerics"
+    assert "broken_for_test" in report["disabled_rewrites"]
+    assert report["validation"]["ok"]
+    assert "LeakyRelu" not in next(iter(report["nodes"]["after"].values()))
+
+
+def test_mismatch_fails_the_job_when_rollback_is_off(with_broken_rule):
+    with pytest.raises(ValidationFailedError, match="differ from the original"):
+        FlexDSAOptimizer("cpu-ort").optimize(
+            _model(), OptimizeOptions(measure_latency=False, rollback_on_mismatch=False)
+        )
+
+
+def test_rewrite_that_costs_time_is_dropped(monkeypatch):
+    """Timings flip under load, so the clock is replaced by one that calls a LayerNormalization slow:
+    what is under test is the bisection that finds and drops the rewrite, not the machine."""
+
+    def fake_latency(models, feeds, **_):
+        def seconds(source):
+            model = onnx.load_from_string(source) if isinstance(source, bytes) else onnx.load(str(source))
+            return 2.0 if any(n.op_type == "LayerNormalization" for n in model.graph.node) else 1.0
+
+        return {name: seconds(source) for name, source in models.items()}
+
+    monkeypatch.setattr(optimizer_module, "measure_latency", fake_latency)
+    layer_norm_model = onnx.parser.parse_model(
+        """
+        <ir_version: 9, opset_import: ["" : 17]>
+        g (float[batch, 8] x) => (float[batch, 8] y) {
+            mean = ReduceMean <axes = [-1]> (x)
+            d = Sub(x, mean)
+            two = Constant <value = float {2.0}> ()
+            sq = Pow(d, two)
+            var = ReduceMean <axes = [-1]> (sq)
+            eps = Constant <value = float {1e-5}> ()
+            ve = Add(var, eps)
+            std = Sqrt(ve)
+            y = Div(d, std)
+        }
+        """
+    ).SerializeToString()
+    result = FlexDSAOptimizer("cpu-ort").optimize(layer_norm_model, OptimizeOptions(latency_repeats=3))
+    report = result.report
+    assert {"rewrite": "layer_norm", "reason": "latency"}.items() <= report["rollbacks"][0].items()
+    assert "layer_norm" not in report["fusions"]["applied"]
+    assert report["latency"]["slower_than_original"] is False
