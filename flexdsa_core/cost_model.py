@@ -368,8 +368,18 @@ _LEVELS = {
 }
 
 
+class _ProbeTooLarge(Exception):
+    """A probe input past ``_PROBE_INPUT_BUDGET_BYTES``: estimate instead of allocating it."""
+
+
+# One probe input above this is a hostile or mistyped shape (or a huge layer): it is estimated, not run.
+_PROBE_INPUT_BUDGET_BYTES = 256 * 1024 * 1024
+
+
 def _random_array(shape: Sequence[int], dtype: str, rng: np.random.Generator) -> np.ndarray:
     np_dtype = np.dtype(dtype)
+    if math.prod(shape) * np_dtype.itemsize > _PROBE_INPUT_BUDGET_BYTES:
+        raise _ProbeTooLarge(f"probe input of shape {list(shape)} is over the budget")
     if np_dtype.kind == "f":
         # Positive and away from zero: no NaN from Log/Sqrt/Div, no denormals to slow anything down.
         return rng.uniform(0.5, 1.5, size=shape).astype(np_dtype)
@@ -801,9 +811,13 @@ class CostModel:
             self.representative_dim = candidate
             rng = np.random.default_rng(0)
             feeds = {}
-            for value in fed:
-                info = known.get(value) or self.concrete(value)
-                feeds[names[value]] = _random_array(info.shape, info.dtype, rng)
+            try:
+                for value in fed:
+                    info = known.get(value) or self.concrete(value)
+                    feeds[names[value]] = _random_array(info.shape, info.dtype, rng)
+            except _ProbeTooLarge:
+                self._note("shapes not probed: an input would be too large to allocate")
+                return None
             try:
                 results = session.run(outputs, feeds)
             except Exception as error:  # noqa: BLE001
@@ -960,7 +974,10 @@ class CostModel:
                 constant = value.const_value.numpy()
             elif value is not None and info is not None:
                 known = info.value is not None
-                feeds[name] = np.asarray(info.value) if known else _random_array(info.shape, info.dtype, rng)
+                try:
+                    feeds[name] = np.asarray(info.value) if known else _random_array(info.shape, info.dtype, rng)
+                except _ProbeTooLarge:
+                    return None
             inputs.append((name, info, constant))
         outputs = [f"o{index}" if live else "" for index, live in enumerate(_live_outputs(node))]
         proto = _node_proto(node, [name for name, _, _ in inputs], outputs)

@@ -11,6 +11,7 @@ processes and over time, so every round runs every model once and the medians ar
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -20,7 +21,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from flexdsa_core.errors import ValidationFailedError
+from flexdsa_core.errors import UnsupportedModelError, ValidationFailedError
 
 ModelSource = bytes | str | Path
 
@@ -35,6 +36,8 @@ DEFAULT_TOLERANCES: dict[str, tuple[float, float]] = {
 # Symbolic dims take these values during validation unless a bucket fixes them.
 DEFAULT_VALIDATION_DIMS = {"batch": 2}
 DEFAULT_OTHER_DIM = 8
+# Random inputs past this size are a hostile or mistyped shape, not something to allocate.
+MAX_INPUT_BYTES = 1 << 30
 
 
 @dataclass
@@ -111,6 +114,7 @@ def make_inputs(
     initializers = {init.name for init in model.graph.initializer}
     vocab = _gather_vocab_sizes(model)
     feeds: dict[str, np.ndarray] = {}
+    total_bytes = 0
     for value in model.graph.input:
         if value.name in initializers:
             continue
@@ -125,6 +129,13 @@ def make_inputs(
                     dims.get(name, next((v for k, v in dims.items() if k in name.lower()), DEFAULT_OTHER_DIM))
                 )
         dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor_type.elem_type)
+        total_bytes += math.prod(shape) * np.dtype(dtype).itemsize
+        if total_bytes > MAX_INPUT_BYTES:
+            raise UnsupportedModelError(
+                f"Validation would need {total_bytes / 1e9:.1f} GB of inputs (input {value.name!r} has shape "
+                f"{shape}). Give smaller shapes with shape_buckets or input_shapes, or set validate_outputs=false.",
+                details={"input": value.name, "shape": shape},
+            )
         if dtype == np.bool_:
             feeds[value.name] = rng.integers(0, 2, size=shape).astype(bool)
         elif np.issubdtype(dtype, np.integer):

@@ -120,3 +120,20 @@ def test_rewrite_that_costs_time_is_dropped(monkeypatch):
     assert {"rewrite": "layer_norm", "reason": "latency"}.items() <= report["rollbacks"][0].items()
     assert "layer_norm" not in report["fusions"]["applied"]
     assert report["latency"]["slower_than_original"] is False
+
+
+def test_absurd_input_shape_is_a_clear_error_not_an_allocation():
+    """The SiLU here makes the switcher cost a fusion at that shape: it must estimate, not allocate 40 GB."""
+    from flexdsa_core.errors import UnsupportedModelError
+
+    huge = onnx.parser.parse_model(
+        """
+        <ir_version: 9, opset_import: ["" : 17]>
+        g (float[100000, 100000] x) => (float[100000, 100000] y) {
+            s = Sigmoid(x)
+            y = Mul(x, s)
+        }
+        """
+    ).SerializeToString()
+    with pytest.raises(UnsupportedModelError, match="shape_buckets or input_shapes"):
+        FlexDSAOptimizer("cpu-ort").optimize(huge, OptimizeOptions(measure_latency=False))
