@@ -151,41 +151,24 @@ def make_inputs(
 
 
 def _check_output(name, want: np.ndarray, got: np.ndarray, tolerances) -> OutputCheck:
-    dtype = str(want.dtype)
+    def result(
+        max_abs: float, max_rel: float, atol: float, rtol: float, ok: bool, detail: str = ""
+    ) -> OutputCheck:
+        return OutputCheck(name, str(want.dtype), list(want.shape), max_abs, max_rel, atol, rtol, ok, detail)
+
+    inf = float("inf")
     if want.shape != got.shape:
-        return OutputCheck(
-            name,
-            dtype,
-            list(want.shape),
-            float("inf"),
-            float("inf"),
-            0,
-            0,
-            False,
-            f"shape {list(got.shape)} instead of {list(want.shape)}",
-        )
+        return result(inf, inf, 0, 0, False, f"shape {list(got.shape)} instead of {list(want.shape)}")
     if not np.issubdtype(want.dtype, np.floating):
         mismatches = int(np.count_nonzero(want != got))
-        return OutputCheck(
-            name,
-            dtype,
-            list(want.shape),
-            float(mismatches),
-            0.0,
-            0,
-            0,
-            mismatches == 0,
-            "" if mismatches == 0 else f"{mismatches} of {want.size} values differ (exact match required)",
-        )
-    atol, rtol = tolerances.get(dtype, DEFAULT_TOLERANCES.get(dtype, (1e-4, 1e-3)))
+        detail = f"{mismatches} of {want.size} values differ (exact match required)" if mismatches else ""
+        return result(float(mismatches), 0.0, 0, 0, mismatches == 0, detail)
+    atol, rtol = tolerances.get(str(want.dtype), DEFAULT_TOLERANCES.get(str(want.dtype), (1e-4, 1e-3)))
     w, g = want.astype(np.float64), got.astype(np.float64)
     if not (np.isfinite(w) == np.isfinite(g)).all():
-        return OutputCheck(
-            name,
-            dtype,
-            list(want.shape),
-            float("inf"),
-            float("inf"),
+        return result(
+            inf,
+            inf,
             atol,
             rtol,
             False,
@@ -195,8 +178,7 @@ def _check_output(name, want: np.ndarray, got: np.ndarray, tolerances) -> Output
     diff = np.abs(w - g)[finite]
     max_abs = float(diff.max()) if diff.size else 0.0
     max_rel = float((diff / np.maximum(np.abs(w[finite]), 1e-12)).max()) if diff.size else 0.0
-    ok = bool(np.all(diff <= atol + rtol * np.abs(w[finite])))
-    return OutputCheck(name, dtype, list(want.shape), max_abs, max_rel, atol, rtol, ok)
+    return result(max_abs, max_rel, atol, rtol, bool(np.all(diff <= atol + rtol * np.abs(w[finite]))))
 
 
 def run(model: ModelSource, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
