@@ -11,10 +11,13 @@ cpu-ort (the same bisection, with latency as the predicate), and the report.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
+import shutil
 import tempfile
 import time
+import weakref
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -259,7 +262,25 @@ class FlexDSAOptimizer:
         *,
         cache: KernelCache | None = None,
         progress: Progress | None = None,
+        workdir: str | Path | None = None,
     ) -> OptimizeResult:
+        """Optimise, validate and package ``model``. Scratch files (validation copies and artifacts of models
+        with external data) go under ``workdir``, or a temporary folder removed with the result."""
+        owned = workdir is None
+        scratch = Path(tempfile.mkdtemp(prefix="flexdsa-")) if owned else Path(workdir)
+        run = copy.copy(self)  # per-call state (the scratch folder) stays off the shared instance
+        run._scratch = scratch
+        try:
+            result = run._optimize(model, options, cache, progress, scratch)
+        except BaseException:
+            if owned:
+                shutil.rmtree(scratch, ignore_errors=True)
+            raise
+        if owned:
+            weakref.finalize(result, shutil.rmtree, scratch, True)
+        return result
+
+    def _optimize(self, model, options, cache, progress, workdir: Path) -> OptimizeResult:
         options = options or OptimizeOptions()
         self._check_disabled(options)
         report_progress = _Progress(progress)
@@ -268,7 +289,6 @@ class FlexDSAOptimizer:
         if not isinstance(cache, StatsCache):
             cache = StatsCache(LayeredCache(LRUCache(), cache) if cache is not None else LRUCache())
         stage_seconds: Counter = Counter()
-        workdir = Path(tempfile.mkdtemp(prefix="flexdsa-"))
         started = time.perf_counter()
 
         # Stage 1, ingest: parse and check the model; external data stays lazy and inside the upload.
@@ -367,12 +387,13 @@ class FlexDSAOptimizer:
             ingested.model, tracker, buckets, options, frozenset(disabled), cost_model, progress
         )
 
-    @staticmethod
-    def _model_source(model: ir.Model, workdir: Path | None = None) -> bytes | Path:
+    _scratch: Path | None = None
+
+    def _model_source(self, model: ir.Model) -> bytes | Path:
         """What ONNX Runtime loads: bytes, or for models with external data a file written with its data."""
         if not needs_external_data(model):
             return ir.to_proto(model).SerializeToString()
-        folder = Path(tempfile.mkdtemp(prefix="flexdsa-validate-", dir=workdir))
+        folder = Path(tempfile.mkdtemp(prefix="validate-", dir=self._scratch))
         return save_model(model, folder / "model.onnx")[0]
 
     def _validate_buckets(self, comp, original_source, ingested, options, references) -> list:

@@ -90,3 +90,18 @@ def test_unknown_rule_name_is_a_clear_error(cpu_ort):
         cpu_ort.optimize(fixture("resnet"), OptimizeOptions(disabled_rules=["layer_nrom"]))
     names = cpu_ort.switchable_rewrites()
     assert "layer_norm" in names["fusions"] and "cse" in names["passes"] and "ort_layout" in names["target"]
+
+
+def test_scratch_folder_goes_away_with_the_result(cpu_ort, tmp_path):
+    import gc
+
+    result = cpu_ort.optimize(fixture("resnet"), OptimizeOptions(measure_latency=False))
+    scratch = result.workdir
+    assert scratch.is_dir()
+    del result
+    gc.collect()
+    assert not scratch.exists()
+    given = tmp_path / "scratch"
+    given.mkdir()
+    kept = cpu_ort.optimize(fixture("resnet"), OptimizeOptions(measure_latency=False), workdir=given)
+    assert kept.workdir == given and given.is_dir()
