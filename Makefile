@@ -41,5 +41,8 @@ $(VENV)/.installed-test: pyproject.toml $(VENV)/.installed
 
 $(VENV)/.installed-bench: pyproject.toml $(VENV)/.installed
 	$(BIN)/pip install -q -e '.[test,bench]'
-	$(BIN)/pip install -q torch==2.13.0
+	# torch only builds the bench models (once). --no-deps: its declared setuptools pin would upgrade the
+	# venv's setuptools and drop pkg_resources, which celery's click plugins still import.
+	$(BIN)/pip install -q --no-deps torch==2.13.0
+	$(BIN)/pip install -q filelock fsspec networkx sympy jinja2 typing-extensions
 	touch $@
