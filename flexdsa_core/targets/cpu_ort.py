@@ -72,6 +72,10 @@ def pin_unfused_residuals(model: ir.Model) -> int:
     return pinned
 
 
+# Ops ONNX Runtime's NCHWc transformer rewrites to its blocked layout.
+_NCHWC_OPS = frozenset(
+    {"Conv", "com.microsoft::FusedConv", "MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool"}
+)
 # Above this the model cannot pass through ONNX Runtime's in-memory save (protobuf's 2 GB cap).
 _ORT_LAYOUT_LIMIT_BYTES = 1_800_000_000
 
@@ -139,7 +143,11 @@ class CpuOrtAdapter(PlatformAdapter):
                     "load-time SkipLayerNormalization fusion, which the Fusion Switcher measured as slower here, "
                     "does not undo its decision"
                 )
-        if "ort_layout" not in disabled:
+        # NCHWc is ORT's layout for convolutions and pooling: elsewhere the offline run measured no gain
+        # (BERT-base, ViT) and would only cost compile time and the portability of model.onnx.
+        if "ort_layout" not in disabled and any(
+            op_key(node.op_type, node.domain) in _NCHWC_OPS for node in model.graph
+        ):
             tuned = ort_layout(model)
             if tuned is None:
                 result.notes.append(

@@ -100,3 +100,12 @@ def test_adapter_rewrites_can_be_switched_off():
     )
     assert legalized.applied == [] and legalized.portable is None
     assert [n.op_type for n in legalized.model.graph] == ["Add", "LayerNormalization"]
+
+
+def test_ort_layout_only_where_there_are_convolutions():
+    target = load_target("cpu-ort")
+    legalized = get_adapter(target).legalize(
+        ir.serde.deserialize_model(parse(RESIDUAL_LN)), target, frozenset()
+    )
+    assert legalized.applied == ["pin_residual_sum"]
+    assert legalized.portable is None  # model.onnx stays portable when the layout would not pay
