@@ -23,6 +23,7 @@ from service.db import make_engine, make_session_factory, prepare_database
 from service.errors import install_error_handlers
 from service.metrics import Metrics, MetricsMiddleware
 from service.storage import make_store
+from workers import inprocess
 
 log = logging.getLogger("flexdsa.service")
 
@@ -37,40 +38,18 @@ def discover_routers():
             yield info.name, router
 
 
-def _start_embedded_worker(settings: Settings):
-    try:
-        from workers import inprocess
-    except ImportError as err:
-        log.warning("embedded worker not started (workers.inprocess unavailable: %s); jobs stay queued", err)
-        return None
-    return inprocess.start(settings)
-
-
-def _stop_embedded_worker(handle) -> None:
-    stop = getattr(handle, "stop", None)
-    if stop is None:
-        try:
-            from workers import inprocess
-
-            stop = getattr(inprocess, "stop", None)
-        except ImportError:
-            return
-    if stop is not None:
-        stop()
-
-
 @asynccontextmanager
 async def lifespan(app: FastAPI):
     settings: Settings = app.state.settings
     await run_in_threadpool(prepare_database, settings, app.state.engine)
-    worker = None
-    if settings.mode == "embedded" and settings.embedded_worker:
-        worker = await run_in_threadpool(_start_embedded_worker, settings)
+    embedded_worker = settings.mode == "embedded" and settings.embedded_worker
+    if embedded_worker:
+        await run_in_threadpool(inprocess.start, settings)
     try:
         yield
     finally:
-        if worker is not None:
-            await run_in_threadpool(_stop_embedded_worker, worker)
+        if embedded_worker:
+            await run_in_threadpool(inprocess.stop)
         if app.state.redis is not None:
             app.state.redis.close()
         app.state.engine.dispose()
