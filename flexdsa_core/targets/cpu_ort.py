@@ -72,10 +72,8 @@ def pin_unfused_residuals(model: ir.Model) -> int:
     return pinned
 
 
-# Ops ONNX Runtime's NCHWc transformer rewrites to its blocked layout.
-_NCHWC_OPS = frozenset(
-    {"Conv", "com.microsoft::FusedConv", "MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool"}
-)
+# The domain of ONNX Runtime's blocked-layout kernels: their weights are reordered for this CPU.
+_NCHWC_DOMAIN = "com.microsoft.nchwc"
 # Above this the model cannot pass through ONNX Runtime's in-memory save (protobuf's 2 GB cap).
 _ORT_LAYOUT_LIMIT_BYTES = 1_800_000_000
 
@@ -143,24 +141,28 @@ class CpuOrtAdapter(PlatformAdapter):
                     "load-time SkipLayerNormalization fusion, which the Fusion Switcher measured as slower here, "
                     "does not undo its decision"
                 )
-        # NCHWc is ORT's layout for convolutions and pooling: elsewhere the offline run measured no gain
-        # (BERT-base, ViT) and would only cost compile time and the portability of model.onnx.
-        if "ort_layout" not in disabled and any(
-            op_key(node.op_type, node.domain) in _NCHWC_OPS for node in model.graph
-        ):
+        if "ort_layout" not in disabled:
             tuned = ort_layout(model)
             if tuned is None:
                 result.notes.append(
                     "ONNX Runtime's offline layout pass skipped: the model keeps its weights in external data"
                 )
             else:
-                result.portable, result.model = model, tuned
+                result.model = tuned
                 result.applied.append("ort_layout")
-                result.notes.append(
-                    "ONNX Runtime's own layout transformers (NCHWc blocked convolutions) run offline: "
-                    f"model.onnx is specific to CPUs like this one ({cpu_features()['machine']}); "
-                    "model.portable.onnx runs anywhere"
-                )
+                if any(node.domain == _NCHWC_DOMAIN for node in tuned.graph):
+                    # Blocked for this CPU's vector width: ship the graph from before it as well.
+                    result.portable = model
+                    result.notes.append(
+                        "ONNX Runtime's own layout transformers (NCHWc blocked convolutions) run offline: "
+                        f"model.onnx is specific to CPUs like this one ({cpu_features()['machine']}); "
+                        "model.portable.onnx runs anywhere"
+                    )
+                else:
+                    result.notes.append(
+                        "ONNX Runtime's own graph transformers run offline; nothing hardware-specific resulted, "
+                        "so model.onnx runs on any CPU"
+                    )
         return result
 
     def supported_op_keys(self, target: TargetSpec) -> frozenset[str]:
