@@ -102,8 +102,9 @@ def ort_layout(model: ir.Model) -> ir.Model | None:
         )
         ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
         optimized = ir.load(Path(folder) / "model.onnx")
-        for initializer in optimized.graph.initializers.values():  # read before the folder goes away
-            if initializer.const_value is not None:
+        for initializer in optimized.graph.initializers.values():
+            # ORT writes one file here, so tensors are in memory; any external one is read before cleanup.
+            if isinstance(initializer.const_value, ir.ExternalTensor):
                 initializer.const_value = ir.tensor(initializer.const_value.numpy(), name=initializer.name)
     return optimized
 
