@@ -105,3 +105,13 @@ def test_scratch_folder_goes_away_with_the_result(cpu_ort, tmp_path):
     given.mkdir()
     kept = cpu_ort.optimize(fixture("resnet"), OptimizeOptions(measure_latency=False), workdir=given)
     assert kept.workdir == given and given.is_dir()
+
+
+def test_attention_fuses_once_a_bucket_fixes_the_shapes(cpu_ort):
+    """On the dynamic export, Shape nodes read tensors inside attention (the fusion would not remove them);
+    in a static bucket those fold away and the whole block becomes one Attention kernel."""
+    options = OptimizeOptions(measure_latency=False, shape_buckets={"batch": [1], "seq": [32]})
+    report = cpu_ort.optimize(fixture("bert"), options).report
+    assert report["shapes"]["buckets"] == ["batch1_seq32"]
+    assert {"attention", "multihead_attention"} & set(report["fusions"]["applied"])
+    assert report["validation"]["ok"]
