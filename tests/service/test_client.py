@@ -2,22 +2,17 @@
 a job that succeeds (artifacts downloaded), one that fails (exit 1 with the job's error), requests the server
 refuses (exit 2 with its message), and the client's own guards.
 
-``embedded_server`` is shared with the dashboard's browser tests.
+The live server helpers are in ``tests/service/live.py``, shared with the dashboard's browser tests.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
-import time
 import zipfile
 from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
-from pathlib import Path
 
 import httpx
 import onnx
@@ -26,101 +21,16 @@ import typer
 from typer.testing import CliRunner
 
 from service.client import Client, ClientError, fetch_artifacts, register, safe_destination
-
-REPO = Path(__file__).resolve().parents[2]
-BERT = REPO / "tests" / "models" / "bert.onnx"
-START_TIMEOUT_S = 90
-JOB_TIMEOUT_S = 240
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-@dataclass
-class LiveServer:
-    url: str
-    data_dir: Path
-
-    def settings(self):
-        """The server's settings, for a test that must reach behind the API (its SQLite file, its store)."""
-        from service.config import Settings
-
-        return Settings(data_dir=self.data_dir)
-
-
-@contextmanager
-def embedded_server(data_dir: Path, **settings: str) -> Iterator[LiveServer]:
-    """``uvicorn service.app:create_app`` on 127.0.0.1 with embedded defaults under ``data_dir``.
-
-    ``settings`` become ``FLEXDSA_<NAME>`` variables (e.g. ``auth="required"``). The server is a separate
-    process, as in production, so the in-process worker and its job children are really exercised.
-    """
-    port = _free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEXDSA_")}
-    env.update(
-        {"FLEXDSA_DATA_DIR": str(data_dir), **{f"FLEXDSA_{k.upper()}": v for k, v in settings.items()}}
-    )
-    log_path = data_dir / "server.log"
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "service.app:create_app", "--factory",
-             "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"],
-            cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:
-            if process.poll() is not None:
-                pytest.fail(f"the server exited ({process.returncode}):\n{log_path.read_text()[-3000:]}")
-            try:
-                if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(
-                    f"the server did not answer in {START_TIMEOUT_S} s:\n{log_path.read_text()[-3000:]}"
-                )
-            time.sleep(0.2)
-        yield LiveServer(url, data_dir)
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-
-def failing_onnx() -> bytes:
-    """A well-formed model the pipeline refuses: its one op is in a domain ONNX Runtime does not know."""
-    from onnx import TensorProto, helper
-
-    node = helper.make_node("Frobnicate", ["x"], ["y"], domain="acme.custom")
-    graph = helper.make_graph(
-        [node],
-        "unsupported",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])],
-    )
-    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("acme.custom", 1)]
-    return helper.make_model(graph, opset_imports=opsets, ir_version=9).SerializeToString()
-
-
-def wait_for_job(
-    url: str, job_id: str, headers: dict | None = None, timeout_s: float = JOB_TIMEOUT_S
-) -> dict:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        job = httpx.get(f"{url}/jobs/{job_id}", headers=headers or {}, timeout=10).json()
-        if job["status"] in ("succeeded", "failed", "cancelled"):
-            return job
-        assert time.monotonic() < deadline, f"job {job_id} still {job['status']} after {timeout_s} s"
-        time.sleep(0.3)
+from tests.service.live import (
+    BERT,
+    JOB_TIMEOUT_S,
+    REPO,
+    LiveServer,
+    embedded_server,
+    failing_onnx,
+    free_port,
+    wait_for_job,
+)
 
 
 @pytest.fixture(scope="module")
@@ -208,7 +118,7 @@ def test_refused_request_exits_2_with_the_servers_message(server, cli, tmp_path,
 def test_unreachable_server_exits_2(cli, tmp_path):
     model = tmp_path / "m.onnx"
     model.write_bytes(failing_onnx())
-    result = cli("submit", model, "--target", "cpu-ort", "--server", f"http://127.0.0.1:{_free_port()}")
+    result = cli("submit", model, "--target", "cpu-ort", "--server", f"http://127.0.0.1:{free_port()}")
     assert result.exit_code == 2
     assert "Cannot reach" in result.output
 

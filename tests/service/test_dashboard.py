@@ -21,7 +21,7 @@ import onnx
 import pytest
 
 from tests.service.conftest import tiny_onnx
-from tests.service.test_client import (
+from tests.service.live import (
     BERT,
     JOB_TIMEOUT_S,
     REPO,
