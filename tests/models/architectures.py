@@ -280,17 +280,22 @@ class Gpt2(nn.Module):
         return torch.matmul(self.ln_f(hidden), self.wte.weight.t())
 
 
-def build_gpt2(config: Gpt2Config) -> ExportSpec:
+def _decoder_spec(module: nn.Module, config) -> ExportSpec:
+    """A decoder-only language model: token ids in, logits out, batch and sequence dynamic."""
     generator = torch.Generator().manual_seed(config.seed + 1)
     input_ids = torch.randint(0, config.vocab_size, (config.batch, config.seq), generator=generator)
     text = {0: "batch", 1: "seq"}
     return ExportSpec(
-        module=_finish(Gpt2(config), config.seed),
+        module=_finish(module, config.seed),
         inputs=(input_ids,),
         input_names=["input_ids"],
         output_names=["logits"],
         dynamic_axes={"input_ids": text, "logits": text},
     )
+
+
+def build_gpt2(config: Gpt2Config) -> ExportSpec:
+    return _decoder_spec(Gpt2(config), config)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -420,16 +425,7 @@ class Llama(nn.Module):
 
 
 def build_llama(config: LlamaConfig) -> ExportSpec:
-    generator = torch.Generator().manual_seed(config.seed + 1)
-    input_ids = torch.randint(0, config.vocab_size, (config.batch, config.seq), generator=generator)
-    text = {0: "batch", 1: "seq"}
-    return ExportSpec(
-        module=_finish(Llama(config), config.seed),
-        inputs=(input_ids,),
-        input_names=["input_ids"],
-        output_names=["logits"],
-        dynamic_axes={"input_ids": text, "logits": text},
-    )
+    return _decoder_spec(Llama(config), config)
 
 
 # ----------------------------------------------------------------------------------------------------
