@@ -12,6 +12,7 @@ cpu-ort (the same bisection, with latency as the predicate), and the report.
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 import json
 import shutil
@@ -91,9 +92,7 @@ class OptimizeResult:
             path = out / name
             path.parent.mkdir(parents=True, exist_ok=True)
             if isinstance(content, Path):
-                path.write_bytes(content.read_bytes()) if content.stat().st_size < 1 << 30 else _copy(
-                    content, path
-                )
+                shutil.copyfile(content, path)
             else:
                 path.write_bytes(content)
             written.append(path)
@@ -104,12 +103,6 @@ class OptimizeResult:
 
     def summary(self) -> str:
         return render_summary(self.report)
-
-
-def _copy(source: Path, dest: Path) -> None:
-    import shutil
-
-    shutil.copyfile(source, dest)
 
 
 class _Progress:
@@ -161,7 +154,6 @@ class FlexDSAOptimizer:
     # ------------------------------------------------------------------ the pipeline
     def _compile(
         self,
-        source: ir.Model,
         tracker: ShapeTracker,
         buckets,
         options: OptimizeOptions,
@@ -319,7 +311,11 @@ class FlexDSAOptimizer:
             self.target, cache=cache, calibrate=options.calibrate and self.target.calibrated
         )
         disabled = frozenset(options.disabled_rules)
-        comp = self._compile(ingested.model, tracker, buckets, options, disabled, cost_model, report_progress)
+        # The pipeline again with other rewrites switched off: what the bisections below call.
+        recompile = functools.partial(
+            self._compile, tracker, buckets, options, cost_model=cost_model, progress=report_progress
+        )
+        comp = recompile(disabled)
         for stage in ("passes", "fusion", "memory"):
             report_progress.finish(stage)
 
@@ -329,9 +325,8 @@ class FlexDSAOptimizer:
         reference_cache: dict[str, tuple] = {}
         if options.validate_outputs:
             comp, validation = self._validated(
-                comp, ingested, original_source, tracker, buckets, options, cost_model, rollbacks,
-                reference_cache, report_progress,
-            )  # fmt: skip
+                comp, original_source, options, rollbacks, reference_cache, recompile, report_progress
+            )
         report_progress.finish("validate")
 
         # Never slower (cpu-ort, where the output runs here): time both, drop rewrites that cost time.
@@ -340,15 +335,7 @@ class FlexDSAOptimizer:
             report_progress("measure", 0.0, "timing original and optimised models in ONNX Runtime")
             start = time.perf_counter()
             comp, latency = self._never_slower(
-                comp,
-                original_source,
-                ingested,
-                tracker,
-                buckets,
-                options,
-                cost_model,
-                rollbacks,
-                report_progress,
+                comp, original_source, options, rollbacks, reference_cache, recompile, report_progress
             )
             stage_seconds["measure"] = time.perf_counter() - start
         report_progress.finish("measure")
@@ -382,11 +369,6 @@ class FlexDSAOptimizer:
         return OptimizeResult(self.target, comp.buckets, artifacts, report, workdir)
 
     # ------------------------------------------------------------------ helpers for optimize
-    def _recompile(self, ingested, tracker, buckets, options, disabled, cost_model, progress) -> Compilation:
-        return self._compile(
-            ingested.model, tracker, buckets, options, frozenset(disabled), cost_model, progress
-        )
-
     _scratch: Path | None = None
 
     def _model_source(self, model: ir.Model) -> bytes | Path:
@@ -396,7 +378,7 @@ class FlexDSAOptimizer:
         folder = Path(tempfile.mkdtemp(prefix="validate-", dir=self._scratch))
         return save_model(model, folder / "model.onnx")[0]
 
-    def _validate_buckets(self, comp, original_source, ingested, options, references) -> list:
+    def _validate_buckets(self, comp, original_source, options, references) -> list:
         tolerances = {k: (v.atol, v.rtol) for k, v in (options.tolerances or {}).items()}
         results = []
         for bucket in comp.buckets:
@@ -417,21 +399,9 @@ class FlexDSAOptimizer:
             )
         return results
 
-    def _validated(
-        self,
-        comp,
-        ingested,
-        original_source,
-        tracker,
-        buckets,
-        options,
-        cost_model,
-        rollbacks,
-        references,
-        progress,
-    ):
+    def _validated(self, comp, original_source, options, rollbacks, references, recompile, progress):
         progress("validate", 0.0, "comparing outputs with the original in ONNX Runtime")
-        results = self._validate_buckets(comp, original_source, ingested, options, references)
+        results = self._validate_buckets(comp, original_source, options, references)
         if all(r.ok for r in results):
             return comp, [r.as_dict() for r in results]
         failure = "; ".join(f"[{r.bucket}] {r.describe_failure()}" for r in results if not r.ok)
@@ -441,23 +411,18 @@ class FlexDSAOptimizer:
             raise ValidationFailedError(f"Optimised outputs differ from the original: {failure}")
 
         def numerics_ok(candidate: Compilation) -> bool:
-            return all(
-                r.ok
-                for r in self._validate_buckets(candidate, original_source, ingested, options, references)
-            )
+            return all(r.ok for r in self._validate_buckets(candidate, original_source, options, references))
 
         for _ in range(MAX_ROLLBACKS):
             progress("validate", 0.5, "bisecting the rewrite that broke the numerics")
-            culprit, comp = self._bisect(
-                comp, numerics_ok, ingested, tracker, buckets, options, cost_model, progress
-            )
+            culprit, comp = self._bisect(comp, numerics_ok, recompile)
             if culprit is None:
                 raise ValidationFailedError(
                     "Optimised outputs differ from the original and switching off every rewrite did not restore "
                     f"them: {failure}"
                 )
             rollbacks.append({"rewrite": culprit, "reason": "numerics", "detail": failure})
-            results = self._validate_buckets(comp, original_source, ingested, options, references)
+            results = self._validate_buckets(comp, original_source, options, references)
             if all(r.ok for r in results):
                 return comp, [r.as_dict() for r in results]
             failure = "; ".join(f"[{r.bucket}] {r.describe_failure()}" for r in results if not r.ok)
@@ -465,7 +430,7 @@ class FlexDSAOptimizer:
             f"Optimised outputs still differ after {MAX_ROLLBACKS} rollbacks: {failure}"
         )
 
-    def _bisect(self, comp, is_good, ingested, tracker, buckets, options, cost_model, progress):
+    def _bisect(self, comp, is_good, recompile):
         """Find one applied rewrite whose removal makes ``is_good`` hold.
 
         Invariant: switching off ``applied[:hi]`` is good and ``applied[:lo]`` is bad; the culprit is
@@ -473,29 +438,21 @@ class FlexDSAOptimizer:
         """
         applied = list(comp.applied)
         base = set(comp.disabled)
-        everything = self._recompile(
-            ingested, tracker, buckets, options, base | set(applied), cost_model, progress
-        )
+        everything = recompile(frozenset(base | set(applied)))
         if not applied or not is_good(everything):
             return None, comp
         lo, hi = 0, len(applied)
         while hi - lo > 1:
             mid = (lo + hi) // 2
-            candidate = self._recompile(
-                ingested, tracker, buckets, options, base | set(applied[:mid]), cost_model, progress
-            )
+            candidate = recompile(frozenset(base | set(applied[:mid])))
             if is_good(candidate):
                 hi = mid
             else:
                 lo = mid
         culprit = applied[hi - 1]
-        return culprit, self._recompile(
-            ingested, tracker, buckets, options, base | {culprit}, cost_model, progress
-        )
+        return culprit, recompile(frozenset(base | {culprit}))
 
-    def _never_slower(
-        self, comp, original_source, ingested, tracker, buckets, options, cost_model, rollbacks, progress
-    ):
+    def _never_slower(self, comp, original_source, options, rollbacks, references, recompile, progress):
         bucket = comp.buckets[0]
         feeds = make_inputs(_proto_without_weights(bucket.model), seed=options.seed)
 
@@ -524,13 +481,11 @@ class FlexDSAOptimizer:
                 if measured["optimized"] <= measured["original"] * SLOWER_THAN:
                     break
                 progress("measure", 0.5, "optimised model is slower: bisecting the rewrite that costs time")
-                culprit, candidate = self._bisect(
-                    comp, fast_enough, ingested, tracker, buckets, options, cost_model, progress
-                )
+                culprit, candidate = self._bisect(comp, fast_enough, recompile)
                 if culprit is None:
                     break
                 if options.validate_outputs and not all(
-                    r.ok for r in self._validate_buckets(candidate, original_source, ingested, options, {})
+                    r.ok for r in self._validate_buckets(candidate, original_source, options, references)
                 ):
                     break
                 rollbacks.append(
