@@ -82,7 +82,7 @@ def build_report(
         },
         "passes": comp.pass_records,
         "fusions": {
-            "applied": [name for name in comp.applied],
+            "applied": list(comp.applied),
             "candidates": _fusion_lines(comp.fusion_plans),
         },
         "disabled_rewrites": sorted(comp.disabled),
