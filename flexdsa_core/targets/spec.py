@@ -50,6 +50,19 @@ class TargetSpec(BaseModel):
     op_constraints: dict[str, dict] = Field(default_factory=dict)
     native_fused_ops: list[str] = Field(default_factory=list)
     converter: Converter | None = None
+    # Highest/lowest ai.onnx opset the vendor parser takes (Huawei ATC: 11-15); None = no limit known.
+    opset_range: tuple[int, int] | None = None
+    # Unsupported ops can run on a CPU beside the accelerator (RKNN/QNN/Vitis AI runtimes); TensorRT has none
+    # of its own, so its fallback islands run in ONNX Runtime beside the engine.
+    cpu_fallback: bool = True
+    # Vendor toolchain (flexdsa_core/toolchains/<name>.py) that compiles and checks the bundle, if one installs.
+    toolchain: str | None = None
+    # What the vendor compiler fuses by itself, by our fusion rule name -> why we leave that pattern to it.
+    toolchain_fuses: dict[str, str] = Field(default_factory=dict)
+    # The vendor's own fusion switches: name -> what it does (set from our plan in the generated config).
+    fusion_switches: dict[str, str] = Field(default_factory=dict)
+    # Quantisation formats the toolchain takes, e.g. {"int8": "w8a8 asymmetric, per-channel weights"}.
+    quantization: dict[str, str] = Field(default_factory=dict)
     calibrated: bool = Field(False, description="Costs are measured on this machine rather than estimated.")
     sources: dict[str, str] = Field(default_factory=dict, description="Figure name -> where it came from.")
 

@@ -1,0 +1,50 @@
+"""Vendor toolchains: each vendor compiler in a virtual environment of its own, run as a subprocess.
+
+Vendor compilers (rknn-toolkit2, onnxruntime-qnn, amd-quark) pin old numpy/onnx/protobuf, so none may
+enter the project's environment and the core never imports them. A toolchain is declared in one module
+here exporting ``TOOLCHAIN`` (found by discovery, like fusion rules and targets): the pip requirements of
+its environment and a driver script under ``drivers/`` that runs *inside* that environment.
+
+The contract between the core and a driver is one JSON file each way::
+
+    <venv>/bin/python drivers/<driver>.py request.json result.json
+
+``request.json``: ``{"action": "compile", "target": {...TargetSpec...}, "out_dir": "...",
+"buckets": [{"name": "b1", "onnx": "/abs/model.b1.onnx", "inputs": {"x": "/abs/x.npy"}}], "options": {...}}``.
+
+``result.json``: ``{"ok": true, "versions": {...}, "buckets": [{"name": "b1", "artifacts": ["model.b1.rknn"],
+"placement": {"node name": "accelerator" | "cpu"}, "outputs": {"y": "/abs/y.npy"}, "log": "..."}],
+"error": null}``. Artifacts are file names inside ``out_dir``; ``placement`` is what the vendor tool
+decided, keyed by the ONNX node names it was given; ``outputs`` are its outputs on the given inputs
+(simulator or emulator), compared by the core with the original model's.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from functools import cache
+
+from flexdsa_core.toolchains.base import Toolchain, ToolchainError, ToolchainStatus
+
+__all__ = ["Toolchain", "ToolchainError", "ToolchainStatus", "discover_toolchains", "get_toolchain"]
+
+
+@cache
+def discover_toolchains() -> dict[str, Toolchain]:
+    found: dict[str, Toolchain] = {}
+    for info in pkgutil.iter_modules(__path__):
+        if info.name.startswith("_") or info.name in ("base", "drivers"):
+            continue
+        module = importlib.import_module(f"{__name__}.{info.name}")
+        toolchain = getattr(module, "TOOLCHAIN", None)
+        if toolchain is not None:
+            found[toolchain.name] = toolchain
+    return dict(sorted(found.items()))
+
+
+def get_toolchain(name: str) -> Toolchain:
+    toolchains = discover_toolchains()
+    if name not in toolchains:
+        raise ToolchainError(f"Unknown toolchain {name!r}. Known: {', '.join(toolchains) or 'none'}.")
+    return toolchains[name]
