@@ -863,7 +863,7 @@ class CostModel:
         if self.measuring:
             peak, bandwidth = _host_rates()
         else:
-            peak = target.peak_ops_per_s.get(dtype)
+            peak = self.peak(dtype)
             bandwidth = target.mem_bandwidth_bytes_per_s
             if peak is None and base.flops:
                 self._note(f"{target.name}: no sourced {dtype} peak; compute time not counted")
@@ -876,6 +876,16 @@ class CostModel:
         if target.power_w is not None and not self.measuring:
             joules = target.power_w * (compute_s + memory_s + target.launch_overhead_s)
         return Cost(flops=base.flops, bytes=base.bytes, seconds=seconds, joules=joules, kernels=1)
+
+    def peak(self, dtype: str) -> float | None:
+        """The target's sourced peak for ``dtype`` (ops/s). Accelerators without a float32 figure compute float
+        graphs in float16 (RKNN, QNN HTP, Ascend's fp16 precision mode, TensorRT --fp16): float32 is costed at
+        the float16 peak, and the notes say so."""
+        peak = self.target.peak_ops_per_s.get(dtype)
+        if peak is None and dtype == "float32" and self.target.peak_ops_per_s.get("float16"):
+            self._note(f"{self.target.name}: float32 costed at the float16 peak (the part computes floats in fp16)")
+            return self.target.peak_ops_per_s["float16"]
+        return peak
 
     def _measurable(self, node: ir.Node, view: OpView) -> bool:
         if any(

@@ -258,6 +258,9 @@ class FusionSwitcher:
     def _legality(self, rule: FusionRule) -> str | None:
         if rule.name in self.disabled or (rule.alternatives and rule.alternatives in self.disabled):
             return "refused: switched off by the user"
+        left_to_vendor = self.target.toolchain_fuses.get(rule.name)
+        if left_to_vendor:
+            return f"refused: left to the {self.target.name} compiler, which fuses it itself ({left_to_vendor})"
         missing = [op for op in rule.produces if not self.supports(op)]
         if missing:
             return f"refused: target {self.target.name} has no {', '.join(missing)}"

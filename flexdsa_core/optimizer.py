@@ -40,7 +40,11 @@ from flexdsa_core.passes import GENERIC_PASS_NAMES, generic_passes
 from flexdsa_core.passes.manager import run_passes
 from flexdsa_core.report import build_report, render_summary, report_summary
 from flexdsa_core.shape_tracker import ShapeTracker
+from flexdsa_core.subgraph_mapper import SubgraphMapper
 from flexdsa_core.targets import BucketModel, PlatformAdapter, TargetSpec, get_adapter, load_target, op_key
+from flexdsa_core.targets.accelerator import AcceleratorAdapter
+from flexdsa_core.targets.estimate import target_estimate
+from flexdsa_core.targets.toolchain_run import run_toolchain
 from flexdsa_core.validate import compare, make_inputs, measure_latency, run
 
 Progress = Callable[[str, float, str], None]
@@ -68,6 +72,7 @@ class Compilation:
     estimates: dict[str, dict]
     stage_seconds: Counter
     legalization: dict[str, list[str]] = field(default_factory=dict)
+    partition: dict[str, dict] = field(default_factory=dict)
 
 
 @dataclass
@@ -126,9 +131,13 @@ def _op_counts(model: ir.Model) -> dict[str, int]:
 
 
 class FlexDSAOptimizer:
-    def __init__(self, target: TargetSpec | str) -> None:
+    """``toolchain_root``: where vendor toolchains are installed (``flexdsa toolchains install``); None means
+    none is used, and accelerator bundles carry the commands to compile them on the user's side."""
+
+    def __init__(self, target: TargetSpec | str, *, toolchain_root: str | Path | None = None) -> None:
         self.target = load_target(target) if isinstance(target, str) else target
         self.adapter: PlatformAdapter = get_adapter(self.target)
+        self.toolchain_root = Path(toolchain_root) if toolchain_root is not None else None
 
     def switchable_rewrites(self) -> dict[str, list[str]]:
         """Every name ``disabled_rules`` accepts for this target, by kind."""
@@ -149,6 +158,8 @@ class FlexDSAOptimizer:
 
     def supports(self, key: str) -> bool:
         op_type, domain = (key.split("::", 1)[1], key.split("::", 1)[0]) if "::" in key else (key, "")
+        if self.target.opset_range and domain in ("", "ai.onnx") and not _in_opset(op_type, self.target.opset_range):
+            return False  # e.g. LayerNormalization (opset 17) on a parser that stops at opset 15
         return self.adapter.supports(self.target, op_type, domain)
 
     # ------------------------------------------------------------------ the pipeline
@@ -224,11 +235,23 @@ class FlexDSAOptimizer:
             comp.memory[bucket.name] = plan_memory(model, dims=bucket.dims or None).as_dict()
             seconds["memory"] += time.perf_counter() - start
 
+            # Subgraph Mapper (accelerators): accelerator partitions vs CPU fallback, kernels against SRAM.
+            mapping = None
+            if isinstance(self.adapter, AcceleratorAdapter):
+                start = time.perf_counter()
+                mapping = SubgraphMapper(self.target, self.adapter, cost_model, cost_model.cache).map(model)
+                comp.partition[bucket.name] = mapping.as_dict()
+                seconds["mapper"] += time.perf_counter() - start
+
             comp.pass_records[bucket.name] = [r.as_dict() for r in records]
             comp.fusion_plans[bucket.name] = plan.to_json()
             if estimate:
                 cost_after = cost_model.graph_cost(model)
                 comp.estimates[bucket.name] = {"before": cost_before.as_dict(), "after": cost_after.as_dict()}
+                if mapping is not None:
+                    comp.estimates[bucket.name]["on_target"] = target_estimate(
+                        self.target, mapping, cost_after, comp.memory[bucket.name]
+                    )
             else:
                 comp.estimates[bucket.name] = {
                     "note": "not estimated: this target runs here, see the measured latency",
@@ -340,6 +363,19 @@ class FlexDSAOptimizer:
             stage_seconds["measure"] = time.perf_counter() - start
         report_progress.finish("measure")
 
+        # Vendor toolchain (accelerators, where it installs): compile each bucket with the vendor's own
+        # compiler, run it in the vendor's simulator/emulator, compare with the original, and hold our
+        # predicted placement against the vendor's.
+        toolchain_report, toolchain_files = {}, {}
+        if isinstance(self.adapter, AcceleratorAdapter):
+            report_progress("toolchain", 0.0, "compiling with the vendor toolchain")
+            start = time.perf_counter()
+            toolchain_report, toolchain_files = run_toolchain(
+                self.target, self.adapter, comp.buckets, comp.partition, original_source,
+                root=self.toolchain_root, seed=options.seed, workdir=workdir,
+            )  # fmt: skip
+            stage_seconds["toolchain"] = time.perf_counter() - start
+
         # Stage 7, platform adapter: target-ready files per bucket plus the manifest.
         report_progress("adapter", 0.0, "generating artifacts")
         stage_seconds.update(comp.stage_seconds)
@@ -358,10 +394,11 @@ class FlexDSAOptimizer:
             stage_seconds=dict(stage_seconds),
             total_seconds=time.perf_counter() - started,
         )
+        if toolchain_report:
+            report["toolchain"] = toolchain_report
+            report["warnings"].extend(toolchain_report.get("warnings", []))
         files = self.adapter.generate(comp.buckets, self.target, report, workdir=workdir)
-        artifacts: dict[str, bytes | Path] = {}
-        for name, content in files.items():
-            artifacts[name] = content
+        artifacts: dict[str, bytes | Path] = {**files, **toolchain_files}
         artifacts["report.json"] = json.dumps(report, indent=2, default=str).encode()
         artifacts["fusion_plan.json"] = json.dumps(comp.fusion_plans, indent=2, default=str).encode()
         report_progress.finish("adapter")
@@ -518,6 +555,16 @@ class FlexDSAOptimizer:
             "after_s": measured["optimized"],
             "speedup": measured["original"] / measured["optimized"] if measured["optimized"] else None,
         }
+
+
+@functools.cache
+def _in_opset(op_type: str, opset_range: tuple[int, int]) -> bool:
+    """Whether ai.onnx ``op_type`` exists at an opset inside ``opset_range`` (inclusive)."""
+    try:
+        schema = onnx.defs.get_schema(op_type, max_inclusive_version=opset_range[1], domain="")
+    except onnx.defs.SchemaError:
+        return False
+    return schema.since_version <= opset_range[1]
 
 
 def _proto_without_weights(model: ir.Model) -> onnx.ModelProto:

@@ -87,6 +87,8 @@ def build_report(
         },
         "disabled_rewrites": sorted(comp.disabled),
         "legalization": comp.legalization,
+        # Subgraph Mapper (accelerators): placement, fallback reasons, partitions, kernels explored vs cached.
+        "partition": comp.partition,
         "shapes": {**shape_report, "buckets": [b.name for b in comp.buckets], "manifest": shape_manifest},
         "memory": comp.memory,
         "estimates": {

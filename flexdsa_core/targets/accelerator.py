@@ -3,10 +3,12 @@
 A vendor file subclasses ``AcceleratorAdapter`` and overrides only what its toolchain needs:
 
 * ``node_reason(node, target)``: a constraint the op table cannot express (e.g. RKNN's Conv kernel <= 31),
-  as a plain sentence, or None. The op table, dtypes, static shapes and the spec's ``op_constraints``
-  are checked here already (``fallback_reason``).
+  as a plain sentence, or None. The op table, static shapes and the spec's ``op_constraints`` are
+  checked here already (``fallback_reason``).
 * ``legalize_model(model, target, disabled)``: vendor rewrites, each named (so the bisection and
-  ``disabled_rules`` can switch it off); the base adds explicit default attributes first.
+  ``disabled_rules`` can switch it off); the base first names every node and writes default attributes
+  that vendor parsers require explicitly (RKNN's build crashes on a LayerNormalization without
+  ``epsilon``).
 * ``vendor_files(buckets, target, report)``: the conversion script/config for the bundle, by file name.
 * ``deploy_steps(buckets, target, report)``: the README's numbered steps for the person deploying it.
 * ``toolchain_options(target, report)``: extra ``options`` for the vendor driver's request.
@@ -14,10 +16,29 @@ A vendor file subclasses ``AcceleratorAdapter`` and overrides only what its tool
 
 from __future__ import annotations
 
+import json
+
 import onnx_ir as ir
 
 from flexdsa_core.targets.base import BucketModel, Legalized, PlatformAdapter
-from flexdsa_core.targets.spec import TargetSpec
+from flexdsa_core.targets.constraints import violations
+from flexdsa_core.targets.spec import TargetSpec, op_key
+
+# Ops that only carry data between others: free on any side of a partition boundary.
+SHAPE_OPS = frozenset(
+    {"Constant", "Identity", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Shape", "Size", "Dropout"}
+)
+
+# Default attributes some vendor parsers need written out (ONNX defaults, so numerics do not change).
+_EXPLICIT_DEFAULTS: dict[str, dict[str, object]] = {
+    "LayerNormalization": {"epsilon": 1e-5, "axis": -1},
+    "RMSNormalization": {"epsilon": 1e-5, "axis": -1},
+    "InstanceNormalization": {"epsilon": 1e-5},
+    "BatchNormalization": {"epsilon": 1e-5, "momentum": 0.9},
+    "Gelu": {"approximate": "none"},
+    "LeakyRelu": {"alpha": 0.01},
+    "Elu": {"alpha": 1.0},
+}
 
 
 class AcceleratorAdapter(PlatformAdapter):
@@ -39,3 +60,177 @@ class AcceleratorAdapter(PlatformAdapter):
 
     def toolchain_options(self, target: TargetSpec, report: dict) -> dict:
         return {}
+
+    # ---- legality ---------------------------------------------------------------------------------
+    def fallback_reason(self, node: ir.Node, target: TargetSpec) -> str | None:
+        """Why ``node`` must run on the CPU beside the accelerator, in plain words; None if it runs there."""
+        key = op_key(node.op_type, node.domain)
+        if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
+            return None
+        if key not in self.supported_op_keys(target):
+            return f"{key} is not in the {target.name} op table"
+        if target.static_shapes:
+            for value in (*node.inputs, *node.outputs):
+                if value is not None and value.shape is not None and not value.shape.is_static():
+                    dims = [d for d in value.shape if not isinstance(d, int)]
+                    return (
+                        f"dynamic dim {str(dims[0])!r} of {value.name!r}: {target.name} needs static shapes "
+                        "(give shape_buckets)"
+                    )
+        for limits in (target.op_constraints.get("*"), target.op_constraints.get(key)):
+            if not limits:
+                continue
+            broken = violations(node, limits)
+            if broken:
+                source = f" ({limits['source']})" if limits.get("source") else ""
+                return f"{key}: {'; '.join(broken)} on {target.name}{source}"
+        return self.node_reason(node, target)
+
+    # ---- legalisation -----------------------------------------------------------------------------
+    rewrites: tuple[str, ...] = ()
+
+    def legalize(self, model: ir.Model, target: TargetSpec, disabled: frozenset[str]) -> Legalized:
+        named = name_nodes(model)
+        explicit = write_default_attributes(model)
+        result = self.legalize_model(model, target, disabled)
+        notes = []
+        if named:
+            notes.append(f"{named} unnamed node(s) named, so vendor placement can be matched to ours")
+        if explicit:
+            notes.append(
+                f"{explicit} default attribute(s) written out explicitly (vendor parsers require them)"
+            )
+        result.notes[:0] = notes
+        return result
+
+    # ---- the bundle -------------------------------------------------------------------------------
+    def generate(self, buckets, target, report, *, workdir=None) -> dict[str, bytes]:
+        files = super().generate(buckets, target, report, workdir=workdir)
+        vendor = self.vendor_files(buckets, target, report)
+        files.update(vendor)
+        manifest = json.loads(files["manifest.json"])
+        manifest["vendor_files"] = sorted(vendor)
+        files["manifest.json"] = json.dumps(manifest, indent=2).encode()
+        files["README.md"] = self.readme(buckets, target, report, manifest).encode()
+        return files
+
+    def manifest(self, buckets: list[BucketModel], target: TargetSpec, report: dict) -> dict:
+        manifest = super().manifest(buckets, target, report)
+        for entry, bucket in zip(manifest["buckets"], buckets, strict=True):
+            entry["inputs"] = [_io(value) for value in bucket.model.graph.inputs]
+            entry["outputs"] = [_io(value) for value in bucket.model.graph.outputs]
+        manifest["pick_bucket"] = (
+            "Use the first bucket (in this order, smallest first) whose every input dim is >= the request's; pad "
+            "the inputs up to it (zeros; for token ids the pad id, with the attention mask 0 there) and slice the "
+            "outputs back. Shapes larger than every bucket need a new compile."
+        )
+        manifest["static_shapes"] = target.static_shapes
+        manifest["toolchain"] = report.get("toolchain", {}).get("summary")
+        return manifest
+
+    def readme(self, buckets, target: TargetSpec, report: dict, manifest: dict) -> str:
+        lines = [
+            f"# {report.get('model', {}).get('name') or 'model'} for {target.name}",
+            "",
+            target.description,
+            "",
+            "## What is in this bundle",
+            "",
+            "| file | what it is |",
+            "|---|---|",
+        ]
+        for entry in manifest["buckets"]:
+            shapes = ", ".join(f"{i['name']} {i['shape']}" for i in entry["inputs"])
+            lines.append(f"| `{entry['file']}` | target-ready ONNX for bucket `{entry['name']}` ({shapes}) |")
+        for name in manifest.get("vendor_files", []):
+            lines.append(f"| `{name}` | vendor conversion script/config |")
+        for name in (report.get("toolchain") or {}).get("artifacts", []):
+            lines.append(f"| `{name}` | compiled by the vendor toolchain here |")
+        lines += [
+            "| `manifest.json` | buckets, inputs/outputs, how to pick a bucket at run time |",
+            "| `report.json` | what was done, the partition, estimates, validation |",
+            "| `fusion_plan.json` | every fusion candidate and why it was taken or refused |",
+            "",
+        ]
+        partition = report.get("partition", {})
+        for bucket, part in partition.items():
+            lines.append(
+                f"Bucket `{bucket}`: {part['accelerator_nodes']} of {part['nodes']} nodes on the accelerator "
+                f"({_pct(part.get('accelerator_flop_share'))} of FLOPs), {len(part['fallback'])} on the CPU, "
+                f"{part['transitions']} transition(s)."
+            )
+        toolchain = report.get("toolchain") or {}
+        lines += ["", "## Deploying it", ""]
+        if toolchain.get("ran"):
+            lines.append(f"The vendor toolchain ({toolchain['name']}) compiled this bundle here: {toolchain['summary']}.")
+        elif target.toolchain:
+            lines.append(
+                f"The vendor toolchain did not run here ({toolchain.get('detail', 'not ready')}). Run "
+                f"`flexdsa toolchains install {target.toolchain}` and optimise again, or finish on your side with "
+                "the steps below."
+            )
+        else:
+            lines.append(
+                "The vendor compiler does not install on this machine: the bundle was checked against the sourced "
+                "op table, its scripts for syntax, and every model numerically in ONNX Runtime. Compile it on "
+                "your side:"
+            )
+        lines.append("")
+        for number, step in enumerate(self.deploy_steps(buckets, target, report), 1):
+            lines.append(f"{number}. {step}")
+        if target.converter and target.converter.command:
+            lines += ["", "Converter reference:", "", "```", target.converter.command, "```"]
+        return "\n".join(lines) + "\n"
+
+
+def _pct(share: float | None) -> str:
+    return "n/a" if share is None else f"{share * 100:.1f}%"
+
+
+def _io(value: ir.Value) -> dict:
+    return {
+        "name": value.name,
+        "shape": [d if isinstance(d, int) else str(d) for d in value.shape] if value.shape is not None else None,
+        "dtype": value.dtype.numpy().name if value.dtype is not None else None,
+    }
+
+
+def name_nodes(model: ir.Model) -> int:
+    """Give every unnamed node a unique name (``<op>_<n>``); returns how many were named."""
+    taken = {node.name for node in model.graph if node.name}
+    named = 0
+    for index, node in enumerate(model.graph):
+        if node.name:
+            continue
+        candidate = f"{node.op_type}_{index}"
+        while candidate in taken:
+            candidate += "_"
+        node.name = candidate
+        taken.add(candidate)
+        named += 1
+    return named
+
+
+def write_default_attributes(model: ir.Model) -> int:
+    written = 0
+    for node in model.graph:
+        if node.domain not in ("", "ai.onnx"):
+            continue
+        for name, value in _EXPLICIT_DEFAULTS.get(node.op_type, {}).items():
+            if name in node.attributes:
+                continue
+            node.attributes[name] = ir.Attr(name, _attr_type(value), value)
+            written += 1
+    return written
+
+
+def _attr_type(value) -> ir.AttributeType:
+    if isinstance(value, float):
+        return ir.AttributeType.FLOAT
+    if isinstance(value, int):
+        return ir.AttributeType.INT
+    return ir.AttributeType.STRING
+
+
+# A custom target spec may name ``"adapter": "accelerator"``: the generic behaviour, no vendor files.
+ADAPTER = AcceleratorAdapter()

@@ -1,0 +1,102 @@
+"""What one bucket is expected to cost on an accelerator, from the Subgraph Mapper's kernels: always an
+estimate, labelled so, and partial wherever the spec leaves a figure unsourced.
+
+    latency  = sum(kernel seconds on the accelerator) + transfers + CPU fallback time
+    transfer = bytes crossing partition boundaries / memory bandwidth (both ways go through DRAM)
+    energy   = power_w * latency                     (None without a sourced power figure)
+    memory   = weights + the planned activation arena
+    roofline = max(sum(kernel FLOPs / peak), sum(kernel DRAM bytes) / bandwidth)
+               the same FLOPs and bytes as the kernels, without launches or fallback: a lower bound
+
+The CPU beside each accelerator has no sourced throughput in the specs, so fallback time is not
+estimated: where nodes fall back the estimate says it is partial and names what it leaves out.
+"""
+
+from __future__ import annotations
+
+import onnx_ir as ir
+
+from flexdsa_core.cost_model import Cost
+from flexdsa_core.targets.spec import TargetSpec
+
+
+def target_estimate(target: TargetSpec, mapping, graph_cost: Cost, memory: dict) -> dict:
+    from flexdsa_core.subgraph_mapper import ACCELERATOR
+
+    notes = list(mapping.notes)
+    kernel_seconds = [g.seconds for g in mapping.groups]
+    accelerator_s = sum(s for s in kernel_seconds if s is not None) if kernel_seconds else 0.0
+    if any(s is None for s in kernel_seconds):
+        notes.append("some kernels have no time estimate (no sourced peak or bandwidth)")
+    crossing = _crossing_bytes(mapping)
+    bandwidth = target.mem_bandwidth_bytes_per_s
+    transfer_s = crossing / bandwidth if bandwidth and crossing else (0.0 if not crossing else None)
+    fallback_nodes = len(mapping.fallback)
+    partial = bool(notes) or fallback_nodes > 0 or transfer_s is None
+    if fallback_nodes:
+        notes.append(
+            f"{fallback_nodes} node(s) on the CPU: the CPU beside {target.name} has no sourced throughput, so "
+            "their time is not in the latency"
+        )
+    latency_s = accelerator_s + (transfer_s or 0.0)
+    peak = _peak(target)
+    compute_bound = sum(g.compute_s for g in mapping.groups) if peak else None
+    kernel_bytes = sum(g.dram_bytes for g in mapping.groups)
+    memory_bound = kernel_bytes / bandwidth if bandwidth else None
+    bounds = [b for b in (compute_bound, memory_bound) if b is not None]
+    weights = memory.get("weight_bytes")
+    return {
+        "label": f"estimate from the {target.name} spec (roofline per kernel), not a measurement",
+        "partial": partial,
+        "latency_s": latency_s,
+        "accelerator_s": accelerator_s,
+        "transfer_s": transfer_s,
+        "transfer_bytes": crossing,
+        "fallback_s": None if fallback_nodes else 0.0,
+        "energy_j": target.power_w * latency_s if target.power_w is not None else None,
+        "peak_memory_bytes": (memory.get("arena_bytes") or 0) + (weights or 0),
+        "accelerator_flop_share": mapping.as_dict()["accelerator_flop_share"],
+        "flops": graph_cost.flops,
+        "bytes_unfused": graph_cost.bytes,
+        "kernel_dram_bytes": kernel_bytes,
+        "roofline_bound_s": max(bounds) if bounds else None,
+        "roofline_basis": {
+            "compute_s": compute_bound,
+            "memory_s": memory_bound,
+            "peak_ops_per_s": peak,
+            "bandwidth_bytes_per_s": bandwidth,
+            "label": "lower bound: the kernels' FLOPs at peak or their DRAM bytes at full bandwidth",
+        },
+        "kernels": len(mapping.groups),
+        "devices": sorted({p.device for p in mapping.partitions}) or [ACCELERATOR],
+        "notes": notes,
+    }
+
+
+def _peak(target: TargetSpec) -> float | None:
+    peaks = target.peak_ops_per_s
+    return peaks.get("float32") or peaks.get("float16")
+
+
+def _crossing_bytes(mapping) -> float:
+    """Bytes of every value produced in one partition and read in another."""
+    where = {}
+    for index, part in enumerate(mapping.partitions):
+        for node in part.nodes:
+            where[id(node)] = index
+    total = 0.0
+    for index, part in enumerate(mapping.partitions):
+        for node in part.nodes:
+            for value in node.outputs:
+                if any(where.get(id(c), index) != index for c, _ in value.uses()):
+                    total += _nbytes(value)
+    return total
+
+
+def _nbytes(value: ir.Value) -> float:
+    if value.shape is None or value.dtype is None or not value.shape.is_static():
+        return 0.0
+    count = 1
+    for d in value.shape:
+        count *= d
+    return float(count * value.dtype.itemsize)

@@ -1,0 +1,161 @@
+"""Running a target's vendor toolchain on the bundle, and holding its answers against ours.
+
+For each bucket the target-ready ONNX and seeded sample inputs go to the toolchain's driver (in its own
+environment, ``flexdsa_core.toolchains``). What comes back is checked here:
+
+* numerics: the vendor simulator's/emulator's outputs against the *original* model's on the same inputs,
+  by cosine similarity and max abs error per output (vendor compilers run float graphs in fp16, so
+  the bar is the accuracy target, ``cosine >= MIN_COSINE``, not fp32 tolerances);
+* placement: the vendor's accelerator/CPU decision per node against the Subgraph Mapper's prediction,
+  as the share of nodes both name on which they agree;
+* artifacts: the compiled files join the bundle.
+
+A toolchain that is not installed, or fails, never fails the job: the bundle ships without the compiled
+artifact, the report says why, and the README carries the command to finish on the user's side.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import onnx_ir as ir
+
+from flexdsa_core.targets.spec import TargetSpec
+from flexdsa_core.toolchains import ToolchainError, get_toolchain
+
+MIN_COSINE = 0.99
+
+
+def run_toolchain(
+    target: TargetSpec, adapter, buckets, partition: dict, original_source, *, root, seed: int, workdir
+) -> tuple[dict, dict[str, Path]]:
+    from flexdsa_core.validate import make_inputs, run
+
+    if not target.toolchain:
+        return {"name": None, "ran": False, "detail": "no vendor toolchain installs on this machine"}, {}
+    toolchain = get_toolchain(target.toolchain)
+    if root is None:
+        return _not_run(toolchain.name, "no toolchain folder configured", toolchain.install_command()), {}
+    status = toolchain.status(root)
+    if not status.ready:
+        return _not_run(toolchain.name, status.detail, toolchain.install_command()), {}
+
+    folder = Path(tempfile.mkdtemp(prefix="toolchain-", dir=workdir))
+    out_dir = folder / "out"
+    out_dir.mkdir()
+    request_buckets, references = [], {}
+    for bucket in buckets:
+        model_path = folder / adapter.model_filename(bucket)
+        ir.save(bucket.model, model_path)
+        feeds = make_inputs(ir.to_proto(bucket.model), seed=seed)
+        references[bucket.name] = run(original_source, feeds)
+        inputs = {}
+        for name, array in feeds.items():
+            path = folder / f"{bucket.name}.{_safe(name)}.npy"
+            np.save(path, array)
+            inputs[name] = str(path)
+        request_buckets.append({"name": bucket.name, "onnx": str(model_path), "inputs": inputs})
+    request = {
+        "action": "compile",
+        "target": target.model_dump(mode="json"),
+        "out_dir": str(out_dir),
+        "buckets": request_buckets,
+        "options": adapter.toolchain_options(target, {"partition": partition}),
+    }
+    try:
+        result = toolchain.run(root, request, workdir=folder)
+    except ToolchainError as err:
+        return {
+            "name": toolchain.name,
+            "ran": False,
+            "failed": err.message,
+            "detail": f"the {toolchain.name} toolchain failed: {err.message}",
+            "warnings": [f"vendor toolchain {toolchain.name} failed; the bundle ships uncompiled: {err.message}"],
+            "summary": f"{toolchain.name}: failed",
+        }, {}
+
+    per_bucket, files, warnings = {}, {}, []
+    for entry in result.get("buckets", []):
+        name = entry["name"]
+        numerics = _compare(references.get(name, {}), entry.get("outputs", {}))
+        agreement = _agreement(partition.get(name, {}).get("placement", {}), entry.get("placement", {}))
+        per_bucket[name] = {
+            "artifacts": entry.get("artifacts", []),
+            "numerics": numerics,
+            "placement_agreement": agreement,
+            "vendor_placement": entry.get("placement", {}),
+            **{k: entry[k] for k in ("reasons", "layers", "notes", "seconds") if k in entry},
+        }
+        for artifact in entry.get("artifacts", []):
+            files[artifact] = out_dir / artifact
+        bad = [o for o in numerics if o["cosine"] is not None and o["cosine"] < MIN_COSINE]
+        if bad:
+            warnings.append(
+                f"[{name}] the {toolchain.name} simulator's output {bad[0]['name']!r} has cosine "
+                f"{bad[0]['cosine']:.4f} to the original (below {MIN_COSINE})"
+            )
+    agreements = [b["placement_agreement"]["share"] for b in per_bucket.values()
+                  if b["placement_agreement"]["share"] is not None]  # fmt: skip
+    cosines = [o["cosine"] for b in per_bucket.values() for o in b["numerics"] if o["cosine"] is not None]
+    summary = f"{toolchain.name} compiled {len(per_bucket)} bucket(s)"
+    if cosines:
+        summary += f", simulator cosine to the original >= {min(cosines):.5f}"
+    if agreements:
+        summary += f", placement agreement {min(agreements) * 100:.1f}%"
+    return {
+        "name": toolchain.name,
+        "ran": True,
+        "versions": result.get("versions", {}),
+        "buckets": per_bucket,
+        "artifacts": sorted(files),
+        "warnings": warnings,
+        "summary": summary,
+    }, files
+
+
+def _not_run(name: str, detail: str, command: str) -> dict:
+    return {
+        "name": name,
+        "ran": False,
+        "detail": detail,
+        "install": command,
+        "summary": f"{name}: not run ({detail})",
+    }
+
+
+def _compare(reference: dict[str, np.ndarray], outputs: dict[str, str]) -> list[dict]:
+    found = []
+    for name, want in reference.items():
+        path = outputs.get(name)
+        if path is None:
+            found.append({"name": name, "cosine": None, "max_abs": None, "note": "not returned by the toolchain"})
+            continue
+        got = np.load(path)
+        if got.size != want.size:
+            found.append({"name": name, "cosine": None, "max_abs": None,
+                          "note": f"shape {list(got.shape)} vs original {list(want.shape)}"})  # fmt: skip
+            continue
+        a = want.astype(np.float64).ravel()
+        b = got.astype(np.float64).reshape(-1)
+        norm = float(np.linalg.norm(a) * np.linalg.norm(b))
+        cosine = float(a @ b / norm) if norm else (1.0 if np.allclose(a, b) else 0.0)
+        found.append({"name": name, "cosine": cosine, "max_abs": float(np.max(np.abs(a - b))) if a.size else 0.0})
+    return found
+
+
+def _agreement(ours: dict[str, str], theirs: dict[str, str]) -> dict:
+    common = sorted(set(ours) & set(theirs))
+    if not common:
+        return {"share": None, "compared": 0, "note": "no node names in common with the vendor's placement"}
+    differ = [n for n in common if ours[n] != theirs[n]]
+    return {
+        "share": 1 - len(differ) / len(common),
+        "compared": len(common),
+        "differ": [{"node": n, "ours": ours[n], "vendor": theirs[n]} for n in differ[:50]],
+    }
+
+
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_" else "_" for c in name)[:64]
