@@ -13,6 +13,7 @@ from pathlib import Path
 import typer
 
 DEFAULT_CACHE_DIR = Path.home() / ".cache" / "flexdsa" / "kernels"
+DEFAULT_TOOLCHAINS_DIR = Path.home() / ".cache" / "flexdsa" / "toolchains"
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -24,7 +25,9 @@ app = typer.Typer(
 @app.command()
 def optimize(
     model: Path = typer.Argument(..., exists=True, dir_okay=False, help="The ONNX model to optimise."),
-    target: str = typer.Option("cpu-ort", "--target", "-t", help="Target name (see `flexdsa targets`)."),
+    target: str | None = typer.Option(
+        None, "--target", "-t", help="Target name (see `flexdsa targets`); default: the --spec file's, else cpu-ort."
+    ),
     out: Path = typer.Option(Path("out"), "--out", "-o", help="Folder for the package (created if missing)."),
     objective: str = typer.Option("latency", help="latency, energy or balanced."),
     disable: list[str] = typer.Option(
@@ -43,6 +46,9 @@ def optimize(
         help="Kernel cache folder: measurements made on this machine are reused by later runs.",
     ),
     no_cache: bool = typer.Option(False, "--no-cache", help="Measure everything afresh (no kernel cache)."),
+    toolchains_dir: Path = typer.Option(
+        DEFAULT_TOOLCHAINS_DIR, help="Vendor toolchains (`flexdsa toolchains install`); those ready here are run."
+    ),
 ) -> None:
     """Optimise MODEL for TARGET; writes the package (models, manifest, report.json, fusion_plan.json) to OUT."""
     from pydantic import ValidationError
@@ -60,14 +66,14 @@ def optimize(
         request = RequestSpec.model_validate(
             {
                 **extra,
-                "target": target,
+                "target": target or extra.get("target") or "cpu-ort",
                 "objective": objective,
                 "disabled_rules": [*extra.get("disabled_rules", []), *disable],
                 **({"validate_outputs": False} if no_validate else {}),
                 **({"measure_latency": False} if no_measure else {}),
             }
         )
-        optimizer = FlexDSAOptimizer(request.target_spec())
+        optimizer = FlexDSAOptimizer(request.target_spec(), toolchain_root=toolchains_dir)
         with Progress(
             TextColumn("[bold]{task.fields[stage]:<9}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
             TextColumn("{task.description}"), TimeElapsedColumn(), console=console, disable=quiet, transient=True,
@@ -95,12 +101,56 @@ def optimize(
 
 
 @app.command()
-def targets() -> None:
-    """List the built-in targets."""
-    from flexdsa_core.targets import list_targets
+def targets(
+    toolchains_dir: Path = typer.Option(DEFAULT_TOOLCHAINS_DIR, help="Where vendor toolchains are installed."),
+) -> None:
+    """List the built-in targets, and how each bundle is checked."""
+    from flexdsa_core.targets import describe_checks, list_targets
 
     for spec in list_targets():
         typer.echo(f"{spec.name:<20} {spec.vendor:<10} {spec.description}")
+        typer.echo(f"{'':<20} checks: {describe_checks(spec, toolchains_dir)}")
+
+
+toolchains_app = typer.Typer(
+    help="Vendor compilers, each in a virtual environment of its own.", invoke_without_command=True
+)
+app.add_typer(toolchains_app, name="toolchains")
+
+
+@toolchains_app.callback()
+def toolchains_status(
+    ctx: typer.Context,
+    root: Path = typer.Option(DEFAULT_TOOLCHAINS_DIR, "--root", help="Where the environments live."),
+) -> None:
+    """Show which vendor toolchains are ready (with no sub-command)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from flexdsa_core.toolchains import discover_toolchains
+
+    for toolchain in discover_toolchains().values():
+        status = toolchain.status(root)
+        versions = ", ".join(f"{k} {v}" for k, v in status.versions.items())
+        state = f"ready ({versions})" if status.ready else status.detail
+        typer.echo(f"{toolchain.name:<10} {', '.join(toolchain.targets):<36} {state}")
+
+
+@toolchains_app.command("install")
+def toolchains_install(
+    names: list[str] = typer.Argument(..., help="Toolchains to install (see `flexdsa toolchains`), or 'all'."),
+    root: Path = typer.Option(DEFAULT_TOOLCHAINS_DIR, "--root", help="Where the environments live."),
+) -> None:
+    """Create each toolchain's environment and install its pinned vendor packages (minutes each)."""
+    from flexdsa_core.toolchains import ToolchainError, discover_toolchains, get_toolchain
+
+    chosen = list(discover_toolchains()) if names == ["all"] else names
+    try:
+        for name in chosen:
+            status = get_toolchain(name).install(root, log=typer.echo)
+            typer.echo(f"{name}: {'ready' if status.ready else status.detail}")
+    except ToolchainError as err:
+        typer.echo(f"error: {err.message}", err=True)
+        raise typer.Exit(1) from None
 
 
 def _register_plugins() -> None:

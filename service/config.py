@@ -38,6 +38,10 @@ class Settings(BaseSettings):
         None, description="Local artifact store root; default <data_dir>/artifacts."
     )
     broker_url: str | None = Field(None, description="Celery broker. None = embedded in-process worker.")
+    toolchains_dir: Path = Field(
+        Path.home() / ".cache" / "flexdsa" / "toolchains",
+        description="Vendor toolchain environments (`flexdsa toolchains install NAME`); jobs use those ready here.",
+    )
     redis_url: str | None = Field(
         None, description="Redis for progress pub/sub and the hot kernel cache. None = none."
     )

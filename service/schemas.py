@@ -124,6 +124,9 @@ class TargetSummary(BaseModel):
     description: str
     dtypes: list[str]
     static_shapes: bool
+    checks: str = Field(..., description="How a bundle for this target is checked on this service.")
+    toolchain: str | None = Field(None, description="The vendor toolchain that compiles its bundles, if one installs.")
+    toolchain_ready: bool = False
     url: str
 
 

@@ -135,7 +135,7 @@ def run(request: dict, channel: _Channel) -> dict:
                 target.write(chunk)
         if os.environ.get("FLEXDSA_TEST_CHILD_ABORT") == "1":
             os.abort()
-        optimizer = _optimizer_class()(spec.target_spec())
+        optimizer = _optimizer_class()(spec.target_spec(), toolchain_root=settings.toolchains_dir)
         result = optimizer.optimize(model_path, spec.options(), cache=cache, progress=_progress_reporter(channel))
         artifacts = [_store_artifact(store, name, content) for name, content in sorted(result.artifacts.items())]
         summary = result.report_summary()

@@ -16,6 +16,7 @@ __all__ = [
     "Legalized",
     "PlatformAdapter",
     "TargetSpec",
+    "describe_checks",
     "get_adapter",
     "list_targets",
     "load_target",
@@ -54,3 +55,24 @@ def get_adapter(target: TargetSpec) -> PlatformAdapter:
             f"(expected flexdsa_core/targets/{target.adapter}.py)."
         ) from None
     return module.ADAPTER
+
+
+def describe_checks(target: TargetSpec, toolchain_root=None) -> str:
+    """How a bundle for ``target`` is checked here, in one line (CLI and GET /targets)."""
+    checks = ["every model validated against the original in ONNX Runtime"]
+    if target.calibrated:
+        checks.append("latency measured here (never slower)")
+    else:
+        checks.append(f"op legality against the sourced {target.name} op table")
+    if target.toolchain:
+        from flexdsa_core.toolchains import get_toolchain
+
+        toolchain = get_toolchain(target.toolchain)
+        ready = toolchain_root is not None and toolchain.is_ready(toolchain_root)
+        checks.append(
+            f"compiled and run by the vendor toolchain {target.toolchain!r}"
+            + ("" if ready else f" once installed (`{toolchain.install_command()}`)")
+        )
+    elif not target.calibrated:
+        checks.append("vendor scripts checked for syntax (the vendor compiler does not install here)")
+    return "; ".join(checks)

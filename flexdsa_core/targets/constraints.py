@@ -66,7 +66,8 @@ def _default(node: ir.Node, name: str):
     attr = schema.attributes.get(name)
     if attr is None or not attr.default_value.name:
         return None
-    return onnx.helper.get_attribute_value(attr.default_value)
+    value = onnx.helper.get_attribute_value(attr.default_value)
+    return value.decode() if isinstance(value, bytes) else value
 
 
 def _attr(node: ir.Node, name: str):

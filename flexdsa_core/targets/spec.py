@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 ONNX_DOMAIN = ""
 
@@ -65,6 +65,30 @@ class TargetSpec(BaseModel):
     quantization: dict[str, str] = Field(default_factory=dict)
     calibrated: bool = Field(False, description="Costs are measured on this machine rather than estimated.")
     sources: dict[str, str] = Field(default_factory=dict, description="Figure name -> where it came from.")
+
+    @field_validator("toolchain")
+    @classmethod
+    def _known_toolchain(cls, name: str | None) -> str | None:
+        if name is not None:
+            from flexdsa_core.toolchains import discover_toolchains
+
+            if name not in discover_toolchains():
+                known = ", ".join(discover_toolchains()) or "none"
+                raise ValueError(f"unknown toolchain {name!r} (known: {known})")
+        return name
+
+    @field_validator("op_constraints")
+    @classmethod
+    def _known_constraints(cls, constraints: dict[str, dict]) -> dict[str, dict]:
+        from flexdsa_core.targets.constraints import known_keys
+
+        for op, limits in constraints.items():
+            unknown = sorted(set(limits) - known_keys())
+            if unknown:
+                raise ValueError(
+                    f"op_constraints[{op!r}] has unknown key(s) {unknown}; known: {sorted(known_keys())}"
+                )
+        return constraints
 
     def spec_hash(self) -> str:
         import hashlib

@@ -7,7 +7,9 @@ import logging
 from fastapi import APIRouter, Request
 
 from flexdsa_core import list_targets, load_target
-from service.api.deps import CurrentTenant
+from flexdsa_core.targets import describe_checks
+from flexdsa_core.toolchains import get_toolchain
+from service.api.deps import CurrentTenant, SettingsDep
 from service.schemas import ERROR_RESPONSES, FusionRuleOut, TargetDetail, TargetSummary
 
 log = logging.getLogger("flexdsa.service")
@@ -27,8 +29,9 @@ def _fusion_rules() -> list[FusionRuleOut]:
 
 
 @router.get("/targets", response_model=list[TargetSummary], summary="Built-in targets")
-def get_targets(request: Request, _tenant: CurrentTenant) -> list[TargetSummary]:
+def get_targets(request: Request, _tenant: CurrentTenant, settings: SettingsDep) -> list[TargetSummary]:
     root = request.scope.get("root_path", "")
+    toolchains_dir = settings.toolchains_dir
     return [
         TargetSummary(
             name=t.name,
@@ -37,6 +40,9 @@ def get_targets(request: Request, _tenant: CurrentTenant) -> list[TargetSummary]
             description=t.description,
             dtypes=list(t.dtypes),
             static_shapes=t.static_shapes,
+            checks=describe_checks(t, toolchains_dir),
+            toolchain=t.toolchain,
+            toolchain_ready=bool(t.toolchain) and get_toolchain(t.toolchain).is_ready(toolchains_dir),
             url=f"{root}/targets/{t.name}",
         )
         for t in list_targets()

@@ -33,7 +33,7 @@ class StandInResult:
 
 
 class StandInOptimizer:
-    def __init__(self, target) -> None:
+    def __init__(self, target, *, toolchain_root=None) -> None:
         self.target = target
 
     def optimize(self, model_path, options, *, cache, progress) -> StandInResult:
