@@ -139,6 +139,7 @@ def toolchains_status(
 def toolchains_install(
     names: list[str] = typer.Argument(..., help="Toolchains to install (see `flexdsa toolchains`), or 'all'."),
     root: Path = typer.Option(DEFAULT_TOOLCHAINS_DIR, "--root", help="Where the environments live."),
+    force: bool = typer.Option(False, "--force", help="Reinstall even when the toolchain is ready."),
 ) -> None:
     """Create each toolchain's environment and install its pinned vendor packages (minutes each)."""
     from flexdsa_core.toolchains import ToolchainError, discover_toolchains, get_toolchain
@@ -146,7 +147,11 @@ def toolchains_install(
     chosen = list(discover_toolchains()) if names == ["all"] else names
     try:
         for name in chosen:
-            status = get_toolchain(name).install(root, log=typer.echo)
+            toolchain = get_toolchain(name)
+            if toolchain.is_ready(root) and not force:
+                typer.echo(f"{name}: ready (use --force to reinstall)")
+                continue
+            status = toolchain.install(root, log=typer.echo)
             typer.echo(f"{name}: {'ready' if status.ready else status.detail}")
     except ToolchainError as err:
         typer.echo(f"error: {err.message}", err=True)
