@@ -924,8 +924,9 @@ def choose_traffic_buckets(
     costs of the form f(batch) g(seq); otherwise an estimate, and the per-dim choice is exact for that model
     only when the dims are independent in the traffic.
 
-    padding_waste = sum(count * (cost(served) - cost(own))) / sum(count * cost(own)). The same figures are
-    given for ``evenly_spaced_buckets`` with the same number of values per dim.
+    Reported: expected_cost_s, the mean cost per request, sum(count * cost(served)) / sum(count), and
+    padding_waste = sum(count * (cost(served) - cost(own))) / sum(count * cost(own)); the same figures for
+    ``evenly_spaced_buckets`` with the same number of values per dim.
     """
     names = list(observed[0][0])
     merged: Counter = Counter()
@@ -956,12 +957,15 @@ def choose_traffic_buckets(
             return sum(cost_at(name, point[name]) for name in names)
         return base * math.prod(cost_at(name, point[name]) / base for name in names)
 
+    requests = sum(count for _, count in observed)
+
     def expected(buckets: Mapping[str, Sequence[int]]) -> tuple[float, float]:
+        """Seconds per request on average, and the padding waste."""
         total = own = 0.0
         for dims, count in observed:
             total += count * shape_cost({name: _served_by(dims[name], buckets[name]) for name in names})
             own += count * shape_cost(dims)
-        return total, (total - own) / own if own > 0 else 0.0
+        return total / requests, (total - own) / own if own > 0 else 0.0
 
     per_dim = {name: _best_per_size(marginal[name], k, functools.partial(cost_at, name)) for name in names}
     varying = [name for name in names if len(marginal[name]) > 1]
@@ -984,7 +988,7 @@ def choose_traffic_buckets(
     even_cost, even_waste = expected(even)
     return TrafficChoice(
         observed={
-            "requests": sum(count for _, count in observed),
+            "requests": requests,
             "distinct_shapes": len({tuple(sorted(dims.items())) for dims, _ in observed}),
             "dims": {
                 name: {
