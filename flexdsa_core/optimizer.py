@@ -326,7 +326,9 @@ class FlexDSAOptimizer:
         if options.input_shapes:
             tracker.apply_input_shapes(options.input_shapes)
         shape_report = tracker.infer()
-        buckets = tracker.buckets(options.shape_buckets, self.target)
+        # Without shape_buckets, observed_shapes (traffic) decide the buckets: least expected padded cost.
+        traffic = {"observed": options.observed_shapes, "max_buckets": options.max_buckets}
+        buckets = tracker.buckets(options.shape_buckets, self.target, **traffic)
         stage_seconds["shapes"] += time.perf_counter() - start
         report_progress.finish("shapes")
 

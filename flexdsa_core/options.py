@@ -20,6 +20,25 @@ class Tolerance(BaseModel):
     rtol: float = Field(ge=0)
 
 
+class ObservedShape(BaseModel):
+    """One shape seen in traffic: the value of each named dynamic dim, and how many requests had it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    dims: dict[str, int] = Field(
+        ..., min_length=1, description="Named dynamic dim -> its value in these requests, e.g. {'seq': 37}."
+    )
+    count: int = Field(1, ge=1, description="How many requests had this shape.")
+
+    @field_validator("dims")
+    @classmethod
+    def _positive(cls, dims: dict[str, int]) -> dict[str, int]:
+        bad = {name: value for name, value in dims.items() if value < 1}
+        if bad:
+            raise ValueError(f"every observed dim value must be >= 1, got {bad}")
+        return dims
+
+
 class OptimizeOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -32,6 +51,22 @@ class OptimizeOptions(BaseModel):
         None,
         description="Values to specialise each named dynamic dim to, e.g. {'batch': [1], 'seq': [128, 512]}. "
         "None: the target's default (cpu-ort keeps dynamic dims dynamic).",
+    )
+    observed_shapes: list[ObservedShape] | None = Field(
+        None,
+        max_length=10_000,
+        description="Shapes seen in traffic, with counts, e.g. [{'dims': {'seq': 37, 'batch': 1}, 'count': 120}]. "
+        "Every entry names the same dynamic dims of the model (others are refused). When shape_buckets is not "
+        "given, the Shape Tracker picks at most max_buckets buckets that minimise the expected cost of the "
+        "traffic, each shape padded up to the smallest bucket that fits, under the target's cost model; the "
+        "report compares its padding waste with evenly spaced buckets (shapes.from_traffic).",
+    )
+    max_buckets: int = Field(
+        3,
+        ge=1,
+        le=16,
+        description="At most this many buckets (combinations of dim values) when buckets come from "
+        "observed_shapes. The largest observed value of each dim is always one of them.",
     )
     input_shapes: dict[str, list[int | str]] | None = Field(
         None, description="Override graph input shapes; strings name symbolic dims."

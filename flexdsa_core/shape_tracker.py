@@ -8,7 +8,9 @@
 2. ``buckets``: the values each dynamic dim is specialised to, per dim: the request's ``shape_buckets``,
    else the target's ``default_shape_buckets``, else (static-shape targets only) ``batch -> 1``. One bucket
    per combination, named ``batch1_seq128``. A dim nobody bucketed stays symbolic; a model with nothing
-   bucketed keeps one bucket, ``dynamic`` (or ``static`` when the model has no dynamic dim).
+   bucketed keeps one bucket, ``dynamic`` (or ``static`` when the model has no dynamic dim). With the
+   request's ``observed_shapes`` and no ``shape_buckets``, the observed dims' values come from traffic
+   (``choose_traffic_buckets``): at most K buckets minimising the traffic's expected padded cost.
 3. ``specialize``: a copy of the model with the bucket's dims bound everywhere, shapes re-inferred and the
    shape arithmetic (Shape -> Gather -> Concat -> Reshape ...) folded to constants by onnxscript's constant
    folder. Only integer/bool-valued nodes are evaluated here; folding weights is the generic passes' job.
@@ -19,11 +21,13 @@
 
 from __future__ import annotations
 
+import bisect
 import functools
 import itertools
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,7 +36,9 @@ import onnx_ir as ir
 from onnx_ir.passes.common import RemoveUnusedNodesPass, ShapeInferencePass
 from onnxscript.optimizer import fold_constants
 
+from flexdsa_core.cost_model import CostModel, measure_sgemm_peak
 from flexdsa_core.errors import InvalidOptionsError
+from flexdsa_core.options import ObservedShape
 from flexdsa_core.targets.spec import TargetSpec
 
 __all__ = [
@@ -42,8 +48,12 @@ __all__ = [
     "Selection",
     "ShapeReport",
     "ShapeTracker",
+    "TrafficChoice",
     "UnknownShape",
     "apply_input_shapes",
+    "choose_traffic_buckets",
+    "evenly_spaced_buckets",
+    "optimal_buckets",
 ]
 
 DYNAMIC_BUCKET = "dynamic"
@@ -52,6 +62,9 @@ STATIC_BUCKET = "static"
 DEFAULT_BATCH = 1
 # Combinations beyond this are almost always a mistake in shape_buckets, and each one is a full compile.
 MAX_BUCKETS = 64
+# Each distinct observed value of a dim costs one specialisation and one graph costing (~0.1 s on a small
+# BERT); past this many, rounding the traffic's values (e.g. to multiples of 8) is the better request.
+MAX_TRAFFIC_VALUES = 64
 # ONNX shape inference names the dims it cannot relate to any input ``unk__<n>`` (data-dependent sizes).
 _ONNX_FRESH_DIM = re.compile(r"^unk__\d+$")
 
@@ -316,6 +329,8 @@ class ShapeReport:
     # Tensors ONNX inference left unknown that onnxruntime's symbolic inference resolved.
     refined: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    # ``TrafficChoice.as_dict()`` when the buckets came from the request's observed_shapes.
+    from_traffic: dict[str, Any] | None = None
 
     @property
     def dynamic_dims(self) -> list[str]:
@@ -332,6 +347,7 @@ class ShapeReport:
             # The full list can run to thousands of names on a large model; a sample says enough.
             "refined_examples": self.refined[:10],
             "notes": self.notes,
+            **({"from_traffic": self.from_traffic} if self.from_traffic is not None else {}),
         }
 
 
@@ -477,9 +493,24 @@ class ShapeTracker:
         return ShapeReport(inputs, outputs, dims, named_dims, unknown, counts)
 
     # ---- buckets ---------------------------------------------------------------------------------
-    def buckets(self, shape_buckets: Mapping[str, Sequence[int]] | None, target: TargetSpec) -> list[Bucket]:
+    def buckets(
+        self,
+        shape_buckets: Mapping[str, Sequence[int]] | None,
+        target: TargetSpec,
+        *,
+        observed: Sequence[ObservedShape | Mapping[str, Any]] | None = None,
+        max_buckets: int = 3,
+    ) -> list[Bucket]:
         """The buckets to compile for: see the module docstring for where each dim's values come from."""
         report = self.infer()
+        if observed:
+            traffic = self._observed(observed)
+            if shape_buckets is None:
+                choice = choose_traffic_buckets(traffic, max_buckets, *self.traffic_cost(target))
+                report.from_traffic = choice.as_dict()
+                shape_buckets = choice.chosen
+            else:
+                report.notes.append("observed_shapes not used: the request gives shape_buckets")
         requested = dict(shape_buckets or {})
         unknown = sorted(set(requested) - set(report.dims))
         if unknown:
@@ -524,6 +555,67 @@ class ShapeTracker:
             self._buckets.append(self._new_bucket(dict(zip(names, combo, strict=True))))
         return list(self._buckets)
 
+    def _observed(
+        self, observed: Sequence[ObservedShape | Mapping[str, Any]]
+    ) -> list[tuple[dict[str, int], int]]:
+        """The request's observed_shapes as (dims, count), refused unless every entry names the same dynamic
+        dims of the model: a dim one entry leaves out would have no value to pad from."""
+        entries = [ObservedShape.model_validate(entry) for entry in observed]
+        dynamic = self.infer().dims
+        unknown = sorted({name for entry in entries for name in entry.dims} - set(dynamic))
+        if unknown:
+            raise InvalidOptionsError(
+                f"observed_shapes names {', '.join(map(repr, unknown))}, which is not a dynamic dim of the "
+                f"model's inputs. Dynamic dims: {', '.join(map(repr, dynamic)) or '(none: the model is static)'}.",
+                details={"unknown_dims": unknown, "dynamic_dims": list(dynamic)},
+            )
+        names = set(entries[0].dims)
+        uneven = [i for i, entry in enumerate(entries) if set(entry.dims) != names]
+        if uneven:
+            raise InvalidOptionsError(
+                f"observed_shapes entry {uneven[0]} names dims {sorted(entries[uneven[0]].dims)}, entry 0 names "
+                f"{sorted(names)}: every entry must give a value for the same dims.",
+                details={"entry": uneven[0]},
+            )
+        for name in names:
+            distinct = len({entry.dims[name] for entry in entries})
+            if distinct > MAX_TRAFFIC_VALUES:
+                raise InvalidOptionsError(
+                    f"observed_shapes has {distinct} distinct values of dim {name!r} (at most "
+                    f"{MAX_TRAFFIC_VALUES}): each one is costed on the model. Round them up, e.g. to multiples "
+                    "of 8, and add up their counts.",
+                    details={"dim": name, "distinct": distinct},
+                )
+        return [(dict(entry.dims), entry.count) for entry in entries]
+
+    def traffic_cost(self, target: TargetSpec) -> tuple[Callable[[Mapping[str, int]], float], str]:
+        """``cost(dims) -> seconds`` of the model specialised at ``dims`` on ``target``, and what it rests on.
+
+        Never measured: a calibrated target (cpu-ort) would time every kernel at every candidate value, so
+        there the cost model's FLOPs (its per-op ``work`` formulas) are priced at this host's single-thread
+        SGEMM peak, plus the target's launch overhead per kernel. Other targets: the cost model's roofline.
+        A batch-like dim the traffic leaves out is costed at 1; any other stays to the cost model's rules.
+        """
+        cost_model = CostModel(target, calibrate=False)
+        peak = _host_sgemm_peak() if target.calibrated else None
+        free = {name: DEFAULT_BATCH for name in self.infer().dims if is_batch_dim(name)}
+
+        def cost(dims: Mapping[str, int]) -> float:
+            model, _ = self._specialized_model({**free, **dims})
+            total = cost_model.graph_cost(model)
+            if peak is not None:
+                return total.flops / peak + total.kernels * target.launch_overhead_s
+            return total.seconds or 0.0
+
+        if peak is not None:
+            basis = (
+                f"estimate: cost-model FLOPs at this host's single-thread SGEMM peak ({peak / 1e9:.1f} GFLOP/s) "
+                f"plus {target.launch_overhead_s:g} s per kernel; no kernel measured"
+            )
+        else:
+            basis = f"estimate: {cost_model.basis}"
+        return cost, basis
+
     def _new_bucket(self, dims: dict[str, int], *, from_runtime: bool = False) -> Bucket:
         base = name = "_".join(f"{_safe_name(d)}{v}" for d, v in dims.items()) or STATIC_BUCKET
         existing = {b.name for b in self._buckets}
@@ -541,6 +633,13 @@ class ShapeTracker:
         """
         if bucket.name in self._specialized:
             return self._specialized[bucket.name].clone()
+        model, info = self._specialized_model(bucket.dims)
+        self._specialized[bucket.name] = model
+        self._specialization_info[bucket.name] = info
+        return model.clone()
+
+    def _specialized_model(self, dims: Mapping[str, int]) -> tuple[ir.Model, dict[str, Any]]:
+        """``specialize``'s work, uncached: the model with ``dims`` bound, and its node counts."""
         self.infer()
         model = self.model.clone()
         nodes_before = sum(1 for _ in ir.traversal.RecursiveGraphIterator(model.graph))
@@ -548,7 +647,7 @@ class ShapeTracker:
             for value in node.outputs:
                 if value.name in self._refined:
                     value.shape = None  # a heuristic answer; ONNX recomputes it from the bound inputs
-        _bind_model(model, bucket.dims)
+        _bind_model(model, dims)
         _infer_shapes(model)
         fold_constants(model, onnx_shape_inference=True, should_fold=_fold_only_shape_arithmetic)
         RemoveUnusedNodesPass()(model)
@@ -559,18 +658,16 @@ class ShapeTracker:
             for value in node.outputs:
                 refined = self._refined.get(value.name)
                 if refined is not None and _unknown_reason(value, input_symbols) is not None:
-                    value.shape = _bind_shape(refined, bucket.dims)
+                    value.shape = _bind_shape(refined, dims)
         nodes_after = sum(1 for _ in ir.traversal.RecursiveGraphIterator(model.graph))
         still_dynamic = [
             v.name for n in model.graph for v in n.outputs if v.shape is None or not v.shape.is_static()
         ]
-        self._specialized[bucket.name] = model
-        self._specialization_info[bucket.name] = {
+        return model, {
             "nodes_before": nodes_before,
             "nodes_after": nodes_after,
             "still_dynamic_tensors": still_dynamic,
         }
-        return model.clone()
 
     def specialization_info(self, bucket_name: str) -> dict[str, Any]:
         """Node counts before/after folding and the tensors still not static, for a specialised bucket."""
@@ -712,6 +809,220 @@ class ShapeTracker:
             "dim_values": {d: sorted({b.dims[d] for b in self._buckets if d in b.dims}) for d in report.dims},
             "buckets": entries,
         }
+
+
+# ---- buckets from traffic ------------------------------------------------------------------------
+
+
+def _served_by(value: int, buckets: Sequence[int]) -> int:
+    """The smallest bucket that fits ``value`` (buckets sorted; the last one is >= every value)."""
+    return buckets[bisect.bisect_left(buckets, value)]
+
+
+def _best_per_size(
+    counts: Mapping[int, int], k: int, cost: Callable[[int], float]
+) -> dict[int, tuple[float, list[int]]]:
+    """For every size m <= k: (expected cost, buckets) of the best choice of at most m buckets for one dim.
+
+    The sorted distinct values v_1 < ... < v_n (counts w_i, costs c_i) are cut into contiguous runs, each
+    served by its last value. With W(i, j) = w_{i+1} + ... + w_j and F[m][j] the least cost of serving
+    v_1..v_j with m buckets, the last at v_j::
+
+        F[1][j] = c_j W(0, j)        F[m][j] = min_{i < j} F[m-1][i] + c_j W(i, j)
+
+    and the answer for at most m buckets is min_{m' <= m} F[m'][n] (v_n is always a bucket). O(k n^2).
+    """
+    values = sorted(counts)
+    n = len(values)
+    costs = [cost(v) for v in values]
+    prefix = list(itertools.accumulate((counts[v] for v in values), initial=0))
+    best = [[math.inf] * n for _ in range(k + 1)]
+    back = [[-1] * n for _ in range(k + 1)]
+    for j in range(n):
+        best[1][j] = costs[j] * prefix[j + 1]
+    for m in range(2, min(k, n) + 1):
+        for j in range(m - 1, n):
+            for i in range(m - 2, j):
+                candidate = best[m - 1][i] + costs[j] * (prefix[j + 1] - prefix[i + 1])
+                if candidate < best[m][j]:
+                    best[m][j], back[m][j] = candidate, i
+    result: dict[int, tuple[float, list[int]]] = {}
+    for m in range(1, k + 1):
+        if m <= n:
+            chosen, j = [], n - 1
+            for size in range(m, 0, -1):
+                chosen.append(values[j])
+                j = back[size][j]
+            current = (best[m][n - 1], sorted(chosen))
+            # More buckets only where they pay: each is a compile and a model to ship.
+            if m == 1 or current[0] < result[m - 1][0] * (1 - 1e-9):
+                result[m] = current
+                continue
+        result[m] = result[m - 1]
+    return result
+
+
+def optimal_buckets(counts: Mapping[int, int], k: int, cost: Callable[[int], float]) -> list[int]:
+    """At most ``k`` bucket values for one dim (value -> count) minimising sum(count * cost(bucket serving
+    it)), each value served by the smallest bucket >= it. Exact; see ``_best_per_size``."""
+    return _best_per_size(counts, k, cost)[k][1]
+
+
+def evenly_spaced_buckets(values: Sequence[int], k: int) -> list[int]:
+    """The baseline: ``k`` equal-width steps from min to max (lo + (hi - lo) i / k, i = 1..k), each rounded
+    up to the nearest observed value; fewer when two round to the same value."""
+    observed = sorted(set(values))
+    lo, hi = observed[0], observed[-1]
+    chosen = set()
+    for i in range(1, k + 1):
+        # Integer arithmetic: the smallest observed v with v k >= lo k + (hi - lo) i.
+        chosen.add(next(v for v in observed if v * k >= lo * k + (hi - lo) * i))
+    return sorted(chosen)
+
+
+@dataclass
+class TrafficChoice:
+    """What ``choose_traffic_buckets`` chose, its expected cost and padding waste, and the baseline's."""
+
+    observed: dict[str, Any]
+    k: int
+    chosen: dict[str, list[int]]
+    expected_cost_s: float
+    padding_waste: float
+    evenly_spaced: dict[str, Any]
+    cost_basis: str
+    cost_evaluations: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "observed": self.observed,
+            "k": self.k,
+            "chosen": self.chosen,
+            "expected_cost_s": self.expected_cost_s,
+            "padding_waste": self.padding_waste,
+            "evenly_spaced": self.evenly_spaced,
+            "cost_basis": self.cost_basis,
+            "cost_evaluations": self.cost_evaluations,
+        }
+
+
+def choose_traffic_buckets(
+    observed: Sequence[tuple[Mapping[str, int], int]],
+    k: int,
+    cost: Callable[[Mapping[str, int]], float],
+    cost_basis: str = "",
+) -> TrafficChoice:
+    """At most ``k`` buckets for traffic ``observed`` ((dims, count) pairs, every entry naming the same dims)
+    minimising the expected cost sum(count * cost(bucket serving the shape)), where a shape is served by the
+    smallest bucket that fits it in every dim (padded up to it); buckets are the product of per-dim values.
+
+    Dims are chosen per dim, independently, with ``k`` shared out among the dims that vary (every split
+    whose product is <= k is tried). Only observed values are candidates, so a dim's largest observed value
+    is always a bucket. ``cost`` is evaluated once per distinct value per dim, every other dim at its
+    largest observed value (the reference r), and cached: c_d(v) = cost(r with d = v). A shape x is then
+    costed as cost(r) * prod_d c_d(x_d) / cost(r), exact when one dim varies (the usual case: seq) and for
+    costs of the form f(batch) g(seq); otherwise an estimate, and the per-dim choice is exact for that model
+    only when the dims are independent in the traffic.
+
+    Reported: expected_cost_s, the mean cost per request, sum(count * cost(served)) / sum(count), and
+    padding_waste = sum(count * (cost(served) - cost(own))) / sum(count * cost(own)); the same figures for
+    ``evenly_spaced_buckets`` with the same number of values per dim.
+    """
+    names = list(observed[0][0])
+    merged: Counter = Counter()
+    for dims, count in observed:  # the same shape listed twice is one shape with the counts added
+        merged[tuple(dims[name] for name in names)] += count
+    observed = [(dict(zip(names, shape, strict=True)), count) for shape, count in merged.items()]
+    reference = {name: max(dims[name] for dims, _ in observed) for name in names}
+    marginal: dict[str, Counter] = {name: Counter() for name in names}
+    for dims, count in observed:
+        for name in names:
+            marginal[name][dims[name]] += count
+
+    evaluated: dict[tuple[tuple[str, int], ...], float] = {}
+
+    def cost_of(dims: dict[str, int]) -> float:
+        key = tuple(sorted(dims.items()))
+        if key not in evaluated:
+            evaluated[key] = float(cost(dims))
+        return evaluated[key]
+
+    def cost_at(name: str, value: int) -> float:
+        return cost_of({**reference, name: value})
+
+    base = cost_of(reference)
+
+    def shape_cost(point: Mapping[str, int]) -> float:
+        if base <= 0:
+            return sum(cost_at(name, point[name]) for name in names)
+        return base * math.prod(cost_at(name, point[name]) / base for name in names)
+
+    requests = sum(count for _, count in observed)
+
+    def expected(buckets: Mapping[str, Sequence[int]]) -> tuple[float, float]:
+        """Seconds per request on average, and the padding waste."""
+        total = own = 0.0
+        for dims, count in observed:
+            total += count * shape_cost({name: _served_by(dims[name], buckets[name]) for name in names})
+            own += count * shape_cost(dims)
+        return total / requests, (total - own) / own if own > 0 else 0.0
+
+    per_dim = {name: _best_per_size(marginal[name], k, functools.partial(cost_at, name)) for name in names}
+    varying = [name for name in names if len(marginal[name]) > 1]
+    best: tuple[float, int, dict[str, int]] | None = None
+    for sizes in _splits([min(k, len(marginal[name])) for name in varying], k):
+        split = dict(zip(varying, sizes, strict=True))
+        buckets = {name: per_dim[name][split.get(name, 1)][1] for name in names}
+        total = expected(buckets)[0]
+        count = math.prod(len(b) for b in buckets.values())
+        if (
+            best is None
+            or total < best[0] * (1 - 1e-9)
+            or (total <= best[0] * (1 + 1e-9) and count < best[1])
+        ):
+            best = (total, count, split)
+    split = best[2]
+    chosen = {name: per_dim[name][split.get(name, 1)][1] for name in names}
+    chosen_cost, chosen_waste = expected(chosen)
+    even = {name: evenly_spaced_buckets(list(marginal[name]), split.get(name, 1)) for name in names}
+    even_cost, even_waste = expected(even)
+    return TrafficChoice(
+        observed={
+            "requests": requests,
+            "distinct_shapes": len({tuple(sorted(dims.items())) for dims, _ in observed}),
+            "dims": {
+                name: {
+                    "min": min(marginal[name]),
+                    "max": max(marginal[name]),
+                    "distinct": len(marginal[name]),
+                }
+                for name in names
+            },
+        },
+        k=k,
+        chosen=chosen,
+        expected_cost_s=chosen_cost,
+        padding_waste=chosen_waste,
+        evenly_spaced={"buckets": even, "expected_cost_s": even_cost, "padding_waste": even_waste},
+        cost_basis=cost_basis,
+        cost_evaluations=len(evaluated),
+    )
+
+
+def _splits(limits: Sequence[int], k: int, product: int = 1) -> Iterator[tuple[int, ...]]:
+    """Every tuple (k_1, ..., k_n) with 1 <= k_i <= limits[i] and k_1 ... k_n <= k / product."""
+    if not limits:
+        yield ()
+        return
+    for first in range(1, min(limits[0], k // product) + 1):
+        for rest in _splits(limits[1:], k, product * first):
+            yield (first, *rest)
+
+
+@functools.cache
+def _host_sgemm_peak() -> float:
+    """FLOP/s of one thread of this host (0.2 s of SGEMM, once per process)."""
+    return measure_sgemm_peak(0.2, size=512)
 
 
 def _checked_values(dim_name: str, values: Sequence[int], where: str) -> list[int]:
