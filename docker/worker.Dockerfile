@@ -26,6 +26,13 @@ RUN pip install --no-deps -e . \
     && mkdir -p /data/artifacts \
     && chown -R flexdsa /data
 
+# Vendor toolchains baked into the image, each in its own virtual environment (never this one):
+#   docker build -f docker/worker.Dockerfile --build-arg TOOLCHAINS="rockchip qualcomm amd" .
+# Empty (the default): bundles for those targets ship uncompiled, with the command to finish elsewhere.
+ARG TOOLCHAINS=""
+ENV FLEXDSA_TOOLCHAINS_DIR=/opt/flexdsa/toolchains
+RUN if [ -n "$TOOLCHAINS" ]; then flexdsa toolchains install $TOOLCHAINS --root /opt/flexdsa/toolchains; fi
+
 USER flexdsa
 ENV FLEXDSA_DATA_DIR=/data \
     FLEXDSA_ARTIFACT_DIR=/data/artifacts
