@@ -24,6 +24,7 @@ import onnx_ir as ir
 
 from flexdsa_core.targets.accelerator import AcceleratorAdapter
 from flexdsa_core.targets.base import BucketModel, Legalized
+from flexdsa_core.targets.bundle_inputs import input_dims, requested_precision, runtime_inputs
 from flexdsa_core.targets.opset_convert import convert_opset, rewrite_names, since_version
 from flexdsa_core.targets.spec import TargetSpec
 
@@ -53,21 +54,6 @@ GE_PASSES: dict[str, tuple[str, ...]] = {
 
 # The request's precision -> ATC --precision_mode (H7, H22). fp32 leaves ATC's own default policy.
 PRECISION_MODES = {"fp16": "allow_fp32_to_fp16", "mixed": "allow_mix_precision", "fp32": "", "int8": ""}
-
-
-def requested_precision(report: dict) -> str:
-    options = (report.get("reproducibility") or {}).get("options") or {}
-    return options.get("precision") or "fp32"
-
-
-def runtime_inputs(model: ir.Model) -> list[ir.Value]:
-    return [value for value in model.graph.inputs if not value.is_initializer()]
-
-
-def input_dims(value: ir.Value) -> list[int | str]:
-    if value.shape is None:
-        return []
-    return [d if isinstance(d, int) else str(d) for d in value.shape]
 
 
 def fusion_switch_plan(report: dict, target: TargetSpec) -> dict[str, str]:

@@ -30,7 +30,7 @@ import onnx_ir as ir
 
 from flexdsa_core.targets.accelerator import AcceleratorAdapter
 from flexdsa_core.targets.base import BucketModel, Legalized
-from flexdsa_core.targets.huawei import input_dims, requested_precision, runtime_inputs
+from flexdsa_core.targets.bundle_inputs import input_dims, requested_precision, runtime_inputs
 from flexdsa_core.targets.opset_convert import (
     Emitter,
     const_ints,

@@ -80,6 +80,40 @@ g (float[2, 6, 4, 4] x, float[6] s, float[6] b) => (float[2, 6, 4, 4] y)
     assert_same_numerics(original, lowered)
 
 
+@pytest.mark.parametrize(
+    "text",
+    [
+        pytest.param(
+            """
+<ir_version: 9, opset_import: ["" : 17]>
+g (bool c, float[2, 8] x, float[8] s) => (float[2, 8] y)
+{ y = If (c) <then_branch = t () => (float[2, 8] a) { a = LayerNormalization (x, s) },
+              else_branch = e () => (float[2, 8] b) { b = Identity (x) }> }
+""",
+            id="inside-a-subgraph",
+        ),
+        pytest.param(
+            """
+<ir_version: 9, opset_import: ["" : 17]>
+g (float16[2, 8] x, float16[8] s) => (float16[2, 8] y)
+{ y = LayerNormalization (x, s) }
+""",
+            id="float16-statistics-in-float32",
+        ),
+    ],
+)
+def test_layer_norm_lowering_variants(text):
+    original, result = legalize(text)
+    lowered = ir.to_proto(result.model)
+    onnx.checker.check_model(lowered, full_check=True)
+    assert "layer_norm_decompose" in result.applied and lowered.opset_import[0].version == 15
+    feeds = _random_inputs(original)
+    if "c" in feeds:
+        feeds["c"] = np.array(True)
+    for expected, got in zip(run(original, feeds), run(lowered, feeds), strict=True):
+        np.testing.assert_allclose(got.astype(np.float32), expected.astype(np.float32), atol=1e-3, rtol=1e-3)
+
+
 def test_switched_off_decomposition_keeps_the_model_and_says_why():
     original, result = legalize(LAYER_NORM_17, frozenset({"layer_norm_decompose"}))
     assert result.applied == []
