@@ -188,13 +188,16 @@ class HuaweiAdapter(AcceleratorAdapter):
             "ATC conversion into ONE offline model with a --dynamic_dims gear per shape bucket (H8, H24).",
             report,
             switches,
+            before_cd=[
+                'MODEL="${1:?usage: atc_dynamic_dims.sh MODEL.onnx (the model with symbolic dims)}"',
+                'MODEL="$(cd "$(dirname "${MODEL}")" && pwd)/$(basename "${MODEL}")"',
+            ],
         )
         lines += [
             "# The per-bucket ONNX files are specialised to their shapes (folded shape arithmetic), so gears need",
-            "# a model whose dims are still symbolic, in ai.onnx opset 11-15: give it as the first argument.",
+            "# a model whose dims are still symbolic, in ai.onnx opset 11-15: MODEL, the first argument.",
             "# --dynamic_dims excludes AIPP (--insert_op_conf) and the other dynamic options (H8); AMCT INT8 models",
             "# cannot use it (H9); networks with data-dependent intermediate shapes are not supported (H24).",
-            'MODEL="${1:?usage: atc_dynamic_dims.sh MODEL.onnx (the model with symbolic dims)}"',
         ]
         if len(spec.split("-1")) - 1 > 4:
             lines.append(
@@ -261,7 +264,9 @@ def _input_format(inputs: list[ir.Value]) -> str:
     return "ND"
 
 
-def _script_head(what: str, report: dict, switches: dict[str, str]) -> list[str]:
+def _script_head(
+    what: str, report: dict, switches: dict[str, str], *, before_cd: list[str] = ()
+) -> list[str]:
     precision = requested_precision(report)
     mode = PRECISION_MODES.get(precision, "")
     lines = [
@@ -269,6 +274,7 @@ def _script_head(what: str, report: dict, switches: dict[str, str]) -> list[str]
         f"# {what}",
         "# Needs the CANN toolkit's atc on PATH (source <ascend-toolkit>/set_env.sh first).",
         "set -euo pipefail",
+        *before_cd,
         'cd "$(dirname "$0")"',
         f'SOC_VERSION="${{SOC_VERSION:-{SOC_VERSION}}}"',
         f"# Requested precision: {precision}. Empty PRECISION_MODE keeps ATC's default policy; set it to e.g.",

@@ -125,17 +125,20 @@ class NvidiaAdapter(AcceleratorAdapter):
             "#   bash trtexec.sh MODEL.onnx one engine for all buckets from a model whose dims are symbolic,",
             "#                              with the min/opt/max profile below (opt = the first bucket)",
             "set -euo pipefail",
+            'DYNAMIC_MODEL=""',
+            'if [ "$#" -ge 1 ]; then DYNAMIC_MODEL="$(cd "$(dirname "$1")" && pwd)/$(basename "$1")"; fi',
             'cd "$(dirname "$0")"',
             'TRTEXEC="${TRTEXEC:-$(command -v trtexec || echo /usr/src/tensorrt/bin/trtexec)}"',
             f"WORKSPACE_MIB=${{WORKSPACE_MIB:-{WORKSPACE_MIB}}}",
             f"# Requested precision: {precision}. --int8 builds the QDQ model with explicit quantisation (N9).",
             f'PRECISION_FLAGS="${{PRECISION_FLAGS-{PRECISION_FLAGS.get(precision, "")}}}"',
             "",
-            'if [ "$#" -ge 1 ]; then',
+            'if [ -n "${DYNAMIC_MODEL}" ]; then',
         ]
         if span:
             lines += _indent(
-                _trtexec_call('"$1"', "model.dynamic.plan", _shape_flags(span), quoted=True) + ["exit 0"]
+                _trtexec_call('"${DYNAMIC_MODEL}"', "model.dynamic.plan", _shape_flags(span), quoted=True)
+                + ["exit 0"]
             )
         else:
             lines += _indent(

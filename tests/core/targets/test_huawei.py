@@ -225,6 +225,28 @@ def test_atc_scripts_and_fusion_switch_file(tmp_path):
     assert "--dynamic_dims='64;128'" in dynamic
 
 
+def test_atc_scripts_run_with_a_stand_in_atc(tmp_path):
+    """The argv each atc call gets, through a stand-in ``atc`` that records it (quoting and gears)."""
+    files = ADAPTER.vendor_files(_buckets([64, 128]), TARGET, {})
+    for name, content in files.items():
+        (tmp_path / name).write_bytes(content)
+    record = tmp_path / "argv.txt"
+    fake = tmp_path / "bin" / "atc"
+    fake.parent.mkdir()
+    fake.write_text(f'#!/usr/bin/env bash\nprintf "%s\\n" "$@" >> {record}\necho --- >> {record}\n')
+    fake.chmod(0o755)
+    env = {"PATH": f"{fake.parent}:/usr/bin:/bin"}
+    subprocess.run(["bash", str(tmp_path / "atc.sh")], check=True, env=env, cwd="/")
+    subprocess.run(
+        ["bash", str(tmp_path / "atc_dynamic_dims.sh"), str(tmp_path / "model.onnx")], check=True, env=env
+    )
+    calls = [call.strip().splitlines() for call in record.read_text().split("---") if call.strip()]
+    assert len(calls) == 3
+    assert calls[0][:3] == ["--model=model.batch1_seq64.onnx", "--framework=5", "--soc_version=Ascend310B1"]
+    assert "--input_shape=pixels:1,3,8,8;ids:1,64" in calls[0] and not any("precision" in a for a in calls[0])
+    assert f"--model={tmp_path / 'model.onnx'}" in calls[2] and "--dynamic_dims=64;128" in calls[2]
+
+
 def test_one_bucket_has_no_gears_and_no_switches(tmp_path):
     files = ADAPTER.vendor_files(_buckets([128]), TARGET, {})
     assert set(files) == {"atc.sh", "fusion_switch.cfg"}

@@ -181,6 +181,31 @@ def test_trtexec_script_and_engine_builder(tmp_path):
     assert "--dynamic" in help_text.stdout
 
 
+def test_trtexec_script_runs_with_a_stand_in_trtexec(tmp_path):
+    files = ADAPTER.vendor_files(
+        _buckets([64, 128]), TARGET, {"reproducibility": {"options": {"precision": "fp16"}}}
+    )
+    (tmp_path / "trtexec.sh").write_bytes(files["trtexec.sh"])
+    record = tmp_path / "argv.txt"
+    fake = tmp_path / "bin" / "trtexec"
+    fake.parent.mkdir()
+    fake.write_text(f'#!/usr/bin/env bash\nprintf "%s\\n" "$@" >> {record}\necho --- >> {record}\n')
+    fake.chmod(0o755)
+    env = {"PATH": f"{fake.parent}:/usr/bin:/bin"}
+    subprocess.run(["bash", str(tmp_path / "trtexec.sh")], check=True, env=env, cwd="/")
+    subprocess.run(["bash", str(tmp_path / "trtexec.sh"), "dyn.onnx"], check=True, env=env, cwd=str(tmp_path))
+    calls = [call.strip().splitlines() for call in record.read_text().split("---") if call.strip()]
+    assert calls[0] == [
+        "--onnx=model.batch1_seq64.onnx",
+        "--saveEngine=model.batch1_seq64.plan",
+        "--memPoolSize=workspace:1024",
+        "--fp16",
+    ]
+    assert (
+        calls[2][0] == f"--onnx={tmp_path / 'dyn.onnx'}" and "--optShapes=ids:1x64,pixels:1x3x8x8" in calls[2]
+    )
+
+
 def test_engine_builder_runs_where_tensorrt_imports(tmp_path):
     pytest.importorskip(
         "tensorrt", reason="needs TensorRT and an NVIDIA GPU: pip install tensorrt on a GPU machine"
