@@ -118,7 +118,7 @@ def _build(onnx_path, input_names, shapes, rknn_path, feeds, options, out_dir, n
     try:
         config = {"target_platform": options.get("target_platform", "rk3588")}
         for key in ("optimization_level", "op_target", "remove_reshape", "enable_flash_attention",
-                    "single_core_mode", "float_dtype", "quantized_dtype", "quantized_algorithm",
+                    "single_core_mode", "disable_rules", "float_dtype", "quantized_dtype", "quantized_algorithm",
                     "quantized_method", "mean_values", "std_values"):  # fmt: skip
             if options.get(key) is not None:
                 config[key] = options[key]
