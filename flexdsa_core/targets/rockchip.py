@@ -107,9 +107,10 @@ class RockchipAdapter(AcceleratorAdapter):
                 "rknn": self.model_filename(bucket).removesuffix(".onnx") + ".rknn",
                 "inputs": [v.name for v in inputs],
                 "input_size_list": [[int(d) for d in v.shape] for v in inputs],
+                "dtypes": [v.dtype.numpy().name if v.dtype is not None else "float32" for v in inputs],
             })  # fmt: skip
         script = _CONVERT_SCRIPT.format(
-            buckets=pprint.pformat(entries, indent=4, width=100, sort_dicts=False),
+            buckets=pprint.pformat(entries, width=110, sort_dicts=False),
             config=pprint.pformat(
                 {"target_platform": "rk3588", **_config_switches(target, report)}, sort_dicts=False
             ),
@@ -120,8 +121,8 @@ class RockchipAdapter(AcceleratorAdapter):
     def deploy_steps(self, buckets: list[BucketModel], target: TargetSpec, report: dict) -> list[str]:
         rknn_files = ", ".join(f"`{self.model_filename(b).removesuffix('.onnx')}.rknn`" for b in buckets)
         return [
-            "On an x86_64 or arm64 Linux host with Python 3.8-3.12: `pip install rknn-toolkit2` "
-            "(a CPU build of torch first keeps pip from fetching a CUDA one).",
+            "On an x86_64 or arm64 Linux host: `pip install rknn-toolkit2` (install a CPU build of torch first, or "
+            "pip fetches a CUDA one; `flexdsa toolchains install rockchip` does this in an environment of its own).",
             "In this folder: `python convert_rknn.py` compiles every bucket for the RK3588 in float16 "
             f"({rknn_files}); `python convert_rknn.py --check` also runs each in the toolkit's simulator. For "
             "int8, `python convert_rknn.py --int8 --dataset dataset.txt` (one calibration sample a line, one .npy "
@@ -165,9 +166,21 @@ def _producer_type(value: ir.Value | None) -> str | None:
 
 
 def _scalar(value: ir.Value | None) -> float | None:
-    if value is None or value.const_value is None or value.const_value.size != 1:
+    """The value of a one-element constant (an initializer or a Constant node's output), else None."""
+    if value is None:
         return None
-    return float(value.const_value.numpy().reshape(()))
+    tensor = value.const_value
+    producer = value.producer()
+    if (
+        tensor is None
+        and producer is not None
+        and producer.op_type == "Constant"
+        and "value" in producer.attributes
+    ):
+        tensor = producer.attributes["value"].value
+    if tensor is None or tensor.size != 1:
+        return None
+    return float(tensor.numpy().reshape(()))
 
 
 def _erf_gelu_input(node: ir.Node) -> ir.Value | None:
@@ -213,9 +226,9 @@ def _replace(model: ir.Model, old: ir.Node, new_nodes: list[ir.Node], output: ir
     graph.insert_after(old, new_nodes)
     result = old.outputs[0]
     name, shape, type_ = result.name, result.shape, result.type
-    ir.convenience.replace_all_uses_with(result, output)
-    if result in graph.outputs:
+    if result.is_graph_output():
         graph.outputs[graph.outputs.index(result)] = output
+    ir.convenience.replace_all_uses_with(result, output)
     graph.remove(old, safe=True)
     output.name, output.shape, output.type = name, shape, type_
 
@@ -333,7 +346,10 @@ def convert(bucket, int8=False, dataset=None, check=False, verbose=False):
             if rknn.init_runtime() != 0:  # no target: the simulator
                 raise RuntimeError("init_runtime (simulator) failed")
             rng = np.random.default_rng(0)
-            inputs = [rng.standard_normal(shape).astype(np.float32) for shape in bucket["input_size_list"]]
+            inputs = [
+                rng.standard_normal(shape).astype(dtype) if dtype.startswith("float") else np.ones(shape, dtype)
+                for shape, dtype in zip(bucket["input_size_list"], bucket["dtypes"])
+            ]
             outputs = rknn.inference(inputs=inputs, data_format=["nchw"] * len(inputs))
             print("simulator outputs:", [np.asarray(o).shape for o in outputs])
     finally:
