@@ -10,6 +10,12 @@ dataset), ``export_rknn`` to ``out_dir/model.<bucket>.rknn``, ``init_runtime()``
 simulator), ``inference`` on the given .npy inputs (4-D inputs passed as NCHW so that the outputs compare
 with ONNX Runtime's), outputs saved as .npy.
 
+``options`` (all optional): ``target_platform`` (default rk3588); rknn.config() switches
+``optimization_level``, ``op_target``, ``remove_reshape``, ``enable_flash_attention``, ``single_core_mode``,
+``disable_rules``, ``float_dtype``, ``quantized_dtype``, ``quantized_algorithm``, ``quantized_method``,
+``mean_values``, ``std_values``; ``dtype: "int8"`` with ``dataset`` (a list of samples, each a list of .npy
+paths, one per input) builds with the toolkit's w8a8 quantisation.
+
 Placement comes from the verbose build's "Network Layer Information Table": one row per compiled layer
 with its op type, Target (CPU/NPU), cycles (DDR/NPU/Total) and FullName ``OpType:layer name``. A layer
 keeps the ONNX name of the node it came from, sometimes with a suffix the toolkit adds when it rewrites
