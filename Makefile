@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN     = $(VENV)/bin
 
-.PHONY: serve test bench bench-large bench-service install lint
+.PHONY: serve test bench bench-large bench-service bench-targets install lint toolchains
 
 # Install, optimise the example model shipped in the repo, then start the service on embedded defaults.
 serve: $(VENV)/.installed
@@ -16,6 +16,15 @@ test: $(VENV)/.installed-test
 	scripts/check-test-services.sh
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q
+
+# Vendor compilers that install here, each in its own environment under ~/.cache/flexdsa/toolchains (minutes
+# the first time; a ready one is skipped). Without them the vendor tests skip and bundles ship uncompiled.
+TOOLCHAINS ?= rockchip
+toolchains: $(VENV)/.installed
+	$(BIN)/flexdsa toolchains install $(TOOLCHAINS)
+
+bench-targets: $(VENV)/.installed-test
+	$(BIN)/python -m bench.targets
 
 bench: $(VENV)/.installed-bench
 	$(BIN)/python -m bench

@@ -76,6 +76,7 @@ class Mapping:
     explored: int
     hits: int
     notes: list[str]
+    split: list[dict] = field(default_factory=list)  # over a documented limit, split by the vendor compiler
 
     @property
     def transitions(self) -> int:
@@ -96,6 +97,7 @@ class Mapping:
                 for p in self.partitions
             ],
             "fallback": self.fallback,
+            "split_by_vendor": self.split,
             "placement": self.placement,
             "kernels": {
                 "groups": len(self.groups),
@@ -298,12 +300,17 @@ class SubgraphMapper:
             for n in model.graph
             if device[n.name] == CPU
         ]
+        split = [
+            {"node": n.name, "op": op_key(n.op_type, n.domain), "note": note}
+            for n in model.graph
+            if device[n.name] == ACCELERATOR and (note := self.adapter.split_note(n, self.target))
+        ]
         notes = []
         if self.target.sram_bytes is None:
             notes.append(
                 f"{self.target.name}: on-chip SRAM size unsourced; layers were not grouped for on-chip reuse"
             )
-        return Mapping(device, fallback, partitions, groups, flops, explored, hits, notes)
+        return Mapping(device, fallback, partitions, groups, flops, explored, hits, notes, split)
 
 
 def _cheaper(merged: Group, left: Group, right: Group | None) -> bool:

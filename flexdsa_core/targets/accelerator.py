@@ -78,13 +78,26 @@ class AcceleratorAdapter(PlatformAdapter):
                         "(give shape_buckets)"
                     )
         for limits in (target.op_constraints.get("*"), target.op_constraints.get(key)):
-            if not limits:
+            if not limits or limits.get("over_limit") == "split":
                 continue
             broken = violations(node, limits)
             if broken:
                 source = f" ({limits['source']})" if limits.get("source") else ""
                 return f"{key}: {'; '.join(broken)} on {target.name}{source}"
         return self.node_reason(node, target)
+
+    def split_note(self, node: ir.Node, target: TargetSpec) -> str | None:
+        """For a node over a documented limit that the vendor compiler splits into several accelerator ops
+        itself (``"over_limit": "split"`` in the spec, seen in the vendor's own placement): what it costs."""
+        key = op_key(node.op_type, node.domain)
+        limits = target.op_constraints.get(key)
+        if not limits or limits.get("over_limit") != "split":
+            return None
+        broken = violations(node, limits)
+        if not broken:
+            return None
+        source = f" ({limits['source']})" if limits.get("source") else ""
+        return f"{key}: {'; '.join(broken)}{source}; stays on the accelerator, split by the vendor compiler"
 
     # ---- legalisation -----------------------------------------------------------------------------
     rewrites: tuple[str, ...] = ()

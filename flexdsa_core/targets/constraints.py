@@ -31,7 +31,8 @@ def constraint(key: str):
 
 
 def known_keys() -> frozenset[str]:
-    return frozenset(_CHECKS) | {"source", "note"}
+    # over_limit: "split" = the vendor compiler splits a node over these limits into several accelerator ops.
+    return frozenset(_CHECKS) | {"source", "note", "over_limit"}
 
 
 def violations(node: ir.Node, limits: dict) -> list[str]:

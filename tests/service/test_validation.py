@@ -129,6 +129,22 @@ def test_invalid_custom_target_is_422(env, headers):
     _assert_error(env.submit(headers, spec={"target": {"name": "x"}}), 422, "invalid_target")
 
 
+def test_custom_target_with_unknown_toolchain_or_constraint_is_422_naming_it(env, headers):
+    custom = {"name": "acme-npu", "vendor": "acme", "adapter": "accelerator", "supported_ops": ["Relu"]}
+    error = _assert_error(env.submit(headers, spec={"target": {**custom, "toolchain": "nope"}}), 422, "invalid_target")
+    assert "unknown toolchain 'nope'" in json.dumps(error)
+    bad_limit = {**custom, "op_constraints": {"Relu": {"kernal_max": 3}}}
+    error = _assert_error(env.submit(headers, spec={"target": bad_limit}), 422, "invalid_target")
+    assert "kernal_max" in json.dumps(error)
+
+
+def test_custom_accelerator_target_is_queued(env, headers):
+    custom = {"name": "acme-npu", "vendor": "acme", "adapter": "accelerator", "supported_ops": ["Relu"]}
+    response = env.submit(headers, spec={"target": custom})
+    assert response.status_code == 202, response.text
+    assert env.job(response.json()["job_id"]).target == "acme-npu"
+
+
 def test_missing_form_parts_are_422(env, headers):
     no_spec = env.client.post("/optimize", headers=headers, files={"model": ("m.onnx", tiny_onnx())})
     _assert_error(no_spec, 422, "invalid_upload")

@@ -1,0 +1,381 @@
+"""Rockchip RK3588 NPU through RKNN-Toolkit2: limits the constraint language cannot say, the rewrites its
+ONNX front end needs, and the bundle's ``convert_rknn.py``.
+
+The op table and the per-op limits (Conv kernel <= 31, MaxPool ceil_mode, batch 1 for Softmax, ...) are
+data in ``data/rockchip-rk3588.json``; what is here needs the graph:
+
+* integer tensors: the NPU computes int8/float16 (R2), so an op on a run-time int64/int32 tensor (token
+  ids, an attention mask before its Cast, an embedding lookup's indices) runs on the RKNN CPU runtime;
+* ops the toolkit accepts but only implements on the CPU beside the NPU (``CPU_ONLY``, R2 chapter 4);
+* MaxPool's C, H and W at most 8192 (R2).
+
+Legalisation rewrites (each named, so ``disabled_rules`` and the accuracy bisection can switch it off):
+
+* ``gelu_erf_div_form``: ``Erf(x * 0.7071...)`` -> ``Erf(x / 1.4142...)``. rknn-toolkit2 fuses an erf GELU
+  into its NPU op exGelu only when written with the Div, as PyTorch exports it; our algebraic
+  simplification turns the Div by a constant into a Mul, which leaves the Erf on the CPU.
+* ``neg_to_mul``: ``Neg(x) -> Mul(x, -1)``; Neg is not in the op list (R3), Mul runs on the NPU. Exact.
+* ``sum_to_add``: ``Sum(a, b, ...) -> Add(Add(a, b), ...)``; Sum is not in the op list (R3).
+
+What rknn-toolkit2 2.5.0 does itself, seen in its layer table: it splits a Conv or pool over the NPU's
+kernel/stride limits into several NPU ops, fuses attention (exSDPAttention), tanh and erf GELU (exGelu),
+SiLU (exSwish), RMSNorm and LayerNorm (exNorm), and Conv + Add + activation. Its ``optimization_level``
+below 3 keeps an attention mask's -3.4e38 fill, which overflows float16 (NaN outputs): the bundle keeps 3.
+"""
+
+from __future__ import annotations
+
+import pprint
+
+import numpy as np
+import onnx_ir as ir
+
+from flexdsa_core.targets.accelerator import AcceleratorAdapter
+from flexdsa_core.targets.base import BucketModel, Legalized
+from flexdsa_core.targets.spec import TargetSpec
+
+# Ops rknn-toolkit2 2.5.0 takes but runs on its CPU runtime for the RK3588, each alone in a graph: all are
+# in R2's list of CPU ops (chapter 4) and none in its RK3588 NPU section (erf GELU: see gelu_erf_div_form).
+CPU_ONLY = frozenset({"Erf", "Exp", "Log", "Floor", "Cos", "Sin", "Min", "LogSoftmax", "SpaceToDepth", "LRN"})
+INTEGER_DTYPES = frozenset({ir.DataType.INT64, ir.DataType.INT32, ir.DataType.UINT64, ir.DataType.UINT32})
+POOL_DIM_MAX = 8192  # RK3588 MaxPool C, H, W limit (R2)
+SQRT2 = float(np.sqrt(2.0))
+# Below 3, the toolkit keeps an attention mask's -3.4e38 fill, which overflows float16 (NaN outputs, seen).
+OPTIMIZATION_LEVEL = 3
+
+
+class RockchipAdapter(AcceleratorAdapter):
+    vendor = "Rockchip"
+    rewrites = ("gelu_erf_div_form", "neg_to_mul", "sum_to_add")
+
+    # ---- legality beyond the op table --------------------------------------------------------------
+    def node_reason(self, node: ir.Node, target: TargetSpec) -> str | None:
+        if node.domain not in ("", "ai.onnx"):
+            return None
+        if node.op_type == "Erf" and _erf_gelu_input(node) is not None:
+            return None  # fused with its GELU into exGelu, on the NPU
+        if node.op_type in CPU_ONLY:
+            return (
+                f"{node.op_type} has no RK3588 NPU kernel: rknn-toolkit2 runs it on its CPU runtime "
+                "(R2 chapter 4 lists it among the CPU ops)"
+            )
+        if node.op_type == "Div" and len(node.inputs) > 1 and not _is_constant(node.inputs[1]):
+            if _producer_type(node.inputs[1]) == "Sqrt":
+                return None  # x / sqrt(mean + eps): the toolkit fuses the norm into exNorm on the NPU
+            return (
+                "Div by a run-time tensor runs on the RKNN CPU runtime (a Div by a constant becomes an NPU Mul; "
+                "R2 chapter 4 lists Div among the CPU ops)"
+            )
+        integer = _runtime_integer_input(node)
+        if integer is not None:
+            dtype = integer.dtype.name.lower() if integer.dtype is not None else "integer"
+            return (
+                f"{node.op_type} reads the {dtype} tensor {integer.name!r}: the RK3588 NPU computes int8/float16 "
+                "tensors (R2), so rknn-toolkit2 runs it on the CPU runtime"
+            )
+        if node.op_type == "MaxPool":
+            return _pool_dims_reason(node)
+        return None
+
+    # ---- legalisation ------------------------------------------------------------------------------
+    def legalize_model(self, model: ir.Model, target: TargetSpec, disabled: frozenset[str]) -> Legalized:
+        applied, notes = [], []
+        for name, rewrite in (
+            ("gelu_erf_div_form", _gelu_erf_div_form),
+            ("neg_to_mul", _neg_to_mul),
+            ("sum_to_add", _sum_to_add),
+        ):
+            if name in disabled:
+                continue
+            count = rewrite(model)
+            if count:
+                applied.append(name)
+                notes.append(f"{name}: {count} node(s) rewritten for rknn-toolkit2")
+        return Legalized(model, applied=applied, notes=notes)
+
+    # ---- the bundle --------------------------------------------------------------------------------
+    def toolchain_options(self, target: TargetSpec, report: dict) -> dict:
+        return {"target_platform": "rk3588", **_config_switches(target, report)}
+
+    def vendor_files(self, buckets: list[BucketModel], target: TargetSpec, report: dict) -> dict[str, bytes]:
+        entries = []
+        for bucket in buckets:
+            inputs = [v for v in bucket.model.graph.inputs if v.const_value is None]
+            entries.append({
+                "name": bucket.name,
+                "onnx": self.model_filename(bucket),
+                "rknn": self.model_filename(bucket).removesuffix(".onnx") + ".rknn",
+                "inputs": [v.name for v in inputs],
+                "input_size_list": [[int(d) for d in v.shape] for v in inputs],
+                "dtypes": [v.dtype.numpy().name if v.dtype is not None else "float32" for v in inputs],
+            })  # fmt: skip
+        script = _CONVERT_SCRIPT.format(
+            buckets=pprint.pformat(entries, width=110, sort_dicts=False),
+            config=pprint.pformat(
+                {"target_platform": "rk3588", **_config_switches(target, report)}, sort_dicts=False
+            ),
+            quant=pprint.pformat(_QUANT_CONFIG, sort_dicts=False),
+        )
+        return {"convert_rknn.py": script.encode()}
+
+    def deploy_steps(self, buckets: list[BucketModel], target: TargetSpec, report: dict) -> list[str]:
+        rknn_files = ", ".join(f"`{self.model_filename(b).removesuffix('.onnx')}.rknn`" for b in buckets)
+        return [
+            "On an x86_64 or arm64 Linux host: `pip install rknn-toolkit2` (install a CPU build of torch first, or "
+            "pip fetches a CUDA one; `flexdsa toolchains install rockchip` does this in an environment of its own).",
+            "In this folder: `python convert_rknn.py` compiles every bucket for the RK3588 in float16 "
+            f"({rknn_files}); `python convert_rknn.py --check` also runs each in the toolkit's simulator. For "
+            "int8, `python convert_rknn.py --int8 --dataset dataset.txt` (one calibration sample a line, one .npy "
+            "or image per input, space-separated; 20-100 samples).",
+            "Copy the .rknn file(s) and `manifest.json` to the RK3588 board (the NPU driver and librknnrt.so "
+            "come with the board's Rockchip image).",
+            "On the board, Python: `pip install rknn-toolkit-lite2`, then `from rknnlite.api import RKNNLite; "
+            "r = RKNNLite(); r.load_rknn('model.<bucket>.rknn'); r.init_runtime(core_mask=RKNNLite.NPU_CORE_AUTO); "
+            "outputs = r.inference(inputs=[...])` (4-D inputs in NHWC unless `data_format='nchw'` is given); C: "
+            "`rknn_init` / `rknn_inputs_set` / `rknn_run` / `rknn_outputs_get` from librknnrt.",
+            "Pick the bucket per request as `manifest.json` says (`pick_bucket`): pad the inputs up to the "
+            "smallest bucket that holds them and slice the outputs back.",
+        ]
+
+
+# ---- node_reason helpers ----------------------------------------------------------------------------
+
+
+def _runtime_integer_input(node: ir.Node) -> ir.Value | None:
+    """The first input that is an integer tensor computed at run time (not a constant, not a shape)."""
+    for value in node.inputs:
+        if value is None or value.const_value is not None or value.dtype not in INTEGER_DTYPES:
+            continue
+        producer = value.producer()
+        if producer is not None and producer.op_type == "Constant":
+            continue
+        return value
+    return None
+
+
+def _is_constant(value: ir.Value | None) -> bool:
+    if value is None or value.const_value is not None:
+        return True
+    producer = value.producer()
+    return producer is not None and producer.op_type == "Constant"
+
+
+def _producer_type(value: ir.Value | None) -> str | None:
+    producer = value.producer() if value is not None else None
+    return producer.op_type if producer is not None else None
+
+
+def _scalar(value: ir.Value | None) -> float | None:
+    """The value of a one-element constant (an initializer or a Constant node's output), else None."""
+    if value is None:
+        return None
+    tensor = value.const_value
+    producer = value.producer()
+    if (
+        tensor is None
+        and producer is not None
+        and producer.op_type == "Constant"
+        and "value" in producer.attributes
+    ):
+        tensor = producer.attributes["value"].value
+    if tensor is None or tensor.size != 1:
+        return None
+    return float(tensor.numpy().reshape(()))
+
+
+def _erf_gelu_input(node: ir.Node) -> ir.Value | None:
+    """x when ``node`` is Erf(x / sqrt 2) (the form the toolkit fuses into exGelu), else None."""
+    producer = node.inputs[0].producer() if node.inputs and node.inputs[0] is not None else None
+    if producer is None or producer.op_type != "Div" or len(producer.inputs) != 2:
+        return None
+    divisor = _scalar(producer.inputs[1])
+    return producer.inputs[0] if divisor is not None and abs(divisor - SQRT2) < 1e-3 else None
+
+
+def _pool_dims_reason(node: ir.Node) -> str | None:
+    for value in (node.inputs[0] if node.inputs else None, *node.outputs):
+        if value is None or value.shape is None or len(value.shape) < 3:
+            continue
+        named = dict(zip("CHW", list(value.shape)[1:4], strict=False))
+        for axis, dim in named.items():
+            if isinstance(dim, int) and dim > POOL_DIM_MAX:
+                return f"MaxPool: {axis} = {dim} exceeds the limit of {POOL_DIM_MAX} on the RK3588 NPU (R2)"
+    return None
+
+
+# ---- legalisation rewrites --------------------------------------------------------------------------
+
+
+def _float_scalar(value: ir.Value, number: float, name: str) -> ir.Value:
+    dtype = value.dtype or ir.DataType.FLOAT
+    array = np.array(number, dtype=dtype.numpy())
+    constant = ir.Value(
+        name=name, shape=ir.Shape([]), type=ir.TensorType(dtype), const_value=ir.tensor(array)
+    )
+    return constant
+
+
+def _nodes(model: ir.Model, op_type: str) -> list[ir.Node]:
+    return [n for n in model.graph if n.op_type == op_type and n.domain in ("", "ai.onnx")]
+
+
+def _replace(model: ir.Model, old: ir.Node, new_nodes: list[ir.Node], output: ir.Value) -> None:
+    """Put ``new_nodes`` where ``old`` was; ``output`` (the last new node's output) takes ``old``'s place,
+    keeping its name, shape and type so that graph outputs and the vendor's placement keep their names."""
+    graph = model.graph
+    graph.insert_after(old, new_nodes)
+    result = old.outputs[0]
+    name, shape, type_ = result.name, result.shape, result.type
+    if result.is_graph_output():
+        graph.outputs[graph.outputs.index(result)] = output
+    ir.convenience.replace_all_uses_with(result, output)
+    graph.remove(old, safe=True)
+    output.name, output.shape, output.type = name, shape, type_
+
+
+def _register(model: ir.Model, constant: ir.Value) -> ir.Value:
+    taken = set(model.graph.initializers)
+    base, index = constant.name, 0
+    while constant.name in taken:
+        index += 1
+        constant.name = f"{base}_{index}"
+    model.graph.register_initializer(constant)
+    return constant
+
+
+def _gelu_erf_div_form(model: ir.Model) -> int:
+    count = 0
+    for erf in _nodes(model, "Erf"):
+        mul = erf.inputs[0].producer() if erf.inputs[0] is not None else None
+        if mul is None or mul.op_type != "Mul" or len(mul.inputs) != 2 or len(mul.outputs[0].uses()) != 1:
+            continue
+        for data, scale in ((mul.inputs[0], mul.inputs[1]), (mul.inputs[1], mul.inputs[0])):
+            factor = _scalar(scale)
+            if factor is not None and abs(factor * SQRT2 - 1.0) < 1e-3 and data is not None:
+                root_two = _register(model, _float_scalar(data, SQRT2, f"{mul.name}_sqrt2"))
+                div = ir.node("Div", [data, root_two], name=mul.name)
+                _replace(model, mul, [div], div.outputs[0])
+                count += 1
+                break
+    return count
+
+
+def _neg_to_mul(model: ir.Model) -> int:
+    count = 0
+    for node in _nodes(model, "Neg"):
+        x = node.inputs[0]
+        if x is None or x.dtype is None or not x.dtype.is_floating_point():
+            continue
+        minus_one = _register(model, _float_scalar(x, -1.0, f"{node.name}_minus_one"))
+        mul = ir.node("Mul", [x, minus_one], name=node.name)
+        _replace(model, node, [mul], mul.outputs[0])
+        count += 1
+    return count
+
+
+def _sum_to_add(model: ir.Model) -> int:
+    count = 0
+    for node in _nodes(model, "Sum"):
+        inputs = [v for v in node.inputs if v is not None]
+        if len(inputs) < 2:
+            continue
+        chain, total = [], inputs[0]
+        for index, value in enumerate(inputs[1:]):
+            name = node.name if index == len(inputs) - 2 else f"{node.name}_add{index}"
+            add = ir.node("Add", [total, value], name=name)
+            chain.append(add)
+            total = add.outputs[0]
+        _replace(model, node, chain, total)
+        count += 1
+    return count
+
+
+# ---- convert_rknn.py --------------------------------------------------------------------------------
+
+
+def _config_switches(target: TargetSpec, report: dict) -> dict:
+    """rknn.config() switches. The toolkit has no per-fusion switch that holds (R1; its disable_rules did
+    not stop the attention fusion in 2.5.0), and a lower optimization_level breaks float16 attention masks,
+    so fusions the user switched off that the toolkit does itself are only reported (see vendor_notes)."""
+    return {"optimization_level": OPTIMIZATION_LEVEL}
+
+
+_QUANT_CONFIG = {"quantized_dtype": "w8a8", "quantized_algorithm": "normal", "quantized_method": "channel"}
+
+_CONVERT_SCRIPT = '''"""Compile this bundle for the Rockchip RK3588 NPU with rknn-toolkit2 (generated by Flex-DSA).
+
+    python convert_rknn.py                           # every bucket, float16: model.<bucket>.rknn
+    python convert_rknn.py --check                   # ... and run each once in the toolkit's simulator
+    python convert_rknn.py --int8 --dataset ds.txt   # w8a8, calibrated on ds.txt (one sample a line)
+    python convert_rknn.py --bucket NAME             # one bucket only
+
+Needs `pip install rknn-toolkit2` (x86_64/arm64 Linux). Each bucket is a static-shape ONNX model; the
+toolkit runs what the NPU cannot on its CPU runtime, and its verbose log's "Network Layer Information
+Table" says which layer went where.
+"""
+
+import argparse
+import sys
+
+import numpy as np
+from rknn.api import RKNN
+
+BUCKETS = {buckets}
+
+# rknn.config() switches, set from the optimiser's plan.
+CONFIG = {config}
+
+# Used with --int8 only: the RK3588 takes w8a8 (asymmetric, per-channel weights).
+QUANTIZATION = {quant}
+
+
+def convert(bucket, int8=False, dataset=None, check=False, verbose=False):
+    rknn = RKNN(verbose=verbose)
+    try:
+        config = dict(CONFIG, **(QUANTIZATION if int8 else {{}}))
+        if rknn.config(**config) != 0:
+            raise RuntimeError("rknn.config failed")
+        if rknn.load_onnx(model=bucket["onnx"], inputs=bucket["inputs"], input_size_list=bucket["input_size_list"]) != 0:
+            raise RuntimeError("load_onnx failed for " + bucket["onnx"])
+        if rknn.build(do_quantization=int8, dataset=dataset) != 0:
+            raise RuntimeError("build failed for " + bucket["onnx"] + " (run with --verbose for the reason)")
+        if rknn.export_rknn(bucket["rknn"]) != 0:
+            raise RuntimeError("export_rknn failed for " + bucket["rknn"])
+        print("wrote", bucket["rknn"])
+        if check:
+            if rknn.init_runtime() != 0:  # no target: the simulator
+                raise RuntimeError("init_runtime (simulator) failed")
+            rng = np.random.default_rng(0)
+            inputs = [
+                rng.standard_normal(shape).astype(dtype) if dtype.startswith("float") else np.ones(shape, dtype)
+                for shape, dtype in zip(bucket["input_size_list"], bucket["dtypes"])
+            ]
+            outputs = rknn.inference(inputs=inputs, data_format=["nchw"] * len(inputs))
+            print("simulator outputs:", [np.asarray(o).shape for o in outputs])
+    finally:
+        rknn.release()
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--bucket", help="compile only this bucket")
+    parser.add_argument("--int8", action="store_true", help="w8a8 quantisation (needs --dataset)")
+    parser.add_argument("--dataset", help="calibration list: one sample a line, one .npy or image per input")
+    parser.add_argument("--check", action="store_true", help="run each compiled model in the simulator")
+    parser.add_argument("--verbose", action="store_true", help="the toolkit's verbose log (layer table)")
+    args = parser.parse_args()
+    if args.int8 and not args.dataset:
+        parser.error("--int8 needs --dataset")
+    chosen = [b for b in BUCKETS if args.bucket in (None, b["name"])]
+    if not chosen:
+        parser.error("no bucket named " + repr(args.bucket))
+    for bucket in chosen:
+        convert(bucket, int8=args.int8, dataset=args.dataset, check=args.check, verbose=args.verbose)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+'''
+
+ADAPTER = RockchipAdapter()

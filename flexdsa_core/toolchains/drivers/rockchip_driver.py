@@ -1,0 +1,336 @@
+"""rknn-toolkit2 driver: compile each bucket for the RK3588 NPU, run it in the simulator, read its placement.
+
+Runs inside the rockchip toolchain's own environment (never imported by the core)::
+
+    python rockchip_driver.py request.json result.json
+
+Per bucket: ``RKNN(verbose=True)``, ``config(target_platform='rk3588', ...)``, ``load_onnx`` with the
+bucket's inputs and their static shapes, ``build`` (float16 unless the options ask for int8 with a
+dataset), ``export_rknn`` to ``out_dir/model.<bucket>.rknn``, ``init_runtime()`` (no target: the x86
+simulator), ``inference`` on the given .npy inputs (4-D inputs passed as NCHW so that the outputs compare
+with ONNX Runtime's), outputs saved as .npy.
+
+``options`` (all optional): ``target_platform`` (default rk3588); rknn.config() switches
+``optimization_level``, ``op_target``, ``remove_reshape``, ``enable_flash_attention``, ``single_core_mode``,
+``disable_rules``, ``float_dtype``, ``quantized_dtype``, ``quantized_algorithm``, ``quantized_method``,
+``mean_values``, ``std_values``; ``dtype: "int8"`` with ``dataset`` (a list of samples, each a list of .npy
+paths, one per input) builds with the toolkit's w8a8 quantisation.
+
+Placement comes from the verbose build's "Network Layer Information Table": one row per compiled layer
+with its op type, Target (CPU/NPU), cycles (DDR/NPU/Total) and FullName ``OpType:layer name``. A layer
+keeps the ONNX name of the node it came from, sometimes with a suffix the toolkit adds when it rewrites
+(``node_Conv_2_ConvAddRelu``, ``/fc/Gemm#2``, ``/GlobalAveragePool_2conv0``), or a new name that its
+Python front end logs as ``<rule>: remove node = [...], add node = [...]``; both are traced back to the
+ONNX node. ONNX nodes with no layer of their own were fused into a neighbour (a Relu into ConvRelu) or
+removed: they count as on the NPU when a neighbour is (the toolkit fuses into NPU layers: a residual Add
+into ConvAdd, a Relu into ConvRelu), else on the CPU.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import json
+import os
+import re
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+TABLE_TITLE = "Network Layer Information Table"
+ROW = re.compile(
+    r"^(?P<id>\d+)\s+(?P<op>\S+)\s+(?P<dtype>\S+)\s+(?P<target>CPU|NPU|GPU)\s+(?P<inputs>\S+)\s+"
+    r"(?P<outputs>\S+)\s+(?P<ddr>\d+)/(?P<npu>\d+)/(?P<total>\d+)\s+(?P<rw_kb>\d+)\s+(?P<full>\S+)"
+)
+LINEAGE = re.compile(
+    r"^\s*D?\s*(?P<rule>\w+): remove node = (?P<removed>\[.*?\]), add node = (?P<added>\[.*?\])"
+)
+LOG_PREFIX = re.compile(r"^[DIWE] RKNN: \[[\d:.]+\] ")
+BOUNDARY_OPS = {"InputOperator", "OutputOperator"}
+
+
+def main(request_path: str, result_path: str) -> int:
+    result: dict = {"ok": False, "versions": _versions(), "buckets": [], "error": None}
+    try:
+        request = json.loads(Path(request_path).read_text())
+        out_dir = Path(request["out_dir"])
+        out_dir.mkdir(parents=True, exist_ok=True)
+        options = request.get("options") or {}
+        for bucket in request["buckets"]:
+            entry = compile_bucket(bucket, out_dir, options)
+            result["buckets"].append(entry)
+            if entry.get("error"):
+                result["error"] = f"bucket {bucket['name']}: {entry['error']}"
+                break
+        else:
+            result["ok"] = True
+    except Exception as err:  # the core must always get a result.json with a plain message
+        result["error"] = f"{type(err).__name__}: {err}"
+        result["log"] = traceback.format_exc()
+    Path(result_path).write_text(json.dumps(result, indent=2))
+    return 0
+
+
+def compile_bucket(bucket: dict, out_dir: Path, options: dict) -> dict:
+    import numpy as np
+    import onnx
+
+    name = bucket["name"]
+    entry: dict = {"name": bucket["name"], "artifacts": [], "placement": {}, "outputs": {}, "layers": []}
+    graph = onnx.load(bucket["onnx"], load_external_data=False).graph
+    initializers = {init.name for init in graph.initializer}
+    input_names = [value.name for value in graph.input if value.name not in initializers]
+    feeds = {key: np.load(path) for key, path in bucket.get("inputs", {}).items()}
+    shapes = [list(feeds[n].shape) if n in feeds else _static_shape(graph, n) for n in input_names]
+    rknn_name = f"model.{name}.rknn"
+    started = time.perf_counter()
+    crash = ""
+    with _captured() as log_path, _scratch_cwd():
+        try:
+            error, outputs = _build(bucket["onnx"], input_names, shapes, out_dir / rknn_name, feeds, options,
+                                    out_dir, name)  # fmt: skip
+        except Exception as err:  # the toolkit raises on some parser failures instead of returning -1
+            error, outputs = f"rknn-toolkit2 raised {type(err).__name__}: {err}", None
+            crash = traceback.format_exc()
+    entry["seconds"] = round(time.perf_counter() - started, 3)
+    log = Path(log_path).read_text(errors="replace") + crash
+    entry["log"] = log[-200_000:]
+    if error:
+        entry["error"] = error
+        return entry
+    entry["artifacts"].append(rknn_name)
+    output_names = [value.name for value in graph.output]
+    for output_name, array in zip(output_names, outputs or [], strict=False):
+        path = out_dir / f"{name}.{_safe(output_name)}.out.npy"
+        np.save(path, np.asarray(array))
+        entry["outputs"][output_name] = str(path)
+    layers = parse_layer_table(log)
+    lineage = parse_lineage(log)
+    entry["layers"], entry["placement"] = place_nodes(graph, layers, lineage)
+    entry["notes"] = [
+        f"{len(layers)} layer(s) in the toolkit's table, "
+        f"{sum(1 for row in layers if row['target'] == 'NPU')} on the NPU; cycles are the toolkit's estimate"
+    ]
+    return entry
+
+
+def _build(onnx_path, input_names, shapes, rknn_path, feeds, options, out_dir, name):
+    """The toolkit's steps; returns (error in plain words or None, outputs or None)."""
+    from rknn.api import RKNN
+
+    rknn = RKNN(verbose=True)
+    try:
+        config = {"target_platform": options.get("target_platform", "rk3588")}
+        for key in ("optimization_level", "op_target", "remove_reshape", "enable_flash_attention",
+                    "single_core_mode", "disable_rules", "float_dtype", "quantized_dtype", "quantized_algorithm",
+                    "quantized_method", "mean_values", "std_values"):  # fmt: skip
+            if options.get(key) is not None:
+                config[key] = options[key]
+        if rknn.config(**config) != 0:
+            return f"rknn.config({config}) failed", None
+        if rknn.load_onnx(model=onnx_path, inputs=input_names, input_size_list=shapes) != 0:
+            return "rknn.load_onnx could not parse the model (see the log)", None
+        quantize = options.get("dtype") == "int8"
+        dataset = _dataset_file(options.get("dataset"), out_dir, name) if quantize else None
+        if quantize and dataset is None:
+            return "int8 needs a calibration dataset (options.dataset: lists of .npy paths per sample)", None
+        if rknn.build(do_quantization=quantize, dataset=dataset) != 0:
+            return "rknn.build failed (see the log for the toolkit's reason)", None
+        if rknn.export_rknn(str(rknn_path)) != 0:
+            return f"rknn.export_rknn could not write {rknn_path.name}", None
+        if not feeds:
+            return None, []
+        if rknn.init_runtime() != 0:
+            return "rknn.init_runtime (simulator) failed", None
+        arrays = [feeds[n] for n in input_names]
+        formats = ["nchw"] * len(arrays)  # ignored for inputs that are not 4-D
+        outputs = rknn.inference(inputs=arrays, data_format=formats)
+        if outputs is None:
+            return "rknn.inference (simulator) returned no outputs", None
+        return None, outputs
+    finally:
+        rknn.release()
+
+
+def _dataset_file(samples, out_dir: Path, name: str) -> str | None:
+    """rknn's dataset is a text file, one calibration sample a line, one .npy per input, space-separated."""
+    if not samples:
+        return None
+    path = out_dir / f"{name}.dataset.txt"
+    path.write_text("".join(" ".join(sample) + "\n" for sample in samples))
+    return str(path)
+
+
+# ---- the layer table -------------------------------------------------------------------------------
+
+
+def parse_layer_table(log: str) -> list[dict]:
+    """Rows of the last "Network Layer Information Table" in ``log``."""
+    lines = [LOG_PREFIX.sub("", line) for line in log.splitlines()]
+    starts = [i for i, line in enumerate(lines) if TABLE_TITLE in line]
+    if not starts:
+        return []
+    rows = []
+    for line in lines[starts[-1] + 1 :]:
+        if rows and line.startswith("-"):
+            break
+        match = ROW.match(line.strip())
+        if not match:
+            continue
+        op_type, _, layer_name = match["full"].partition(":")
+        rows.append({
+            "id": int(match["id"]), "op": match["op"], "dtype": match["dtype"], "target": match["target"],
+            "input_shapes": match["inputs"], "output_shape": match["outputs"],
+            "cycles_ddr": int(match["ddr"]), "cycles_npu": int(match["npu"]), "cycles": int(match["total"]),
+            "rw_kb": int(match["rw_kb"]), "origin_op": op_type, "layer_name": layer_name or op_type,
+        })  # fmt: skip
+    return rows
+
+
+def parse_lineage(log: str) -> dict[str, list[str]]:
+    """New layer name -> the node names it replaced, from the front end's fuse_ops log."""
+    origin: dict[str, list[str]] = {}
+    for line in log.splitlines():
+        match = LINEAGE.match(line)
+        if not match:
+            continue
+        try:
+            removed, added = ast.literal_eval(match["removed"]), ast.literal_eval(match["added"])
+        except (ValueError, SyntaxError):
+            continue
+        sources = [s for r in removed for s in origin.get(r, [r])]
+        for new in added:
+            origin[new] = sources or origin.get(new, [])
+    return origin
+
+
+def _onnx_names(layer_name: str, nodes: set[str], lineage: dict[str, list[str]]) -> list[str]:
+    if layer_name in nodes:
+        return [layer_name]
+    seen, pending, found = set(), [layer_name], []
+    while pending:
+        current = pending.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        if current in nodes:
+            found.append(current)
+            continue
+        if current in lineage:
+            pending.extend(lineage[current])
+            continue
+        prefix = _longest_prefix(current, nodes)
+        if prefix:
+            found.append(prefix)
+    return sorted(set(found))
+
+
+def _longest_prefix(name: str, nodes: set[str]) -> str | None:
+    """``node_Conv_2_ConvAddRelu`` -> ``node_Conv_2``; ``/fc/Gemm#2`` -> ``/fc/Gemm``."""
+    for end in range(len(name) - 1, 0, -1):
+        if name[end] in "_#:.-" and name[:end] in nodes:
+            return name[:end]
+    return None
+
+
+def place_nodes(
+    graph, layers: list[dict], lineage: dict[str, list[str]]
+) -> tuple[list[dict], dict[str, str]]:
+    """Each ONNX node -> 'accelerator' if one of its layers runs on the NPU, else 'cpu'; nodes without a
+    layer (fused into a neighbour, or folded away) are on the NPU if a neighbour is."""
+    nodes = [node for node in graph.node]
+    names = {node.name for node in nodes if node.name}
+    targets: dict[str, set[str]] = {}
+    for row in layers:
+        if row["op"] in BOUNDARY_OPS:
+            row["onnx_nodes"] = []
+            continue
+        row["onnx_nodes"] = _onnx_names(row["layer_name"], names, lineage)
+        for node_name in row["onnx_nodes"]:
+            targets.setdefault(node_name, set()).add(row["target"])
+    placement = {n: ("accelerator" if "NPU" in t else "cpu") for n, t in targets.items()}
+    producer = {out: node.name for node in nodes for out in node.output}
+    consumers: dict[str, list[str]] = {}
+    for node in nodes:
+        for value in node.input:
+            consumers.setdefault(value, []).append(node.name)
+    for _ in range(len(nodes)):
+        changed = False
+        for node in nodes:
+            if not node.name or node.name in placement or node.op_type == "Constant":
+                continue
+            near = [producer[v] for v in node.input if v in producer]
+            near += [c for v in node.output for c in consumers.get(v, [])]
+            known = {placement[n] for n in near if n in placement}
+            if known:  # fused into an NPU layer (ConvAddRelu, exSDPAttention) if any neighbour is on the NPU
+                placement[node.name] = "accelerator" if "accelerator" in known else "cpu"
+                changed = True
+        if not changed:
+            break
+    return layers, placement
+
+
+# ---- helpers ---------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _captured():
+    """Send this process's stdout/stderr (the toolkit prints from C as well as Python) to a file."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    handle = tempfile.NamedTemporaryFile(prefix="rknn-", suffix=".log", delete=False)
+    saved = os.dup(1), os.dup(2)
+    os.dup2(handle.fileno(), 1)
+    os.dup2(handle.fileno(), 2)
+    try:
+        yield handle.name
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        os.close(saved[0])
+        os.close(saved[1])
+        handle.close()
+
+
+@contextlib.contextmanager
+def _scratch_cwd():
+    """The toolkit writes check*.onnx snapshots into the working directory: keep them out of the caller's."""
+    previous = os.getcwd()
+    with tempfile.TemporaryDirectory(prefix="rknn-work-") as folder:
+        os.chdir(folder)
+        try:
+            yield folder
+        finally:
+            os.chdir(previous)
+
+
+def _static_shape(graph, name: str) -> list[int]:
+    value = next(v for v in graph.input if v.name == name)
+    dims = value.type.tensor_type.shape.dim
+    if any(not d.HasField("dim_value") for d in dims):
+        raise ValueError(f"input {name!r} has a dynamic dim and no sample input to fix it")
+    return [d.dim_value for d in dims]
+
+
+def _versions() -> dict:
+    from importlib import metadata
+
+    found = {}
+    for package in ("rknn-toolkit2", "onnx", "onnxruntime", "numpy", "torch"):
+        try:
+            found[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            found[package] = None
+    return found
+
+
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_" else "_" for c in name)[:64]
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1], sys.argv[2]))
