@@ -504,7 +504,9 @@ class _JobRun:
         if final.get("cache_stats"):
             from workers.cache_backends import record_cache_stats
 
-            record_cache_stats(self.settings, final["cache_stats"], self.sessions)
+            record_cache_stats(
+                self.settings, final["cache_stats"], self.sessions, tenant_id=self.job.tenant_id
+            )
 
 
 def _retrying(action, *args, delays_s: tuple[float, ...] = (1.0, 3.0)):
