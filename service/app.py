@@ -93,6 +93,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         description="Verified ONNX model optimisation for edge accelerators. Authenticate with the "
         '`X-API-Key` header. Every error answers `{"error": {"code", "message", "details"}}`.',
         lifespan=lifespan,
+        # /docs is served by service/api/docs.py with local assets (FastAPI's own loads them from a CDN);
+        # ReDoc would need a CDN too, and Swagger UI covers it.
+        docs_url=None,
+        redoc_url=None,
         # Before every route's own dependencies: hostile strings never reach the tenant lookup or a query.
         dependencies=[Depends(refuse_control_characters)],
     )

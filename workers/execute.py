@@ -349,7 +349,8 @@ class _JobRun:
             "model_blob_key": self.job.model_blob_key,
             "model_filename": self.job.model_filename,
             "spec": self.job.spec,
-            "settings": self.settings.model_dump(mode="json"),
+            # The pipeline has no use for the operator token (and a dumped secret reads '**********').
+            "settings": self.settings.model_dump(mode="json", exclude={"operator_token"}),
         }
 
     def _on_progress(self, message: dict, last_write: float) -> float:

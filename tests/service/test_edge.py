@@ -150,8 +150,9 @@ def test_a_job_uploaded_as_dot_dot_runs(env, headers):
 
     spec = {"target": "cpu-ort", "measure_latency": False, "never_slower": False, "seed": 7}
     job_id = env.submit(headers, filename="..", spec=spec).json()["job_id"]
-    assert execute_job(job_id, settings=env.settings, worker_id="edge-test") == "succeeded"
-    assert env.job(job_id).status == "succeeded"
+    status = execute_job(job_id, settings=env.settings, worker_id="edge-test")
+    job = env.job(job_id)
+    assert status == job.status == "succeeded", job.error
 
 
 # --- the spec --------------------------------------------------------------------------------------------
