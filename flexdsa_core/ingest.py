@@ -249,6 +249,9 @@ def _all_tensors(model: ir.Model) -> Iterator[ir.TensorProtocol]:
                     graphs.extend(attr.value)
 
 
+_INT64_MAX = 2**63 - 1
+
+
 def _check_external_data(model: ir.Model, folder: Path) -> dict[str, int]:
     """Every external location is a relative path inside ``folder`` to a file long enough for the tensor.
     Returns {relative file name: size in bytes} of the external files used."""
@@ -296,6 +299,14 @@ def _check_external_data(model: ir.Model, folder: Path) -> dict[str, int]:
         size = stat.st_size
         offset = tensor.offset or 0
         length = tensor.length if tensor.length is not None else tensor.nbytes
+        for which, value in (("offset", offset), ("length", length)):
+            # Readers hold these in a signed 64-bit file offset: a larger one is no place in any file.
+            if not 0 <= value <= _INT64_MAX:
+                raise ExternalDataError(
+                    f"Tensor '{name}': its external data {which} {value} is outside 0..2^63-1, so no file can "
+                    f"hold it. {fix}",
+                    details={"tensor": name, "location": location, which: str(value)},
+                )
         if offset + length > size or length < tensor.nbytes:
             raise ExternalDataError(
                 f"Tensor '{name}' needs bytes {offset:,}..{offset + length:,} of '{location}' "

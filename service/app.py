@@ -13,13 +13,14 @@ import logging
 import pkgutil
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 from starlette.concurrency import run_in_threadpool
 
 import service.api
 from flexdsa_core import __version__
 from service.config import Settings, get_settings
 from service.db import make_engine, make_session_factory, prepare_database
+from service.edge import refuse_control_characters
 from service.errors import install_error_handlers
 from service.metrics import Metrics, MetricsMiddleware
 from service.storage import make_store
@@ -92,6 +93,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         description="Verified ONNX model optimisation for edge accelerators. Authenticate with the "
         '`X-API-Key` header. Every error answers `{"error": {"code", "message", "details"}}`.',
         lifespan=lifespan,
+        # /docs is served by service/api/docs.py with local assets (FastAPI's own loads them from a CDN);
+        # ReDoc would need a CDN too, and Swagger UI covers it.
+        docs_url=None,
+        redoc_url=None,
+        # Before every route's own dependencies: hostile strings never reach the tenant lookup or a query.
+        dependencies=[Depends(refuse_control_characters)],
     )
     app.state.settings = settings
     app.state.engine = make_engine(settings.database_url)

@@ -16,6 +16,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from service.edge import control_character
 from service.models import ApiKey, Tenant, utcnow
 
 KEY_SCHEME = "fdsa"
@@ -47,6 +48,30 @@ def parse_prefix(key: str) -> str | None:
     return prefix
 
 
+TENANT_NAME_MAX = 64  # tenants.name is VARCHAR(64)
+KEY_LABEL_MAX = 128  # api_keys.name is VARCHAR(128)
+
+
+def check_tenant_name(name: str) -> None:
+    """``ValueError`` naming the problem unless ``name`` is 1-64 characters without control characters or
+    surrounding blanks (PostgreSQL refuses a NUL outright; the rest would show garbled in logs and pages)."""
+    where = control_character(name)
+    if where is not None:
+        raise ValueError(f"The tenant name contains a control character ({where}).")
+    if not name.strip() or name != name.strip():
+        raise ValueError("The tenant name must not be empty or start or end with blanks.")
+    if len(name) > TENANT_NAME_MAX:
+        raise ValueError(f"The tenant name is {len(name)} characters long; at most {TENANT_NAME_MAX}.")
+
+
+def check_key_label(label: str) -> None:
+    where = control_character(label)
+    if where is not None:
+        raise ValueError(f"The key's name contains a control character ({where}).")
+    if len(label) > KEY_LABEL_MAX:
+        raise ValueError(f"The key's name is {len(label)} characters long; at most {KEY_LABEL_MAX}.")
+
+
 def ensure_tenant(session: Session, name: str) -> Tenant:
     """The tenant called ``name``, created if missing (safe against a concurrent creator)."""
     tenant = session.scalar(select(Tenant).where(Tenant.name == name))
@@ -62,7 +87,10 @@ def ensure_tenant(session: Session, name: str) -> Tenant:
 
 
 def create_api_key(session: Session, tenant_name: str, name: str = "") -> tuple[str, ApiKey]:
-    """Create a key for ``tenant_name`` (creating the tenant if needed); returns the key, shown once."""
+    """Create a key for ``tenant_name`` (creating the tenant if needed); returns the key, shown once.
+    ``ValueError`` for a tenant name or key label that cannot be stored as it is."""
+    check_tenant_name(tenant_name)
+    check_key_label(name)
     tenant = ensure_tenant(session, tenant_name)
     new = generate_key()
     row = ApiKey(tenant=tenant, prefix=new.prefix, key_hash=new.key_hash, name=name)
@@ -74,7 +102,7 @@ def create_api_key(session: Session, tenant_name: str, name: str = "") -> tuple[
 def authenticate(session: Session, key: str) -> Tenant | None:
     """The tenant owning ``key``, or None for an unknown, malformed or revoked key."""
     prefix = parse_prefix(key)
-    if prefix is None:
+    if prefix is None or control_character(prefix) is not None:
         return None
     wanted = hash_key(key)
     for row in session.scalars(select(ApiKey).where(ApiKey.prefix == prefix, ApiKey.revoked_at.is_(None))):

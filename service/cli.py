@@ -102,7 +102,7 @@ def keys_create(
     name: Annotated[str, typer.Option(help="A label for this key")] = "",
 ) -> None:
     """Create an API key and print it. It is shown once: only its hash is stored."""
-    from service.auth import create_api_key
+    from service.auth import check_key_label, check_tenant_name, create_api_key
     from service.db import (
         DatabaseNotMigratedError,
         make_engine,
@@ -111,6 +111,11 @@ def keys_create(
         session_scope,
     )
 
+    try:  # refused before the database is touched
+        check_tenant_name(tenant)
+        check_key_label(name)
+    except ValueError as err:
+        raise _fail(f"{err} Choose a plain name, e.g. --tenant acme.") from None
     settings = _settings()
     engine = make_engine(settings.database_url)
     try:

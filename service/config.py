@@ -15,10 +15,11 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 GiB = 1024**3
+MIN_OPERATOR_TOKEN = 24
 
 Mode = Literal["embedded", "distributed"]
 AuthPolicy = Literal["optional", "required"]
@@ -80,6 +81,12 @@ class Settings(BaseSettings):
         description="'optional': requests without a key act as tenant 'default' (embedded default); 'required'.",
     )
     default_tenant: str = "default"
+    operator_token: SecretStr | None = Field(
+        None,
+        description="Bearer token for the operators' surfaces (GET /metrics, service-wide GET /cache/stats), "
+        "sent as 'Authorization: Bearer <token>'. Unset: /metrics answers 404 in distributed mode, and in "
+        "embedded mode is served to loopback clients only.",
+    )
 
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=1, le=65535)
@@ -115,6 +122,14 @@ class Settings(BaseSettings):
                     "Distributed mode (FLEXDSA_BROKER_URL set) needs a database every worker can reach; "
                     "set FLEXDSA_DATABASE_URL=postgresql+psycopg://..."
                 )
+        if (
+            self.operator_token is not None
+            and len(self.operator_token.get_secret_value()) < MIN_OPERATOR_TOKEN
+        ):
+            problems.append(
+                f"FLEXDSA_OPERATOR_TOKEN is shorter than {MIN_OPERATOR_TOKEN} characters; use a random one, "
+                'e.g. python -c "import secrets; print(secrets.token_urlsafe(32))".'
+            )
         if self.job_soft_time_limit_s >= self.job_hard_time_limit_s:
             problems.append(
                 f"FLEXDSA_JOB_SOFT_TIME_LIMIT_S ({self.job_soft_time_limit_s}) must be below "

@@ -22,6 +22,7 @@ from sqlalchemy.orm import Session
 
 from flexdsa_core import FlexDSAError, RequestSpec, TargetSpec, __version__
 from service.config import Settings
+from service.edge import check_spec_json
 from service.errors import Conflict, InvalidRequest, QuotaExceeded
 from service.models import Artifact, Job, JobStatus, Tenant, utcnow
 from service.schemas import JobError, JobLinks, JobOut
@@ -42,6 +43,7 @@ def job_channel(job_id: str) -> str:
 
 def parse_spec(spec_json: str) -> tuple[RequestSpec, TargetSpec]:
     """The request spec and its target, or ``InvalidRequest`` (422) naming every field error."""
+    check_spec_json(spec_json)  # control characters, int64 overflow: refused before anything else sees them
     try:
         spec = RequestSpec.model_validate_json(spec_json)
     except ValidationError as err:
@@ -95,6 +97,13 @@ def find_by_idempotency_key(session: Session, tenant: Tenant, key: str | None) -
     return session.scalar(select(Job).where(Job.tenant_id == tenant.id, Job.idempotency_key == key))
 
 
+def check_quota_before_upload(session: Session, settings: Settings, tenant: Tenant) -> None:
+    """Refuse (429) a tenant already at its quota before its body is read: an over-quota client must not
+    make the service receive, hash and store a model only to be refused. Not locked: the locked check in
+    ``submit_job`` still decides a race; this one only spares the bytes."""
+    _raise_if_over_quota(session, settings, tenant)
+
+
 def _check_quota(session: Session, settings: Settings, tenant: Tenant) -> None:
     # Serialise this tenant's submissions so two concurrent ones cannot both squeeze under the limit: a row
     # lock on Postgres; SQLite has no FOR UPDATE, so a no-op write takes its database write lock instead.
@@ -102,6 +111,10 @@ def _check_quota(session: Session, settings: Settings, tenant: Tenant) -> None:
         session.execute(update(Tenant).where(Tenant.id == tenant.id).values(name=Tenant.name))
     else:
         session.execute(select(Tenant.id).where(Tenant.id == tenant.id).with_for_update())
+    _raise_if_over_quota(session, settings, tenant)
+
+
+def _raise_if_over_quota(session: Session, settings: Settings, tenant: Tenant) -> None:
     limit = (
         tenant.max_queued_jobs if tenant.max_queued_jobs is not None else settings.max_queued_jobs_per_tenant
     )

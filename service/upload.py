@@ -10,6 +10,13 @@ decoding tensors, so it costs a pass over the headers, not a copy of the weights
 breaks the wire format, a truncated file has a length-delimited field running past the end, and a model
 must carry ``ir_version``, an ``opset_import`` and a ``graph`` (itself well-formed at its top level).
 The full ingest (checker, opsets, external data) runs in the worker and fails the job with its reason.
+
+Everything but the model bytes is held in memory, so everything but the model bytes is bounded: the
+``spec`` field to ``MAX_SPEC_BYTES`` (64 KiB: a spec is a few hundred bytes, a long ``observed_shapes``
+traffic histogram a few tens of KB), any other field to ``MAX_FIELD_BYTES`` (4 KiB), all fields together
+to ``MAX_FORM_FIELDS_BYTES`` (128 KiB), at most ``MAX_PARTS`` parts with ``MAX_PART_HEADER_BYTES`` of
+headers each. The file name is checked for control characters (422) and reduced to a plain base name
+(``..``, ``.`` and empty names become ``model.onnx``).
 """
 
 from __future__ import annotations
@@ -24,11 +31,30 @@ from pathlib import Path
 from python_multipart.multipart import MultipartParser, parse_options_header
 from starlette.requests import Request
 
+from service.edge import check_text
 from service.errors import InvalidRequest, PayloadTooLarge
 
-MAX_SPEC_BYTES = 1024 * 1024
-# Multipart framing, part headers and the spec field ride on top of the model bytes.
-FORM_OVERHEAD_BYTES = MAX_SPEC_BYTES + 64 * 1024
+KiB = 1024
+MAX_SPEC_BYTES = 64 * KiB
+MAX_FIELD_BYTES = 4 * KiB
+MAX_FORM_FIELDS_BYTES = 128 * KiB
+MAX_PARTS = 16
+MAX_PART_HEADER_BYTES = 8 * KiB
+# Multipart framing, part headers and the form fields ride on top of the model bytes.
+FORM_OVERHEAD_BYTES = MAX_FORM_FIELDS_BYTES + MAX_PARTS * MAX_PART_HEADER_BYTES
+DEFAULT_FILENAME = "model.onnx"
+
+
+def field_limit(name: str) -> int:
+    return MAX_SPEC_BYTES if name == "spec" else MAX_FIELD_BYTES
+
+
+def safe_filename(raw: str) -> str:
+    """The upload's file name as stored with the job: its base name (either slash separates), at most 255
+    characters; ``InvalidRequest`` for a control character, ``model.onnx`` for a name that names no file."""
+    check_text("model.filename", raw, code="invalid_upload", what="The uploaded file's name (model.filename)")
+    name = raw.replace("\\", "/").rsplit("/", 1)[-1].strip()[:255]
+    return DEFAULT_FILENAME if name in ("", ".", "..") else name
 
 
 @dataclass
@@ -73,15 +99,37 @@ class _FormReceiver:
         self._headers: dict[bytes, bytes] = {}
         self._part: str | None = None
         self._buffer = bytearray()
+        self._parts = 0
+        self._header_bytes = 0
+        self._field_bytes = 0
 
     def on_part_begin(self) -> None:
         self._headers = {}
         self._part = None
+        self._parts += 1
+        self._header_bytes = 0
+        if self._parts > MAX_PARTS:
+            raise InvalidRequest(
+                f"The form has more than {MAX_PARTS} parts; send a 'model' file and a 'spec' field.",
+                code="invalid_upload",
+                details={"max_parts": MAX_PARTS},
+            )
+
+    def _count_header(self, size: int) -> None:
+        self._header_bytes += size
+        if self._header_bytes > MAX_PART_HEADER_BYTES:
+            raise InvalidRequest(
+                f"A form part's headers are longer than {MAX_PART_HEADER_BYTES} bytes.",
+                code="invalid_upload",
+                details={"max_part_header_bytes": MAX_PART_HEADER_BYTES},
+            )
 
     def on_header_field(self, data: bytes, start: int, end: int) -> None:
+        self._count_header(end - start)
         self._header_name += data[start:end]
 
     def on_header_value(self, data: bytes, start: int, end: int) -> None:
+        self._count_header(end - start)
         self._header_value += data[start:end]
 
     def on_header_end(self) -> None:
@@ -96,8 +144,8 @@ class _FormReceiver:
         if name == "model":
             if self._handle is not None:
                 raise InvalidRequest("Send one 'model' file per request.", code="invalid_upload")
-            filename = params.get(b"filename", b"model.onnx").decode("utf-8", "replace")
-            self.result.filename = os.path.basename(filename.replace("\\", "/"))[:255] or "model.onnx"
+            raw_name = params.get(b"filename", DEFAULT_FILENAME.encode()).decode("utf-8", "replace")
+            self.result.filename = safe_filename(raw_name)
             self.staging_dir.mkdir(parents=True, exist_ok=True)
             fd, temp_name = tempfile.mkstemp(dir=self.staging_dir, prefix="upload-")
             self._handle = os.fdopen(fd, "wb")
@@ -113,9 +161,19 @@ class _FormReceiver:
             self._handle.write(chunk)
         else:
             self._buffer += chunk
-            if len(self._buffer) > MAX_SPEC_BYTES:
+            self._field_bytes += len(chunk)
+            limit = field_limit(self._part or "")
+            if len(self._buffer) > limit:
                 raise InvalidRequest(
-                    f"Form field {self._part!r} is larger than {MAX_SPEC_BYTES} bytes.", code="invalid_upload"
+                    f"Form field {self._part!r} is larger than {limit} bytes.",
+                    code="invalid_upload",
+                    details={"field": self._part, "max_bytes": limit},
+                )
+            if self._field_bytes > MAX_FORM_FIELDS_BYTES:
+                raise InvalidRequest(
+                    f"The form's fields other than 'model' add up to more than {MAX_FORM_FIELDS_BYTES} bytes.",
+                    code="invalid_upload",
+                    details={"max_form_fields_bytes": MAX_FORM_FIELDS_BYTES},
                 )
 
     def on_part_end(self) -> None:

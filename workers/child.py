@@ -128,8 +128,10 @@ def run(request: dict, channel: _Channel) -> dict:
     tempfile.tempdir = str(work_dir)
     try:
         spec = RequestSpec.model_validate(request["spec"])
-        # Only the base name: the upload's name never chooses where we write.
-        model_path = work_dir / (PurePath(request["model_filename"] or "model.onnx").name or "model.onnx")
+        # Only the base name: the upload's name never chooses where we write ('..' would be the parent
+        # folder itself; rows from before the API sanitised names may still hold one).
+        base_name = PurePath(request["model_filename"] or "").name
+        model_path = work_dir / (base_name if base_name not in ("", ".", "..") else "model.onnx")
         with store.open(request["model_blob_key"]) as source, open(model_path, "wb") as target:
             while chunk := source.read(1024 * 1024):
                 target.write(chunk)

@@ -349,7 +349,8 @@ class _JobRun:
             "model_blob_key": self.job.model_blob_key,
             "model_filename": self.job.model_filename,
             "spec": self.job.spec,
-            "settings": self.settings.model_dump(mode="json"),
+            # The pipeline has no use for the operator token (and a dumped secret reads '**********').
+            "settings": self.settings.model_dump(mode="json", exclude={"operator_token"}),
         }
 
     def _on_progress(self, message: dict, last_write: float) -> float:
@@ -504,7 +505,9 @@ class _JobRun:
         if final.get("cache_stats"):
             from workers.cache_backends import record_cache_stats
 
-            record_cache_stats(self.settings, final["cache_stats"], self.sessions)
+            record_cache_stats(
+                self.settings, final["cache_stats"], self.sessions, tenant_id=self.job.tenant_id
+            )
 
 
 def _retrying(action, *args, delays_s: tuple[float, ...] = (1.0, 3.0)):

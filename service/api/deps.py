@@ -7,6 +7,7 @@ job that does not exist, so ids cannot be probed.
 
 from __future__ import annotations
 
+import hmac
 from collections.abc import Iterator
 from typing import Annotated
 
@@ -87,3 +88,72 @@ def job_of_current_tenant(
 
 
 JobOfCurrentTenant = Annotated[Job, Depends(job_of_current_tenant)]
+
+
+# --- operators --------------------------------------------------------------------------------------------
+
+LOOPBACK_HOSTS = frozenset({"127.0.0.1", "::1", "localhost"})
+
+
+def _bearer_token(request: Request) -> str | None:
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    return token.strip() if scheme.lower() == "bearer" and token.strip() else None
+
+
+def operator_access(request: Request, settings: SettingsDep) -> bool:
+    """True for a request carrying the operator token (``Authorization: Bearer``), compared in constant
+    time; False for one carrying none. A wrong token is refused (401) rather than treated as a tenant."""
+    token = _bearer_token(request)
+    if token is None:
+        return False
+    expected = settings.operator_token.get_secret_value() if settings.operator_token else None
+    if expected is None or not hmac.compare_digest(token.encode(), expected.encode()):
+        raise Unauthorized(
+            "The operator token is not valid (FLEXDSA_OPERATOR_TOKEN, sent as 'Authorization: Bearer ...').",
+            code="invalid_operator_token",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+    return True
+
+
+IsOperator = Annotated[bool, Depends(operator_access)]
+
+
+def require_operator(request: Request, settings: SettingsDep, is_operator: IsOperator) -> None:
+    """Operators only. With no token configured: 404 in distributed mode (the surface is off), and in
+    embedded mode loopback clients only (the developer on their own machine)."""
+    if is_operator:
+        return
+    if settings.operator_token is not None:
+        raise Unauthorized(
+            "This is an operator surface: send 'Authorization: Bearer <FLEXDSA_OPERATOR_TOKEN>'.",
+            code="operator_token_required",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+    client_host = request.client.host if request.client else ""
+    if settings.mode == "embedded" and client_host in LOOPBACK_HOSTS:
+        return
+    raise NotFound(
+        "Not found. Operator surfaces are served with FLEXDSA_OPERATOR_TOKEN set (or, in embedded mode, to "
+        "loopback clients).",
+        code="not_found",
+    )
+
+
+OperatorOnly = Depends(require_operator)
+
+
+def tenant_unless_operator(
+    is_operator: IsOperator,
+    session: SessionDep,
+    settings: SettingsDep,
+    x_api_key: Annotated[str | None, Header(alias=API_KEY_HEADER, description="API key `fdsa_...`")] = None,
+    flexdsa_key: Annotated[str | None, Cookie(alias=API_KEY_COOKIE, include_in_schema=False)] = None,
+) -> Tenant | None:
+    """None for an operator (who sees every tenant), else the current tenant by the usual rule."""
+    if is_operator:
+        return None
+    return current_tenant(session, settings, x_api_key, flexdsa_key)
+
+
+TenantUnlessOperator = Annotated[Tenant | None, Depends(tenant_unless_operator)]

@@ -1,4 +1,5 @@
-"""Liveness, readiness and metrics: unauthenticated, for orchestrators and Prometheus."""
+"""Liveness and readiness (unauthenticated, for orchestrators) and metrics (operators only: Prometheus
+scrapes with ``Authorization: Bearer <FLEXDSA_OPERATOR_TOKEN>``)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import text
 
 from flexdsa_core import __version__
+from service.api.deps import OperatorOnly
 from service.db import DatabaseNotMigratedError, check_migrated
 from service.errors import NotReady
 from service.schemas import ErrorResponse, Health, Readiness
@@ -82,6 +84,15 @@ def readyz(request: Request) -> Readiness:
     return Readiness(status="ready", checks=results)
 
 
-@router.get("/metrics", summary="Prometheus metrics", response_class=Response)
+@router.get(
+    "/metrics",
+    summary="Prometheus metrics (operators: Authorization: Bearer <FLEXDSA_OPERATOR_TOKEN>)",
+    response_class=Response,
+    dependencies=[OperatorOnly],
+    responses={
+        401: {"model": ErrorResponse, "description": "Operator token missing or wrong"},
+        404: {"model": ErrorResponse, "description": "No operator token configured (distributed mode)"},
+    },
+)
 def metrics(request: Request) -> Response:
     return Response(generate_latest(request.app.state.metrics.registry), media_type=CONTENT_TYPE_LATEST)

@@ -87,6 +87,8 @@ async def optimize(
     existing = await run_in_threadpool(jobs.find_by_idempotency_key, session, tenant, idempotency_key)
     if existing is not None:
         return _created(request, existing, replayed=True)
+    # Limits that depend only on the key are decided before a byte of the body is read.
+    await run_in_threadpool(jobs.check_quota_before_upload, session, settings, tenant)
     # End the read transaction now: the upload may take minutes, and an idle-in-transaction connection
     # would sit in the pool all that time (expire_on_commit=False keeps the tenant readable).
     await run_in_threadpool(session.commit)

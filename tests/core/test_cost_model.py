@@ -245,3 +245,48 @@ def test_compare_times_two_sets_side_by_side_and_remembers():
 def test_measure_sgemm_peak_is_a_plausible_rate():
     peak = measure_sgemm_peak(seconds=0.05, size=256)
     assert 1e8 < peak < 1e13
+
+
+# Two machines as alike as the issue found them: same name, same core count, one without AVX-512 VNNI.
+_CPUINFO = """processor\t: 0
+vendor_id\t: AuthenticAMD
+model name\t: AMD EPYC
+flags\t\t: fpu sse sse2 ssse3 sse4_1 sse4_2 avx avx2 fma f16c avx512f avx512bw{extra} hypervisor
+"""
+
+
+def test_fingerprint_includes_the_vector_extensions_read_from_cpuinfo():
+    from flexdsa_core.cost_model import _machine_fingerprint
+
+    with_vnni = _machine_fingerprint(_CPUINFO.format(extra=" avx512_vnni"))
+    without = _machine_fingerprint(_CPUINFO.format(extra=""))
+    assert with_vnni != without
+    assert "avx512_vnni" in with_vnni and "AMD EPYC" in with_vnni
+    # Flags no kernel depends on do not split the cache.
+    assert _machine_fingerprint(_CPUINFO.format(extra=" constant_tsc")) == without
+    arm = "processor\t: 0\nFeatures\t: fp asimd evtstrm aes crc32 asimddp sve\n"
+    assert _machine_fingerprint(arm).endswith("isa=asimd,asimddp,sve")
+
+
+@pytest.mark.parametrize("flag", ["avx512_vnni", "avx_vnni", "amx_int8", "avx512_bf16"])
+def test_machines_differing_in_one_vector_flag_never_share_a_measurement(monkeypatch, flag):
+    from flexdsa_core import cost_model as module
+
+    shared = LRUCache()
+    node = _model(MATMUL, w=(256, 64)).graph.node(0)
+    fingerprints = {
+        "first": module._machine_fingerprint(_CPUINFO.format(extra=f" {flag}")),
+        "second": module._machine_fingerprint(_CPUINFO.format(extra="")),
+    }
+    keys = {}
+    for machine, fingerprint in fingerprints.items():
+        monkeypatch.setattr(module, "_machine_fingerprint", lambda fingerprint=fingerprint: fingerprint)
+        keys[machine] = CostModel(load_target("cpu-ort"), cache=shared).kernel_key(node)
+    assert keys["first"] != keys["second"]
+
+    # The first machine's measurement is in the shared cache; the second must measure for itself.
+    shared.put(keys["first"], b'{"seconds": 0.5, "measure_s": 1.5}')
+    second = CostModel(load_target("cpu-ort"), cache=shared)
+    cost = second.node_cost(node)
+    assert second.stats.hits == 0 and second.stats.misses == 1
+    assert cost.seconds != pytest.approx(0.5 + 2e-6)

@@ -374,3 +374,18 @@ def test_ir_version_newer_than_onnxruntime_is_lowered_and_the_model_still_optimi
     assert any("IR version" in w for w in ingested.warnings)
     result = FlexDSAOptimizer("cpu-ort").optimize(data, OptimizeOptions(measure_latency=False))
     assert result.report["validation"]["ok"]
+
+
+@pytest.mark.parametrize("field", ["offset", "length"])
+@pytest.mark.parametrize("value", [2**63, 2**64, 2**64 + 5, 10**40])
+def test_external_offset_or_length_beyond_int64_is_refused_with_the_field(tmp_path, field, value):
+    path = save_external(matmul_model(), tmp_path)
+    proto = onnx.load(path, load_external_data=False)
+    for tensor in proto.graph.initializer:
+        entries = {entry.key: entry for entry in tensor.external_data}
+        entry = entries.get(field) or tensor.external_data.add()
+        entry.key, entry.value = field, str(value)
+    onnx.save_model(proto, path)
+    with pytest.raises(ExternalDataError, match=f"{field} {value} is outside 0..2\\^63-1") as raised:
+        ingest(path)
+    assert raised.value.details[field] == str(value)

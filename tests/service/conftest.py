@@ -12,6 +12,11 @@ from dataclasses import dataclass, field
 
 import pytest
 from fastapi.testclient import TestClient
+from pydantic import SecretStr
+
+# Operator surfaces (/metrics, service-wide /cache/stats) answer this bearer token in the test apps.
+OPERATOR_TOKEN = "operator-token-for-the-service-tests"
+OPERATOR_HEADERS = {"Authorization": f"Bearer {OPERATOR_TOKEN}"}
 
 
 def tiny_onnx(alpha: float = 0.1) -> bytes:
@@ -128,9 +133,12 @@ def service_env(request, tmp_path_factory):
             auth="required",
             embedded_worker=False,
             max_queued_jobs_per_tenant=20,
+            operator_token=SecretStr(OPERATOR_TOKEN),
         )
     else:
-        settings = Settings(data_dir=data_dir, auth="required", embedded_worker=False)
+        settings = Settings(
+            data_dir=data_dir, auth="required", embedded_worker=False, operator_token=SecretStr(OPERATOR_TOKEN)
+        )
     from service.app import create_app
 
     app = create_app(settings)

@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 from service.app import create_app
 from service.config import Settings
 from service.models import KernelCacheEntry
+from tests.service.conftest import OPERATOR_HEADERS
 from workers.cache_backends import record_cache_stats
 
 
@@ -29,21 +30,24 @@ def test_cache_stats(env, headers):
     with env.sessions() as session:
         session.add(KernelCacheEntry(key=f"kernel:{env.backend}-stats", value=b"{}", hits=3))
         session.commit()
-    if env.settings.redis_url:
-        env.app.state.redis.hset(
-            "flexdsa:cache:stats", mapping={"hits": 5, "misses": 2, "seconds_saved": 1.5}
-        )
-    else:  # embedded: the workers add their totals to a reserved row of the kernel_cache table
-        record_cache_stats(env.settings, {"hits": 5, "misses": 2, "seconds_saved": 1.5}, env.sessions)
+    tenant_id = env.job(env.submit(headers, spec={"target": "cpu-ort", "seed": 98}).json()["job_id"]).tenant_id
+    # As the workers do: each job's counters go to the service total (Redis hash, or a reserved row of the
+    # kernel_cache table in embedded mode) and to its tenant's.
+    record_cache_stats(env.settings, {"hits": 5, "misses": 2, "seconds_saved": 1.5}, env.sessions, tenant_id)
     spec = {"target": "cpu-ort", "seed": 99}
     first = env.submit(headers, spec=spec).json()["job_id"]
     env.finish(first)
     env.submit(headers, spec=spec)
     stats = env.client.get("/cache/stats", headers=headers).json()
-    assert stats["kernel_cache"]["entries"] >= 1 and stats["kernel_cache"]["stored_hits"] >= 3
-    assert stats["job_cache"] == {"hits": 1, "jobs": 2}
+    assert stats["scope"] == "tenant"
+    assert stats["job_cache"] == {"hits": 1, "jobs": 3}
     assert stats["kernel_cache"]["hits"] == 5 and stats["kernel_cache"]["seconds_saved"] == 1.5
     assert stats["kernel_cache"]["misses"] == 2
+    assert stats["kernel_cache"]["entries"] is None  # shared by all tenants: not a tenant's figure
+    service = env.client.get("/cache/stats", headers=OPERATOR_HEADERS).json()
+    assert service["scope"] == "service"
+    assert service["kernel_cache"]["entries"] >= 1 and service["kernel_cache"]["stored_hits"] >= 3
+    assert service["kernel_cache"]["hits"] >= 5 and service["job_cache"]["jobs"] >= 3
 
 
 def test_healthz_and_readyz(env):
@@ -90,7 +94,7 @@ def test_readyz_reports_unreachable_redis_and_broker(env, tmp_path):
 
 def test_metrics(env, headers):
     env.submit(headers)
-    text = env.client.get("/metrics").text
+    text = env.client.get("/metrics", headers=OPERATOR_HEADERS).text
     assert 'flexdsa_jobs{status="queued"}' in text
     assert "flexdsa_upload_bytes_total" in text
     assert 'flexdsa_http_requests_total{method="POST",route="/optimize",status="202"}' in text

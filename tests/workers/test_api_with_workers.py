@@ -8,10 +8,13 @@ import json
 
 import pytest
 from fastapi.testclient import TestClient
+from pydantic import SecretStr
 
 from tests.workers.conftest import tiny_model, wait_for
 
 pytestmark = pytest.mark.services
+
+OPERATOR_TOKEN = "operator-token-for-the-e2e-tests"
 
 
 @pytest.fixture
@@ -22,6 +25,7 @@ def api(settings):
 
     with session_factory_for(settings)() as session, session.begin():
         key, _ = create_api_key(session, "e2e")
+    settings = settings.model_copy(update={"operator_token": SecretStr(OPERATOR_TOKEN)})
     with TestClient(create_app(settings)) as client:
         client.headers["X-API-Key"] = key
         yield client
@@ -50,9 +54,13 @@ def test_submit_run_download_and_resubmit(api, start_worker):
     again = _submit(api, tiny_model())
     assert again["status"] == "succeeded" and again["cached"] is True
 
-    stats = api.get("/cache/stats").json()
-    assert stats["kernel_cache"]["misses"] == 3 and stats["kernel_cache"]["entries"] == 3
+    stats = api.get("/cache/stats").json()  # the tenant's own view: its job's misses, no shared figures
+    assert stats["scope"] == "tenant" and stats["kernel_cache"]["misses"] == 3
+    assert stats["kernel_cache"]["entries"] is None
     assert stats["job_cache"]["hits"] == 1
+    operator = {"X-API-Key": "", "Authorization": f"Bearer {OPERATOR_TOKEN}"}
+    service_wide = api.get("/cache/stats", headers=operator).json()
+    assert service_wide["scope"] == "service" and service_wide["kernel_cache"]["entries"] == 3
 
 
 def test_delete_cancels_a_running_job(api, start_worker):

@@ -100,3 +100,24 @@ def test_recording_stats_never_raises(tmp_path):
                     redis_url=DEAD_REDIS, data_dir=tmp_path, auth="required")
     record_cache_stats(down, {"hits": 1})
     assert read_cache_stats(down)["hits"] == 0
+
+
+@pytest.mark.parametrize("backend", ["redis", "sqlite"])
+def test_stats_are_kept_per_tenant_beside_the_service_total(settings, tmp_path, backend):
+    import random
+
+    from service.db import make_engine, upgrade
+
+    if backend == "sqlite":
+        settings = Settings(data_dir=tmp_path)
+        upgrade(make_engine(settings.database_url))
+    before = read_cache_stats(settings)
+    mine, theirs = random.sample(range(10**6, 10**7), 2)  # tenant ids no other test uses
+    record_cache_stats(settings, {"hits": 3, "misses": 1, "seconds_saved": 0.5}, tenant_id=mine)
+    record_cache_stats(settings, {"hits": 7, "misses": 2}, tenant_id=theirs)
+    own = read_cache_stats(settings, tenant_id=mine)
+    assert (own["hits"], own["misses"], own["seconds_saved"], own["entries"]) == (3, 1, 0.5, None)
+    assert read_cache_stats(settings, tenant_id=theirs)["hits"] == 7
+    total = read_cache_stats(settings)
+    assert (total["hits"] - before["hits"], total["misses"] - before["misses"]) == (10, 3)
+    assert total["entries"] == before["entries"]  # the tenants' rows are not kernels
