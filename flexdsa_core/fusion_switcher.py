@@ -15,11 +15,13 @@ For each rule, in ``order``:
    with the ``CostModel`` (measured kernels on cpu-ort, a roofline estimate elsewhere). The match is
    applied only if the gain pays for the objective:
 
-   * ``latency``: ``gain.seconds > 0``. When both sides are measured and within 25 % of each other,
-     they are first re-timed side by side (``CostModel.compare``: two measurements taken at different
-     moments on a shared machine differ by that much); a gain then within the noise margin (max(5 %
-     of the removed nodes' time, 0.5 µs)) either way is a tie, taken only if the rewrite leaves fewer
-     kernels (a folded BatchNorm: the Conv with a bias costs about what it did without);
+   * ``latency``, on a target whose kernels are measured here (cpu-ort): the two sides are timed side by
+     side in interleaved rounds (``CostModel.compare_paired``) and the match is taken when they are
+     significantly faster (the 95 % interval of the per-round time ratio lies below 1 - 10 %), refused
+     when significantly slower, and otherwise (a tie, or a side ONNX Runtime cannot run alone) decided
+     by a fixed rule: taken if the rewrite leaves fewer kernels (a folded BatchNorm: the Conv with a bias
+     costs about what it did without). Timing noise can then turn a decision into a tie, never flip it;
+     the statistics are written per match kind (``significance``). On an estimated target: ``gain.seconds > 0``;
    * ``energy``: ``gain.joules > 0`` (where the target has no power figure, energy is unavailable and the
      decision falls back to latency, said so in the plan);
    * ``balanced``: ``gain.seconds / before.seconds + gain.joules / before.joules > 0`` (the first-order
@@ -55,11 +57,6 @@ from flexdsa_core.targets.spec import TargetSpec, op_key
 __all__ = ["FusionPlan", "FusionSwitcher"]
 
 Objective = Literal["latency", "energy", "balanced"]
-# A measured gain must beat timing noise: 5 % of the removed nodes' time and half a microsecond.
-_MEASURED_NOISE = 0.05
-_MEASURED_NOISE_S = 0.5e-6
-# Measured sides closer than this (relative) are re-timed side by side before deciding.
-_CLOSE_CALL = 0.25
 _MAX_REASONS = 10
 
 
@@ -104,6 +101,7 @@ class _Judgement:
     gain_joules: float | None = None
     before: Cost | None = None
     after: Cost | None = None
+    significance: dict | None = None  # the side-by-side statistics, or how the decision was reached without
 
 
 class _ReasonTracer:
@@ -260,7 +258,9 @@ class FusionSwitcher:
             return "refused: switched off by the user"
         left_to_vendor = self.target.toolchain_fuses.get(rule.name)
         if left_to_vendor:
-            return f"refused: left to the {self.target.name} compiler, which fuses it itself ({left_to_vendor})"
+            return (
+                f"refused: left to the {self.target.name} compiler, which fuses it itself ({left_to_vendor})"
+            )
         missing = [op for op in rule.produces if not self.supports(op)]
         if missing:
             return f"refused: target {self.target.name} has no {', '.join(missing)}"
@@ -336,29 +336,33 @@ class FusionSwitcher:
         opsets = model.opset_imports
         before = self.cost_model.nodes_cost(removed, opsets=opsets, shapes=self._known_shapes(removed))
         after = self.cost_model.nodes_cost(added, opsets=opsets, shapes=self._known_shapes(added))
-        retimed = ""
-        if _close_call(before, after):
+        comparison = None
+        if self.cost_model.measuring:
             shapes = {**self._known_shapes(removed), **self._known_shapes(added)}
-            side_by_side = self.cost_model.compare(removed, added, opsets=opsets, shapes=shapes)
-            if side_by_side is not None:
-                before = replace(before, seconds=side_by_side[0])
-                after = replace(after, seconds=side_by_side[1])
-                retimed = ", a close call re-timed side by side"
+            comparison = self.cost_model.compare_paired(removed, added, opsets=opsets, shapes=shapes)
+            if comparison is not None:
+                before = replace(before, seconds=comparison.first_s)
+                after = replace(after, seconds=comparison.second_s)
         gain_seconds = _minus(before.seconds, after.seconds)
         gain_joules = _minus(before.joules, after.joules)
-        taken, basis = self._pays(before, after, gain_seconds, gain_joules)
-        measured = "measured" if after.measured or before.measured else "estimated"
-        where = " on this machine" if measured == "measured" else ""
+        taken, basis, significance = self._pays(before, after, gain_seconds, gain_joules, comparison)
+        label = _label(before, after, comparison)
+        where = " on this machine" if comparison is not None else ""
         reason = (
-            f"{measured} {_ops_text(added)} {_ms(after.seconds)} vs {_ops_text(removed)} "
-            f"{_ms(before.seconds)}{where}{retimed}{basis}: {'taken' if taken else 'refused'}"
+            f"{label} {_ops_text(added)} {_ms(after.seconds)} vs {_ops_text(removed)} "
+            f"{_ms(before.seconds)}{where}{basis}: {'taken' if taken else 'refused'}"
         )
-        return _Judgement(taken, reason, kind, gain_seconds, gain_joules, before, after)
+        return _Judgement(taken, reason, kind, gain_seconds, gain_joules, before, after, significance)
 
     def _pays(
-        self, before: Cost, after: Cost, gain_seconds: float | None, gain_joules: float | None
-    ) -> tuple[bool, str]:
-        """(take it?, what the decision rested on beyond latency)."""
+        self,
+        before: Cost,
+        after: Cost,
+        gain_seconds: float | None,
+        gain_joules: float | None,
+        comparison=None,
+    ) -> tuple[bool, str, dict | None]:
+        """(take it?, what the decision rested on beyond latency, the statistics or the rule applied)."""
         objective = self.objective
         if objective in ("energy", "balanced") and gain_joules is None:
             self._note(
@@ -367,20 +371,28 @@ class FusionSwitcher:
             )
             objective = "latency"
         if objective == "energy":
-            return gain_joules > 0, f", energy {_mj(before.joules)} -> {_mj(after.joules)}"
-        if gain_seconds is None:
-            return False, " (no time estimate)"
+            return gain_joules > 0, f", energy {_mj(before.joules)} -> {_mj(after.joules)}", None
         if objective == "balanced":
+            if gain_seconds is None:
+                return False, " (no time estimate)", None
             score = gain_seconds / (before.seconds or 1.0) + gain_joules / (before.joules or 1.0)
-            return score > 0, f", energy {_mj(before.joules)} -> {_mj(after.joules)}"
-        margin = 0.0
-        if after.measured and before.measured:
-            margin = max(_MEASURED_NOISE * (before.seconds or 0.0), _MEASURED_NOISE_S)
-        if abs(gain_seconds) <= margin and gain_seconds != 0:
-            # A measured tie: fewer kernels decides (fewer launches, fewer tensors to keep).
-            fewer = after.kernels < before.kernels
-            return fewer, f" (within measurement noise; {'fewer' if fewer else 'no fewer'} kernels)"
-        return gain_seconds > margin, ""
+            return score > 0, f", energy {_mj(before.joules)} -> {_mj(after.joules)}", None
+        fewer = after.kernels < before.kernels
+        rule = f"rule: {'fewer' if fewer else 'no fewer'} kernels ({after.kernels} vs {before.kernels})"
+        if self.cost_model.measuring:
+            # Measured here: only a significant difference decides; anything else goes to the fixed rule.
+            if comparison is None:
+                return fewer, f" (not measurable side by side; {rule})", {"decided_by": rule, "verdict": None}
+            stats = {**comparison.as_dict(), "decided_by": "measurement"}
+            if comparison.verdict == "faster":
+                return True, f" (significantly faster, ratio {comparison.ratio:.2f})", stats
+            if comparison.verdict == "slower":
+                return False, f" (significantly slower, ratio {comparison.ratio:.2f})", stats
+            stats["decided_by"] = rule
+            return fewer, f" (no significant difference, ratio {comparison.ratio:.2f}; {rule})", stats
+        if gain_seconds is None:
+            return False, " (no time estimate)", None
+        return gain_seconds > 0, "", None
 
     def _note(self, text: str) -> None:
         self._notes[text] = None
@@ -389,16 +401,18 @@ class FusionSwitcher:
 # -- helpers ---------------------------------------------------------------------------------------
 
 
-def _close_call(before: Cost, after: Cost) -> bool:
-    """Both sides fully measured and within a quarter of each other: worth timing side by side, since
-    two measurements taken at different moments on a shared machine can differ by that much."""
-    if not (before.kernels and after.kernels):
-        return False
-    if before.measured < before.kernels or after.measured < after.kernels:
-        return False
-    if before.seconds is None or after.seconds is None:
-        return False
-    return abs(before.seconds - after.seconds) <= _CLOSE_CALL * max(before.seconds, after.seconds)
+def _label(before: Cost, after: Cost, comparison) -> str:
+    """ "measured" only when both sides were timed here; "estimated" when neither kernel was."""
+    if comparison is not None or (
+        before.kernels
+        and after.kernels
+        and before.measured == before.kernels
+        and after.measured == after.kernels
+    ):
+        return "measured"
+    if before.measured or after.measured:
+        return "partly measured (the rest estimated)"
+    return "estimated"
 
 
 def _removed_nodes(rewrite_rule: RewriteRule, delta) -> list[ir.Node]:
@@ -522,12 +536,15 @@ def _candidate(rule: FusionRule, *, refusal: str | None = None, run: _RuleRun | 
         by_kind=_by_kind(run.judgements),
         check_refusals=[{"reason": r, "count": c} for r, c in run.tracer.reasons.most_common(_MAX_REASONS)],
     )
-    measured = any(j.after is not None and j.after.measured for j in run.judgements)
+    timed = [bool(j.significance and j.significance.get("verdict")) for j in run.judgements]
     entry["estimated_gain"] = {
         "seconds": run.total("gain_seconds"),
         "joules": run.total("gain_joules"),
-        "basis": "measured kernels" if measured else "estimate",
-    }
+        "basis": (
+            "measured side by side" if timed and all(timed)
+            else "partly measured (the rest estimated)" if any(timed) else "estimate"
+        ),
+    }  # fmt: skip
     if not run.judgements:
         first = run.tracer.reasons.most_common(1)
         why = f"; the rule's check said: {first[0][0]}" if first else ""
@@ -561,6 +578,7 @@ def _by_kind(judgements: Sequence[_Judgement]) -> list[dict]:
                 "gain_joules_each": first.gain_joules,
                 "before": first.before.as_dict() if first.before else None,
                 "after": first.after.as_dict() if first.after else None,
+                "significance": first.significance,
             }
         )
     return sorted(lines, key=lambda line: -line["count"])

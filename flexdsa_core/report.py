@@ -133,6 +133,7 @@ def report_summary(report: dict) -> dict:
         "speedup": round(latency["speedup"], 4) if latency.get("speedup") else None,
         "cache": report["cache"],
         "total_seconds": report["total_seconds"],
+        "warnings": list(report.get("warnings", [])),
     }
 
 
@@ -187,4 +188,6 @@ def render_summary(report: dict) -> str:
     cache = report["cache"]
     lines.append(f"Kernel cache  {cache.get('hits', 0)} hits, {cache.get('misses', 0)} misses")
     lines.append(f"Compile time  {report['total_seconds']:.2f} s")
+    for warning in s["warnings"]:
+        lines.append(f"WARNING       {warning}")
     return "\n".join(lines)
