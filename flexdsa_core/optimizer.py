@@ -29,15 +29,16 @@ import onnx_ir as ir
 
 from flexdsa_core.cache import KernelCache, LayeredCache, LRUCache, StatsCache
 from flexdsa_core.cost_model import CostModel
-from flexdsa_core.errors import InvalidOptionsError, ValidationFailedError
+from flexdsa_core.errors import ValidationFailedError
 from flexdsa_core.fusion_switcher import FusionSwitcher
 from flexdsa_core.fusions import discover_rules
 from flexdsa_core.ingest import Ingested, ingest, needs_external_data, save_model
 from flexdsa_core.invariants import check_invariants
 from flexdsa_core.memory_planner import plan_memory
 from flexdsa_core.options import OptimizeOptions
-from flexdsa_core.passes import GENERIC_PASS_NAMES, generic_passes
+from flexdsa_core.passes import generic_passes
 from flexdsa_core.passes.manager import run_passes
+from flexdsa_core.preflight import check_buckets, check_disabled, switchable_names
 from flexdsa_core.report import build_report, render_summary, report_summary
 from flexdsa_core.shape_tracker import ShapeTracker
 from flexdsa_core.significance import MIN_ROUNDS, MODEL_MIN_EFFECT, Comparison, paired
@@ -139,21 +140,11 @@ class FlexDSAOptimizer:
         self.toolchain_root = Path(toolchain_root) if toolchain_root is not None else None
 
     def switchable_rewrites(self) -> dict[str, list[str]]:
-        """Every name ``disabled_rules`` accepts for this target, by kind."""
-        return {
-            "passes": list(GENERIC_PASS_NAMES),
-            "fusions": [rule.name for rule in discover_rules()],
-            "target": list(self.adapter.rewrites),
-        }
+        """Every name ``disabled_rules`` accepts for this target, by kind (``preflight.switchable_names``)."""
+        return switchable_names(self.target)
 
     def _check_disabled(self, options: OptimizeOptions) -> None:
-        known = {name for names in self.switchable_rewrites().values() for name in names}
-        unknown = sorted(set(options.disabled_rules) - known)
-        if unknown:
-            raise InvalidOptionsError(
-                f"disabled_rules names unknown rewrites: {', '.join(unknown)}. "
-                f"Known for target {self.target.name!r}: {', '.join(sorted(known))}."
-            )
+        check_disabled(options.disabled_rules, self.target)
 
     def supports(self, key: str) -> bool:
         op_type, domain = (key.split("::", 1)[1], key.split("::", 1)[0]) if "::" in key else (key, "")
@@ -328,6 +319,7 @@ class FlexDSAOptimizer:
         # Without shape_buckets, observed_shapes (traffic) decide the buckets: least expected padded cost.
         traffic = {"observed": options.observed_shapes, "max_buckets": options.max_buckets}
         buckets = tracker.buckets(options.shape_buckets, self.target, **traffic)
+        check_buckets(tracker, buckets)  # a bucket the model cannot run is the user's to fix: refuse it now
         stage_seconds["shapes"] += time.perf_counter() - start
         report_progress.finish("shapes")
 
