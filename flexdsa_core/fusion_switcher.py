@@ -54,7 +54,10 @@ from flexdsa_core.cost_model import Cost, CostModel, TensorInfo
 from flexdsa_core.fusions import FusionRule, discover_rules
 from flexdsa_core.targets.spec import TargetSpec, op_key
 
-__all__ = ["FusionPlan", "FusionSwitcher"]
+__all__ = ["RULE_TAG", "FusionPlan", "FusionSwitcher"]
+
+# Node metadata naming the fusion rule that produced the node.
+RULE_TAG = "flexdsa.fusion_rule"
 
 Objective = Literal["latency", "energy", "balanced"]
 _MAX_REASONS = 10
@@ -151,6 +154,8 @@ class FusionSwitcher:
         self.objective = objective
         self.disabled = frozenset(disabled)
         self._notes: dict[str, None] = {}
+        # rule -> later rules that consumed nodes it produced (gelu_erf's Gelu inside bias_gelu's BiasGelu).
+        self._subsumed: dict[str, collections.Counter[str]] = {}
         # Concrete shapes by value name, found once per run by running the graph: symbolic dims are
         # then specialised consistently across a match instead of one value at a time.
         self._shapes: dict[str, TensorInfo] = {}
@@ -165,15 +170,24 @@ class FusionSwitcher:
         changed = False
         for rule in rules:
             if rule.alternatives is None:
-                changed |= self._single(model, rule, plan)
+                group = [rule]
+                rule_changed = self._single(model, rule, plan)
             elif rule.alternatives not in done_groups:
                 done_groups.add(rule.alternatives)
                 group = [r for r in rules if r.alternatives == rule.alternatives]
-                changed |= self._alternatives(model, group, plan)
-        if changed:
-            if any(not rr.remove_nodes for r in rules for rr in r.rewrite_rules):
+                rule_changed = self._alternatives(model, group, plan)
+            else:
+                continue
+            if rule_changed and any(not rr.remove_nodes for r in group for rr in r.rewrite_rules):
+                # A rule that leaves its matched nodes in place leaves them dead: remove them now, or the
+                # next rule matches, costs and "takes" dead code that never reaches the delivered model.
                 onnxscript.optimizer.remove_unused_nodes(model)
+            changed |= rule_changed
+        if changed:
             ir_passes.NameFixPass()(model)
+        for candidate in plan.candidates:
+            if candidate["rule"] in self._subsumed:
+                candidate["subsumed_by"] = dict(self._subsumed[candidate["rule"]])
         plan.notes = list(self._notes) + [n for n in self.cost_model.notes if n not in self._notes]
         plan.cost_model = self.cost_model.describe()
         return plan
@@ -306,7 +320,12 @@ class FusionSwitcher:
                     continue
                 judgement = self._judge(model, rewrite_rule, delta)
                 if judgement.taken:
-                    _apply(graph, rewrite_rule, node, delta, _removed_nodes(rewrite_rule, delta))
+                    removed = _removed_nodes(rewrite_rule, delta)
+                    for earlier in (n.metadata_props.get(RULE_TAG) for n in removed):
+                        if earlier and earlier != rule.name:  # an earlier fusion's node folded into this one
+                            by = self._subsumed.setdefault(earlier, collections.Counter())
+                            by[rule.name] += 1
+                    _apply(graph, rewrite_rule, node, delta, removed, rule.name)
                     run.judgements.append(judgement)
                     refused = None
                     break
@@ -452,15 +471,19 @@ def _in_dataflow_order(nodes: Iterable[ir.Node]) -> list[ir.Node]:
     return ordered
 
 
-def _apply(graph: ir.Graph, rewrite_rule: RewriteRule, node: ir.Node, delta, removed: list[ir.Node]) -> None:
-    """What ``RewriteRuleSet`` does with an accepted match."""
+def _apply(
+    graph: ir.Graph, rewrite_rule: RewriteRule, node: ir.Node, delta, removed: list[ir.Node], rule_name: str
+) -> None:
+    """What ``RewriteRuleSet`` does with an accepted match; new nodes are tagged with the fusion rule's name
+    (``RULE_TAG``) so that the delivered model can be checked against the plan."""
     for initializer in delta.new_initializers:
         if initializer.name not in graph.initializers:
             graph.initializers[initializer.name] = initializer
     onnxscript.optimizer.basic_constant_propagation(delta.new_nodes)
-    if rewrite_rule.name:
-        for new_node in delta.new_nodes:
+    for new_node in delta.new_nodes:
+        if rewrite_rule.name:
             new_node.metadata_props[RULE_NAME_TAG] = rewrite_rule.name
+        new_node.metadata_props[RULE_TAG] = rule_name
     ir.convenience.replace_nodes_and_values(
         graph,
         node,

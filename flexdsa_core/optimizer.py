@@ -29,6 +29,7 @@ import onnx_ir as ir
 
 from flexdsa_core.cache import KernelCache, LayeredCache, LRUCache, StatsCache
 from flexdsa_core.cost_model import CostModel
+from flexdsa_core.delivery import check_delivery
 from flexdsa_core.errors import ValidationFailedError
 from flexdsa_core.fusion_switcher import FusionSwitcher
 from flexdsa_core.fusions import discover_rules
@@ -235,6 +236,10 @@ class FlexDSAOptimizer:
 
             comp.pass_records[bucket.name] = [r.as_dict() for r in records]
             comp.fusion_plans[bucket.name] = plan.to_json()
+            # Every fusion the plan calls taken must be in the file we deliver, or the report says it is not.
+            comp.fusion_plans[bucket.name]["delivery_warnings"] = check_delivery(
+                comp.fusion_plans[bucket.name], model
+            )
             if estimate:
                 cost_after = cost_model.graph_cost(model)
                 comp.estimates[bucket.name] = {"before": cost_before.as_dict(), "after": cost_after.as_dict()}
@@ -387,6 +392,8 @@ class FlexDSAOptimizer:
             stage_seconds=dict(stage_seconds),
             total_seconds=time.perf_counter() - started,
         )
+        for bucket_name, plan in comp.fusion_plans.items():
+            report["warnings"].extend(f"[{bucket_name}] {w}" for w in plan.get("delivery_warnings", []))
         if latency:
             report["warnings"].extend(latency.get("warnings", []))
         if toolchain_report:
@@ -494,7 +501,8 @@ class FlexDSAOptimizer:
         # Weights in external data: one session at a time, or the measurement holds the model in memory twice.
         interleave = not needs_external_data(bucket.model)
         rounds = max(options.latency_repeats, MIN_ROUNDS)
-        tried: list[tuple[Comparison, Compilation]] = []  # every variant timed, for the fastest-variant fallback
+        # Every variant timed, for the fastest-variant fallback.
+        tried: list[tuple[Comparison, Compilation]] = []
 
         def timings(candidate: Compilation, reference: bytes | Path | None = None) -> Comparison:
             models = {

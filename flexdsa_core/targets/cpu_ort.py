@@ -108,6 +108,12 @@ def ort_layout(model: ir.Model) -> ir.Model | None:
             # ORT writes one file here, so tensors are in memory; any external one is read before cleanup.
             if isinstance(initializer.const_value, ir.ExternalTensor):
                 initializer.const_value = ir.tensor(initializer.const_value.numpy(), name=initializer.name)
+    # ORT does not keep node metadata (which fusion rule made a node): carried over by node name.
+    metadata = {
+        node.name: dict(node.metadata_props) for node in model.graph if node.name and node.metadata_props
+    }
+    for node in optimized.graph:
+        node.metadata_props.update(metadata.get(node.name, {}))
     _renumber_ort_names(optimized, model)
     # ORT writes an import for every domain it knows (ai.onnx.ml, training, preview...); keep the used ones.
     common_passes.RemoveUnusedOpsetsPass()(optimized)
@@ -122,7 +128,9 @@ _ORT_TOKEN = re.compile(r"_token_\d+$")
 def _renumber_ort_names(model: ir.Model, before: ir.Model) -> None:
     """Rename what ORT created (names ``before`` did not have) to ``<base>_ort<k>``, k by first appearance in
     graph order, and order the initializers by name, so the same graph is always written with the same bytes."""
-    known = {v.name for v in [*before.graph.inputs, *before.graph.outputs, *before.graph.initializers.values()]}
+    known = {
+        v.name for v in [*before.graph.inputs, *before.graph.outputs, *before.graph.initializers.values()]
+    }
     for node in before.graph:
         known.add(node.name)
         known.update(v.name for v in node.outputs)
@@ -143,7 +151,9 @@ def _renumber_ort_names(model: ir.Model, before: ir.Model) -> None:
         return f"{base}_ort{index}"
 
     for index, value in enumerate(created):
-        value.name = f"~ort-renaming-{index}"  # out of the way first: a new name may be another value's old one
+        value.name = (
+            f"~ort-renaming-{index}"  # out of the way first: a new name may be another value's old one
+        )
     for value, base in created.items():
         value.name = fresh(base)
     for node in model.graph:
@@ -188,7 +198,20 @@ class CpuOrtAdapter(PlatformAdapter):
                     "load-time SkipLayerNormalization fusion, which the Fusion Switcher measured as slower here, "
                     "does not undo its decision"
                 )
-        if "ort_layout" not in disabled:
+        calls = sorted(
+            {
+                f"{n.domain}::{n.op_type}"
+                for n in model.graph
+                if (n.domain, n.op_type, n.overload) in model.functions
+            }
+        )
+        if "ort_layout" not in disabled and calls:
+            # ORT's offline pass inlines model-local functions: a fusion that produces one (weighted_sum's
+            # flexdsa::WeightedSum, for a target that runs it natively) would vanish from the delivered file.
+            result.notes.append(
+                f"ONNX Runtime's offline pass skipped: it would inline the model-local function(s) {', '.join(calls)}"
+            )
+        elif "ort_layout" not in disabled:
             tuned = ort_layout(model)
             if tuned is None:
                 result.notes.append(
