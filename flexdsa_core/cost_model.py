@@ -662,7 +662,6 @@ class CostModel:
         key = self.pair_key(*keys, min_effect=min_effect)
         entry = self._cache_get(key)
         if entry is not None:
-            self._count_hit(entry)
             return Comparison.from_dict(entry)
         self.stats.misses += 1
         runners: list[tuple[int, Callable[[], None]]] = []
@@ -949,7 +948,6 @@ class CostModel:
         key = self._key(node, view, opset)
         entry = self._cache_get(key)
         if entry is not None:
-            self._count_hit(entry)
             return entry["seconds"] + self.target.launch_overhead_s
         self.stats.misses += 1
         entry = self._measure(node, view, opset, opsets)
@@ -1047,17 +1045,18 @@ class CostModel:
                        f"{str(error).splitlines()[0][:160]}")  # fmt: skip
             return None
 
-    def _count_hit(self, entry: dict) -> None:
+    def _count_hit(self, entry: dict, layer: str) -> None:
         saved = float(entry.get("measure_s", 0.0))
         self.stats.hits += 1
         self.stats.seconds_saved += saved
         report_saved = getattr(self.cache, "saved", None)  # a StatsCache keeps the job's total
-        if callable(report_saved):
+        if callable(report_saved) and layer != "memo":
+            # Only the caller's cache counted this hit: a memo hit saved there would read "0 hits, 0.1 s saved".
             report_saved(saved)
 
     def _cache_get(self, key: str) -> dict | None:
         """This model's own memo first (identical layers of one job measure once even when the caller
-        passes no cache, or a NullCache), then the shared cache."""
+        passes no cache, or a NullCache), then the shared cache. A hit is counted here."""
         layer = "memo"
         entry = self._memo.get(key)
         if entry is None:
@@ -1071,6 +1070,7 @@ class CostModel:
                 return None
             self._memo[key] = entry
         self.stats.by_layer[layer] = self.stats.by_layer.get(layer, 0) + 1
+        self._count_hit(entry, layer)
         return entry
 
     def _cache_put(self, key: str, entry: dict) -> None:

@@ -232,7 +232,12 @@ class FusionSwitcher:
             entry = _candidate(rule, run=trial)
             if entry["taken"]:
                 entry["decision"] = "refused"
+                entry["refused"] += entry["taken"]
                 entry["taken"] = 0
+                for line in entry["by_kind"]:  # the trial's "taken" lines were never applied: say so
+                    if line["taken"]:
+                        line["taken"] = False
+                        line["reason"] = line["reason"].removesuffix(": taken") + ": would pay, but not applied"
                 if best is None:
                     entry["reason"] = f"no alternative of {_group_names(group)} pays overall; kept unfused"
                 else:

@@ -225,13 +225,13 @@ class CpuOrtAdapter(PlatformAdapter):
                     result.portable = model
                     result.notes.append(
                         "ONNX Runtime's own layout transformers (NCHWc blocked convolutions) run offline: "
-                        f"model.onnx is specific to CPUs like this one ({cpu_features()['machine']}); "
-                        "model.portable.onnx runs anywhere"
+                        f"this model is specific to CPUs like this one ({cpu_features()['machine']}); "
+                        "its .portable.onnx beside it runs anywhere"
                     )
                 else:
                     result.notes.append(
                         "ONNX Runtime's own graph transformers run offline; nothing hardware-specific resulted, "
-                        "so model.onnx runs on any CPU"
+                        "so this model runs on any CPU"
                     )
         return result
 
