@@ -26,8 +26,9 @@ Seconds and joules, per kernel:
   count, memory contention still does. Of 5 to 50 runs (within ``measure_budget_s``) the figure is
   the median of the faster half (the lower quartile), less the same figure for an empty run (the
   Python and session overhead a real graph does not pay per node), plus ``launch_overhead_s`` (what a
-  real graph does pay per node). The plain median is cached alongside. Close calls are re-timed side
-  by side (``compare``), both sets interleaved round by round.
+  real graph does pay per node). The plain median is cached alongside. A choice between two node sets
+  is timed side by side (``compare_paired``), both sets interleaved round by round, and judged with a
+  confidence bound (``significance.py``). The clock is injectable (``timer``): tests hand in a noisy one.
   Fused kernels are the reason to measure: at [1,128,768] ONNX Runtime 1.31's CPU
   SkipLayerNormalization is several times slower than Add + LayerNormalization, while BiasGelu and
   SimplifiedLayerNormalization are faster than their unfused forms, whatever a roofline says.
@@ -67,6 +68,7 @@ import onnxruntime as ort
 
 from flexdsa_core import __version__
 from flexdsa_core.cache import CacheStats, KernelCache, LRUCache, kernel_key
+from flexdsa_core.significance import KERNEL_MIN_EFFECT, MIN_ROUNDS, Comparison, paired
 from flexdsa_core.targets.spec import TargetSpec, op_key
 
 __all__ = ["Cost", "CostModel", "OpView", "TensorInfo", "measure_sgemm_peak", "op_cost", "work"]
@@ -407,15 +409,19 @@ def _time_session(
     return _time_runner(_bound_runner(session, feeds), budget_s)
 
 
-def _time_runner(run: Callable[[], None], budget_s: float) -> list[float]:
+Timer = Callable[[Callable[[], object]], float]
+
+
+def _time_runner(run: Callable[[], None], budget_s: float, timer: Timer | None = None) -> list[float]:
     """Seconds per run: at least 5 runs, as many as fit the budget (at most 50); a kernel slower than
     the budget runs twice."""
-    warm = _timed(run)
+    timer = timer or _timed
+    warm = timer(run)
     least = 5 if warm < budget_s / 5 else 2
     runs: list[float] = []
     started = time.perf_counter()
     while len(runs) < least or (len(runs) < 50 and time.perf_counter() - started < budget_s):
-        runs.append(_timed(run))
+        runs.append(timer(run))
     return runs
 
 
@@ -451,7 +457,7 @@ def _steady(runs: Sequence[float]) -> float:
 
 
 @functools.cache
-def _empty_run_seconds() -> float:
+def _empty_run_seconds(timer: Timer | None = None) -> float:
     """Median of a run that does nothing (Identity on one float): the fixed cost of ``run`` itself."""
     node = onnx.helper.make_node("Identity", ["x"], ["y"])
     info = TensorInfo((1,), "float32")
@@ -459,7 +465,8 @@ def _empty_run_seconds() -> float:
     session = ort.InferenceSession(
         model.SerializeToString(), _session_options(_LEVELS["basic"]), providers=["CPUExecutionProvider"]
     )
-    return _steady(_time_session(session, {"x": np.ones(1, np.float32)}, 0.05))
+    runner = _bound_runner(session, {"x": np.ones(1, np.float32)})
+    return _steady(_time_runner(runner, 0.05, timer))
 
 
 # The instruction-set extensions ONNX Runtime's CPU kernels (MLAS) pick code paths by. Two CPUs with the same
@@ -553,6 +560,7 @@ class CostModel:
         dims: Mapping[str, int] | None = None,
         ort_level: str = "basic",
         measure_budget_s: float = 0.05,
+        timer: Timer | None = None,
     ) -> None:
         if ort_level not in _LEVELS:
             raise ValueError(f"ort_level must be one of {sorted(_LEVELS)}, not {ort_level!r}")
@@ -562,6 +570,8 @@ class CostModel:
         self.dims = dict(dims or {})
         self.ort_level = ort_level
         self.measure_budget_s = measure_budget_s
+        # Seconds one call of a function takes; the default is this thread's CPU time (``_timed``).
+        self.timer: Timer | None = timer
         self.stats = CacheStats()
         self.measure_seconds = 0.0
         # Lowered (128 -> 64 -> ...) when a model refuses the default, e.g. a position table of 64.
@@ -634,12 +644,26 @@ class CostModel:
         opsets: Mapping[str, int] | None = None,
         shapes: Mapping[ir.Value, TensorInfo] | None = None,
     ) -> tuple[float, float] | None:
-        """Seconds of two node sets timed side by side, for close calls: each round runs every kernel
-        of both sets once (in alternating order), so that load on a shared machine falls on both sides
-        alike. Per kernel the same figure as a measurement (steady run time less the empty run, plus
+        """Seconds of two node sets timed side by side (``compare_paired``'s medians), or None."""
+        comparison = self.compare_paired(first, second, opsets=opsets, shapes=shapes)
+        return None if comparison is None else (comparison.first_s, comparison.second_s)
+
+    def compare_paired(
+        self,
+        first: Sequence[ir.Node],
+        second: Sequence[ir.Node],
+        *,
+        opsets: Mapping[str, int] | None = None,
+        shapes: Mapping[ir.Value, TensorInfo] | None = None,
+        min_effect: float = KERNEL_MIN_EFFECT,
+    ) -> Comparison | None:
+        """Two node sets timed side by side and compared with a confidence bound (``significance.paired``):
+        each round runs every kernel of both sets once (in alternating order), so that load on a shared
+        machine falls on both sides alike; at least ``MIN_ROUNDS`` rounds, up to 50 within four kernel
+        budgets. Per kernel and round the same figure as a measurement (run time less the empty run, plus
         ``launch_overhead_s``). None when not measuring or a kernel cannot be run alone. Cached like a
-        measurement, under the pair of kernel keys: the same close call at twelve identical layers,
-        or in the next job, is timed once and decided the same way."""
+        measurement, under the pair of kernel keys: the same choice at twelve identical layers, or in the
+        next job, is timed once and decided the same way."""
         if not self.measuring:
             return None
         started = time.perf_counter()
@@ -655,12 +679,13 @@ class CostModel:
                 node_opsets = opsets or self._opsets_of(node)
                 opset = node_opsets.get(node.domain, _DEFAULT_OPSETS.get(node.domain, 1))
                 kernels.append((side, node, view, opset, node_opsets))
-        pair = [[side, self._key(node, view, opset)] for side, node, view, opset, _ in kernels]
-        key = kernel_key({"compare": pair}, self.target.name, self.target.version, self.compiler_version)
+        keys = ([], [])
+        for side, node, view, opset, _ in kernels:
+            keys[side].append(self._key(node, view, opset))
+        key = self.pair_key(*keys, min_effect=min_effect)
         entry = self._cache_get(key)
         if entry is not None:
-            self._count_hit(entry)
-            return entry["first"], entry["second"]
+            return Comparison.from_dict(entry)
         self.stats.misses += 1
         runners: list[tuple[int, Callable[[], None]]] = []
         for side, node, view, opset, node_opsets in kernels:
@@ -668,24 +693,36 @@ class CostModel:
             if run is None:
                 return None
             runners.append((side, run))
-        times: list[list[float]] = [[] for _ in runners]
+        timer = self.timer or _timed
+        empty = _empty_run_seconds(self.timer)
+        per_round: tuple[list[float], list[float]] = ([], [])
         order = list(range(len(runners)))
         rounds = 0
         budget = 4 * self.measure_budget_s
         timing_started = time.perf_counter()
-        while rounds < 5 or (rounds < 50 and time.perf_counter() - timing_started < budget):
+        while rounds < MIN_ROUNDS or (rounds < 50 and time.perf_counter() - timing_started < budget):
+            totals = [0.0, 0.0]
             for index in order if rounds % 2 == 0 else reversed(order):
-                times[index].append(_timed(runners[index][1]))
+                side, run = runners[index]
+                totals[side] += max(timer(run) - empty, 0.0) + self.target.launch_overhead_s
+            per_round[0].append(totals[0])
+            per_round[1].append(totals[1])
             rounds += 1
-        totals = [0.0, 0.0]
-        for (side, _), runs in zip(runners, times, strict=True):
-            totals[side] += max(_steady(runs) - _empty_run_seconds(), 0.0) + self.target.launch_overhead_s
+        comparison = paired(per_round[0], per_round[1], min_effect=min_effect)
         elapsed = time.perf_counter() - started
         self.measure_seconds += elapsed
-        self._cache_put(
-            key, {"first": totals[0], "second": totals[1], "rounds": rounds, "measure_s": elapsed}
-        )
-        return totals[0], totals[1]
+        self._cache_put(key, {**comparison.as_dict(), "measure_s": elapsed})
+        return comparison
+
+    def pair_key(
+        self, first: Sequence[str], second: Sequence[str], *, min_effect: float = KERNEL_MIN_EFFECT
+    ) -> str:
+        """The cache key of a side-by-side comparison of two sets of kernels (their ``kernel_key``s)."""
+        pair = [[0, key] for key in first] + [[1, key] for key in second]
+        return kernel_key(
+            {"compare": pair, "paired": {"min_effect": min_effect, "min_rounds": MIN_ROUNDS}},
+            self.target.name, self.target.version, self.compiler_version,
+        )  # fmt: skip
 
     def describe(self) -> dict:
         """What the figures rest on, for reports."""
@@ -906,7 +943,9 @@ class CostModel:
         the float16 peak, and the notes say so."""
         peak = self.target.peak_ops_per_s.get(dtype)
         if peak is None and dtype == "float32" and self.target.peak_ops_per_s.get("float16"):
-            self._note(f"{self.target.name}: float32 costed at the float16 peak (the part computes floats in fp16)")
+            self._note(
+                f"{self.target.name}: float32 costed at the float16 peak (the part computes floats in fp16)"
+            )
             return self.target.peak_ops_per_s["float16"]
         return peak
 
@@ -932,7 +971,6 @@ class CostModel:
         key = self._key(node, view, opset)
         entry = self._cache_get(key)
         if entry is not None:
-            self._count_hit(entry)
             return entry["seconds"] + self.target.launch_overhead_s
         self.stats.misses += 1
         entry = self._measure(node, view, opset, opsets)
@@ -983,11 +1021,11 @@ class CostModel:
         run = self._kernel_runner(node, view, opset, opsets)
         if run is None:
             return None
-        runs = _time_runner(run, self.measure_budget_s)
+        runs = _time_runner(run, self.measure_budget_s, self.timer)
         elapsed = time.perf_counter() - started
         self.measure_seconds += elapsed
         return {
-            "seconds": max(_steady(runs) - _empty_run_seconds(), 0.0),
+            "seconds": max(_steady(runs) - _empty_run_seconds(self.timer), 0.0),
             "raw_steady_s": _steady(runs),
             "raw_median_s": statistics.median(runs),
             "runs": len(runs),
@@ -1008,7 +1046,9 @@ class CostModel:
             elif value is not None and info is not None:
                 known = info.value is not None
                 try:
-                    feeds[name] = np.asarray(info.value) if known else _random_array(info.shape, info.dtype, rng)
+                    feeds[name] = (
+                        np.asarray(info.value) if known else _random_array(info.shape, info.dtype, rng)
+                    )
                 except _ProbeTooLarge:
                     return None
             inputs.append((name, info, constant))
@@ -1028,17 +1068,18 @@ class CostModel:
                        f"{str(error).splitlines()[0][:160]}")  # fmt: skip
             return None
 
-    def _count_hit(self, entry: dict) -> None:
+    def _count_hit(self, entry: dict, layer: str) -> None:
         saved = float(entry.get("measure_s", 0.0))
         self.stats.hits += 1
         self.stats.seconds_saved += saved
         report_saved = getattr(self.cache, "saved", None)  # a StatsCache keeps the job's total
-        if callable(report_saved):
+        if callable(report_saved) and layer != "memo":
+            # Only the caller's cache counted this hit: a memo hit saved there would read "0 hits, 0.1 s saved".
             report_saved(saved)
 
     def _cache_get(self, key: str) -> dict | None:
         """This model's own memo first (identical layers of one job measure once even when the caller
-        passes no cache, or a NullCache), then the shared cache."""
+        passes no cache, or a NullCache), then the shared cache. A hit is counted here."""
         layer = "memo"
         entry = self._memo.get(key)
         if entry is None:
@@ -1052,6 +1093,7 @@ class CostModel:
                 return None
             self._memo[key] = entry
         self.stats.by_layer[layer] = self.stats.by_layer.get(layer, 0) + 1
+        self._count_hit(entry, layer)
         return entry
 
     def _cache_put(self, key: str, entry: dict) -> None:

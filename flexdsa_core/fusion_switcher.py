@@ -15,11 +15,13 @@ For each rule, in ``order``:
    with the ``CostModel`` (measured kernels on cpu-ort, a roofline estimate elsewhere). The match is
    applied only if the gain pays for the objective:
 
-   * ``latency``: ``gain.seconds > 0``. When both sides are measured and within 25 % of each other,
-     they are first re-timed side by side (``CostModel.compare``: two measurements taken at different
-     moments on a shared machine differ by that much); a gain then within the noise margin (max(5 %
-     of the removed nodes' time, 0.5 µs)) either way is a tie, taken only if the rewrite leaves fewer
-     kernels (a folded BatchNorm: the Conv with a bias costs about what it did without);
+   * ``latency``, on a target whose kernels are measured here (cpu-ort): the two sides are timed side by
+     side in interleaved rounds (``CostModel.compare_paired``) and the match is taken when they are
+     significantly faster (the 95 % interval of the per-round time ratio lies below 1 - 10 %), refused
+     when significantly slower, and otherwise (a tie, or a side ONNX Runtime cannot run alone) decided
+     by a fixed rule: taken if the rewrite leaves fewer kernels (a folded BatchNorm: the Conv with a bias
+     costs about what it did without). Timing noise can then turn a decision into a tie, never flip it;
+     the statistics are written per match kind (``significance``). On an estimated target: ``gain.seconds > 0``;
    * ``energy``: ``gain.joules > 0`` (where the target has no power figure, energy is unavailable and the
      decision falls back to latency, said so in the plan);
    * ``balanced``: ``gain.seconds / before.seconds + gain.joules / before.joules > 0`` (the first-order
@@ -52,14 +54,12 @@ from flexdsa_core.cost_model import Cost, CostModel, TensorInfo
 from flexdsa_core.fusions import FusionRule, discover_rules
 from flexdsa_core.targets.spec import TargetSpec, op_key
 
-__all__ = ["FusionPlan", "FusionSwitcher"]
+__all__ = ["RULE_TAG", "FusionPlan", "FusionSwitcher"]
+
+# Node metadata naming the fusion rule that produced the node.
+RULE_TAG = "flexdsa.fusion_rule"
 
 Objective = Literal["latency", "energy", "balanced"]
-# A measured gain must beat timing noise: 5 % of the removed nodes' time and half a microsecond.
-_MEASURED_NOISE = 0.05
-_MEASURED_NOISE_S = 0.5e-6
-# Measured sides closer than this (relative) are re-timed side by side before deciding.
-_CLOSE_CALL = 0.25
 _MAX_REASONS = 10
 
 
@@ -104,6 +104,7 @@ class _Judgement:
     gain_joules: float | None = None
     before: Cost | None = None
     after: Cost | None = None
+    significance: dict | None = None  # the side-by-side statistics, or how the decision was reached without
 
 
 class _ReasonTracer:
@@ -153,6 +154,8 @@ class FusionSwitcher:
         self.objective = objective
         self.disabled = frozenset(disabled)
         self._notes: dict[str, None] = {}
+        # rule -> later rules that consumed nodes it produced (gelu_erf's Gelu inside bias_gelu's BiasGelu).
+        self._subsumed: dict[str, collections.Counter[str]] = {}
         # Concrete shapes by value name, found once per run by running the graph: symbolic dims are
         # then specialised consistently across a match instead of one value at a time.
         self._shapes: dict[str, TensorInfo] = {}
@@ -167,15 +170,24 @@ class FusionSwitcher:
         changed = False
         for rule in rules:
             if rule.alternatives is None:
-                changed |= self._single(model, rule, plan)
+                group = [rule]
+                rule_changed = self._single(model, rule, plan)
             elif rule.alternatives not in done_groups:
                 done_groups.add(rule.alternatives)
                 group = [r for r in rules if r.alternatives == rule.alternatives]
-                changed |= self._alternatives(model, group, plan)
-        if changed:
-            if any(not rr.remove_nodes for r in rules for rr in r.rewrite_rules):
+                rule_changed = self._alternatives(model, group, plan)
+            else:
+                continue
+            if rule_changed and any(not rr.remove_nodes for r in group for rr in r.rewrite_rules):
+                # A rule that leaves its matched nodes in place leaves them dead: remove them now, or the
+                # next rule matches, costs and "takes" dead code that never reaches the delivered model.
                 onnxscript.optimizer.remove_unused_nodes(model)
+            changed |= rule_changed
+        if changed:
             ir_passes.NameFixPass()(model)
+        for candidate in plan.candidates:
+            if candidate["rule"] in self._subsumed:
+                candidate["subsumed_by"] = dict(self._subsumed[candidate["rule"]])
         plan.notes = list(self._notes) + [n for n in self.cost_model.notes if n not in self._notes]
         plan.cost_model = self.cost_model.describe()
         return plan
@@ -220,7 +232,12 @@ class FusionSwitcher:
             entry = _candidate(rule, run=trial)
             if entry["taken"]:
                 entry["decision"] = "refused"
+                entry["refused"] += entry["taken"]
                 entry["taken"] = 0
+                for line in entry["by_kind"]:  # the trial's "taken" lines were never applied: say so
+                    if line["taken"]:
+                        line["taken"] = False
+                        line["reason"] = line["reason"].removesuffix(": taken") + ": would pay, but not applied"
                 if best is None:
                     entry["reason"] = f"no alternative of {_group_names(group)} pays overall; kept unfused"
                 else:
@@ -260,7 +277,9 @@ class FusionSwitcher:
             return "refused: switched off by the user"
         left_to_vendor = self.target.toolchain_fuses.get(rule.name)
         if left_to_vendor:
-            return f"refused: left to the {self.target.name} compiler, which fuses it itself ({left_to_vendor})"
+            return (
+                f"refused: left to the {self.target.name} compiler, which fuses it itself ({left_to_vendor})"
+            )
         missing = [op for op in rule.produces if not self.supports(op)]
         if missing:
             return f"refused: target {self.target.name} has no {', '.join(missing)}"
@@ -306,7 +325,12 @@ class FusionSwitcher:
                     continue
                 judgement = self._judge(model, rewrite_rule, delta)
                 if judgement.taken:
-                    _apply(graph, rewrite_rule, node, delta, _removed_nodes(rewrite_rule, delta))
+                    removed = _removed_nodes(rewrite_rule, delta)
+                    for earlier in (n.metadata_props.get(RULE_TAG) for n in removed):
+                        if earlier and earlier != rule.name:  # an earlier fusion's node folded into this one
+                            by = self._subsumed.setdefault(earlier, collections.Counter())
+                            by[rule.name] += 1
+                    _apply(graph, rewrite_rule, node, delta, removed, rule.name)
                     run.judgements.append(judgement)
                     refused = None
                     break
@@ -336,29 +360,33 @@ class FusionSwitcher:
         opsets = model.opset_imports
         before = self.cost_model.nodes_cost(removed, opsets=opsets, shapes=self._known_shapes(removed))
         after = self.cost_model.nodes_cost(added, opsets=opsets, shapes=self._known_shapes(added))
-        retimed = ""
-        if _close_call(before, after):
+        comparison = None
+        if self.cost_model.measuring:
             shapes = {**self._known_shapes(removed), **self._known_shapes(added)}
-            side_by_side = self.cost_model.compare(removed, added, opsets=opsets, shapes=shapes)
-            if side_by_side is not None:
-                before = replace(before, seconds=side_by_side[0])
-                after = replace(after, seconds=side_by_side[1])
-                retimed = ", a close call re-timed side by side"
+            comparison = self.cost_model.compare_paired(removed, added, opsets=opsets, shapes=shapes)
+            if comparison is not None:
+                before = replace(before, seconds=comparison.first_s)
+                after = replace(after, seconds=comparison.second_s)
         gain_seconds = _minus(before.seconds, after.seconds)
         gain_joules = _minus(before.joules, after.joules)
-        taken, basis = self._pays(before, after, gain_seconds, gain_joules)
-        measured = "measured" if after.measured or before.measured else "estimated"
-        where = " on this machine" if measured == "measured" else ""
+        taken, basis, significance = self._pays(before, after, gain_seconds, gain_joules, comparison)
+        label = _label(before, after, comparison)
+        where = " on this machine" if comparison is not None else ""
         reason = (
-            f"{measured} {_ops_text(added)} {_ms(after.seconds)} vs {_ops_text(removed)} "
-            f"{_ms(before.seconds)}{where}{retimed}{basis}: {'taken' if taken else 'refused'}"
+            f"{label} {_ops_text(added)} {_ms(after.seconds)} vs {_ops_text(removed)} "
+            f"{_ms(before.seconds)}{where}{basis}: {'taken' if taken else 'refused'}"
         )
-        return _Judgement(taken, reason, kind, gain_seconds, gain_joules, before, after)
+        return _Judgement(taken, reason, kind, gain_seconds, gain_joules, before, after, significance)
 
     def _pays(
-        self, before: Cost, after: Cost, gain_seconds: float | None, gain_joules: float | None
-    ) -> tuple[bool, str]:
-        """(take it?, what the decision rested on beyond latency)."""
+        self,
+        before: Cost,
+        after: Cost,
+        gain_seconds: float | None,
+        gain_joules: float | None,
+        comparison=None,
+    ) -> tuple[bool, str, dict | None]:
+        """(take it?, what the decision rested on beyond latency, the statistics or the rule applied)."""
         objective = self.objective
         if objective in ("energy", "balanced") and gain_joules is None:
             self._note(
@@ -367,20 +395,28 @@ class FusionSwitcher:
             )
             objective = "latency"
         if objective == "energy":
-            return gain_joules > 0, f", energy {_mj(before.joules)} -> {_mj(after.joules)}"
-        if gain_seconds is None:
-            return False, " (no time estimate)"
+            return gain_joules > 0, f", energy {_mj(before.joules)} -> {_mj(after.joules)}", None
         if objective == "balanced":
+            if gain_seconds is None:
+                return False, " (no time estimate)", None
             score = gain_seconds / (before.seconds or 1.0) + gain_joules / (before.joules or 1.0)
-            return score > 0, f", energy {_mj(before.joules)} -> {_mj(after.joules)}"
-        margin = 0.0
-        if after.measured and before.measured:
-            margin = max(_MEASURED_NOISE * (before.seconds or 0.0), _MEASURED_NOISE_S)
-        if abs(gain_seconds) <= margin and gain_seconds != 0:
-            # A measured tie: fewer kernels decides (fewer launches, fewer tensors to keep).
-            fewer = after.kernels < before.kernels
-            return fewer, f" (within measurement noise; {'fewer' if fewer else 'no fewer'} kernels)"
-        return gain_seconds > margin, ""
+            return score > 0, f", energy {_mj(before.joules)} -> {_mj(after.joules)}", None
+        fewer = after.kernels < before.kernels
+        rule = f"rule: {'fewer' if fewer else 'no fewer'} kernels ({after.kernels} vs {before.kernels})"
+        if self.cost_model.measuring:
+            # Measured here: only a significant difference decides; anything else goes to the fixed rule.
+            if comparison is None:
+                return fewer, f" (not measurable side by side; {rule})", {"decided_by": rule, "verdict": None}
+            stats = {**comparison.as_dict(), "decided_by": "measurement"}
+            if comparison.verdict == "faster":
+                return True, f" (significantly faster, ratio {comparison.ratio:.2f})", stats
+            if comparison.verdict == "slower":
+                return False, f" (significantly slower, ratio {comparison.ratio:.2f})", stats
+            stats["decided_by"] = rule
+            return fewer, f" (no significant difference, ratio {comparison.ratio:.2f}; {rule})", stats
+        if gain_seconds is None:
+            return False, " (no time estimate)", None
+        return gain_seconds > 0, "", None
 
     def _note(self, text: str) -> None:
         self._notes[text] = None
@@ -389,16 +425,18 @@ class FusionSwitcher:
 # -- helpers ---------------------------------------------------------------------------------------
 
 
-def _close_call(before: Cost, after: Cost) -> bool:
-    """Both sides fully measured and within a quarter of each other: worth timing side by side, since
-    two measurements taken at different moments on a shared machine can differ by that much."""
-    if not (before.kernels and after.kernels):
-        return False
-    if before.measured < before.kernels or after.measured < after.kernels:
-        return False
-    if before.seconds is None or after.seconds is None:
-        return False
-    return abs(before.seconds - after.seconds) <= _CLOSE_CALL * max(before.seconds, after.seconds)
+def _label(before: Cost, after: Cost, comparison) -> str:
+    """ "measured" only when both sides were timed here; "estimated" when neither kernel was."""
+    if comparison is not None or (
+        before.kernels
+        and after.kernels
+        and before.measured == before.kernels
+        and after.measured == after.kernels
+    ):
+        return "measured"
+    if before.measured or after.measured:
+        return "partly measured (the rest estimated)"
+    return "estimated"
 
 
 def _removed_nodes(rewrite_rule: RewriteRule, delta) -> list[ir.Node]:
@@ -438,15 +476,19 @@ def _in_dataflow_order(nodes: Iterable[ir.Node]) -> list[ir.Node]:
     return ordered
 
 
-def _apply(graph: ir.Graph, rewrite_rule: RewriteRule, node: ir.Node, delta, removed: list[ir.Node]) -> None:
-    """What ``RewriteRuleSet`` does with an accepted match."""
+def _apply(
+    graph: ir.Graph, rewrite_rule: RewriteRule, node: ir.Node, delta, removed: list[ir.Node], rule_name: str
+) -> None:
+    """What ``RewriteRuleSet`` does with an accepted match; new nodes are tagged with the fusion rule's name
+    (``RULE_TAG``) so that the delivered model can be checked against the plan."""
     for initializer in delta.new_initializers:
         if initializer.name not in graph.initializers:
             graph.initializers[initializer.name] = initializer
     onnxscript.optimizer.basic_constant_propagation(delta.new_nodes)
-    if rewrite_rule.name:
-        for new_node in delta.new_nodes:
+    for new_node in delta.new_nodes:
+        if rewrite_rule.name:
             new_node.metadata_props[RULE_NAME_TAG] = rewrite_rule.name
+        new_node.metadata_props[RULE_TAG] = rule_name
     ir.convenience.replace_nodes_and_values(
         graph,
         node,
@@ -522,12 +564,15 @@ def _candidate(rule: FusionRule, *, refusal: str | None = None, run: _RuleRun | 
         by_kind=_by_kind(run.judgements),
         check_refusals=[{"reason": r, "count": c} for r, c in run.tracer.reasons.most_common(_MAX_REASONS)],
     )
-    measured = any(j.after is not None and j.after.measured for j in run.judgements)
+    timed = [bool(j.significance and j.significance.get("verdict")) for j in run.judgements]
     entry["estimated_gain"] = {
         "seconds": run.total("gain_seconds"),
         "joules": run.total("gain_joules"),
-        "basis": "measured kernels" if measured else "estimate",
-    }
+        "basis": (
+            "measured side by side" if timed and all(timed)
+            else "partly measured (the rest estimated)" if any(timed) else "estimate"
+        ),
+    }  # fmt: skip
     if not run.judgements:
         first = run.tracer.reasons.most_common(1)
         why = f"; the rule's check said: {first[0][0]}" if first else ""
@@ -561,6 +606,7 @@ def _by_kind(judgements: Sequence[_Judgement]) -> list[dict]:
                 "gain_joules_each": first.gain_joules,
                 "before": first.before.as_dict() if first.before else None,
                 "after": first.after.as_dict() if first.after else None,
+                "significance": first.significance,
             }
         )
     return sorted(lines, key=lambda line: -line["count"])

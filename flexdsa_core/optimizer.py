@@ -29,23 +29,26 @@ import onnx_ir as ir
 
 from flexdsa_core.cache import KernelCache, LayeredCache, LRUCache, StatsCache
 from flexdsa_core.cost_model import CostModel
-from flexdsa_core.errors import InvalidOptionsError, ValidationFailedError
+from flexdsa_core.delivery import check_delivery
+from flexdsa_core.errors import ValidationFailedError
 from flexdsa_core.fusion_switcher import FusionSwitcher
 from flexdsa_core.fusions import discover_rules
 from flexdsa_core.ingest import Ingested, ingest, needs_external_data, save_model
 from flexdsa_core.invariants import check_invariants
 from flexdsa_core.memory_planner import plan_memory
 from flexdsa_core.options import OptimizeOptions
-from flexdsa_core.passes import GENERIC_PASS_NAMES, generic_passes
+from flexdsa_core.passes import generic_passes
 from flexdsa_core.passes.manager import run_passes
+from flexdsa_core.preflight import check_buckets, check_disabled, switchable_names
 from flexdsa_core.report import build_report, render_summary, report_summary
 from flexdsa_core.shape_tracker import ShapeTracker
+from flexdsa_core.significance import MIN_ROUNDS, MODEL_MIN_EFFECT, Comparison, paired
 from flexdsa_core.subgraph_mapper import SubgraphMapper
 from flexdsa_core.targets import BucketModel, PlatformAdapter, TargetSpec, get_adapter, load_target, op_key
 from flexdsa_core.targets.accelerator import AcceleratorAdapter
 from flexdsa_core.targets.estimate import target_estimate
 from flexdsa_core.targets.toolchain_run import run_toolchain
-from flexdsa_core.validate import compare, make_inputs, measure_latency, run
+from flexdsa_core.validate import compare, latency_samples, make_inputs, run
 
 Progress = Callable[[str, float, str], None]
 
@@ -54,8 +57,6 @@ STAGE_WEIGHTS = {
     "ingest": 0.05, "shapes": 0.05, "passes": 0.15, "fusion": 0.30, "memory": 0.05,
     "adapter": 0.05, "validate": 0.20, "measure": 0.10, "report": 0.05,
 }  # fmt: skip
-# Ratio above which the optimised model counts as slower than the original (timing noise is ~3%).
-SLOWER_THAN = 1.03
 MAX_ROLLBACKS = 6
 
 
@@ -140,21 +141,11 @@ class FlexDSAOptimizer:
         self.toolchain_root = Path(toolchain_root) if toolchain_root is not None else None
 
     def switchable_rewrites(self) -> dict[str, list[str]]:
-        """Every name ``disabled_rules`` accepts for this target, by kind."""
-        return {
-            "passes": list(GENERIC_PASS_NAMES),
-            "fusions": [rule.name for rule in discover_rules()],
-            "target": list(self.adapter.rewrites),
-        }
+        """Every name ``disabled_rules`` accepts for this target, by kind (``preflight.switchable_names``)."""
+        return switchable_names(self.target)
 
     def _check_disabled(self, options: OptimizeOptions) -> None:
-        known = {name for names in self.switchable_rewrites().values() for name in names}
-        unknown = sorted(set(options.disabled_rules) - known)
-        if unknown:
-            raise InvalidOptionsError(
-                f"disabled_rules names unknown rewrites: {', '.join(unknown)}. "
-                f"Known for target {self.target.name!r}: {', '.join(sorted(known))}."
-            )
+        check_disabled(options.disabled_rules, self.target)
 
     def supports(self, key: str) -> bool:
         op_type, domain = (key.split("::", 1)[1], key.split("::", 1)[0]) if "::" in key else (key, "")
@@ -245,6 +236,10 @@ class FlexDSAOptimizer:
 
             comp.pass_records[bucket.name] = [r.as_dict() for r in records]
             comp.fusion_plans[bucket.name] = plan.to_json()
+            # Every fusion the plan calls taken must be in the file we deliver, or the report says it is not.
+            comp.fusion_plans[bucket.name]["delivery_warnings"] = check_delivery(
+                comp.fusion_plans[bucket.name], model
+            )
             if estimate:
                 cost_after = cost_model.graph_cost(model)
                 comp.estimates[bucket.name] = {"before": cost_before.as_dict(), "after": cost_after.as_dict()}
@@ -329,6 +324,7 @@ class FlexDSAOptimizer:
         # Without shape_buckets, observed_shapes (traffic) decide the buckets: least expected padded cost.
         traffic = {"observed": options.observed_shapes, "max_buckets": options.max_buckets}
         buckets = tracker.buckets(options.shape_buckets, self.target, **traffic)
+        check_buckets(tracker, buckets)  # a bucket the model cannot run is the user's to fix: refuse it now
         stage_seconds["shapes"] += time.perf_counter() - start
         report_progress.finish("shapes")
 
@@ -396,6 +392,10 @@ class FlexDSAOptimizer:
             stage_seconds=dict(stage_seconds),
             total_seconds=time.perf_counter() - started,
         )
+        for bucket_name, plan in comp.fusion_plans.items():
+            report["warnings"].extend(f"[{bucket_name}] {w}" for w in plan.get("delivery_warnings", []))
+        if latency:
+            report["warnings"].extend(latency.get("warnings", []))
         if toolchain_report:
             report["toolchain"] = toolchain_report
             report["warnings"].extend(toolchain_report.get("warnings", []))
@@ -492,71 +492,123 @@ class FlexDSAOptimizer:
         return culprit, recompile(frozenset(base | {culprit}))
 
     def _never_slower(self, comp, original_source, options, rollbacks, references, recompile, progress):
+        """Time original and optimised side by side (paired rounds, a confidence bound: ``significance``);
+        while the optimised model is significantly slower, bisect the rewrite that costs time and switch it
+        off. Still slower at the end: ship the fastest verified variant measured on the way, unless the
+        user allowed a slower model (``allow_slower``); either way a warning says so."""
         bucket = comp.buckets[0]
         feeds = make_inputs(_proto_without_weights(bucket.model), seed=options.seed)
-
         # Weights in external data: one session at a time, or the measurement holds the model in memory twice.
         interleave = not needs_external_data(bucket.model)
+        rounds = max(options.latency_repeats, MIN_ROUNDS)
+        # Every variant timed, for the fastest-variant fallback.
+        tried: list[tuple[Comparison, Compilation]] = []
 
-        def timings(candidate: Compilation) -> dict[str, float]:
+        def timings(candidate: Compilation, reference: bytes | Path | None = None) -> Comparison:
             models = {
-                "original": original_source,
+                "original": reference or original_source,
                 "optimized": self._model_source(candidate.buckets[0].model),
             }
-            return measure_latency(models, feeds, repeats=options.latency_repeats, interleave=interleave)
+            comparison = _sequential_comparison(models, feeds, rounds, interleave)
+            if reference is None:
+                tried.append((comparison, candidate))
+            return comparison
+
+        def verified(candidate: Compilation) -> bool:
+            return not options.validate_outputs or all(
+                r.ok for r in self._validate_buckets(candidate, original_source, options, references)
+            )
 
         measured = timings(comp)
+        warnings: list[str] = []
         if options.never_slower and self.target.calibrated:
-
-            def fast_enough(candidate: Compilation) -> bool:
-                t = timings(candidate)
-                return t["optimized"] <= t["original"] * SLOWER_THAN
-
             attempts = 0
-            while measured["optimized"] > measured["original"] * SLOWER_THAN and attempts < MAX_ROLLBACKS:
+            while measured.verdict == "slower" and attempts < MAX_ROLLBACKS:
                 attempts += 1
                 # Re-measure once before acting: one slow sample is noise, two are a finding.
                 measured = timings(comp)
-                if measured["optimized"] <= measured["original"] * SLOWER_THAN:
+                if measured.verdict != "slower":
                     break
                 progress("measure", 0.5, "optimised model is slower: bisecting the rewrite that costs time")
-                culprit, candidate = self._bisect(comp, fast_enough, recompile)
-                if culprit is None:
+                culprit, candidate = self._bisect(comp, lambda c: timings(c).verdict != "slower", recompile)
+                if culprit is None or not verified(candidate):
                     break
-                if options.validate_outputs and not all(
-                    r.ok for r in self._validate_buckets(candidate, original_source, options, references)
-                ):
-                    break
-                rollbacks.append(
-                    {
-                        "rewrite": culprit,
-                        "reason": "latency",
-                        "detail": f"optimised {measured['optimized'] * 1e3:.3f} ms vs original {measured['original'] * 1e3:.3f} ms",
-                    }
-                )
+                rollbacks.append({"rewrite": culprit, "reason": "latency", "detail": _slower_text(measured)})
                 comp = candidate
                 measured = timings(comp)
-        slower = measured["optimized"] > measured["original"] * SLOWER_THAN
+            if measured.verdict == "slower" and not options.allow_slower:
+                comp, measured = self._fastest_verified(comp, measured, tried, verified, timings, rollbacks)
+        slower = measured.verdict == "slower"
+        if slower:
+            allowed = " (allowed by allow_slower)" if options.allow_slower else ""
+            warnings.append(
+                f"the optimised model is slower than the original on this machine{allowed}: {_slower_text(measured)}"
+                + ("" if options.allow_slower else "; no verified variant was as fast")
+            )
         return comp, {
             "measured": True,
             "slower_than_original": slower,
-            "note": (
-                "optimised model measured slower and no single rewrite explains it (timing noise at this size, "
-                "or the runtime's own fusions)"
-                if slower
-                else None
-            ),
+            "note": "optimised model measured slower than the original; see warnings" if slower else None,
+            "warnings": warnings,
             "engine": "onnxruntime CPUExecutionProvider",
             "graph_optimization_level": "ORT_ENABLE_ALL",
             "intra_op_threads": 1,
-            "repeats": options.latency_repeats,
+            "repeats": measured.rounds,
             "interleaved": interleave,
             "bucket": bucket.name,
             "input_shapes": {k: list(v.shape) for k, v in feeds.items()},
-            "before_s": measured["original"],
-            "after_s": measured["optimized"],
-            "speedup": measured["original"] / measured["optimized"] if measured["optimized"] else None,
+            "before_s": measured.first_s,
+            "after_s": measured.second_s,
+            "speedup": measured.first_s / measured.second_s if measured.second_s else None,
+            "comparison": measured.as_dict(),
         }
+
+    def _fastest_verified(self, comp, measured, tried, verified, timings, rollbacks):
+        """Of the variants timed during the bisection (the one with every rewrite off among them), the one
+        with the lowest time ratio to the original, if it validates and is significantly faster than ``comp``
+        timed side by side with it (else ``comp``: a variant within noise of it is no reason to change)."""
+        others = [pair for pair in tried if pair[1] is not comp and pair[0].ratio < measured.ratio]
+        if not others:
+            return comp, measured
+        comparison, candidate = min(others, key=lambda pair: pair[0].ratio)
+        against_current = timings(candidate, reference=self._model_source(comp.buckets[0].model))
+        if against_current.verdict != "faster" or not verified(candidate):
+            return comp, measured
+        switched_off = sorted(set(candidate.disabled) - set(comp.disabled))
+        rollbacks.append(
+            {
+                "rewrite": ", ".join(switched_off),
+                "reason": "latency",
+                "detail": f"still slower ({_slower_text(measured)}); shipped the fastest verified variant "
+                f"(time ratio {comparison.ratio:.3f}, {against_current.ratio:.3f} of the variant it replaced)",
+            }
+        )
+        return candidate, comparison
+
+
+def _sequential_comparison(models, feeds, rounds: int, interleave: bool) -> Comparison:
+    """Paired rounds of ``models['optimized']`` against ``models['original']``; while the interval still
+    straddles the slower-threshold, more rounds (up to 8x, ~3 s): a verdict near the threshold settles on
+    the truth instead of following the noise of one short measurement."""
+    samples = latency_samples(models, feeds, repeats=rounds, interleave=interleave)
+    started = time.perf_counter()
+    while True:
+        comparison = paired(samples["original"], samples["optimized"], min_effect=MODEL_MIN_EFFECT)
+        threshold = 1.0 + MODEL_MIN_EFFECT
+        settled = comparison.verdict != "tie" or not comparison.low <= threshold <= comparison.high
+        if settled or comparison.rounds >= 8 * rounds or time.perf_counter() - started > 3.0:
+            return comparison
+        more = latency_samples(models, feeds, repeats=rounds, interleave=interleave)
+        for name in samples:
+            samples[name].extend(more[name])
+
+
+def _slower_text(comparison: Comparison) -> str:
+    low, high = comparison.low, comparison.high
+    return (
+        f"optimised {comparison.second_s * 1e3:.3f} ms vs original {comparison.first_s * 1e3:.3f} ms, time ratio "
+        f"{comparison.ratio:.3f} (95% interval {low:.3f}-{high:.3f} over {comparison.rounds} paired rounds)"
+    )
 
 
 @functools.cache

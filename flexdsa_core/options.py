@@ -88,6 +88,11 @@ class OptimizeOptions(BaseModel):
     never_slower: bool = Field(
         True, description="cpu-ort only: measure original vs optimised and drop rewrites that cost time."
     )
+    allow_slower: bool = Field(
+        False,
+        description="cpu-ort: ship an optimised model that is still measured slower than the original (with a "
+        "warning) instead of the fastest verified variant.",
+    )
     measure_latency: bool = Field(
         True, description="Measure ONNX Runtime CPU latency before/after for the report."
     )

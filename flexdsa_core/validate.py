@@ -242,15 +242,35 @@ def measure_latency(
     max_seconds: float = 30.0,
     interleave: bool = True,
 ) -> dict[str, float]:
-    """Median seconds per run for each model, measured interleaved (round-robin) in this process.
+    """Median seconds per run for each model (``latency_samples``' medians)."""
+    samples = latency_samples(
+        models, feeds, repeats=repeats, warmup=warmup, level=level, threads=threads,
+        max_seconds=max_seconds, interleave=interleave,
+    )  # fmt: skip
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def latency_samples(
+    models: dict[str, ModelSource],
+    feeds: dict[str, np.ndarray],
+    *,
+    repeats: int = 20,
+    warmup: int = 3,
+    level=ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+    threads: int = 1,
+    max_seconds: float = 30.0,
+    interleave: bool = True,
+) -> dict[str, list[float]]:
+    """Seconds of each run of each model, measured interleaved (round-robin) in this process: the i-th
+    sample of every model comes from the same round, so they can be compared pairwise.
 
     ``interleave=False`` measures one model at a time and frees its session first: for models whose
     weights would not fit in memory twice (more drift between the figures, said in the report)."""
     if not interleave:
-        medians = {}
+        samples = {}
         for name, source in models.items():
-            medians.update(
-                measure_latency(
+            samples.update(
+                latency_samples(
                     {name: source},
                     feeds,
                     repeats=repeats,
@@ -260,18 +280,21 @@ def measure_latency(
                     max_seconds=max_seconds / len(models),
                 )  # fmt: skip
             )
-        return medians
+        rounds = min(len(values) for values in samples.values())
+        return {name: values[:rounds] for name, values in samples.items()}
     sessions = {name: session(source, level=level, threads=threads) for name, source in models.items()}
     for sess in sessions.values():
         for _ in range(warmup):
             sess.run(None, feeds)
     samples: dict[str, list[float]] = {name: [] for name in sessions}
     deadline = time.perf_counter() + max_seconds
-    for _ in range(repeats):
-        for name, sess in sessions.items():
+    order = list(sessions.items())
+    for index in range(repeats):
+        # Alternating order: neither model always runs first (caches warm, clocks ramp up in between).
+        for name, sess in order if index % 2 == 0 else reversed(order):
             start = time.perf_counter()
             sess.run(None, feeds)
             samples[name].append(time.perf_counter() - start)
         if time.perf_counter() > deadline and all(len(s) >= 5 for s in samples.values()):
             break
-    return {name: statistics.median(values) for name, values in samples.items()}
+    return samples

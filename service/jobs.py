@@ -21,6 +21,8 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from flexdsa_core import FlexDSAError, RequestSpec, TargetSpec, __version__
+from flexdsa_core.errors import InvalidOptionsError
+from flexdsa_core.preflight import check_request
 from service.config import Settings
 from service.edge import check_spec_json
 from service.errors import Conflict, InvalidRequest, QuotaExceeded
@@ -78,6 +80,14 @@ def check_model(upload: ReceivedUpload) -> None:
             code="invalid_model",
             details={"filename": upload.filename, "reason": str(err)},
         ) from None
+
+
+def check_options(upload: ReceivedUpload, spec: RequestSpec, target: TargetSpec) -> None:
+    """Unknown rule names and shape buckets the model cannot run are the user's to fix: 422 before queuing."""
+    try:
+        check_request(upload.path, spec.options(), target)
+    except InvalidOptionsError as err:
+        raise InvalidRequest(err.message, code=err.code, details=err.details) from None
 
 
 def job_cache_key(model_sha256: str, spec: RequestSpec, target: TargetSpec) -> str:
@@ -156,6 +166,7 @@ def submit_job(
     """Validate, store and record one job; returns (job, replayed). The caller enqueues after this commits."""
     spec, target = parse_spec(upload.spec)
     check_model(upload)
+    check_options(upload, spec, target)
     _check_quota(session, settings, tenant)
 
     blob_key = store.put_file(upload.path, key=upload.sha256, move=True)

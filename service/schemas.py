@@ -142,6 +142,11 @@ class TargetDetail(BaseModel):
     fusion_rules: list[FusionRuleOut] = Field(
         ..., description="Rule names a request may switch off with spec.disabled_rules."
     )
+    switchable: dict[str, list[str]] = Field(
+        default_factory=dict,
+        description="Every name spec.disabled_rules accepts on this target, by kind: generic passes, "
+        "fusion rules, the target's own rewrites.",
+    )
 
 
 class KernelCacheStats(BaseModel):

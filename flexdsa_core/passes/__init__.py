@@ -14,6 +14,7 @@ from flexdsa_core.passes.cleanup import CommonSubexpressionEliminationPass, Dead
 from flexdsa_core.passes.folding import ConstantFoldingPass, ShapeFoldingPass
 from flexdsa_core.passes.manager import PassFailedError, PassRecord, run_passes
 from flexdsa_core.passes.no_op import NoOpRemovalPass
+from flexdsa_core.passes.partial_shapes import PartialShapeFoldingPass
 
 __all__ = [
     "GENERIC_PASS_NAMES",
@@ -29,6 +30,9 @@ def _all_passes(options: OptimizeOptions) -> list[ir.passes.PassBase]:
         # Shapes first: folding Shape/Gather/Concat chains turns dynamic Reshapes into static ones,
         # which the no-op and algebraic rules below can then reason about.
         ShapeFoldingPass(),
+        # What stays partly symbolic (a dynamic batch beside static dims): Reshape targets to 0/-1 constants,
+        # shapes rebuilt from Shape slices; onnxscript's folder above handles only fully static shapes.
+        PartialShapeFoldingPass(),
         # Constant sub-graphs (weights pre-processing, exporter leftovers) become initializers, capped.
         ConstantFoldingPass(options.max_fold_bytes),
         # Nodes that compute their input (Identity, inference Dropout, x*1...) are bypassed.

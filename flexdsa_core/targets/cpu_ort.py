@@ -7,11 +7,13 @@ onnxruntime, so legality always matches the runtime that validates and runs the 
 from __future__ import annotations
 
 import platform
+import re
 import tempfile
 from functools import cache
 from pathlib import Path
 
 import onnx_ir as ir
+import onnx_ir.passes.common as common_passes
 
 from flexdsa_core.ingest import needs_external_data
 from flexdsa_core.targets.base import BucketModel, Legalized, PlatformAdapter
@@ -106,7 +108,61 @@ def ort_layout(model: ir.Model) -> ir.Model | None:
             # ORT writes one file here, so tensors are in memory; any external one is read before cleanup.
             if isinstance(initializer.const_value, ir.ExternalTensor):
                 initializer.const_value = ir.tensor(initializer.const_value.numpy(), name=initializer.name)
+    # ORT does not keep node metadata (which fusion rule made a node): carried over by node name.
+    metadata = {
+        node.name: dict(node.metadata_props) for node in model.graph if node.name and node.metadata_props
+    }
+    for node in optimized.graph:
+        node.metadata_props.update(metadata.get(node.name, {}))
+    _renumber_ort_names(optimized, model)
+    # ORT writes an import for every domain it knows (ai.onnx.ml, training, preview...); keep the used ones.
+    common_passes.RemoveUnusedOpsetsPass()(optimized)
     return optimized
+
+
+# ORT names what its transformers create ``reorder``, ``reorder_token_12``..., from a counter whose order
+# varies from run to run (the same model came out with ReorderOutput_token_28 or _29 at the same place).
+_ORT_TOKEN = re.compile(r"_token_\d+$")
+
+
+def _renumber_ort_names(model: ir.Model, before: ir.Model) -> None:
+    """Rename what ORT created (names ``before`` did not have) to ``<base>_ort<k>``, k by first appearance in
+    graph order, and order the initializers by name, so the same graph is always written with the same bytes."""
+    known = {
+        v.name for v in [*before.graph.inputs, *before.graph.outputs, *before.graph.initializers.values()]
+    }
+    for node in before.graph:
+        known.add(node.name)
+        known.update(v.name for v in node.outputs)
+    created: dict[ir.Value, str] = {}  # in order of first appearance -> base name
+    for node in model.graph:
+        for value in [*node.inputs, *node.outputs]:
+            if value is None or value in created or not value.name or value.name in known:
+                continue
+            if not (value.is_graph_input() or value.is_graph_output()):
+                created[value] = _ORT_TOKEN.sub("", value.name)
+    taken = set(known)
+
+    def fresh(base: str) -> str:
+        index = 0
+        while f"{base}_ort{index}" in taken:
+            index += 1
+        taken.add(f"{base}_ort{index}")
+        return f"{base}_ort{index}"
+
+    for index, value in enumerate(created):
+        value.name = (
+            f"~ort-renaming-{index}"  # out of the way first: a new name may be another value's old one
+        )
+    for value, base in created.items():
+        value.name = fresh(base)
+    for node in model.graph:
+        if node.name and node.name not in known:
+            node.name = fresh(_ORT_TOKEN.sub("", node.name))
+    initializers = sorted(model.graph.initializers.values(), key=lambda v: v.name or "")
+    model.graph.initializers.clear()
+    for value in initializers:
+        model.graph.register_initializer(value)
 
 
 def cpu_features() -> dict[str, object]:
@@ -142,7 +198,20 @@ class CpuOrtAdapter(PlatformAdapter):
                     "load-time SkipLayerNormalization fusion, which the Fusion Switcher measured as slower here, "
                     "does not undo its decision"
                 )
-        if "ort_layout" not in disabled:
+        calls = sorted(
+            {
+                f"{n.domain}::{n.op_type}"
+                for n in model.graph
+                if (n.domain, n.op_type, n.overload) in model.functions
+            }
+        )
+        if "ort_layout" not in disabled and calls:
+            # ORT's offline pass inlines model-local functions: a fusion that produces one (weighted_sum's
+            # flexdsa::WeightedSum, for a target that runs it natively) would vanish from the delivered file.
+            result.notes.append(
+                f"ONNX Runtime's offline pass skipped: it would inline the model-local function(s) {', '.join(calls)}"
+            )
+        elif "ort_layout" not in disabled:
             tuned = ort_layout(model)
             if tuned is None:
                 result.notes.append(
@@ -156,13 +225,13 @@ class CpuOrtAdapter(PlatformAdapter):
                     result.portable = model
                     result.notes.append(
                         "ONNX Runtime's own layout transformers (NCHWc blocked convolutions) run offline: "
-                        f"model.onnx is specific to CPUs like this one ({cpu_features()['machine']}); "
-                        "model.portable.onnx runs anywhere"
+                        f"this model is specific to CPUs like this one ({cpu_features()['machine']}); "
+                        "its .portable.onnx beside it runs anywhere"
                     )
                 else:
                     result.notes.append(
                         "ONNX Runtime's own graph transformers run offline; nothing hardware-specific resulted, "
-                        "so model.onnx runs on any CPU"
+                        "so this model runs on any CPU"
                     )
         return result
 

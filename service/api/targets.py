@@ -7,6 +7,7 @@ import logging
 from fastapi import APIRouter, Request
 
 from flexdsa_core import list_targets, load_target
+from flexdsa_core.preflight import switchable_names
 from flexdsa_core.targets import describe_checks
 from flexdsa_core.toolchains import get_toolchain
 from service.api.deps import CurrentTenant, SettingsDep
@@ -50,8 +51,13 @@ def get_targets(request: Request, _tenant: CurrentTenant, settings: SettingsDep)
 
 
 @router.get(
-    "/targets/{name}", response_model=TargetDetail, summary="A target's spec and switchable fusion rules"
+    "/targets/{name}", response_model=TargetDetail, summary="A target's spec and every switchable name"
 )
 def get_target(name: str, _tenant: CurrentTenant) -> TargetDetail:
     target = load_target(name)  # TargetNotFoundError -> 404 (service/errors.py)
-    return TargetDetail(name=target.name, spec=target.model_dump(mode="json"), fusion_rules=_fusion_rules())
+    return TargetDetail(
+        name=target.name,
+        spec=target.model_dump(mode="json"),
+        fusion_rules=_fusion_rules(),
+        switchable=switchable_names(target),  # the one registry: passes, fusions and target rewrites
+    )

@@ -156,6 +156,22 @@ def _seed(cost_model: CostModel, node: ir.Node, seconds: float) -> None:
     cost_model.cache.put(key, json.dumps({"seconds": seconds, "measure_s": 0.0}).encode())
 
 
+def _seed_pair(cost_model: CostModel, first: list[ir.Node], second: list[ir.Node], ratio: float) -> None:
+    """A side-by-side comparison in the cache, as if timed here: the per-kernel seeds' sums, with a tight
+    interval around ``ratio`` (second / first)."""
+    first_keys = [cost_model.kernel_key(n) for n in first]
+    second_keys = [cost_model.kernel_key(n) for n in second]
+    seconds = [
+        sum(json.loads(cost_model.cache.get(k))["seconds"] + 2e-6 for k in keys)
+        for keys in (first_keys, second_keys)
+    ]
+    entry = {
+        "verdict": None, "ratio_median": ratio, "ratio_ci": [ratio * 0.98, ratio * 1.02], "confidence": 0.95,
+        "min_effect": 0.1, "rounds": 20, "first_s": seconds[0], "second_s": seconds[1], "measure_s": 0.0,
+    }  # fmt: skip
+    cost_model.cache.put(cost_model.pair_key(first_keys, second_keys), json.dumps(entry).encode())
+
+
 def _cpu_switcher(**kwargs) -> FusionSwitcher:
     target = load_target("cpu-ort")
     return FusionSwitcher(target, lambda op: True, CostModel(target, cache=LRUCache()), **kwargs)
@@ -215,8 +231,11 @@ def test_takes_a_rule_that_pays_when_measured():
     entry = _entry(plan, "test_dedupe_relu")
     assert entry["decision"] == "taken", entry["reason"]
     assert entry["estimated_gain"]["seconds"] > 0
-    assert entry["estimated_gain"]["basis"] == "measured kernels"
-    assert "on this machine: taken" in entry["reason"]
+    assert entry["estimated_gain"]["basis"] == "measured side by side"
+    assert "on this machine (significantly faster" in entry["reason"] and entry["reason"].endswith(": taken")
+    significance = entry["by_kind"][0]["significance"]
+    assert significance["verdict"] == "faster" and significance["decided_by"] == "measurement"
+    assert significance["ratio_ci"][1] < 1 - significance["min_effect"] and significance["rounds"] >= 9
     assert _ops(model) == ["Relu"]
     assert plan.applied == ["test_dedupe_relu"]
     onnx.checker.check_model(ir.serde.serialize_model(model))
@@ -232,14 +251,19 @@ def test_refuses_a_rule_that_costs_time_when_measured():
     assert _ops(model) == ["Relu", "Relu"]
 
 
-def test_a_close_call_is_re_timed_side_by_side():
+def test_no_significant_difference_is_decided_by_the_rule():
     model = _relu_model()
     plan = _cpu_switcher().run(model, [SAME])
     entry = _entry(plan, "test_same")
     assert entry["matches"] == 2
-    assert "re-timed side by side" in entry["reason"]
-    # No fewer kernels: taken only if the re-timing showed a gain beyond noise, never as a tie.
-    assert "no fewer kernels): taken" not in entry["reason"]
+    # Relu against the same Relu, timed side by side: a tie, and the rule (no fewer kernels) refuses it.
+    assert entry["decision"] == "refused", entry["reason"]
+    assert (
+        "no significant difference" in entry["reason"]
+        and "rule: no fewer kernels (1 vs 1)" in entry["reason"]
+    )
+    significance = entry["by_kind"][0]["significance"]
+    assert significance["verdict"] == "tie" and significance["decided_by"].startswith("rule")
 
 
 @pytest.mark.parametrize(("fused_s", "decision"), [(400e-6, "refused"), (5e-6, "taken")])
@@ -252,15 +276,22 @@ def test_skip_layer_norm_decided_by_measurement(fused_s, decision):
     _seed(switcher.cost_model, add, 20e-6)
     _seed(switcher.cost_model, layer_norm, 60e-6)
     _seed(switcher.cost_model, _fused_skip_ln_node(), fused_s)
+    _seed_pair(switcher.cost_model, [add, layer_norm], [_fused_skip_ln_node()], (fused_s + 2e-6) / 84e-6)
     plan = switcher.run(model, [SKIP_LN])
     entry = _entry(plan, "test_skip_layer_norm")
     assert entry["decision"] == decision, entry["reason"]
     fused_ms = f"{(fused_s + 2e-6) * 1e3:.3f} ms"
+    verdict = (
+        "significantly slower, ratio 4.79" if decision == "refused" else "significantly faster, ratio 0.08"
+    )
     assert entry["reason"] == (
-        f"1x measured SkipLayerNormalization {fused_ms} vs Add+LayerNormalization 0.084 ms on this machine: {decision}"
+        f"1x measured SkipLayerNormalization {fused_ms} vs Add+LayerNormalization 0.084 ms on this machine "
+        f"({verdict}): {decision}"
     )
     stats = switcher.cost_model.stats
-    assert stats.misses == 0 and stats.hits == 3  # nothing was timed: all three came from the cache
+    assert (
+        stats.misses == 0 and stats.hits == 4
+    )  # nothing was timed: three kernels and the pair from the cache
     expected = ["SkipLayerNormalization"] if decision == "taken" else ["Add", "LayerNormalization"]
     assert _ops(model) == expected
 
@@ -272,6 +303,9 @@ def test_decides_per_match_a_fusion_can_pay_at_one_shape_and_not_another():
         _seed(switcher.cost_model, node, 20e-6 if node.op_type == "Add" else 60e-6)
     _seed(switcher.cost_model, _fused_skip_ln_node(128), 400e-6)  # slower than unfused at seq 128
     _seed(switcher.cost_model, _fused_skip_ln_node(4), 5e-6)  # faster at seq 4
+    nodes = list(model.graph)
+    _seed_pair(switcher.cost_model, nodes[0:2], [_fused_skip_ln_node(128)], 402 / 84)
+    _seed_pair(switcher.cost_model, nodes[2:4], [_fused_skip_ln_node(4)], 7 / 84)
     plan = switcher.run(model, [SKIP_LN])
     entry = _entry(plan, "test_skip_layer_norm")
     assert entry["decision"] == "partly taken"

@@ -12,6 +12,7 @@ import flexdsa_core.optimizer as optimizer_module
 from flexdsa_core import FlexDSAOptimizer, OptimizeOptions
 from flexdsa_core.errors import ValidationFailedError
 from flexdsa_core.fusions import discover_rules, make_rule
+from flexdsa_core.report import render_summary, report_summary
 
 
 class _ShiftedReluAsLeakyRelu(RewriteRuleClassBase):
@@ -87,39 +88,83 @@ def test_mismatch_fails_the_job_when_rollback_is_off(with_broken_rule):
         )
 
 
+LAYER_NORM_MODEL = onnx.parser.parse_model(
+    """
+    <ir_version: 9, opset_import: ["" : 17]>
+    g (float[batch, 8] x) => (float[batch, 8] y) {
+        mean = ReduceMean <axes = [-1]> (x)
+        d = Sub(x, mean)
+        two = Constant <value = float {2.0}> ()
+        sq = Pow(d, two)
+        var = ReduceMean <axes = [-1]> (sq)
+        eps = Constant <value = float {1e-5}> ()
+        ve = Add(var, eps)
+        std = Sqrt(ve)
+        y = Div(d, std)
+    }
+    """
+).SerializeToString()
+
+
+def _fake_clock(monkeypatch, seconds):
+    """Replace the model timings by ``seconds(model_proto, is_original)`` per run (paired rounds)."""
+
+    def fake_samples(models, feeds, *, repeats=20, **_):
+        def one(source):
+            model = onnx.load_from_string(source) if isinstance(source, bytes) else onnx.load(str(source))
+            return seconds(model, source == LAYER_NORM_MODEL)
+
+        return {name: [one(source)] * repeats for name, source in models.items()}
+
+    monkeypatch.setattr(optimizer_module, "latency_samples", fake_samples)
+
+
+def _has_layer_norm(model: onnx.ModelProto) -> bool:
+    return any(n.op_type == "LayerNormalization" for n in model.graph.node)
+
+
 def test_rewrite_that_costs_time_is_dropped(monkeypatch):
     """Timings flip under load, so the clock is replaced by one that calls a LayerNormalization slow:
     what is under test is the bisection that finds and drops the rewrite, not the machine."""
-
-    def fake_latency(models, feeds, **_):
-        def seconds(source):
-            model = onnx.load_from_string(source) if isinstance(source, bytes) else onnx.load(str(source))
-            return 2.0 if any(n.op_type == "LayerNormalization" for n in model.graph.node) else 1.0
-
-        return {name: seconds(source) for name, source in models.items()}
-
-    monkeypatch.setattr(optimizer_module, "measure_latency", fake_latency)
-    layer_norm_model = onnx.parser.parse_model(
-        """
-        <ir_version: 9, opset_import: ["" : 17]>
-        g (float[batch, 8] x) => (float[batch, 8] y) {
-            mean = ReduceMean <axes = [-1]> (x)
-            d = Sub(x, mean)
-            two = Constant <value = float {2.0}> ()
-            sq = Pow(d, two)
-            var = ReduceMean <axes = [-1]> (sq)
-            eps = Constant <value = float {1e-5}> ()
-            ve = Add(var, eps)
-            std = Sqrt(ve)
-            y = Div(d, std)
-        }
-        """
-    ).SerializeToString()
-    result = FlexDSAOptimizer("cpu-ort").optimize(layer_norm_model, OptimizeOptions(latency_repeats=3))
+    _fake_clock(monkeypatch, lambda model, original: 2.0 if _has_layer_norm(model) else 1.0)
+    result = FlexDSAOptimizer("cpu-ort").optimize(LAYER_NORM_MODEL, OptimizeOptions(latency_repeats=3))
     report = result.report
     assert {"rewrite": "layer_norm", "reason": "latency"}.items() <= report["rollbacks"][0].items()
     assert "layer_norm" not in report["fusions"]["applied"]
     assert report["latency"]["slower_than_original"] is False
+    assert (
+        report["latency"]["comparison"]["rounds"] >= 9
+    )  # a confidence bound needs rounds, whatever was asked
+    assert report["warnings"] == []
+
+
+def _slower_whatever_happens(model, original):
+    # Any compiled variant is 1.2x the original; with the LayerNormalization fusion 1.5x.
+    return 1.0 if original else 1.2 + 0.3 * _has_layer_norm(model)
+
+
+def test_still_slower_ships_the_fastest_verified_variant_with_a_warning(monkeypatch):
+    _fake_clock(monkeypatch, _slower_whatever_happens)
+    report = FlexDSAOptimizer("cpu-ort").optimize(LAYER_NORM_MODEL, OptimizeOptions()).report
+    assert report["rollbacks"][-1]["reason"] == "latency"
+    assert "fastest verified variant" in report["rollbacks"][-1]["detail"]
+    assert "layer_norm" in report["rollbacks"][-1]["rewrite"]
+    assert "layer_norm" not in report["fusions"]["applied"]
+    assert report["latency"]["slower_than_original"] is True
+    assert report["latency"]["comparison"]["ratio_median"] == pytest.approx(1.2)
+    [warning] = report["warnings"]
+    assert "slower than the original" in warning and "no verified variant was as fast" in warning
+    assert report_summary(report)["warnings"] == [warning]
+    assert "WARNING" in render_summary(report)
+
+
+def test_a_slower_model_ships_only_when_allowed_and_says_so(monkeypatch):
+    _fake_clock(monkeypatch, _slower_whatever_happens)
+    report = FlexDSAOptimizer("cpu-ort").optimize(LAYER_NORM_MODEL, OptimizeOptions(allow_slower=True)).report
+    assert "layer_norm" in report["fusions"]["applied"]
+    assert report["latency"]["comparison"]["ratio_median"] == pytest.approx(1.5)
+    [warning] = report["warnings"]
+    assert "(allowed by allow_slower)" in warning
 
 
 def test_absurd_input_shape_is_a_clear_error_not_an_allocation():

@@ -22,6 +22,8 @@ def test_targets_list_and_detail(env, headers):
     from flexdsa_core.fusions import discover_rules
 
     assert [r["name"] for r in detail["fusion_rules"]] == [r.name for r in discover_rules()]
+    assert detail["switchable"]["fusions"] == [r.name for r in discover_rules()]
+    assert "partial_shape_folding" in detail["switchable"]["passes"] and "ort_layout" in detail["switchable"]["target"]
     missing = env.client.get("/targets/quantum-toaster", headers=headers)
     assert missing.status_code == 404 and missing.json()["error"]["code"] == "unknown_target"
 

@@ -211,3 +211,28 @@ def test_quota_holds_under_concurrent_submissions(env):
     for thread in threads:
         thread.join()
     assert sorted(statuses) == [202, 202, 429, 429, 429, 429]
+
+
+def test_unknown_rule_name_is_422_before_queuing(env, headers):
+    error = _assert_error(
+        env.submit(headers, spec={"target": "cpu-ort", "disabled_rules": ["layer_norm", "layer_nrom"]}),
+        422,
+        "invalid_options",
+    )
+    assert "layer_nrom" in error["message"] and error["details"] == {"unknown_rules": ["layer_nrom"]}
+    assert _job_count(env, headers) == 0 and env.enqueued == []
+
+
+def test_impossible_shape_bucket_is_422_naming_the_bucket(env, headers):
+    from tests.core.test_preflight import positions_model
+
+    spec = {"target": "cpu-ort", "shape_buckets": {"seq": [32, 128]}}
+    error = _assert_error(env.submit(headers, model=positions_model(), spec=spec), 422, "invalid_options")
+    assert "shape bucket 'seq128' (seq=128) cannot run" in error["message"]
+    assert error["details"]["bucket"] == "seq128" and error["details"]["dims"] == {"seq": 128}
+    assert _job_count(env, headers) == 0 and env.enqueued == []
+    # The same model with buckets it can run is queued.
+    ok = env.submit(
+        headers, model=positions_model(), spec={"target": "cpu-ort", "shape_buckets": {"seq": [32]}}
+    )
+    assert ok.status_code == 202, ok.text

@@ -75,7 +75,8 @@ def test_error_names_the_pass():
 
 def test_pass_names_are_stable_and_can_be_disabled():
     assert GENERIC_PASS_NAMES == (
-        "shape_folding", "constant_folding", "no_op_removal", "algebraic_simplification", "cse", "dead_code"
+        "shape_folding", "partial_shape_folding", "constant_folding", "no_op_removal",
+        "algebraic_simplification", "cse", "dead_code",
     )  # fmt: skip
     kept = generic_passes(OptimizeOptions(disabled_rules=["cse", "no_op_removal"]))
     assert [p.name for p in kept] == [n for n in GENERIC_PASS_NAMES if n not in {"cse", "no_op_removal"}]

@@ -1,0 +1,122 @@
+"""User mistakes refused before any work: one registry of switchable names, and a dry shape check per bucket.
+
+* ``switchable_names(target)``: every name ``disabled_rules`` accepts for a target, by kind: the generic
+  passes, the fusion rules, and the target adapter's own rewrites. The optimizer, the API's
+  ``GET /targets/{name}``, the service's submit path and the CLI all read this one function.
+* ``check_disabled``: unknown names are an ``InvalidOptionsError`` naming them and listing the known ones.
+* ``check_buckets``: a shape bucket the model cannot run (``seq 128`` on a model with 64 positions) is an
+  ``InvalidOptionsError`` naming the bucket. The check is ONNX Runtime's own: the Shape Tracker's
+  specialisation of the bucket (dims bound, shape arithmetic and small constants folded) is loaded (``ORT_ENABLE_BASIC``:
+  shape inference and constant folding, so a position table sliced past its end meets the activations
+  it is added to). Nothing is run, so a data-dependent failure (an index out of range) still shows only
+  in validation.
+* ``check_request``: both, for a model file and a request, as the service does before queuing a job.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Sequence
+from pathlib import Path
+
+import onnx
+import onnx_ir as ir
+
+from flexdsa_core.errors import InvalidOptionsError
+from flexdsa_core.options import OptimizeOptions
+from flexdsa_core.targets import TargetSpec, get_adapter, load_target
+
+__all__ = ["check_buckets", "check_disabled", "check_request", "switchable_names"]
+
+# Above this the dry load would copy the weights into one protobuf: the check is skipped, not risked.
+_DRY_LOAD_LIMIT_BYTES = 512 * 1024 * 1024
+# Constant sub-graphs the dry check folds: tables of positions and masks, not weights.
+_FOLD_BYTES = 1024 * 1024
+
+
+def switchable_names(target: TargetSpec | str) -> dict[str, list[str]]:
+    """Every name ``disabled_rules`` accepts on ``target``: ``passes``, ``fusions`` and ``target`` rewrites."""
+    from flexdsa_core.fusions import discover_rules
+    from flexdsa_core.passes import GENERIC_PASS_NAMES
+
+    spec = load_target(target) if isinstance(target, str) else target
+    return {
+        "passes": list(GENERIC_PASS_NAMES),
+        "fusions": [rule.name for rule in discover_rules()],
+        "target": list(get_adapter(spec).rewrites),
+    }
+
+
+def check_disabled(names: Sequence[str], target: TargetSpec | str) -> None:
+    spec = load_target(target) if isinstance(target, str) else target
+    known = {name for names_of_kind in switchable_names(spec).values() for name in names_of_kind}
+    unknown = sorted(set(names) - known)
+    if unknown:
+        raise InvalidOptionsError(
+            f"disabled_rules names unknown rewrites: {', '.join(unknown)}. "
+            f"Known for target {spec.name!r}: {', '.join(sorted(known))}.",
+            details={"unknown_rules": unknown},
+        )
+
+
+def check_buckets(tracker, buckets) -> None:
+    """Refuse the first bucket ONNX Runtime cannot load the model at (see the module docstring)."""
+    import onnxruntime as ort
+
+    from flexdsa_core.passes import run_passes
+    from flexdsa_core.passes.folding import ConstantFoldingPass, ShapeFoldingPass
+    from flexdsa_core.passes.partial_shapes import PartialShapeFoldingPass
+
+    for bucket in buckets:
+        if not bucket.dims:
+            continue
+        # The bucket's specialisation (dims bound, shape arithmetic folded; cached for the pipeline), with its
+        # inferred shapes dropped so that ONNX Runtime infers them afresh from the bound inputs.
+        model = tracker.specialize(bucket)
+        # What the bucket's dims decide, folded as the pipeline will: the ends of a Slice of a position
+        # table become constants, so ONNX Runtime sees the table's real length.
+        run_passes(model, [ShapeFoldingPass(), PartialShapeFoldingPass(), ConstantFoldingPass(_FOLD_BYTES)])
+        for node in ir.traversal.RecursiveGraphIterator(model.graph):
+            for value in node.outputs:
+                if not value.is_graph_output():
+                    value.shape = None
+        weights = sum(
+            v.const_value.nbytes for v in model.graph.initializers.values() if v.const_value is not None
+        )
+        if weights > _DRY_LOAD_LIMIT_BYTES:
+            return
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+        options.log_severity_level = 4
+        try:
+            ort.InferenceSession(
+                ir.to_proto(model).SerializeToString(), options, providers=["CPUExecutionProvider"]
+            )
+        except Exception as error:  # noqa: BLE001 - any refusal at these shapes is the answer
+            reason = str(error).splitlines()[0]
+            reason = re.sub(r"^\[ONNXRuntimeError\] : \d+ : [A-Z_]+ : ", "", reason)
+            dims = ", ".join(f"{name}={value}" for name, value in bucket.dims.items())
+            raise InvalidOptionsError(
+                f"shape bucket {bucket.name!r} ({dims}) cannot run on this model: {reason[:300]}. "
+                "Choose smaller values in shape_buckets (or input_shapes), within what the model supports.",
+                details={"bucket": bucket.name, "dims": dict(bucket.dims), "reason": reason[:300]},
+            ) from None
+
+
+def check_request(
+    model: str | os.PathLike | bytes | ir.Model, options: OptimizeOptions, target: TargetSpec
+) -> None:
+    """``check_disabled`` and, where ``shape_buckets`` are given, ``check_buckets``: before any work."""
+    from flexdsa_core.shape_tracker import ShapeTracker
+
+    check_disabled(options.disabled_rules, target)
+    if not options.shape_buckets:
+        return
+    if isinstance(model, bytes):
+        model = ir.from_proto(onnx.load_from_string(model))
+    elif not isinstance(model, ir.Model):
+        model = ir.load(Path(model))
+    tracker = ShapeTracker(model, input_shapes=options.input_shapes)
+    tracker.infer()
+    check_buckets(tracker, tracker.buckets(options.shape_buckets, target))

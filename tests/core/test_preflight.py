@@ -1,0 +1,97 @@
+"""User mistakes refused before any work, with one clear message: unknown rule names (one registry of
+every switchable name) and shape buckets the model cannot run; the CLI says so in one line."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from typer.testing import CliRunner
+
+from flexdsa_core import FlexDSAOptimizer, OptimizeOptions
+from flexdsa_core.cli import app
+from flexdsa_core.errors import InvalidOptionsError
+from flexdsa_core.preflight import check_request, switchable_names
+from flexdsa_core.targets import load_target
+
+
+def positions_model(positions: int = 64) -> bytes:
+    """x:[batch, seq, 4] + a learned position table sliced to seq rows: runs only for seq <= positions."""
+    table = numpy_helper.from_array(
+        np.random.default_rng(0).standard_normal((positions, 4)).astype(np.float32), "table"
+    )
+    consts = [
+        numpy_helper.from_array(np.array(v, np.int64), n)
+        for n, v in [("one", 1), ("zero1", [0]), ("axes", [0])]
+    ]
+    nodes = [
+        helper.make_node("Shape", ["x"], ["shape"]),
+        helper.make_node("Gather", ["shape", "one"], ["seq"], axis=0),
+        helper.make_node("Unsqueeze", ["seq", "axes"], ["seq1"]),
+        helper.make_node("Slice", ["table", "zero1", "seq1", "axes"], ["pos"]),
+        helper.make_node("Add", ["x", "pos"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes, "positions",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq", 4])],
+        [table, *consts],
+    )  # fmt: skip
+    return helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8
+    ).SerializeToString()
+
+
+def test_one_registry_lists_passes_fusions_and_target_rewrites_without_an_optimizer():
+    names = switchable_names("cpu-ort")
+    assert "partial_shape_folding" in names["passes"] and "dead_code" in names["passes"]
+    assert "layer_norm" in names["fusions"] and "weighted_sum" in names["fusions"]
+    assert names["target"] == ["pin_residual_sum", "ort_layout"]
+    assert FlexDSAOptimizer("cpu-ort").switchable_rewrites() == names
+
+
+def test_unknown_rule_names_are_refused_before_any_work():
+    with pytest.raises(InvalidOptionsError, match="unknown rewrites: layer_nrom") as caught:
+        FlexDSAOptimizer("cpu-ort").optimize(
+            positions_model(), OptimizeOptions(disabled_rules=["layer_nrom"])
+        )
+    assert caught.value.details == {"unknown_rules": ["layer_nrom"]}
+    assert "partial_shape_folding" in caught.value.message  # the known names are listed
+
+
+def test_a_bucket_the_model_cannot_run_is_refused_naming_it():
+    options = OptimizeOptions(shape_buckets={"seq": [32, 128]})
+    with pytest.raises(InvalidOptionsError, match=r"shape bucket 'seq128' \(seq=128\) cannot run") as caught:
+        check_request(positions_model(), options, load_target("cpu-ort"))
+    assert (
+        caught.value.details["bucket"] == "seq128"
+        and "Incompatible dimensions" in caught.value.details["reason"]
+    )
+    with pytest.raises(InvalidOptionsError, match="seq128"):
+        FlexDSAOptimizer("cpu-ort").optimize(positions_model(), options)
+
+
+def test_buckets_the_model_can_run_pass_and_compile():
+    options = OptimizeOptions(shape_buckets={"seq": [16, 64]}, measure_latency=False)
+    check_request(positions_model(), options, load_target("cpu-ort"))
+    result = FlexDSAOptimizer("cpu-ort").optimize(positions_model(), options)
+    assert [b.name for b in result.buckets] == ["seq16", "seq64"] and result.report["validation"]["ok"]
+
+
+def test_cli_says_what_is_wrong_in_one_line(tmp_path):
+    model = tmp_path / "positions.onnx"
+    model.write_bytes(positions_model())
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"shape_buckets": {"seq": [128]}}))
+    result = CliRunner().invoke(
+        app, ["optimize", str(model), "--spec", str(spec), "-o", str(tmp_path / "out"), "-q"]
+    )
+    assert result.exit_code == 1
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert "Traceback" not in result.output
+    assert lines[0].startswith("error (invalid_options): shape bucket 'seq128' (seq=128) cannot run"), (
+        result.output
+    )
+    assert len(" ".join(lines)) < 400

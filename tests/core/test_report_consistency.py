@@ -1,0 +1,80 @@
+"""The report never contradicts itself: labels say what was measured, a refused alternative has no
+"taken" line, cache stats do not claim time saved without hits, an estimate above the measured model says
+why, the fusion list holds fusions only, and bucket notes name no file that is not written."""
+
+from __future__ import annotations
+
+from flexdsa_core import FlexDSAOptimizer, OptimizeOptions
+from flexdsa_core.cache import LRUCache, StatsCache
+from flexdsa_core.cost_model import Cost, CostModel
+from flexdsa_core.fusion_switcher import _label
+from flexdsa_core.fusions import make_rule
+from flexdsa_core.report import _explain_gain_beyond_measurement
+from flexdsa_core.targets import load_target
+from tests.core.test_fusion_switcher import DEDUPE_RELU, _entry, _npu_switcher, _relu_model
+from tests.core.test_preflight import positions_model
+from tests.core.test_rollback import LAYER_NORM_MODEL
+
+
+def test_measured_only_when_both_sides_were_timed_here():
+    timed = Cost(seconds=1e-5, kernels=2, measured=2)
+    assert _label(timed, Cost(seconds=1e-5, kernels=1, measured=1), None) == "measured"
+    # RMSNormalization cannot run alone in ONNX Runtime: its side is estimated, so the whole is not "measured".
+    assert (
+        _label(timed, Cost(seconds=1e-5, kernels=1, measured=0), None)
+        == "partly measured (the rest estimated)"
+    )
+    assert _label(Cost(kernels=2), Cost(kernels=1), None) == "estimated"
+
+
+def test_a_refused_alternative_has_no_taken_line():
+    twin = make_rule(
+        "test_twin", DEDUPE_RELU.summary, ["Relu"], DEDUPE_RELU.rewrite_rules, alternatives="relu"
+    )
+    first = make_rule(
+        "test_first", DEDUPE_RELU.summary, ["Relu"], DEDUPE_RELU.rewrite_rules, alternatives="relu"
+    )
+    plan = _npu_switcher().run(_relu_model(), [first, twin])
+    chosen, other = _entry(plan, "test_first"), _entry(plan, "test_twin")
+    assert chosen["decision"] == "taken" and other["decision"] == "refused"
+    assert other["taken"] == 0 and other["refused"] == 1
+    assert not any(line["taken"] for line in other["by_kind"])
+    assert all(not line["reason"].endswith(": taken") for line in other["by_kind"])
+
+
+def test_cache_stats_claim_no_time_saved_without_hits():
+    relu = next(iter(_relu_model().graph))
+    cache = StatsCache(LRUCache())
+    model = CostModel(load_target("cpu-ort"), cache=cache)
+    model.node_cost(relu)
+    model.node_cost(relu)  # the cost model's own memo: not a hit of the caller's cache
+    assert cache.stats.puts == 1 and cache.stats.hits == 0 and cache.stats.seconds_saved == 0
+    CostModel(load_target("cpu-ort"), cache=cache).node_cost(relu)  # a new job: the caller's cache hits
+    assert cache.stats.hits == 1 and cache.stats.seconds_saved > 0
+
+
+def test_an_estimated_gain_above_the_measured_model_says_why():
+    estimates = {"dynamic": {"fusion_gain_estimate_s": 0.118e-3}}
+    _explain_gain_beyond_measurement(estimates, {"bucket": "dynamic", "before_s": 0.093e-3})
+    assert (
+        "exceeds the whole original model as measured"
+        in estimates["dynamic"]["fusion_gain_exceeds_measured_model"]
+    )
+    below = {"dynamic": {"fusion_gain_estimate_s": 0.01e-3}}
+    _explain_gain_beyond_measurement(below, {"bucket": "dynamic", "before_s": 0.093e-3})
+    assert "fusion_gain_exceeds_measured_model" not in below["dynamic"]
+
+
+def test_the_fusion_list_holds_fusions_and_bucket_notes_name_no_missing_file():
+    report = (
+        FlexDSAOptimizer("cpu-ort").optimize(LAYER_NORM_MODEL, OptimizeOptions(measure_latency=False)).report
+    )
+    assert report["fusions"]["applied"] == ["layer_norm"]
+    assert "layer_norm" in report["rewrites_applied"] and "ort_layout" in report["rewrites_applied"]
+    result = FlexDSAOptimizer("cpu-ort").optimize(
+        positions_model(), OptimizeOptions(shape_buckets={"seq": [8, 16]}, measure_latency=False)
+    )
+    notes = [note for notes in result.report["legalization"].values() for note in notes]
+    written = set(result.artifacts)
+    assert "model.onnx" not in written and notes
+    assert not any("model.onnx" in note or "model.portable.onnx" in note for note in notes)
