@@ -167,3 +167,12 @@ def test_vendor_outputs_and_placement_are_compared(tmp_path):
                            {"a": "accelerator", "b": "accelerator", "d": "cpu"})  # fmt: skip
     assert agreement["share"] == 0.5 and agreement["compared"] == 2
     assert agreement["differ"] == [{"node": "b", "ours": "cpu", "vendor": "accelerator"}]
+
+
+def test_a_dynamic_dim_left_on_a_static_part_is_refused_naming_it():
+    from flexdsa_core.errors import InvalidOptionsError
+
+    spec = {**CUSTOM, "default_shape_buckets": {}}
+    request = RequestSpec.model_validate({"target": spec, "measure_latency": False})
+    with pytest.raises(InvalidOptionsError, match=r"'custom-npu' needs static shapes, and dim 'seq' .* has no bucket"):
+        FlexDSAOptimizer(request.target_spec()).optimize(fixture("bert"), request.options())
