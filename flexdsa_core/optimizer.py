@@ -28,6 +28,7 @@ import onnx
 import onnx_ir as ir
 
 from flexdsa_core.cache import KernelCache, LayeredCache, LRUCache, StatsCache
+from flexdsa_core.calibration import check_calibration, load_calibration, synthetic_samples
 from flexdsa_core.cost_model import CostModel
 from flexdsa_core.delivery import check_delivery
 from flexdsa_core.errors import ValidationFailedError
@@ -39,6 +40,7 @@ from flexdsa_core.memory_planner import plan_memory
 from flexdsa_core.options import OptimizeOptions
 from flexdsa_core.passes import generic_passes
 from flexdsa_core.passes.manager import run_passes
+from flexdsa_core.precision import PrecisionRun, apply_precision, check_precision_request, replace_model
 from flexdsa_core.preflight import check_buckets, check_disabled, switchable_names
 from flexdsa_core.report import build_report, render_summary, report_summary
 from flexdsa_core.shape_tracker import ShapeTracker
@@ -273,15 +275,18 @@ class FlexDSAOptimizer:
         cache: KernelCache | None = None,
         progress: Progress | None = None,
         workdir: str | Path | None = None,
+        calibration: dict | bytes | str | Path | None = None,
     ) -> OptimizeResult:
         """Optimise, validate and package ``model``. Scratch files (validation copies and artifacts of models
-        with external data) go under ``workdir``, or a temporary folder removed with the result."""
+        with external data) go under ``workdir``, or a temporary folder removed with the result.
+        ``calibration``: samples for ``options.precision`` other than fp32, an ``.npz`` (path or bytes) or its
+        arrays by input name (``calibration.py``); None: synthetic samples, with a warning."""
         owned = workdir is None
         scratch = Path(tempfile.mkdtemp(prefix="flexdsa-")) if owned else Path(workdir)
         run = copy.copy(self)  # per-call state (the scratch folder) stays off the shared instance
         run._scratch = scratch
         try:
-            result = run._optimize(model, options, cache, progress, scratch)
+            result = run._optimize(model, options, cache, progress, scratch, calibration)
         except BaseException:
             if owned:
                 shutil.rmtree(scratch, ignore_errors=True)
@@ -290,9 +295,10 @@ class FlexDSAOptimizer:
             weakref.finalize(result, shutil.rmtree, scratch, True)
         return result
 
-    def _optimize(self, model, options, cache, progress, workdir: Path) -> OptimizeResult:
+    def _optimize(self, model, options, cache, progress, workdir: Path, calibration=None) -> OptimizeResult:
         options = options or OptimizeOptions()
         self._check_disabled(options)
+        check_precision_request(options, self.target)
         report_progress = _Progress(progress)
         # An in-process LRU always sits in front: identical layers in one model (and the recompiles of the
         # bisection) measure once, whatever the caller's cache is.
@@ -312,6 +318,8 @@ class FlexDSAOptimizer:
             original_source = self._model_source(ingested.model)
         stage_seconds["ingest"] = time.perf_counter() - start
         nodes_before = _op_counts(ingested.model)
+        # Calibration samples are the user's to fix: refused here, before any compiling, when they do not fit.
+        samples = self._calibration_samples(ingested.model, options, calibration)
         report_progress.finish("ingest")
 
         # Stage 2, Shape Tracker: symbolic shapes with named dims; buckets from the request or the target.
@@ -325,6 +333,7 @@ class FlexDSAOptimizer:
         traffic = {"observed": options.observed_shapes, "max_buckets": options.max_buckets}
         buckets = tracker.buckets(options.shape_buckets, self.target, **traffic)
         check_buckets(tracker, buckets)  # a bucket the model cannot run is the user's to fix: refuse it now
+        check_precision_request(options, self.target, buckets=len(buckets))
         stage_seconds["shapes"] += time.perf_counter() - start
         report_progress.finish("shapes")
 
@@ -361,6 +370,15 @@ class FlexDSAOptimizer:
             stage_seconds["measure"] = time.perf_counter() - start
         report_progress.finish("measure")
 
+        # Precision: the verified, timed fp32 result quantised (cpu-ort) or halved (accelerators), judged by the
+        # accuracy target on the calibration samples; never slower than fp32, never below the target.
+        precision = None
+        if options.precision != "fp32":
+            report_progress("precision", 0.0, f"{options.precision}: calibrating, scoring and timing")
+            start = time.perf_counter()
+            comp, precision = self._precision(comp, original_source, options, samples, calibration, recompile)
+            stage_seconds["precision"] = time.perf_counter() - start
+
         # Vendor toolchain (accelerators, where it installs): compile each bucket with the vendor's own
         # compiler, run it in the vendor's simulator/emulator, compare with the original, and hold our
         # predicted placement against the vendor's.
@@ -396,6 +414,9 @@ class FlexDSAOptimizer:
             report["warnings"].extend(f"[{bucket_name}] {w}" for w in plan.get("delivery_warnings", []))
         if latency:
             report["warnings"].extend(latency.get("warnings", []))
+        if precision is not None:
+            report["precision"] = precision
+            report["warnings"].extend(precision.get("warnings", []))
         if toolchain_report:
             report["toolchain"] = toolchain_report
             report["warnings"].extend(toolchain_report.get("warnings", []))
@@ -409,6 +430,37 @@ class FlexDSAOptimizer:
 
     # ------------------------------------------------------------------ helpers for optimize
     _scratch: Path | None = None
+
+    def _calibration_samples(self, model: ir.Model, options: OptimizeOptions, calibration) -> list[dict] | None:
+        if options.precision == "fp32":
+            return None
+        inputs = _proto_without_weights(model)
+        if calibration is None:
+            return None
+        arrays = calibration if isinstance(calibration, dict) else load_calibration(calibration)
+        return check_calibration(inputs, arrays)
+
+    def _precision(self, comp, original_source, options, samples, calibration, recompile):
+        bucket = comp.buckets[0]
+        synthetic = samples is None
+        if synthetic:
+            samples = synthetic_samples(_proto_without_weights(bucket.model), seed=options.seed)
+        fp32, unfused = bucket.model, None
+        if options.precision in ("int8", "mixed"):
+            # ONNX Runtime's offline layout pass (NCHWc, its internal fusions) is for the float graph; the
+            # quantiser takes ours, and ONNX Runtime fuses the quantised graph itself when it loads it.
+            fp32 = recompile(frozenset(comp.disabled | {"ort_layout"})).buckets[0].model
+            # The same model with our com.microsoft fusions off: quantising before them may be faster.
+            microsoft = {r.name for r in discover_rules() if any(p.startswith("com.microsoft::") for p in r.produces)}
+            if microsoft & set(comp.applied):
+                unfused = recompile(frozenset(comp.disabled | microsoft | {"ort_layout"})).buckets[0].model
+        folder = Path(tempfile.mkdtemp(prefix="precision-", dir=self._scratch))
+        run = PrecisionRun(options, self.target, original_source, fp32, samples, synthetic, folder, unfused)
+        model, section = apply_precision(run)
+        if model is not None:
+            comp = copy.copy(comp)
+            comp.buckets = [replace_model(bucket, model)]
+        return comp, section
 
     def _model_source(self, model: ir.Model) -> bytes | Path:
         """What ONNX Runtime loads: bytes, or for models with external data a file written with its data."""

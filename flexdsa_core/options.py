@@ -11,6 +11,26 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 Objective = Literal["latency", "energy", "balanced"]
+Precision = Literal["fp32", "fp16", "int8", "mixed"]
+
+
+class AccuracyTarget(BaseModel):
+    """What a lower-precision model must keep, judged on the calibration samples against the fp32 original.
+
+    ``cosine(a, b) = a.b / (|a| |b|)`` of each output over all samples; top-1 agreement is the share of rows
+    (every position but the last axis) whose argmax over the last axis agrees, on classifier outputs."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    min_cosine: float = Field(0.99, ge=0, le=1, description="Every output's cosine with the original.")
+    min_top1: float = Field(
+        0.99, ge=0, le=1, description="Top-1 agreement with the original on classifier outputs (share of rows)."
+    )
+    top1_outputs: list[str] | None = Field(
+        None,
+        description="Outputs whose top-1 is checked. None: classifier outputs, i.e. a float output named like "
+        "'logits'/'probs'/'scores', or the only output when it is [batch, classes].",
+    )
 
 
 class Tolerance(BaseModel):
@@ -105,6 +125,24 @@ class OptimizeOptions(BaseModel):
         16 * 1024 * 1024, ge=0, description="Constant folding never creates a tensor larger than this."
     )
     debug_invariants: bool = Field(False, description="Check graph invariants between every stage (slower).")
+    precision: Precision = Field(
+        "fp32",
+        description="fp32 (default); int8 (cpu-ort: static QDQ or dynamic int8, the faster that meets the "
+        "accuracy target); mixed (cpu-ort: int8 with the most sensitive layers kept in float until the target "
+        "holds); fp16 (accelerator targets, float16 weights and arithmetic).",
+    )
+    accuracy: AccuracyTarget = Field(
+        default_factory=AccuracyTarget,
+        description="The accuracy a lower precision must keep (cosine per output; top-1 on classifiers).",
+    )
+    keep_io_types: bool = Field(
+        True, description="fp16: keep float32 graph inputs and outputs (casts at the edges)."
+    )
+    precision_fallback: Literal["fail", "fp32"] = Field(
+        "fail",
+        description="int8 when no int8 model meets the accuracy target: fail naming the layers that miss it "
+        "(default), or ship the fp32 model with a warning.",
+    )
 
     @field_validator("disabled_rules")
     @classmethod

@@ -1,0 +1,612 @@
+"""Precision, after the fp32 pipeline: int8 and mixed on cpu-ort, fp16 on accelerators, judged by accuracy.
+
+Accuracy (``AccuracyTarget``) is judged on the calibration samples against the fp32 original:
+``cosine(a, b) = a.b / (|a| |b|)`` of each output over all samples, and on classifier outputs top-1
+agreement, the share of rows whose argmax over the last axis agrees. A model below the target is never
+shipped.
+
+**int8 on cpu-ort.** Candidates, each made from our fused fp32 model:
+
+* ``static_qdq``: ``onnxruntime.quantization.quantize_static`` (QDQ, MinMax calibration on the samples),
+  u8 activations and s8 per-channel weights, the format ONNX Runtime's x86 int8 kernels take. Without an
+  int8 dot-product instruction (AVX-512 VNNI, AVX-VNNI, AMX) the u8 x s8 kernels sum pairs of products in
+  16 bits (``vpmaddubsw``) and can saturate: there weights get 7 bits (``reduce_range``); with one, 8.
+* ``static_qdq_unfused``: the same, on the model compiled with our com.microsoft fusions switched off (the
+  quantiser knows fewer com.microsoft ops; ONNX Runtime fuses the QDQ graph itself at ORT_ENABLE_ALL).
+  Which order is faster is measured, not assumed.
+* ``dynamic``: ``quantize_dynamic``, s8 per-channel weights, activations quantised per run.
+
+Each is scored, then timed with the fp32 model (and the original) in interleaved paired rounds
+(``significance.paired``); the fastest that meets the target and is not significantly slower than fp32
+ships (the never-slower guard), else fp32 or a failure naming the most sensitive layers, as asked.
+
+**mixed** (cpu-ort). Sensitivity of a layer (a node with quantised weights) = the accuracy it alone costs:
+the model with only that layer quantised, ``1 - min over outputs of min(cosine, top-1 agreement)``. Then the
+``k`` most sensitive layers stay float (``nodes_to_exclude``) for the smallest ``k`` whose static model
+meets the target, found by bisection over ``k``; the calibration ranges are computed once and reused.
+
+**fp16** (accelerators): float16 weights and arithmetic (ONNX Runtime's float16 converter, keeping float32
+graph inputs/outputs under ``keep_io_types``), checked element-wise with the float16 tolerances and by the
+accuracy target.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import onnxruntime as ort
+
+from flexdsa_core.cost_model import _machine_fingerprint
+from flexdsa_core.errors import InvalidOptionsError, ValidationFailedError
+from flexdsa_core.options import AccuracyTarget, OptimizeOptions
+from flexdsa_core.significance import MIN_ROUNDS, MODEL_MIN_EFFECT, paired
+from flexdsa_core.validate import DEFAULT_TOLERANCES, latency_samples, session
+
+__all__ = ["apply_precision", "check_precision_request", "cpu_int8_features", "score"]
+
+# Flags that give the int8 GEMM a dot-product instruction without 16-bit intermediate sums.
+_INT8_DOT_FLAGS = ("avx512_vnni", "avx512vnni", "avx_vnni", "amx_int8", "asimddp", "dotprod", "i8mm")
+_CLASSIFIER_WORDS = ("logit", "prob", "score", "class")
+# Layers of these types carry weights the quantiser turns to int8: the rows of the sensitivity table.
+_LOG = logging.getLogger(__name__)
+
+
+def cpu_int8_features() -> dict:
+    """This CPU's vector flags as ONNX Runtime's kernels see them, and the int8 format chosen for it."""
+    fingerprint = _machine_fingerprint()
+    flags = fingerprint.rsplit("isa=", 1)[-1].split(",")
+    dot = [flag for flag in _INT8_DOT_FLAGS if flag in flags]
+    x86 = any(flag.startswith(("avx", "sse")) for flag in flags)
+    return {
+        "flags": flags,
+        "int8_dot_product": dot,
+        "activations": "uint8",
+        "weights": "int8, per channel",
+        "reduce_range": bool(x86 and not dot),
+        "why": (
+            f"{', '.join(dot)}: full 8-bit weights"
+            if dot
+            else "no VNNI/AMX: u8 x s8 products are summed in 16 bits and can saturate, so weights use 7 bits "
+            "(reduce_range)"
+        ),
+    }
+
+
+def check_precision_request(options: OptimizeOptions, target, buckets: int | None = None) -> None:
+    """Refuse, before any work, a precision this target or request cannot have."""
+    if options.precision == "fp32":
+        return
+    calibrated = bool(getattr(target, "calibrated", False))
+    if options.precision in ("int8", "mixed") and not calibrated:
+        raise InvalidOptionsError(
+            f"precision {options.precision!r} is built for cpu-ort so far; target {target.name!r} takes its own "
+            "int8 format from its vendor step. Use precision 'fp16' or 'fp32' for this target.",
+            details={"precision": options.precision, "target": target.name},
+        )
+    if options.precision == "fp16" and calibrated:
+        raise InvalidOptionsError(
+            "precision 'fp16' is for accelerator targets: ONNX Runtime's CPU kernels compute float16 through "
+            "casts and would be slower than fp32. Use 'int8' or 'mixed' on cpu-ort.",
+            details={"precision": "fp16", "target": target.name},
+        )
+    if buckets is not None and buckets > 1:
+        raise InvalidOptionsError(
+            f"precision {options.precision!r} takes one shape bucket so far, this request has {buckets}: give "
+            "one bucket in shape_buckets (or none), or precision 'fp32'.",
+            details={"buckets": buckets},
+        )
+
+
+# ---------------------------------------------------------------------------------------------- accuracy
+def _classifier_outputs(reference: dict[str, np.ndarray], accuracy: AccuracyTarget) -> list[str]:
+    if accuracy.top1_outputs is not None:
+        return [name for name in accuracy.top1_outputs if name in reference]
+    floats = {n: v for n, v in reference.items() if np.issubdtype(v.dtype, np.floating)}
+    named = [n for n, v in floats.items() if v.ndim >= 2 and any(w in n.lower() for w in _CLASSIFIER_WORDS)]
+    if named:
+        return named
+    if len(reference) == 1 and len(floats) == 1:
+        (name, value), = floats.items()
+        if value.ndim == 2 and value.shape[-1] >= 2:
+            return [name]
+    return []
+
+
+def _cosine(want: np.ndarray, got: np.ndarray) -> float:
+    want, got = want.astype(np.float64).ravel(), got.astype(np.float64).ravel()
+    norms = float(np.linalg.norm(want) * np.linalg.norm(got))
+    if norms == 0.0:
+        return 1.0 if not want.any() and not got.any() else 0.0
+    return float(want @ got / norms)
+
+
+def score(reference: list[dict], got: list[dict], accuracy: AccuracyTarget) -> dict:
+    """Accuracy of ``got`` against ``reference`` (outputs per sample): per output cosine (over all samples,
+    and the worst single sample), top-1 agreement on classifier outputs, whether the target holds, and
+    ``loss`` (1 - the worst of those figures: the sensitivity of what was changed)."""
+    top1_names = _classifier_outputs(reference[0], accuracy)
+    outputs, worst = {}, 1.0
+    for name in reference[0]:
+        want = [sample[name] for sample in reference]
+        have = [sample[name] for sample in got]
+        if any(w.shape != h.shape for w, h in zip(want, have, strict=True)):
+            outputs[name] = {"ok": False, "detail": "shape differs from the original"}
+            worst = 0.0
+            continue
+        entry: dict = {}
+        if np.issubdtype(want[0].dtype, np.floating):
+            whole = _cosine(np.concatenate([w.ravel() for w in want]), np.concatenate([h.ravel() for h in have]))
+            if not all(np.isfinite(h).all() for h in have):
+                whole = 0.0
+            entry["cosine"] = round(whole, 6)
+            entry["worst_sample_cosine"] = round(min(_cosine(w, h) for w, h in zip(want, have, strict=True)), 6)
+            ok = whole >= accuracy.min_cosine
+            worst = min(worst, whole)
+        else:  # integer outputs (ids, argmax) must agree like a top-1
+            agree = float(np.mean([np.mean(w == h) for w, h in zip(want, have, strict=True)]))
+            entry["agreement"] = round(agree, 6)
+            ok = agree >= accuracy.min_top1
+            worst = min(worst, agree)
+        if name in top1_names:
+            rows_want = np.concatenate([np.argmax(w, axis=-1).ravel() for w in want])
+            rows_have = np.concatenate([np.argmax(h, axis=-1).ravel() for h in have])
+            top1 = float(np.mean(rows_want == rows_have))
+            entry["top1_agreement"] = round(top1, 6)
+            entry["rows"] = int(rows_want.size)
+            ok = ok and top1 >= accuracy.min_top1
+            worst = min(worst, top1)
+        entry["ok"] = ok
+        outputs[name] = entry
+    return {
+        "ok": all(entry["ok"] for entry in outputs.values()),
+        "loss": round(1.0 - worst, 6),
+        "outputs": outputs,
+    }
+
+
+def _describe(accuracy_score: dict, target: AccuracyTarget) -> str:
+    parts = []
+    for name, entry in accuracy_score["outputs"].items():
+        if entry["ok"]:
+            continue
+        figures = []
+        if "cosine" in entry:
+            figures.append(f"cosine {entry['cosine']:.4f} (needs {target.min_cosine})")
+        if "top1_agreement" in entry:
+            figures.append(f"top-1 {entry['top1_agreement']:.3f} (needs {target.min_top1})")
+        if "agreement" in entry:
+            figures.append(f"agreement {entry['agreement']:.3f} (needs {target.min_top1})")
+        parts.append(f"{name!r}: {', '.join(figures) or entry.get('detail', '')}")
+    return "; ".join(parts) or "meets the target"
+
+
+def _outputs(source, samples: list[dict], level=ort.GraphOptimizationLevel.ORT_ENABLE_ALL) -> list[dict]:
+    sess = session(source, level=level)
+    names = [o.name for o in sess.get_outputs()]
+    return [dict(zip(names, sess.run(names, feed), strict=True)) for feed in samples]
+
+
+# ---------------------------------------------------------------------------------------------- int8
+class _Samples:
+    """``onnxruntime.quantization.CalibrationDataReader``'s protocol over our list of feeds."""
+
+    def __init__(self, samples: list[dict]) -> None:
+        self._iterator = iter(samples)
+
+    def get_next(self):
+        return next(self._iterator, None)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        item = self.get_next()
+        if item is None:
+            raise StopIteration
+        return item
+
+
+def _named(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Every node named, uniquely: the quantiser includes and excludes layers by node name."""
+    seen: set[str] = set()
+    for index, node in enumerate(model.graph.node):
+        if not node.name or node.name in seen:
+            node.name = f"{node.op_type}_{index}"
+        seen.add(node.name)
+    return model
+
+
+def _quantize_static(fp32: Path, out: Path, samples, cache: Path, reduce_range: bool, **nodes) -> Path:
+    from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
+
+    quantize_static(
+        str(fp32), str(out), _Samples(samples), quant_format=QuantFormat.QDQ,
+        activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8, per_channel=True,
+        reduce_range=reduce_range, calibration_cache_path=str(cache), **nodes,
+    )  # fmt: skip
+    return out
+
+
+def _quantize_dynamic(fp32: Path, out: Path, reduce_range: bool) -> Path:
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    # Per-tensor: the dynamic quantiser puts per-channel scales of a transposed Gemm weight on the wrong axis.
+    quantize_dynamic(str(fp32), str(out), weight_type=QuantType.QInt8, per_channel=False, reduce_range=reduce_range)
+    return out
+
+
+def _weight_layers(quantized: onnx.ModelProto) -> list[tuple[str, str]]:
+    """(name, op type) of nodes that take a dequantised initializer: the layers with int8 weights."""
+    initializers = {init.name for init in quantized.graph.initializer}
+    dequantized_weights = {
+        node.output[0]
+        for node in quantized.graph.node
+        if node.op_type == "DequantizeLinear" and node.input[0] in initializers
+    }
+    layers = []
+    for node in quantized.graph.node:
+        if node.op_type in ("DequantizeLinear", "QuantizeLinear"):
+            continue
+        if any(name in dequantized_weights for name in node.input):
+            layers.append((node.name, node.op_type if not node.domain else f"{node.domain}::{node.op_type}"))
+    return layers
+
+
+def _time_shares(source, feed: dict, runs: int, workdir: Path) -> dict[str, float]:
+    """Each node's share of the fp32 model's kernel time (ONNX Runtime's profiler, graph as written)."""
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.intra_op_num_threads = 1
+    options.log_severity_level = 3
+    options.enable_profiling = True
+    options.profile_file_prefix = str(workdir / "profile")
+    source = str(source) if isinstance(source, Path) else source
+    sess = ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
+    for _ in range(runs):
+        sess.run(None, feed)
+    profile = Path(sess.end_profiling())
+    totals: Counter = Counter()
+    for event in json.loads(profile.read_text()):
+        if event.get("cat") == "Node" and event.get("name", "").endswith("_kernel_time"):
+            totals[event["name"][: -len("_kernel_time")]] += event.get("dur", 0)
+    profile.unlink(missing_ok=True)
+    whole = sum(totals.values()) or 1
+    return {name: value / whole for name, value in totals.items()}
+
+
+@dataclass
+class _Candidate:
+    name: str
+    path: Path
+    how: str
+    accuracy: dict = field(default_factory=dict)
+    timing: dict | None = None
+    ratio: float | None = None
+    verdict: str | None = None
+    error: str | None = None
+
+    def as_dict(self) -> dict:
+        return {
+            "name": self.name,
+            "how": self.how,
+            "accuracy": self.accuracy,
+            "meets_target": bool(self.accuracy.get("ok")),
+            "time_ratio_vs_fp32": None if self.ratio is None else round(self.ratio, 4),
+            "verdict_vs_fp32": self.verdict,
+            "timing_vs_fp32": self.timing,
+            **({"error": self.error} if self.error else {}),
+        }
+
+
+@dataclass
+class PrecisionRun:
+    """What ``apply_precision`` needs from the optimizer: the fp32 result and how to make more of it."""
+
+    options: OptimizeOptions
+    target: object
+    original: bytes | Path
+    fp32_model: ir.Model
+    samples: list[dict]
+    synthetic: bool
+    workdir: Path
+    # The first bucket's model compiled with the com.microsoft fusions off (None: not available).
+    unfused_model: ir.Model | None = None
+
+
+def _save(model: ir.Model | onnx.ModelProto, path: Path) -> Path:
+    proto = ir.to_proto(model) if isinstance(model, ir.Model) else model
+    onnx.save(_named(proto), str(path))
+    return path
+
+
+def _time_against_fp32(run: PrecisionRun, fp32: Path, candidates: list[_Candidate]) -> dict:
+    """Interleaved paired rounds of the original, fp32 and every candidate; each candidate's comparison
+    with fp32 (and fp32's with the original) on the first calibration sample."""
+    models: dict = {"original": run.original, "fp32": fp32}
+    models.update({c.name: c.path for c in candidates})
+    rounds = max(run.options.latency_repeats, MIN_ROUNDS)
+    samples = latency_samples(models, run.samples[0], repeats=rounds)
+    for candidate in candidates:
+        comparison = paired(samples["fp32"], samples[candidate.name], min_effect=MODEL_MIN_EFFECT)
+        candidate.timing = comparison.as_dict()
+        candidate.ratio, candidate.verdict = comparison.ratio, comparison.verdict
+        versus_original = paired(samples["original"], samples[candidate.name], min_effect=MODEL_MIN_EFFECT)
+        candidate.timing["speedup_vs_original"] = round(1.0 / versus_original.ratio, 4)
+    fp32_vs_original = paired(samples["original"], samples["fp32"], min_effect=MODEL_MIN_EFFECT)
+    return {
+        "engine": "onnxruntime CPUExecutionProvider, ORT_ENABLE_ALL, 1 thread",
+        "interleaved": True,
+        "rounds": fp32_vs_original.rounds,
+        "input_shapes": {k: list(v.shape) for k, v in run.samples[0].items()},
+        "original_s": fp32_vs_original.first_s,
+        "fp32_s": fp32_vs_original.second_s,
+    }
+
+
+def _pick(candidates: list[_Candidate], measured: bool) -> _Candidate | None:
+    """The fastest candidate that meets the target and is not significantly slower than fp32."""
+    good = [c for c in candidates if c.accuracy.get("ok") and c.error is None]
+    if measured:
+        good = [c for c in good if c.verdict != "slower"]
+        return min(good, key=lambda c: c.ratio, default=None)
+    return good[0] if good else None
+
+
+def _sensitivity(run, fp32: Path, layers, reference, cache: Path, reduce_range: bool) -> dict[str, dict]:
+    """Each layer quantised alone (the rest float): the accuracy it costs by itself."""
+    result = {}
+    for index, (name, _) in enumerate(layers):
+        out = run.workdir / f"only_{index}.onnx"
+        _quantize_static(fp32, out, run.samples, cache, reduce_range, nodes_to_quantize=[name])
+        result[name] = score(reference, _outputs(out, run.samples), run.options.accuracy)
+        out.unlink(missing_ok=True)
+    return result
+
+
+def _mixed(run, fp32, layers, reference, cache, reduce_range, full_score) -> tuple[_Candidate, list[dict], dict]:
+    """The fewest most-sensitive layers kept float so that the static model meets the target."""
+    sensitivity = _sensitivity(run, fp32, layers, reference, cache, reduce_range)
+    ranked = sorted(layers, key=lambda layer: -sensitivity[layer[0]]["loss"])
+    tried: dict[int, dict] = {0: full_score}
+
+    def attempt(keep_float: int) -> dict:
+        if keep_float not in tried:
+            out = run.workdir / f"mixed_{keep_float}.onnx"
+            exclude = [name for name, _ in ranked[:keep_float]]
+            _quantize_static(fp32, out, run.samples, cache, reduce_range, nodes_to_exclude=exclude)
+            tried[keep_float] = score(reference, _outputs(out, run.samples), run.options.accuracy)
+        return tried[keep_float]
+
+    lo, hi = 0, len(ranked)  # invariant: lo misses the target; hi (everything float) is taken to meet it
+    if attempt(hi)["ok"]:
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if attempt(mid)["ok"]:
+                hi = mid
+            else:
+                lo = mid
+    keep = hi
+    path = run.workdir / f"mixed_{keep}.onnx"
+    if not path.exists():
+        _quantize_static(
+            fp32, path, run.samples, cache, reduce_range, nodes_to_exclude=[n for n, _ in ranked[:keep]]
+        )
+    candidate = _Candidate(
+        "mixed", path, f"static QDQ, the {keep} most sensitive of {len(ranked)} layers kept float",
+        accuracy=tried.get(keep) or score(reference, _outputs(path, run.samples), run.options.accuracy),
+    )  # fmt: skip
+    table = []
+    for rank, (name, op) in enumerate(ranked):
+        loss = sensitivity[name]["loss"]
+        kept_float = rank < keep
+        if kept_float:
+            short = tried.get(keep - 1)
+            reason = f"kept float: rank {rank + 1} of {len(ranked)} by sensitivity (loss {loss:.4f} quantised alone)"
+            if short is not None:
+                reason += (
+                    f"; with only the {keep - 1} most sensitive layers in float the model misses the target "
+                    f"({_describe(short, run.options.accuracy)})"
+                )
+        else:
+            reason = f"int8: the target holds with it quantised (loss {loss:.4f} alone)"
+        table.append(
+            {
+                "layer": name,
+                "op": op,
+                "sensitivity": loss,
+                "alone": {k: v for k, v in sensitivity[name]["outputs"].items()},
+                "precision": "float32" if kept_float else "int8",
+                "reason": reason,
+            }
+        )
+    search = {"keep_float": keep, "tried": {str(k): {"ok": v["ok"], "loss": v["loss"]} for k, v in tried.items()}}
+    return candidate, table, search
+
+
+def _int8(run: PrecisionRun, report: dict) -> ir.Model | None:
+    options = run.options
+    features = cpu_int8_features()
+    report["cpu"] = features
+    reduce_range = features["reduce_range"]
+    fp32 = _save(run.fp32_model, run.workdir / "fp32.onnx")
+    reference = _outputs(run.original, run.samples, level=ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
+    cache = run.workdir / "calibration_ranges.json"
+
+    candidates: list[_Candidate] = []
+    static = _Candidate("static_qdq", run.workdir / "static.onnx", "static QDQ of the fused fp32 model")
+    builders = [(static, lambda: _quantize_static(fp32, static.path, run.samples, cache, reduce_range))]
+    if run.unfused_model is not None:
+        unfused_fp32 = _save(run.unfused_model, run.workdir / "fp32_unfused.onnx")
+        unfused = _Candidate(
+            "static_qdq_unfused", run.workdir / "static_unfused.onnx",
+            "static QDQ of the model compiled without our com.microsoft fusions (ONNX Runtime fuses the QDQ graph)",
+        )  # fmt: skip
+        cache_unfused = run.workdir / "calibration_ranges_unfused.json"
+        builders.append(
+            (unfused, lambda: _quantize_static(unfused_fp32, unfused.path, run.samples, cache_unfused, reduce_range))
+        )
+    dynamic = _Candidate("dynamic", run.workdir / "dynamic.onnx", "dynamic int8 (weights s8, activations per run)")
+    builders.append((dynamic, lambda: _quantize_dynamic(fp32, dynamic.path, reduce_range)))
+    for candidate, build in builders:
+        started = time.perf_counter()
+        try:
+            build()
+            candidate.accuracy = score(reference, _outputs(candidate.path, run.samples), options.accuracy)
+        except Exception as err:  # noqa: BLE001 - one quantiser failing leaves the others; said in the report
+            candidate.error = f"{type(err).__name__}: {str(err).splitlines()[0][:300]}"
+        candidate.accuracy["seconds"] = round(time.perf_counter() - started, 3)
+        candidates.append(candidate)
+
+    layers = _weight_layers(onnx.load(str(static.path))) if static.error is None else []
+    table, search = [], None
+    if options.precision == "mixed" and static.error is None:
+        mixed, table, search = _mixed(run, fp32, layers, reference, cache, reduce_range, static.accuracy)
+        candidates.append(mixed)
+
+    measured = options.measure_latency and bool(run.samples)
+    if measured:
+        runnable = [c for c in candidates if c.error is None and c.accuracy.get("ok")]
+        if runnable:
+            report["timing"] = _time_against_fp32(run, fp32, runnable)
+    chosen = _pick(candidates, measured)
+    report["candidates"] = [c.as_dict() for c in candidates]
+    if table:
+        shares = _time_shares(fp32, run.samples[0], 5, run.workdir)
+        for row in table:
+            row["time_share"] = round(shares.get(row["layer"], 0.0), 4)
+        report["layers"] = table
+        report["search"] = search
+    if chosen is None:
+        return _no_int8(run, report, candidates, layers, reference, cache, reduce_range, fp32)
+    report["shipped"] = chosen.name
+    report["accuracy"] = chosen.accuracy
+    if chosen.name == "mixed" and search and search["keep_float"] == len(table) and table:
+        report["warnings"].append(
+            "mixed precision kept every weight layer in float: no int8 layer fits the accuracy target"
+        )
+    return ir.from_proto(onnx.load(str(chosen.path)))
+
+
+def _no_int8(run, report, candidates, layers, reference, cache, reduce_range, fp32) -> None:
+    """No int8 model both meets the target and is not slower than fp32: fp32 with a warning, or a failure
+    that names the layers which miss the target."""
+    accurate = [c for c in candidates if c.accuracy.get("ok") and c.error is None]
+    if accurate:  # accurate but slower: the never-slower guard keeps fp32, whatever the fallback setting
+        report["shipped"] = "fp32"
+        report["warnings"].append(
+            "no int8 model was faster than the fp32 one on this machine ("
+            + ", ".join(f"{c.name}: time ratio {c.ratio:.3f}" for c in accurate if c.ratio is not None)
+            + "); shipped fp32 (never-slower guard)"
+        )
+        return None
+    best = max((c for c in candidates if c.error is None), key=lambda c: 1 - c.accuracy["loss"], default=None)
+    missed = _describe(best.accuracy, run.options.accuracy) if best else "every quantiser failed"
+    worst_layers = ""
+    if layers and not report.get("layers"):
+        sensitivity = _sensitivity(run, fp32, layers, reference, cache, reduce_range)
+        ranked = sorted(sensitivity.items(), key=lambda item: -item[1]["loss"])[:5]
+        report["layers"] = [{"layer": n, "sensitivity": s["loss"], "alone": s["outputs"]} for n, s in ranked]
+        worst_layers = "; most sensitive layers: " + ", ".join(f"{n} (loss {s['loss']:.4f})" for n, s in ranked)
+    message = (
+        f"no int8 model meets the accuracy target on the calibration set (best: {best.name if best else '-'}, "
+        f"{missed}){worst_layers}"
+    )
+    if run.options.precision_fallback == "fp32":
+        report["shipped"] = "fp32"
+        report["warnings"].append(f"{message}; shipped fp32 as precision_fallback asks")
+        return None
+    raise ValidationFailedError(
+        f"{message}. Use precision 'mixed' to keep the sensitive layers in float, relax 'accuracy', or set "
+        "precision_fallback 'fp32'.",
+        details={"precision": report},
+    )
+
+
+# ---------------------------------------------------------------------------------------------- fp16
+def _fp16(run: PrecisionRun, report: dict) -> ir.Model:
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    proto = ir.to_proto(run.fp32_model)
+    converted = convert_float_to_float16(proto, keep_io_types=run.options.keep_io_types, disable_shape_infer=True)
+    path = _save(converted, run.workdir / "fp16.onnx")
+    reference = _outputs(run.original, run.samples, level=ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
+    try:
+        got = _outputs(path, run.samples, level=ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
+    except Exception as err:  # noqa: BLE001 - ONNX Runtime's words are the reason
+        raise ValidationFailedError(
+            f"the float16 model cannot run in ONNX Runtime for validation: {str(err).splitlines()[0][:300]}. "
+            "Use precision 'fp32' for this model.",
+        ) from None
+    atol, rtol = DEFAULT_TOLERANCES["float16"]
+    if run.options.tolerances and "float16" in run.options.tolerances:
+        atol, rtol = run.options.tolerances["float16"].atol, run.options.tolerances["float16"].rtol
+    accuracy = score(reference, [{k: v.astype(np.float32) for k, v in s.items()} for s in got], run.options.accuracy)
+    worst_abs = 0.0
+    elementwise_ok = True
+    for want_sample, got_sample in zip(reference, got, strict=True):
+        for name, want in want_sample.items():
+            if not np.issubdtype(want.dtype, np.floating):
+                continue
+            have = got_sample[name].astype(np.float64)
+            scale = float(np.abs(want).max()) or 1.0  # float16 keeps ~3 digits of the output's own range
+            diff = np.abs(have - want)
+            worst_abs = max(worst_abs, float(diff.max()) if diff.size else 0.0)
+            elementwise_ok &= bool(np.all(diff <= atol * scale + rtol * np.abs(want)))
+    accuracy["elementwise"] = {"atol": atol, "rtol": rtol, "relative_to": "each output's largest magnitude",
+                               "max_abs": worst_abs, "ok": elementwise_ok}  # fmt: skip
+    report["accuracy"] = accuracy
+    report["keep_io_types"] = run.options.keep_io_types
+    if not (accuracy["ok"] and elementwise_ok):
+        raise ValidationFailedError(
+            f"the float16 model misses the accuracy target: {_describe(accuracy, run.options.accuracy)}"
+            + ("" if elementwise_ok else f"; max abs error {worst_abs:.3g} beyond float16 tolerance")
+            + ". Use precision 'fp32', or relax 'accuracy'/'tolerances'.",
+            details={"precision": report},
+        )
+    report["shipped"] = "fp16"
+    return ir.from_proto(onnx.load(str(path)))
+
+
+# ---------------------------------------------------------------------------------------------- entry
+def apply_precision(run: PrecisionRun) -> tuple[ir.Model | None, dict]:
+    """The lower-precision model to ship (None: keep fp32) and the report's ``precision`` section."""
+    report: dict = {
+        "requested": run.options.precision,
+        "accuracy_target": run.options.accuracy.model_dump(),
+        "calibration": {
+            "source": "synthetic" if run.synthetic else "uploaded",
+            "samples": len(run.samples),
+            "input_shapes": {k: list(v.shape) for k, v in run.samples[0].items()} if run.samples else {},
+        },
+        "warnings": [],
+    }
+    if run.synthetic:
+        report["warnings"].append(
+            f"accuracy of the {run.options.precision} model was judged on {len(run.samples)} synthetic random "
+            "inputs, not on your data: upload calibration samples (an .npz of named inputs) for a real check"
+        )
+    started = time.perf_counter()
+    logging.getLogger("onnxruntime").setLevel(logging.ERROR)
+    if run.options.precision == "fp16":
+        model = _fp16(run, report)
+    else:
+        model = _int8(run, report)
+    report["seconds"] = round(time.perf_counter() - started, 3)
+    if not math.isfinite(report["seconds"]):
+        report["seconds"] = None
+    return model, report
+
+
+def replace_model(bucket, model: ir.Model):
+    """The bucket with its model replaced (the portable fp32 variant does not describe it any more)."""
+    return dataclasses.replace(bucket, model=model, portable=None)
