@@ -1,0 +1,203 @@
+"""Precision (issue 7): int8 and mixed on cpu-ort, fp16 on an accelerator, judged by the accuracy target on
+calibration samples; calibration that does not fit the model is refused before any work. Real ONNX Runtime
+quantisers and sessions throughout."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import onnx
+import pytest
+
+from flexdsa_core import FlexDSAOptimizer, OptimizeOptions
+from flexdsa_core.calibration import CalibrationError, check_calibration, load_calibration
+from flexdsa_core.errors import InvalidOptionsError, ValidationFailedError
+from flexdsa_core.options import AccuracyTarget
+from flexdsa_core.precision import _quantize_static, cpu_int8_features, score
+from flexdsa_core.validate import run
+from tests.models import fixture
+
+
+def _npz(**arrays) -> bytes:
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    return buffer.getvalue()
+
+
+def _cosine(a: np.ndarray, b: np.ndarray) -> float:
+    a, b = a.astype(np.float64).ravel(), b.astype(np.float64).ravel()
+    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
+
+
+def _sensitive_mlp() -> bytes:
+    """x -> MatMul(w1) -> Relu -> MatMul(w2) -> MatMul(w3) -> y, where w2 blows one channel of its output
+    up by 1e4 and w3 scales it back: the activation 'wide' that 'sensitive' reads spans ~1e5 while every
+    other channel is ~1, so one int8 scale for it rounds the small channels away."""
+    rng = np.random.default_rng(0)
+    w1 = rng.standard_normal((16, 32)).astype(np.float32) / 4
+    w2 = rng.standard_normal((32, 32)).astype(np.float32) / 6
+    w2[:, 0] *= 1e4
+    w3 = rng.standard_normal((32, 8)).astype(np.float32) / 6
+    w3[0, :] *= 1e-4
+    graph = onnx.helper.make_graph(
+        [
+            onnx.helper.make_node("MatMul", ["x", "w1"], ["h"], name="first"),
+            onnx.helper.make_node("Relu", ["h"], ["r"], name="relu"),
+            onnx.helper.make_node("MatMul", ["r", "w2"], ["wide"], name="widen"),
+            onnx.helper.make_node("MatMul", ["wide", "w3"], ["y"], name="sensitive"),
+        ],
+        "sensitive_mlp",
+        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["batch", 16])],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["batch", 8])],
+        [onnx.numpy_helper.from_array(w, n) for w, n in ((w1, "w1"), (w2, "w2"), (w3, "w3"))],
+    )
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)], ir_version=9)
+    return model.SerializeToString()
+
+
+# ------------------------------------------------------------------------------------------ calibration
+def test_calibration_that_does_not_fit_is_refused_with_what_to_do():
+    model = onnx.load(fixture("bert"), load_external_data=False)
+    ids = np.zeros((4, 8), np.int64)
+    good = {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": ids}
+    assert len(check_calibration(model, good)) == 4  # four samples of batch 1
+
+    with pytest.raises(CalibrationError, match="missing 'token_type_ids'.*not inputs of the model 'tokens'"):
+        check_calibration(model, {"input_ids": ids, "attention_mask": ids, "tokens": ids})
+    with pytest.raises(CalibrationError, match=r"'input_ids' is float32, the model takes int64 \(convert"):
+        check_calibration(model, {**good, "input_ids": ids.astype(np.float32)})
+    with pytest.raises(CalibrationError, match="dim 'seq' is 6 in 'attention_mask' but 8 in 'input_ids'"):
+        check_calibration(model, {**good, "attention_mask": np.ones((4, 6), np.int64)})
+    with pytest.raises(CalibrationError, match="rank 3"):
+        check_calibration(model, {**good, "input_ids": ids[None]})
+    with pytest.raises(CalibrationError, match="outside the model's table"):
+        check_calibration(model, {**good, "input_ids": np.full((4, 8), 10**6, np.int64)})
+    with pytest.raises(CalibrationError, match="not a readable .npz"):
+        load_calibration(b"not a zip file")
+    assert set(load_calibration(_npz(**good))) == set(good)
+
+
+def test_optimize_refuses_misfit_calibration_before_compiling():
+    wrong = _npz(pixel_values=np.zeros((2, 3, 32, 32), np.float32))  # the vit size on a 64x64 resnet
+    with pytest.raises(CalibrationError, match="'pixel_values' dim 2 is 32, the model fixes it to 64") as err:
+        FlexDSAOptimizer("cpu-ort").optimize(
+            fixture("resnet"), OptimizeOptions(precision="int8"), calibration=wrong
+        )
+    assert err.value.code == "invalid_calibration" and err.value.http_status == 422
+
+
+def test_precision_the_target_cannot_have_is_refused():
+    with pytest.raises(InvalidOptionsError, match="'fp16' is for accelerator targets"):
+        FlexDSAOptimizer("cpu-ort").optimize(fixture("resnet"), OptimizeOptions(precision="fp16"))
+
+
+# ------------------------------------------------------------------------------------------ accuracy
+def test_score_checks_cosine_and_top1_on_classifier_outputs():
+    rng = np.random.default_rng(1)
+    reference = [{"logits": rng.standard_normal((1, 10)).astype(np.float32)} for _ in range(20)]
+    same = score(reference, reference, AccuracyTarget())
+    assert same["ok"] and same["outputs"]["logits"]["top1_agreement"] == 1.0 and same["loss"] == 0.0
+    noisy = [{"logits": s["logits"] + rng.standard_normal((1, 10)).astype(np.float32)} for s in reference]
+    judged = score(reference, noisy, AccuracyTarget())
+    assert not judged["ok"] and judged["outputs"]["logits"]["top1_agreement"] < 0.99
+
+
+# ------------------------------------------------------------------------------------------ int8
+@pytest.mark.models
+@pytest.mark.parametrize("name", ["bert", "resnet"])
+def test_fixture_quantises_to_int8_within_the_accuracy_target(name, tmp_path):
+    source = onnx.load(fixture(name))
+    rng = np.random.default_rng(7)
+    if name == "bert":
+        ids = rng.integers(0, 100, size=(24, 12)).astype(np.int64)
+        arrays = {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids)}
+    else:
+        # Random weights give near-equal logits on most random images (top-1 margins of ~6% of the logit
+        # range), where any rounding flips a class; real data is classified with a margin. So the samples
+        # are the 24 of 200 random images the original classifies most clearly.
+        images = rng.standard_normal((200, 3, 64, 64)).astype(np.float32)
+        logits = np.sort(run(source.SerializeToString(), {"pixel_values": images})["logits"], axis=1)
+        margin = (logits[:, -1] - logits[:, -2]) / (logits[:, -1] - logits[:, 0])
+        arrays = {"pixel_values": images[np.argsort(-margin)[:24]]}
+    result = FlexDSAOptimizer("cpu-ort").optimize(
+        source, OptimizeOptions(precision="int8"), calibration=_npz(**arrays)
+    )
+    precision = result.report["precision"]
+    assert precision["calibration"] == {
+        "source": "uploaded", "samples": 24, "input_shapes": {k: [1, *v.shape[1:]] for k, v in arrays.items()}
+    }  # fmt: skip
+    assert not any("synthetic" in w for w in result.report["warnings"])
+    assert precision["cpu"]["flags"] and isinstance(precision["cpu"]["reduce_range"], bool)
+    static = next(c for c in precision["candidates"] if c["name"] == "static_qdq")
+    assert static["meets_target"], static["accuracy"]
+    # The static model itself, re-scored here: every output within cosine 0.99 of the original.
+    quantized = tmp_path / "static.onnx"
+    fp32 = tmp_path / "fp32.onnx"  # our fused graph, as the precision stage quantises it
+    plain = OptimizeOptions(measure_latency=False, disabled_rules=["ort_layout"])
+    fp32.write_bytes(FlexDSAOptimizer("cpu-ort").optimize(source, plain).model_bytes())
+    feeds = [{k: v[i : i + 1] for k, v in arrays.items()} for i in range(24)]
+    _quantize_static(fp32, quantized, feeds, tmp_path / "ranges.json", cpu_int8_features()["reduce_range"])
+    ops = {n.op_type for n in onnx.load(quantized).graph.node}
+    assert {"QuantizeLinear", "DequantizeLinear"} <= ops
+    for feed in feeds[:4]:
+        want, got = run(source.SerializeToString(), feed), run(quantized, feed)
+        assert all(_cosine(want[k], got[k]) >= 0.99 for k in want)
+    # What shipped: an int8 model meeting the target, or fp32 because no int8 model was faster here.
+    shipped = result.model_bytes()
+    if precision["shipped"] == "fp32":
+        assert any("never-slower" in w for w in result.report["warnings"])
+        assert b"QuantizeLinear" not in shipped
+    else:
+        assert precision["accuracy"]["ok"]
+        chosen = next(c for c in precision["candidates"] if c["name"] == precision["shipped"])
+        assert chosen["verdict_vs_fp32"] != "slower"
+
+
+def test_synthetic_calibration_is_said_in_the_warnings():
+    result = FlexDSAOptimizer("cpu-ort").optimize(
+        _sensitive_mlp(), OptimizeOptions(precision="int8", precision_fallback="fp32", measure_latency=False)
+    )
+    assert result.report["precision"]["calibration"]["source"] == "synthetic"
+    assert any("synthetic random inputs" in w for w in result.report["warnings"])
+
+
+# ------------------------------------------------------------------------------------------ mixed
+# The MLP's [batch, 8] output is a feature vector, not class scores: cosine only.
+NOT_A_CLASSIFIER = AccuracyTarget(top1_outputs=[])
+
+
+def _mlp_calibration() -> bytes:
+    return _npz(x=np.random.default_rng(3).standard_normal((32, 16)).astype(np.float32))
+
+
+def test_int8_that_misses_the_target_fails_naming_the_sensitive_layer():
+    with pytest.raises(ValidationFailedError, match=r"no int8 model meets the accuracy target.*sensitive \(loss"):
+        FlexDSAOptimizer("cpu-ort").optimize(
+            _sensitive_mlp(), OptimizeOptions(precision="int8", measure_latency=False, accuracy=NOT_A_CLASSIFIER),
+            calibration=_mlp_calibration(),
+        )
+
+
+def test_mixed_keeps_the_huge_range_layer_in_float_and_says_why():
+    model = _sensitive_mlp()
+    result = FlexDSAOptimizer("cpu-ort").optimize(
+        model, OptimizeOptions(precision="mixed", accuracy=NOT_A_CLASSIFIER), calibration=_mlp_calibration()
+    )
+    precision = result.report["precision"]
+    table = {row["layer"]: row for row in precision["layers"]}
+    assert table["sensitive"]["precision"] == "float32"
+    assert "kept float: rank 1" in table["sensitive"]["reason"] and "misses the target" in table["sensitive"]["reason"]
+    assert table["sensitive"]["sensitivity"] == max(row["sensitivity"] for row in table.values())
+    assert table["first"]["precision"] == "int8"
+    assert all(0.0 <= row["time_share"] <= 1.0 for row in table.values())
+    mixed = next(c for c in precision["candidates"] if c["name"] == "mixed")
+    assert mixed["meets_target"]
+    full = next(c for c in precision["candidates"] if c["name"] == "static_qdq")
+    assert not full["meets_target"]
+    if precision["shipped"] == "mixed":
+        feeds = [{"x": np.random.default_rng(9).standard_normal((4, 16)).astype(np.float32)}]
+        shipped = result.model_bytes()
+        assert _cosine(run(model, feeds[0])["y"], run(shipped, feeds[0])["y"]) >= 0.99
+        nodes = {n.name: n for n in onnx.load_from_string(shipped).graph.node}
+        assert not any(i.endswith("_DequantizeLinear_Output") for i in nodes["sensitive"].input)
