@@ -193,7 +193,10 @@ def _describe(accuracy_score: dict, target: AccuracyTarget) -> str:
 def _outputs(source, samples: list[dict], level=ort.GraphOptimizationLevel.ORT_ENABLE_ALL) -> list[dict]:
     sess = session(source, level=level)
     names = [o.name for o in sess.get_outputs()]
-    return [dict(zip(names, sess.run(names, feed), strict=True)) for feed in samples]
+    # A float16 model without keep_io_types takes float16: the same samples, cast (as its caller would).
+    halves = {i.name for i in sess.get_inputs() if i.type == "tensor(float16)"}
+    feeds = [{k: v.astype(np.float16) if k in halves else v for k, v in feed.items()} for feed in samples]
+    return [dict(zip(names, sess.run(names, feed), strict=True)) for feed in feeds]
 
 
 # ---------------------------------------------------------------------------------------------- int8

@@ -5,6 +5,7 @@ quantisers and sessions throughout."""
 from __future__ import annotations
 
 import io
+from collections import Counter
 
 import numpy as np
 import onnx
@@ -201,3 +202,23 @@ def test_mixed_keeps_the_huge_range_layer_in_float_and_says_why():
         assert _cosine(run(model, feeds[0])["y"], run(shipped, feeds[0])["y"]) >= 0.99
         nodes = {n.name: n for n in onnx.load_from_string(shipped).graph.node}
         assert not any(i.endswith("_DequantizeLinear_Output") for i in nodes["sensitive"].input)
+
+
+# ------------------------------------------------------------------------------------------ fp16
+@pytest.mark.parametrize("keep_io_types", [True, False])
+def test_fp16_on_an_accelerator_validates_and_keeps_io_types_as_asked(keep_io_types):
+    options = OptimizeOptions(precision="fp16", keep_io_types=keep_io_types, measure_latency=False)
+    result = FlexDSAOptimizer("nvidia-orin-nano").optimize(fixture("resnet"), options)
+    precision = result.report["precision"]
+    assert precision["shipped"] == "fp16" and precision["accuracy"]["ok"]
+    assert precision["accuracy"]["elementwise"]["ok"] and precision["accuracy"]["elementwise"]["atol"] == 1e-2
+    model = onnx.load_from_string(result.model_bytes())
+    weights = Counter(init.data_type for init in model.graph.initializer if len(init.dims) > 1)
+    assert set(weights) == {onnx.TensorProto.FLOAT16}
+    io_type = onnx.TensorProto.FLOAT if keep_io_types else onnx.TensorProto.FLOAT16
+    assert [v.type.tensor_type.elem_type for v in [*model.graph.input, *model.graph.output]] == [io_type, io_type]
+    images = np.random.default_rng(5).standard_normal((2, 1, 3, 64, 64)).astype(np.float32)
+    for image in images:
+        want = run(fixture("resnet"), {"pixel_values": image})["logits"]
+        got = run(result.model_bytes(), {"pixel_values": image.astype(np.float32 if keep_io_types else np.float16)})
+        assert _cosine(want, got["logits"]) >= 0.999
