@@ -40,7 +40,13 @@ from flexdsa_core.memory_planner import plan_memory
 from flexdsa_core.options import OptimizeOptions
 from flexdsa_core.passes import generic_passes
 from flexdsa_core.passes.manager import run_passes
-from flexdsa_core.precision import PrecisionRun, apply_precision, check_precision_request, replace_model
+from flexdsa_core.precision import (
+    PrecisionRun,
+    apply_precision,
+    check_precision_request,
+    replace_model,
+    samples_npz,
+)
 from flexdsa_core.preflight import check_buckets, check_disabled, switchable_names
 from flexdsa_core.report import build_report, render_summary, report_summary
 from flexdsa_core.shape_tracker import ShapeTracker
@@ -372,11 +378,11 @@ class FlexDSAOptimizer:
 
         # Precision: the verified, timed fp32 result quantised (cpu-ort) or halved (accelerators), judged by the
         # accuracy target on the calibration samples; never slower than fp32, never below the target.
-        precision = None
+        precision, precision_samples = None, None
         if options.precision != "fp32":
             report_progress("precision", 0.0, f"{options.precision}: calibrating, scoring and timing")
             start = time.perf_counter()
-            comp, precision = self._precision(comp, original_source, options, samples, calibration, recompile)
+            comp, precision, precision_samples = self._precision(comp, original_source, options, samples, recompile)
             stage_seconds["precision"] = time.perf_counter() - start
 
         # Vendor toolchain (accelerators, where it installs): compile each bucket with the vendor's own
@@ -422,6 +428,8 @@ class FlexDSAOptimizer:
             report["warnings"].extend(toolchain_report.get("warnings", []))
         files = self.adapter.generate(comp.buckets, self.target, report, workdir=workdir)
         artifacts: dict[str, bytes | Path] = {**files, **toolchain_files}
+        if precision is not None and precision.get("vendor_quantiser"):
+            artifacts["calibration.npz"] = samples_npz(precision_samples)
         artifacts["report.json"] = json.dumps(report, indent=2, default=str).encode()
         artifacts["fusion_plan.json"] = json.dumps(comp.fusion_plans, indent=2, default=str).encode()
         report_progress.finish("adapter")
@@ -440,7 +448,7 @@ class FlexDSAOptimizer:
         arrays = calibration if isinstance(calibration, dict) else load_calibration(calibration)
         return check_calibration(inputs, arrays)
 
-    def _precision(self, comp, original_source, options, samples, calibration, recompile):
+    def _precision(self, comp, original_source, options, samples, recompile):
         bucket = comp.buckets[0]
         synthetic = samples is None
         if synthetic:
@@ -460,7 +468,7 @@ class FlexDSAOptimizer:
         if model is not None:
             comp = copy.copy(comp)
             comp.buckets = [replace_model(bucket, model)]
-        return comp, section
+        return comp, section, samples
 
     def _model_source(self, model: ir.Model) -> bytes | Path:
         """What ONNX Runtime loads: bytes, or for models with external data a file written with its data."""

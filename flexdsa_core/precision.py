@@ -52,7 +52,7 @@ from flexdsa_core.options import AccuracyTarget, OptimizeOptions
 from flexdsa_core.significance import MIN_ROUNDS, MODEL_MIN_EFFECT, paired
 from flexdsa_core.validate import DEFAULT_TOLERANCES, latency_samples, session
 
-__all__ = ["apply_precision", "check_precision_request", "cpu_int8_features", "score"]
+__all__ = ["apply_precision", "check_precision_request", "cpu_int8_features", "int8_format", "samples_npz", "score"]
 
 # Flags that give the int8 GEMM a dot-product instruction without 16-bit intermediate sums.
 _INT8_DOT_FLAGS = ("avx512_vnni", "avx512vnni", "avx_vnni", "amx_int8", "asimddp", "dotprod", "i8mm")
@@ -87,12 +87,6 @@ def check_precision_request(options: OptimizeOptions, target, buckets: int | Non
     if options.precision == "fp32":
         return
     calibrated = bool(getattr(target, "calibrated", False))
-    if options.precision in ("int8", "mixed") and not calibrated:
-        raise InvalidOptionsError(
-            f"precision {options.precision!r} is built for cpu-ort so far; target {target.name!r} takes its own "
-            "int8 format from its vendor step. Use precision 'fp16' or 'fp32' for this target.",
-            details={"precision": options.precision, "target": target.name},
-        )
     if options.precision == "fp16" and calibrated:
         raise InvalidOptionsError(
             "precision 'fp16' is for accelerator targets: ONNX Runtime's CPU kernels compute float16 through "
@@ -229,22 +223,47 @@ def _named(model: onnx.ModelProto) -> onnx.ModelProto:
     return model
 
 
-def _quantize_static(fp32: Path, out: Path, samples, cache: Path, reduce_range: bool, **nodes) -> Path:
+@dataclass(frozen=True)
+class Int8Format:
+    """How a target wants its int8: QDQ with these activation/weight types (weights always s8 per channel)."""
+
+    name: str
+    activations: str  # "uint8" or "int8"
+    symmetric: bool  # activations symmetric around zero (zero point 0), as TensorRT requires
+    reduce_range: bool  # 7-bit weights (x86 without VNNI, see the module docstring)
+    runs_here: bool  # the target is this machine: candidates are timed, dynamic quantisation is one of them
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def int8_format(target) -> Int8Format | None:
+    """The target's int8 format; None where the vendor's own quantiser does it (fed our samples)."""
+    if getattr(target, "calibrated", False):  # cpu-ort: ONNX Runtime's x86/ARM kernels, u8 activations
+        return Int8Format("onnxruntime u8s8 QDQ", "uint8", False, cpu_int8_features()["reduce_range"], True)
+    if str(getattr(target, "vendor", "")).lower() == "nvidia":  # TensorRT: symmetric s8 QDQ only
+        return Int8Format("TensorRT symmetric s8s8 QDQ", "int8", True, False, False)
+    return None
+
+
+def _quantize_static(fp32: Path, out: Path, samples, cache: Path, fmt: Int8Format, **nodes) -> Path:
     from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
 
+    activations = QuantType.QUInt8 if fmt.activations == "uint8" else QuantType.QInt8
     quantize_static(
         str(fp32), str(out), _Samples(samples), quant_format=QuantFormat.QDQ,
-        activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8, per_channel=True,
-        reduce_range=reduce_range, calibration_cache_path=str(cache), **nodes,
+        activation_type=activations, weight_type=QuantType.QInt8, per_channel=True,
+        reduce_range=fmt.reduce_range, calibration_cache_path=str(cache),
+        extra_options={"ActivationSymmetric": fmt.symmetric, "WeightSymmetric": True}, **nodes,
     )  # fmt: skip
     return out
 
 
-def _quantize_dynamic(fp32: Path, out: Path, reduce_range: bool) -> Path:
+def _quantize_dynamic(fp32: Path, out: Path, fmt: Int8Format) -> Path:
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     # Per-tensor: the dynamic quantiser puts per-channel scales of a transposed Gemm weight on the wrong axis.
-    quantize_dynamic(str(fp32), str(out), weight_type=QuantType.QInt8, per_channel=False, reduce_range=reduce_range)
+    quantize_dynamic(str(fp32), str(out), weight_type=QuantType.QInt8, per_channel=False, reduce_range=fmt.reduce_range)
     return out
 
 
@@ -365,20 +384,20 @@ def _pick(candidates: list[_Candidate], measured: bool) -> _Candidate | None:
     return good[0] if good else None
 
 
-def _sensitivity(run, fp32: Path, layers, reference, cache: Path, reduce_range: bool) -> dict[str, dict]:
+def _sensitivity(run, fp32: Path, layers, reference, cache: Path, fmt: Int8Format) -> dict[str, dict]:
     """Each layer quantised alone (the rest float): the accuracy it costs by itself."""
     result = {}
     for index, (name, _) in enumerate(layers):
         out = run.workdir / f"only_{index}.onnx"
-        _quantize_static(fp32, out, run.samples, cache, reduce_range, nodes_to_quantize=[name])
+        _quantize_static(fp32, out, run.samples, cache, fmt, nodes_to_quantize=[name])
         result[name] = score(reference, _outputs(out, run.samples), run.options.accuracy)
         out.unlink(missing_ok=True)
     return result
 
 
-def _mixed(run, fp32, layers, reference, cache, reduce_range, full_score) -> tuple[_Candidate, list[dict], dict]:
+def _mixed(run, fp32, layers, reference, cache, fmt, full_score) -> tuple[_Candidate, list[dict], dict]:
     """The fewest most-sensitive layers kept float so that the static model meets the target."""
-    sensitivity = _sensitivity(run, fp32, layers, reference, cache, reduce_range)
+    sensitivity = _sensitivity(run, fp32, layers, reference, cache, fmt)
     ranked = sorted(layers, key=lambda layer: -sensitivity[layer[0]]["loss"])
     tried: dict[int, dict] = {0: full_score}
 
@@ -386,7 +405,7 @@ def _mixed(run, fp32, layers, reference, cache, reduce_range, full_score) -> tup
         if keep_float not in tried:
             out = run.workdir / f"mixed_{keep_float}.onnx"
             exclude = [name for name, _ in ranked[:keep_float]]
-            _quantize_static(fp32, out, run.samples, cache, reduce_range, nodes_to_exclude=exclude)
+            _quantize_static(fp32, out, run.samples, cache, fmt, nodes_to_exclude=exclude)
             tried[keep_float] = score(reference, _outputs(out, run.samples), run.options.accuracy)
         return tried[keep_float]
 
@@ -402,7 +421,7 @@ def _mixed(run, fp32, layers, reference, cache, reduce_range, full_score) -> tup
     path = run.workdir / f"mixed_{keep}.onnx"
     if not path.exists():
         _quantize_static(
-            fp32, path, run.samples, cache, reduce_range, nodes_to_exclude=[n for n, _ in ranked[:keep]]
+            fp32, path, run.samples, cache, fmt, nodes_to_exclude=[n for n, _ in ranked[:keep]]
         )
     candidate = _Candidate(
         "mixed", path, f"static QDQ, the {keep} most sensitive of {len(ranked)} layers kept float",
@@ -438,16 +457,17 @@ def _mixed(run, fp32, layers, reference, cache, reduce_range, full_score) -> tup
 
 def _int8(run: PrecisionRun, report: dict) -> ir.Model | None:
     options = run.options
-    features = cpu_int8_features()
-    report["cpu"] = features
-    reduce_range = features["reduce_range"]
+    fmt = int8_format(run.target)
+    report["format"] = fmt.as_dict()
+    if fmt.runs_here:
+        report["cpu"] = cpu_int8_features()
     fp32 = _save(run.fp32_model, run.workdir / "fp32.onnx")
     reference = _outputs(run.original, run.samples, level=ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
     cache = run.workdir / "calibration_ranges.json"
 
     candidates: list[_Candidate] = []
     static = _Candidate("static_qdq", run.workdir / "static.onnx", "static QDQ of the fused fp32 model")
-    builders = [(static, lambda: _quantize_static(fp32, static.path, run.samples, cache, reduce_range))]
+    builders = [(static, lambda: _quantize_static(fp32, static.path, run.samples, cache, fmt))]
     if run.unfused_model is not None:
         unfused_fp32 = _save(run.unfused_model, run.workdir / "fp32_unfused.onnx")
         unfused = _Candidate(
@@ -456,10 +476,11 @@ def _int8(run: PrecisionRun, report: dict) -> ir.Model | None:
         )  # fmt: skip
         cache_unfused = run.workdir / "calibration_ranges_unfused.json"
         builders.append(
-            (unfused, lambda: _quantize_static(unfused_fp32, unfused.path, run.samples, cache_unfused, reduce_range))
+            (unfused, lambda: _quantize_static(unfused_fp32, unfused.path, run.samples, cache_unfused, fmt))
         )
     dynamic = _Candidate("dynamic", run.workdir / "dynamic.onnx", "dynamic int8 (weights s8, activations per run)")
-    builders.append((dynamic, lambda: _quantize_dynamic(fp32, dynamic.path, reduce_range)))
+    if fmt.runs_here:  # dynamic int8 is an ONNX Runtime CPU technique, not an accelerator format
+        builders.append((dynamic, lambda: _quantize_dynamic(fp32, dynamic.path, fmt)))
     for candidate, build in builders:
         started = time.perf_counter()
         try:
@@ -473,10 +494,10 @@ def _int8(run: PrecisionRun, report: dict) -> ir.Model | None:
     layers = _weight_layers(onnx.load(str(static.path))) if static.error is None else []
     table, search = [], None
     if options.precision == "mixed" and static.error is None:
-        mixed, table, search = _mixed(run, fp32, layers, reference, cache, reduce_range, static.accuracy)
+        mixed, table, search = _mixed(run, fp32, layers, reference, cache, fmt, static.accuracy)
         candidates.append(mixed)
 
-    measured = options.measure_latency and bool(run.samples)
+    measured = options.measure_latency and fmt.runs_here
     if measured:
         runnable = [c for c in candidates if c.error is None and c.accuracy.get("ok")]
         if runnable:
@@ -490,7 +511,7 @@ def _int8(run: PrecisionRun, report: dict) -> ir.Model | None:
         report["layers"] = table
         report["search"] = search
     if chosen is None:
-        return _no_int8(run, report, candidates, layers, reference, cache, reduce_range, fp32)
+        return _no_int8(run, report, candidates, layers, reference, cache, fmt, fp32)
     report["shipped"] = chosen.name
     report["accuracy"] = chosen.accuracy
     if chosen.name == "mixed" and search and search["keep_float"] == len(table) and table:
@@ -500,7 +521,7 @@ def _int8(run: PrecisionRun, report: dict) -> ir.Model | None:
     return ir.from_proto(onnx.load(str(chosen.path)))
 
 
-def _no_int8(run, report, candidates, layers, reference, cache, reduce_range, fp32) -> None:
+def _no_int8(run, report, candidates, layers, reference, cache, fmt, fp32) -> None:
     """No int8 model both meets the target and is not slower than fp32: fp32 with a warning, or a failure
     that names the layers which miss the target."""
     accurate = [c for c in candidates if c.accuracy.get("ok") and c.error is None]
@@ -516,7 +537,7 @@ def _no_int8(run, report, candidates, layers, reference, cache, reduce_range, fp
     missed = _describe(best.accuracy, run.options.accuracy) if best else "every quantiser failed"
     worst_layers = ""
     if layers and not report.get("layers"):
-        sensitivity = _sensitivity(run, fp32, layers, reference, cache, reduce_range)
+        sensitivity = _sensitivity(run, fp32, layers, reference, cache, fmt)
         ranked = sorted(sensitivity.items(), key=lambda item: -item[1]["loss"])[:5]
         report["layers"] = [{"layer": n, "sensitivity": s["loss"], "alone": s["outputs"]} for n, s in ranked]
         worst_layers = "; most sensitive layers: " + ", ".join(f"{n} (loss {s['loss']:.4f})" for n, s in ranked)
@@ -602,6 +623,15 @@ def apply_precision(run: PrecisionRun) -> tuple[ir.Model | None, dict]:
     logging.getLogger("onnxruntime").setLevel(logging.ERROR)
     if run.options.precision == "fp16":
         model = _fp16(run, report)
+    elif int8_format(run.target) is None:
+        model = None
+        report["shipped"] = "fp32"
+        report["vendor_quantiser"] = True
+        report["note"] = (
+            f"{run.options.precision} on {run.target.name} is the vendor toolchain's own quantisation: the model "
+            "ships in fp32 with the calibration samples (calibration.npz) for it, and the bundle's scripts ask "
+            "the vendor step for it"
+        )
     else:
         model = _int8(run, report)
     report["seconds"] = round(time.perf_counter() - started, 3)
@@ -613,3 +643,12 @@ def apply_precision(run: PrecisionRun) -> tuple[ir.Model | None, dict]:
 def replace_model(bucket, model: ir.Model):
     """The bucket with its model replaced (the portable fp32 variant does not describe it any more)."""
     return dataclasses.replace(bucket, model=model, portable=None)
+
+
+def samples_npz(samples: list[dict]) -> bytes:
+    """The calibration samples as one ``.npz`` (rows stacked on the first axis), for a vendor's quantiser."""
+    import io
+
+    buffer = io.BytesIO()
+    np.savez(buffer, **{name: np.concatenate([s[name] for s in samples]) for name in samples[0]})
+    return buffer.getvalue()

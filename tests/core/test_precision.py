@@ -15,7 +15,7 @@ from flexdsa_core import FlexDSAOptimizer, OptimizeOptions
 from flexdsa_core.calibration import CalibrationError, check_calibration, load_calibration
 from flexdsa_core.errors import InvalidOptionsError, ValidationFailedError
 from flexdsa_core.options import AccuracyTarget
-from flexdsa_core.precision import _quantize_static, cpu_int8_features, score
+from flexdsa_core.precision import _quantize_static, int8_format, score
 from flexdsa_core.validate import run
 from tests.models import fixture
 
@@ -138,7 +138,7 @@ def test_fixture_quantises_to_int8_within_the_accuracy_target(name, tmp_path):
     plain = OptimizeOptions(measure_latency=False, disabled_rules=["ort_layout"])
     fp32.write_bytes(FlexDSAOptimizer("cpu-ort").optimize(source, plain).model_bytes())
     feeds = [{k: v[i : i + 1] for k, v in arrays.items()} for i in range(24)]
-    _quantize_static(fp32, quantized, feeds, tmp_path / "ranges.json", cpu_int8_features()["reduce_range"])
+    _quantize_static(fp32, quantized, feeds, tmp_path / "ranges.json", int8_format(FlexDSAOptimizer("cpu-ort").target))
     ops = {n.op_type for n in onnx.load(quantized).graph.node}
     assert {"QuantizeLinear", "DequantizeLinear"} <= ops
     for feed in feeds[:4]:
@@ -222,3 +222,39 @@ def test_fp16_on_an_accelerator_validates_and_keeps_io_types_as_asked(keep_io_ty
         want = run(fixture("resnet"), {"pixel_values": image})["logits"]
         got = run(result.model_bytes(), {"pixel_values": image.astype(np.float32 if keep_io_types else np.float16)})
         assert _cosine(want, got["logits"]) >= 0.999
+
+
+# ------------------------------------------------------------------------------------------ per target
+def _clear_images(count: int) -> np.ndarray:
+    """Random images the ResNet fixture classifies with a margin (see the int8 fixture test)."""
+    images = np.random.default_rng(11).standard_normal((8 * count, 3, 64, 64)).astype(np.float32)
+    logits = np.sort(run(fixture("resnet"), {"pixel_values": images})["logits"], axis=1)
+    margin = (logits[:, -1] - logits[:, -2]) / (logits[:, -1] - logits[:, 0])
+    return images[np.argsort(-margin)[:count]]
+
+
+def test_int8_for_tensorrt_is_symmetric_qdq_validated_here():
+    result = FlexDSAOptimizer("nvidia-orin-nano").optimize(
+        fixture("resnet"), OptimizeOptions(precision="int8"), calibration=_npz(pixel_values=_clear_images(16))
+    )
+    precision = result.report["precision"]
+    assert precision["format"]["name"] == "TensorRT symmetric s8s8 QDQ" and precision["format"]["symmetric"]
+    assert precision["shipped"] == "static_qdq" and precision["accuracy"]["ok"]
+    assert "timing" not in precision and "cpu" not in precision  # the Orin is not this machine
+    model = onnx.load_from_string(result.model_bytes())
+    initializers = {init.name: init for init in model.graph.initializer}
+    zero_points = [
+        onnx.numpy_helper.to_array(initializers[n.input[2]]) for n in model.graph.node if n.op_type == "QuantizeLinear"
+    ]
+    assert zero_points and all(z.dtype == np.int8 and not z.any() for z in zero_points)
+    assert "--int8" in result.artifacts["trtexec.sh"].decode()
+
+
+def test_int8_on_a_vendor_quantised_target_ships_the_samples_for_its_quantiser():
+    images = _clear_images(4)
+    result = FlexDSAOptimizer("rockchip-rk3588").optimize(
+        fixture("resnet"), OptimizeOptions(precision="int8", measure_latency=False), calibration=_npz(pixel_values=images)
+    )
+    assert result.report["precision"]["vendor_quantiser"] and result.report["precision"]["shipped"] == "fp32"
+    shipped = load_calibration(result.artifacts["calibration.npz"])
+    np.testing.assert_array_equal(shipped["pixel_values"], images)
