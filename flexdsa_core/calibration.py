@@ -38,15 +38,23 @@ class CalibrationError(InvalidOptionsError):
 
 def load_calibration(source: bytes | str | Path) -> dict[str, np.ndarray]:
     """The arrays of an ``.npz`` file (no pickled objects: an upload never runs code)."""
+    how = "Save it with numpy.savez('samples.npz', input_name=array, ...), one array per model input."
     try:
         handle = io.BytesIO(source) if isinstance(source, bytes) else open(source, "rb")  # noqa: SIM115
-        with handle, np.load(handle, allow_pickle=False) as archive:
-            arrays = {name: archive[name] for name in archive.files}
-    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as err:
-        raise CalibrationError(
-            f"calibration data is not a readable .npz file ({err}). Save it with "
-            "numpy.savez('samples.npz', input_name=array, ...), one array per model input.",
-        ) from None
+        with handle:
+            if handle.read(4) != b"PK\x03\x04":  # an .npz is a zip archive of .npy files
+                raise CalibrationError(f"calibration data is not an .npz file (a zip of .npy arrays). {how}")
+            handle.seek(0)
+            with np.load(handle, allow_pickle=False) as archive:
+                arrays = {name: archive[name] for name in archive.files}
+    except ValueError as err:
+        if "pickle" in str(err):
+            raise CalibrationError(
+                f"calibration .npz holds Python objects, which are refused (loading them could run code). {how}"
+            ) from None
+        raise CalibrationError(f"calibration .npz cannot be read ({err}). {how}") from None
+    except (OSError, zipfile.BadZipFile, EOFError) as err:
+        raise CalibrationError(f"calibration .npz cannot be read ({err}). {how}") from None
     if not arrays:
         raise CalibrationError("calibration .npz holds no arrays: give one array per model input, named as it.")
     return arrays

@@ -36,6 +36,17 @@ def optimize(
     spec: Path | None = typer.Option(
         None, help="A JSON file with more options (same keys as the API's spec)."
     ),
+    precision: str | None = typer.Option(
+        None, "--precision", help="fp32 (default), int8 or mixed (cpu-ort), fp16 (accelerators)."
+    ),
+    calibration: Path | None = typer.Option(
+        None,
+        "--calibration",
+        exists=True,
+        dir_okay=False,
+        help="Calibration samples for --precision: an .npz with one array per model input, samples stacked on the "
+        "first axis. Without it, accuracy is judged on synthetic inputs (with a warning).",
+    ),
     no_validate: bool = typer.Option(
         False, "--no-validate", help="Skip numerical validation (not recommended)."
     ),
@@ -69,6 +80,7 @@ def optimize(
                 "target": target or extra.get("target") or "cpu-ort",
                 "objective": objective,
                 "disabled_rules": [*extra.get("disabled_rules", []), *disable],
+                **({"precision": precision} if precision else {}),
                 **({"validate_outputs": False} if no_validate else {}),
                 **({"measure_latency": False} if no_measure else {}),
             }
@@ -84,7 +96,9 @@ def optimize(
                 bar.update(task, completed=fraction, stage=stage, description=message)
 
             cache = None if no_cache else DiskCache(cache_dir)
-            result = optimizer.optimize(model, request.options(), cache=cache, progress=progress)
+            result = optimizer.optimize(
+                model, request.options(), cache=cache, progress=progress, calibration=calibration
+            )
         written = result.write(out)
     except ValidationError as err:
         console.print(f"[red]error:[/red] invalid options: {err}")

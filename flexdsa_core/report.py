@@ -156,6 +156,25 @@ def report_summary(report: dict) -> dict:
         "cache": report["cache"],
         "total_seconds": report["total_seconds"],
         "warnings": list(report.get("warnings", [])),
+        "precision": _precision_summary(report.get("precision")),
+    }
+
+
+def _precision_summary(precision: dict | None) -> dict | None:
+    """Requested and shipped precision, the shipped model's worst cosine and its measured speed-ups."""
+    if not precision:
+        return None
+    shipped = precision.get("shipped")
+    chosen = next((c for c in precision.get("candidates", []) if c["name"] == shipped), None)
+    timing = (chosen or {}).get("timing_vs_fp32") or {}
+    cosines = [o["cosine"] for o in (precision.get("accuracy") or {}).get("outputs", {}).values() if "cosine" in o]
+    return {
+        "requested": precision.get("requested"),
+        "shipped": shipped,
+        "calibration": (precision.get("calibration") or {}).get("source"),
+        "min_cosine": min(cosines) if cosines else None,
+        "speedup_vs_fp32": round(1 / chosen["time_ratio_vs_fp32"], 4) if chosen and chosen["time_ratio_vs_fp32"] else None,
+        "speedup_vs_original": timing.get("speedup_vs_original"),
     }
 
 
@@ -203,6 +222,17 @@ def render_summary(report: dict) -> str:
             f"ORT CPU       {s['latency_before_ms']:.3f} ms -> {s['latency_after_ms']:.3f} ms "
             f"({s['speedup']:.3f}x, measured, 1 thread, ORT_ENABLE_ALL)"
         )
+    precision = s.get("precision")
+    if precision:
+        figures = [f"{key} {precision[key]}" for key in ("min_cosine", "speedup_vs_fp32", "speedup_vs_original")
+                   if precision.get(key) is not None]  # fmt: skip
+        lines.append(
+            f"Precision     {precision['requested']} requested, {precision['shipped']} shipped "
+            f"(calibration: {precision['calibration']}{'; ' + ', '.join(figures) if figures else ''})"
+        )
+        for row in report["precision"].get("layers", []):
+            if row.get("precision") == "float32":
+                lines.append(f"  kept float  {row['layer']}: {row['reason']}")
     for bucket, memory in report["memory"].items():
         arena, naive = memory.get("arena_bytes"), memory.get("naive_bytes")
         if arena is not None and naive:

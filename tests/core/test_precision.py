@@ -74,8 +74,10 @@ def test_calibration_that_does_not_fit_is_refused_with_what_to_do():
         check_calibration(model, {**good, "input_ids": ids[None]})
     with pytest.raises(CalibrationError, match="outside the model's table"):
         check_calibration(model, {**good, "input_ids": np.full((4, 8), 10**6, np.int64)})
-    with pytest.raises(CalibrationError, match="not a readable .npz"):
+    with pytest.raises(CalibrationError, match=r"not an .npz file.*numpy.savez"):
         load_calibration(b"not a zip file")
+    with pytest.raises(CalibrationError, match="holds Python objects, which are refused"):
+        load_calibration(_npz(input_ids=np.array([{"a": 1}], dtype=object)))
     assert set(load_calibration(_npz(**good))) == set(good)
 
 
@@ -258,3 +260,30 @@ def test_int8_on_a_vendor_quantised_target_ships_the_samples_for_its_quantiser()
     assert result.report["precision"]["vendor_quantiser"] and result.report["precision"]["shipped"] == "fp32"
     shipped = load_calibration(result.artifacts["calibration.npz"])
     np.testing.assert_array_equal(shipped["pixel_values"], images)
+
+
+# ------------------------------------------------------------------------------------------ command line
+def test_cli_takes_precision_and_calibration_and_refuses_a_misfit(tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from flexdsa_core.cli import app
+
+    model, samples, spec = tmp_path / "mlp.onnx", tmp_path / "samples.npz", tmp_path / "spec.json"
+    model.write_bytes(_sensitive_mlp())
+    samples.write_bytes(_mlp_calibration())
+    spec.write_text(json.dumps({"accuracy": {"top1_outputs": []}}))
+    base = ["optimize", str(model), "--no-cache", "-q", "--spec", str(spec)]
+    done = CliRunner().invoke(app, [*base, "--precision", "mixed", "--calibration", str(samples), "-o", str(tmp_path / "o")])
+    assert done.exit_code == 0, done.output
+    report = json.loads((tmp_path / "o" / "report.json").read_text())
+    assert report["precision"]["requested"] == "mixed" and report["precision"]["calibration"]["source"] == "uploaded"
+    assert {r["layer"]: r["precision"] for r in report["precision"]["layers"]}["sensitive"] == "float32"
+
+    (tmp_path / "wrong.npz").write_bytes(_npz(x=np.zeros((4, 15), np.float32)))
+    refused = CliRunner().invoke(
+        app, [*base, "--precision", "int8", "--calibration", str(tmp_path / "wrong.npz"), "-o", str(tmp_path / "w")]
+    )
+    assert refused.exit_code == 1 and "invalid_calibration" in refused.output
+    assert "'x' dim 1 is 15, the model fixes it to 16" in " ".join(refused.output.split())
