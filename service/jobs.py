@@ -21,6 +21,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from flexdsa_core import FlexDSAError, RequestSpec, TargetSpec, __version__
+from flexdsa_core.calibration import check_calibration, load_calibration
 from flexdsa_core.errors import InvalidOptionsError
 from flexdsa_core.preflight import check_request
 from service.config import Settings
@@ -90,11 +91,38 @@ def check_options(upload: ReceivedUpload, spec: RequestSpec, target: TargetSpec)
         raise InvalidRequest(err.message, code=err.code, details=err.details) from None
 
 
-def job_cache_key(model_sha256: str, spec: RequestSpec, target: TargetSpec) -> str:
+def check_calibration_upload(upload: ReceivedUpload, spec: RequestSpec) -> None:
+    """Calibration samples that cannot be read or do not fit the model's inputs: 422 before queuing."""
+    if upload.calibration is None:
+        return
+    if spec.precision == "fp32":
+        raise InvalidRequest(
+            "A 'calibration' file was sent but the spec's precision is fp32, which does not use it: set "
+            "precision to int8, mixed or fp16, or leave the file out.",
+            code="invalid_calibration",
+        )
+    import onnx
+
+    try:
+        arrays = load_calibration(upload.calibration.path)
+        # Inputs and embedding tables' shapes only: the weights are not needed to judge the samples.
+        model = onnx.load(upload.path, load_external_data=False)
+        check_calibration(model, arrays)
+    except InvalidOptionsError as err:
+        raise InvalidRequest(err.message, code=err.code, details=err.details) from None
+    except Exception:  # noqa: BLE001 - a model onnx cannot parse fails later, in the worker, with its reason
+        return
+
+
+def job_cache_key(
+    model_sha256: str, spec: RequestSpec, target: TargetSpec, calibration_sha256: str | None = None
+) -> str:
     canonical = json.dumps(
         spec.model_dump(mode="json", exclude={"target"}), sort_keys=True, separators=(",", ":")
     )
     body = f"{model_sha256}|{target.name}@{target.version}:{target.spec_hash()}|{canonical}|{__version__}"
+    if calibration_sha256:  # other samples judge (and calibrate) another model
+        body += f"|calibration:{calibration_sha256}"
     return hashlib.sha256(body.encode()).hexdigest()
 
 
@@ -167,10 +195,15 @@ def submit_job(
     spec, target = parse_spec(upload.spec)
     check_model(upload)
     check_options(upload, spec, target)
+    check_calibration_upload(upload, spec)
     _check_quota(session, settings, tenant)
 
     blob_key = store.put_file(upload.path, key=upload.sha256, move=True)
-    cache_key = job_cache_key(upload.sha256, spec, target)
+    calibration_key = None
+    if upload.calibration is not None:
+        calibration = upload.calibration
+        calibration_key = store.put_file(calibration.path, key=calibration.sha256, move=True)
+    cache_key = job_cache_key(upload.sha256, spec, target, upload.calibration and upload.calibration.sha256)
     job = Job(
         tenant_id=tenant.id,
         status=JobStatus.queued.value,
@@ -181,6 +214,7 @@ def submit_job(
         model_blob_key=blob_key,
         model_filename=upload.filename,
         model_size=upload.size,
+        calibration_blob_key=calibration_key,
         idempotency_key=idempotency_key,
         job_cache_key=cache_key,
         attempts=0,

@@ -138,6 +138,8 @@ class Job(Base):
     model_blob_key: Mapped[str] = mapped_column(String(64))
     model_filename: Mapped[str] = mapped_column(String(255))
     model_size: Mapped[int] = mapped_column(BigInteger)
+    # Calibration samples (.npz) uploaded beside the model, content-addressed in the same store.
+    calibration_blob_key: Mapped[str | None] = mapped_column(String(64), nullable=True)
     idempotency_key: Mapped[str | None] = mapped_column(String(255), nullable=True)
     # sha256(model sha256 | canonical spec JSON | compiler version): the whole-job cache key.
     job_cache_key: Mapped[str] = mapped_column(String(64), index=True)

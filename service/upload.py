@@ -58,6 +58,15 @@ def safe_filename(raw: str) -> str:
 
 
 @dataclass
+class ReceivedFile:
+    """A file part streamed to a temp file while hashing it."""
+
+    path: Path
+    size: int = 0
+    sha256: str = ""
+
+
+@dataclass
 class ReceivedUpload:
     path: Path | None = None
     filename: str = "model.onnx"
@@ -65,10 +74,14 @@ class ReceivedUpload:
     sha256: str = ""
     spec: str | None = None
     fields: dict[str, bytes] = field(default_factory=dict)
+    # The optional ``calibration`` file part (an .npz of named inputs for precision int8/mixed/fp16).
+    calibration: ReceivedFile | None = None
 
     def discard(self) -> None:
         if self.path is not None:
             self.path.unlink(missing_ok=True)
+        if self.calibration is not None:
+            self.calibration.path.unlink(missing_ok=True)
 
 
 def too_large(limit: int) -> PayloadTooLarge:
@@ -102,6 +115,8 @@ class _FormReceiver:
         self._parts = 0
         self._header_bytes = 0
         self._field_bytes = 0
+        self._calibration_handle = None
+        self._calibration_digest = hashlib.sha256()
 
     def on_part_begin(self) -> None:
         self._headers = {}
@@ -150,6 +165,13 @@ class _FormReceiver:
             fd, temp_name = tempfile.mkstemp(dir=self.staging_dir, prefix="upload-")
             self._handle = os.fdopen(fd, "wb")
             self.result.path = Path(temp_name)
+        elif name == "calibration":
+            if self._calibration_handle is not None:
+                raise InvalidRequest("Send one 'calibration' file per request.", code="invalid_upload")
+            self.staging_dir.mkdir(parents=True, exist_ok=True)
+            fd, temp_name = tempfile.mkstemp(dir=self.staging_dir, prefix="calibration-")
+            self._calibration_handle = os.fdopen(fd, "wb")
+            self.result.calibration = ReceivedFile(Path(temp_name))
 
     def on_part_data(self, data: bytes, start: int, end: int) -> None:
         chunk = data[start:end]
@@ -159,6 +181,13 @@ class _FormReceiver:
                 raise too_large(self.limit)
             self._digest.update(chunk)
             self._handle.write(chunk)
+        elif self._part == "calibration":
+            # Model and calibration together stay under the one upload limit.
+            self.result.calibration.size += len(chunk)
+            if self.result.size + self.result.calibration.size > self.limit:
+                raise too_large(self.limit)
+            self._calibration_digest.update(chunk)
+            self._calibration_handle.write(chunk)
         else:
             self._buffer += chunk
             self._field_bytes += len(chunk)
@@ -177,7 +206,7 @@ class _FormReceiver:
                 )
 
     def on_part_end(self) -> None:
-        if self._part != "model" and self._part:
+        if self._part not in ("model", "calibration") and self._part:
             self.result.fields[self._part] = bytes(self._buffer)
 
     def finish(self) -> ReceivedUpload:
@@ -186,6 +215,9 @@ class _FormReceiver:
             os.fsync(self._handle.fileno())  # it may be renamed into the store as is
             self._handle.close()
         self.result.sha256 = self._digest.hexdigest()
+        if self._calibration_handle is not None:
+            self._calibration_handle.close()
+            self.result.calibration.sha256 = self._calibration_digest.hexdigest()
         spec = self.result.fields.get("spec")
         self.result.spec = spec.decode("utf-8", "replace") if spec is not None else None
         return self.result
@@ -193,6 +225,8 @@ class _FormReceiver:
     def abort(self) -> None:
         if self._handle is not None:
             self._handle.close()
+        if self._calibration_handle is not None:
+            self._calibration_handle.close()
         self.result.discard()
 
     def callbacks(self) -> dict:

@@ -137,8 +137,16 @@ def run(request: dict, channel: _Channel) -> dict:
                 target.write(chunk)
         if os.environ.get("FLEXDSA_TEST_CHILD_ABORT") == "1":
             os.abort()
+        extra = {}
+        if request.get("calibration_blob_key"):  # handed over like the model: a file in the job's folder
+            extra["calibration"] = work_dir / "calibration.npz"
+            with store.open(request["calibration_blob_key"]) as source, open(extra["calibration"], "wb") as target:
+                while chunk := source.read(1024 * 1024):
+                    target.write(chunk)
         optimizer = _optimizer_class()(spec.target_spec(), toolchain_root=settings.toolchains_dir)
-        result = optimizer.optimize(model_path, spec.options(), cache=cache, progress=_progress_reporter(channel))
+        result = optimizer.optimize(
+            model_path, spec.options(), cache=cache, progress=_progress_reporter(channel), **extra
+        )
         artifacts = [_store_artifact(store, name, content) for name, content in sorted(result.artifacts.items())]
         summary = result.report_summary()
         return {"type": "result", "artifacts": artifacts, "report_summary": summary,

@@ -64,6 +64,7 @@ class ClaimedJob:
     model_blob_key: str
     model_filename: str
     spec: dict
+    calibration_blob_key: str | None = None
 
 
 class LeaseLost(Exception):
@@ -128,6 +129,7 @@ def _claim(sessions, job_id: str, settings, worker_id: str) -> ClaimedJob | None
             Job.model_blob_key,
             Job.model_filename,
             Job.spec,
+            Job.calibration_blob_key,
         )
         .execution_options(synchronize_session=False)
     )
@@ -349,6 +351,7 @@ class _JobRun:
             "model_blob_key": self.job.model_blob_key,
             "model_filename": self.job.model_filename,
             "spec": self.job.spec,
+            "calibration_blob_key": self.job.calibration_blob_key,
             # The pipeline has no use for the operator token (and a dumped secret reads '**********').
             "settings": self.settings.model_dump(mode="json", exclude={"operator_token"}),
         }

@@ -28,6 +28,13 @@ _MULTIPART_BODY = {
                     "required": ["model", "spec"],
                     "properties": {
                         "model": {"type": "string", "format": "binary", "description": "The .onnx file"},
+                        "calibration": {
+                            "type": "string",
+                            "format": "binary",
+                            "description": "Optional calibration samples for precision int8/mixed/fp16: an .npz "
+                            "with one array per model input, named as the input, samples stacked on the first "
+                            "axis. Checked against the model before the job is queued (422 when it does not fit).",
+                        },
                         "spec": {
                             "type": "string",
                             "description": 'RequestSpec as a JSON string, e.g. {"target": "cpu-ort"}',

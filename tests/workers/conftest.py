@@ -189,7 +189,7 @@ def tiny_model(alphas: tuple[float, ...] = (0.1, 0.2, 0.3)) -> bytes:
 
 
 def create_job(settings, model: bytes | None = None, *, spec: dict | None = None, tenant: str = "acme",
-               max_attempts: int | None = None) -> str:
+               max_attempts: int | None = None, calibration: bytes | None = None) -> str:
     """Store the model and commit a queued job row, as the API does before it calls enqueue."""
     from sqlalchemy import select
 
@@ -201,8 +201,11 @@ def create_job(settings, model: bytes | None = None, *, spec: dict | None = None
     model = tiny_model() if model is None else model
     spec = spec or {"target": "cpu-ort"}
     blob_key = make_store(settings).put_bytes(model)
+    calibration_key = make_store(settings).put_bytes(calibration) if calibration is not None else None
     canonical_spec = json.dumps(spec, sort_keys=True)
     cache_key = hashlib.sha256(f"{blob_key}|{canonical_spec}|{__version__}".encode()).hexdigest()
+    if calibration_key:  # as the API does: other samples, another job
+        cache_key = hashlib.sha256(f"{cache_key}|calibration:{calibration_key}".encode()).hexdigest()
     sessions = session_factory_for(settings)
     with sessions() as session, session.begin():
         tenant_row = session.scalar(select(Tenant).where(Tenant.name == tenant))
@@ -214,6 +217,7 @@ def create_job(settings, model: bytes | None = None, *, spec: dict | None = None
             tenant_id=tenant_row.id, status="queued", target=str(spec["target"]), spec=spec,
             model_sha256=blob_key, model_blob_key=blob_key, model_filename="model.onnx", model_size=len(model),
             job_cache_key=cache_key, max_attempts=max_attempts or settings.max_attempts,
+            calibration_blob_key=calibration_key,
         )
         session.add(job)
         session.flush()

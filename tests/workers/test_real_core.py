@@ -56,3 +56,30 @@ def test_real_core_job_and_kernel_cache_hits_across_models(settings, monkeypatch
     stats = read_cache_stats(settings)
     assert stats["hits"] >= second_cache["hits"] and stats["hits_by_layer"].get("redis", 0) > 0
     assert stats["entries"] > 0
+
+
+def _npz(**arrays) -> bytes:
+    import io
+
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    return buffer.getvalue()
+
+
+def test_real_core_takes_the_calibration_blob_and_fails_a_misfit_clearly(settings, monkeypatch):
+    """The calibration file travels like the model (blob -> the job's folder -> the core); samples that
+    reach a worker without the API's check and do not fit fail the job with the reason, not a crash."""
+    pytest.importorskip("flexdsa_core.optimizer")
+    monkeypatch.delenv("FLEXDSA_TEST_OPTIMIZER")
+    spec = {**SPEC, "precision": "int8", "precision_fallback": "fp32"}
+    samples = np.random.default_rng(0).standard_normal((16, 64)).astype(np.float32)  # 4 runs of batch 4
+
+    good = create_job(settings, mlp([64, 32, 16]), spec=spec, calibration=_npz(x=samples))
+    assert execute_job(good, settings=settings, worker_id="t1") == "succeeded", load_job(settings, good).error
+    precision = load_job(settings, good).report_summary["precision"]
+    assert precision["requested"] == "int8" and precision["calibration"] == "uploaded"
+
+    wrong = create_job(settings, mlp([64, 32, 16]), spec=spec, calibration=_npz(x=samples[:, :63]))
+    assert execute_job(wrong, settings=settings, worker_id="t1") == "failed"
+    error = load_job(settings, wrong).error
+    assert error["code"] == "invalid_calibration" and "'x' dim 1 is 63, the model fixes it to 64" in error["message"]
