@@ -262,8 +262,17 @@ def _quantize_static(fp32: Path, out: Path, samples, cache: Path, fmt: Int8Forma
 def _quantize_dynamic(fp32: Path, out: Path, fmt: Int8Format) -> Path:
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    # Per-tensor: the dynamic quantiser puts per-channel scales of a transposed Gemm weight on the wrong axis.
-    quantize_dynamic(str(fp32), str(out), weight_type=QuantType.QInt8, per_channel=False, reduce_range=fmt.reduce_range)
+    # The dynamic quantiser splits a Gemm into MatMul + Add and then re-infers shapes: our value_info (the
+    # Gemm output's shape) contradicts the split, so it goes, and untyped new tensors are float.
+    model = onnx.load(str(fp32))
+    del model.graph.value_info[:]
+    bare = out.with_name(f"{out.stem}.input.onnx")
+    onnx.save(model, str(bare))
+    quantize_dynamic(
+        str(bare), str(out), weight_type=QuantType.QInt8, per_channel=False, reduce_range=fmt.reduce_range,
+        extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
+    )  # fmt: skip
+    bare.unlink(missing_ok=True)
     return out
 
 
