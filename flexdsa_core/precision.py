@@ -419,7 +419,9 @@ def _mixed(run, fp32, layers, reference, cache, fmt, full_score) -> tuple[_Candi
         return tried[keep_float]
 
     lo, hi = 0, len(ranked)  # invariant: lo misses the target; hi (everything float) is taken to meet it
-    if attempt(hi)["ok"]:
+    if full_score.get("ok"):
+        hi = 0  # every layer int8 already meets the target
+    elif attempt(hi)["ok"]:
         while hi - lo > 1:
             mid = (lo + hi) // 2
             if attempt(mid)["ok"]:

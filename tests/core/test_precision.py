@@ -31,16 +31,16 @@ def _cosine(a: np.ndarray, b: np.ndarray) -> float:
     return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
 
 
-def _sensitive_mlp() -> bytes:
+def _sensitive_mlp(huge: float = 1e4) -> bytes:
     """x -> MatMul(w1) -> Relu -> MatMul(w2) -> MatMul(w3) -> y, where w2 blows one channel of its output
     up by 1e4 and w3 scales it back: the activation 'wide' that 'sensitive' reads spans ~1e5 while every
     other channel is ~1, so one int8 scale for it rounds the small channels away."""
     rng = np.random.default_rng(0)
     w1 = rng.standard_normal((16, 32)).astype(np.float32) / 4
     w2 = rng.standard_normal((32, 32)).astype(np.float32) / 6
-    w2[:, 0] *= 1e4
+    w2[:, 0] *= huge
     w3 = rng.standard_normal((32, 8)).astype(np.float32) / 6
-    w3[0, :] *= 1e-4
+    w3[0, :] /= huge
     graph = onnx.helper.make_graph(
         [
             onnx.helper.make_node("MatMul", ["x", "w1"], ["h"], name="first"),
@@ -204,6 +204,16 @@ def test_mixed_keeps_the_huge_range_layer_in_float_and_says_why():
         assert _cosine(run(model, feeds[0])["y"], run(shipped, feeds[0])["y"]) >= 0.99
         nodes = {n.name: n for n in onnx.load_from_string(shipped).graph.node}
         assert not any(i.endswith("_DequantizeLinear_Output") for i in nodes["sensitive"].input)
+
+
+def test_mixed_keeps_every_layer_int8_when_int8_already_meets_the_target():
+    result = FlexDSAOptimizer("cpu-ort").optimize(
+        _sensitive_mlp(huge=1.0), OptimizeOptions(precision="mixed", accuracy=NOT_A_CLASSIFIER, measure_latency=False),
+        calibration=_mlp_calibration(),
+    )  # fmt: skip
+    precision = result.report["precision"]
+    assert precision["search"]["keep_float"] == 0
+    assert {row["precision"] for row in precision["layers"]} == {"int8"}
 
 
 # ------------------------------------------------------------------------------------------ fp16
