@@ -63,7 +63,7 @@ Progress = Callable[[str, float, str], None]
 # Share of the whole run each stage takes, for one overall progress fraction.
 STAGE_WEIGHTS = {
     "ingest": 0.05, "shapes": 0.05, "passes": 0.15, "fusion": 0.30, "memory": 0.05,
-    "adapter": 0.05, "validate": 0.20, "measure": 0.10, "report": 0.05,
+    "adapter": 0.05, "validate": 0.20, "measure": 0.10, "report": 0.05, "precision": 0.0,
 }  # fmt: skip
 MAX_ROLLBACKS = 6
 
@@ -382,7 +382,9 @@ class FlexDSAOptimizer:
         if options.precision != "fp32":
             report_progress("precision", 0.0, f"{options.precision}: calibrating, scoring and timing")
             start = time.perf_counter()
-            comp, precision, precision_samples = self._precision(comp, original_source, options, samples, recompile)
+            comp, precision, precision_samples = self._precision(
+                comp, original_source, options, samples, recompile, report_progress
+            )
             stage_seconds["precision"] = time.perf_counter() - start
 
         # Vendor toolchain (accelerators, where it installs): compile each bucket with the vendor's own
@@ -448,7 +450,7 @@ class FlexDSAOptimizer:
         arrays = calibration if isinstance(calibration, dict) else load_calibration(calibration)
         return check_calibration(inputs, arrays)
 
-    def _precision(self, comp, original_source, options, samples, recompile):
+    def _precision(self, comp, original_source, options, samples, recompile, progress):
         bucket = comp.buckets[0]
         synthetic = samples is None
         if synthetic:
@@ -463,7 +465,9 @@ class FlexDSAOptimizer:
             if microsoft & set(comp.applied):
                 unfused = recompile(frozenset(comp.disabled | microsoft | {"ort_layout"})).buckets[0].model
         folder = Path(tempfile.mkdtemp(prefix="precision-", dir=self._scratch))
-        run = PrecisionRun(options, self.target, original_source, fp32, samples, synthetic, folder, unfused)
+        run = PrecisionRun(
+            options, self.target, original_source, fp32, samples, synthetic, folder, unfused, progress
+        )
         model, section = apply_precision(run)
         if model is not None:
             comp = copy.copy(comp)

@@ -353,6 +353,12 @@ class PrecisionRun:
     workdir: Path
     # The first bucket's model compiled with the com.microsoft fusions off (None: not available).
     unfused_model: ir.Model | None = None
+    # The optimizer's progress callback (stage, fraction, message): also where a cancel request lands.
+    progress: object = None
+
+    def report(self, fraction: float, message: str) -> None:
+        if self.progress is not None:
+            self.progress("precision", fraction, message)
 
 
 def _save(model: ir.Model | onnx.ModelProto, path: Path) -> Path:
@@ -400,6 +406,7 @@ def _sensitivity(run, fp32: Path, layers, reference, cache: Path, fmt: Int8Forma
     samples, reference = run.samples[:SENSITIVITY_SAMPLES], reference[:SENSITIVITY_SAMPLES]
     result = {}
     for index, (name, _) in enumerate(layers):
+        run.report(0.3 + 0.5 * index / max(len(layers), 1), f"sensitivity of layer {index + 1}/{len(layers)}: {name}")
         out = run.workdir / f"only_{index}.onnx"
         _quantize_static(fp32, out, run.samples, cache, fmt, nodes_to_quantize=[name])
         result[name] = score(reference, _outputs(out, samples), run.options.accuracy)
@@ -495,7 +502,8 @@ def _int8(run: PrecisionRun, report: dict) -> ir.Model | None:
     dynamic = _Candidate("dynamic", run.workdir / "dynamic.onnx", "dynamic int8 (weights s8, activations per run)")
     if fmt.runs_here:  # dynamic int8 is an ONNX Runtime CPU technique, not an accelerator format
         builders.append((dynamic, lambda: _quantize_dynamic(fp32, dynamic.path, fmt)))
-    for candidate, build in builders:
+    for index, (candidate, build) in enumerate(builders):
+        run.report(0.3 * index / len(builders), f"int8 candidate {candidate.name}")
         started = time.perf_counter()
         try:
             build()
@@ -513,6 +521,7 @@ def _int8(run: PrecisionRun, report: dict) -> ir.Model | None:
 
     measured = options.measure_latency and fmt.runs_here
     if measured:
+        run.report(0.85, "timing the int8 candidates against fp32")
         runnable = [c for c in candidates if c.error is None and c.accuracy.get("ok")]
         if runnable:
             report["timing"] = _time_against_fp32(run, fp32, runnable)

@@ -297,3 +297,23 @@ def test_cli_takes_precision_and_calibration_and_refuses_a_misfit(tmp_path):
     )
     assert refused.exit_code == 1 and "invalid_calibration" in refused.output
     assert "'x' dim 1 is 15, the model fixes it to 16" in " ".join(refused.output.split())
+
+
+def test_precision_reports_progress_and_can_be_cancelled_during_the_search():
+    from flexdsa_core.errors import CancelledError
+
+    seen = []
+
+    def progress(stage: str, fraction: float, message: str) -> None:
+        seen.append((stage, message))
+        if message.startswith("sensitivity of layer 2/"):
+            raise CancelledError("cancelled by the test")
+
+    with pytest.raises(CancelledError):
+        FlexDSAOptimizer("cpu-ort").optimize(
+            _sensitive_mlp(), OptimizeOptions(precision="mixed", accuracy=NOT_A_CLASSIFIER, measure_latency=False),
+            calibration=_mlp_calibration(), progress=progress,
+        )  # fmt: skip
+    messages = [message for stage, message in seen if stage == "precision"]
+    assert messages[0] == "mixed: calibrating, scoring and timing" and "int8 candidate static_qdq" in messages
+    assert messages[-1].startswith("sensitivity of layer 2/3")
