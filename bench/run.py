@@ -65,6 +65,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--rebuild", action="store_true", help="rebuild the cached bench models (needs torch)"
     )
     parser.add_argument("--out", type=Path, default=RESULTS_DIR / "latest.json")
+    parser.add_argument(
+        "--precision",
+        action="store_true",
+        help="then the int8 and mixed columns beside ONNX Runtime's quantize_dynamic/quantize_static on the same "
+        "models (bench/precision.py; minutes per model)",
+    )
     args = parser.parse_args(argv)
     args.models = _subset(parser, args.models, BENCH_MODELS, QUICK_MODELS if args.quick else BENCH_MODELS)
     args.tools = _subset(parser, args.tools, TOOLS, tuple(TOOLS))
@@ -476,6 +482,11 @@ def main(argv: list[str] | None = None) -> dict:
     args.out.write_text(json.dumps(report, indent=1, default=str))
     print_report(report)
     print(f"\nSGEMM peak at the end: {peak_after['gflops']:.1f} GFLOP/s.  Results: {args.out}")
+    if args.precision:
+        from bench.precision import main as precision_main
+
+        precision_args = ["--models", ",".join(args.models), "--rounds", str(args.rounds), "--warmup", str(args.warmup)]
+        report["precision"] = precision_main(precision_args)
     return report
 
 

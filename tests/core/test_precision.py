@@ -317,3 +317,22 @@ def test_precision_reports_progress_and_can_be_cancelled_during_the_search():
     messages = [message for stage, message in seen if stage == "precision"]
     assert messages[0] == "mixed: calibrating, scoring and timing" and "int8 candidate static_qdq" in messages
     assert messages[-1].startswith("sensitivity of layer 2/3")
+
+
+@pytest.mark.models
+def test_mixed_on_a_cnn_starts_from_the_graph_whose_convolutions_the_quantiser_takes():
+    """ONNX Runtime's quantiser leaves com.microsoft::FusedConv in float: where our fusions made some, mixed
+    works from the graph compiled without them, so its table has the convolutions."""
+    images = _clear_images(16)
+    result = FlexDSAOptimizer("cpu-ort").optimize(
+        fixture("resnet"), OptimizeOptions(precision="mixed", measure_latency=False), calibration=_npz(pixel_values=images)
+    )
+    precision = result.report["precision"]
+    fused = "com.microsoft::FusedConv" in next(iter(result.report["nodes"]["after"].values()), {}) or any(
+        c["name"] == "static_qdq_unfused" for c in precision["candidates"]
+    )
+    ops = {row["op"] for row in precision["layers"]}
+    assert "Conv" in ops and "com.microsoft::FusedConv" not in ops
+    if fused:
+        assert precision["mixed_base"] == "static_qdq_unfused"
+    assert next(c for c in precision["candidates"] if c["name"] == "mixed")["meets_target"]

@@ -1,0 +1,184 @@
+"""``python -m bench.precision``: Flex-DSA's int8 and mixed outputs beside ONNX Runtime's own
+``quantize_dynamic`` and ``quantize_static`` of the same models, in one run, on this machine's CPU.
+
+Per model (the bench models of ``bench/models.py``, batch 1): 16 calibration samples (bench inputs, seeds
+1-16) feed both our pipeline (``--precision int8`` / ``mixed``, given as an ``.npz``) and ORT's
+``quantize_static``; 16 other samples (seeds 101-116) judge every variant against the original: the worst
+output cosine, and top-1 agreement on classifier outputs (``logits``). Then every variant is timed at
+ORT_ENABLE_ALL, 1 thread, round-robin (``bench/measure.py``); the ratio is the median over rounds of
+(variant / original in the same round). Results: ``bench/results/precision.json``.
+
+    ort-dynamic   quantize_dynamic(original) with its defaults (s8 weights per tensor): "nothing else done"
+    ort-static    quantize_static(original, QDQ, u8 activations, s8 per-channel weights, reduce_range
+                  as this CPU needs (see flexdsa_core/precision.py), MinMax on the same samples)
+    flexdsa-int8  FlexDSAOptimizer('cpu-ort').optimize(precision='int8', calibration=samples)
+    flexdsa-mixed the same with precision='mixed'
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import math
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from bench import RESULTS_DIR
+from bench.measure import Timed, make_inputs, paired_ratio, round_robin, session
+from bench.models import bench_model
+
+CALIBRATION_SEEDS = range(1, 17)
+EVALUATION_SEEDS = range(101, 117)
+VARIANTS = ("original", "ort-dynamic", "ort-static", "flexdsa-int8", "flexdsa-mixed")
+
+
+def _cosine(a: np.ndarray, b: np.ndarray) -> float:
+    a, b = a.astype(np.float64).ravel(), b.astype(np.float64).ravel()
+    norms = float(np.linalg.norm(a) * np.linalg.norm(b))
+    return float(a @ b / norms) if norms else 1.0
+
+
+def _accuracy(path: str, reference: list[dict], samples: list[dict]) -> dict:
+    sess = session(path, "enable_all")
+    names = [o.name for o in sess.get_outputs()]
+    got = [dict(zip(names, sess.run(names, feed), strict=True)) for feed in samples]
+    cosines = {
+        name: _cosine(np.concatenate([r[name].ravel() for r in reference]), np.concatenate([g[name].ravel() for g in got]))
+        for name in names
+    }
+    result = {"min_cosine": round(min(cosines.values()), 6), "cosine": {k: round(v, 6) for k, v in cosines.items()}}
+    if "logits" in names:
+        want = np.concatenate([np.argmax(r["logits"], axis=-1).ravel() for r in reference])
+        have = np.concatenate([np.argmax(g["logits"], axis=-1).ravel() for g in got])
+        result["top1"] = round(float(np.mean(want == have)), 4)
+    return result
+
+
+def _ort_quantized(original: Path, folder: Path, samples: list[dict]) -> dict[str, Path]:
+    from onnxruntime.quantization import QuantFormat, QuantType, quantize_dynamic, quantize_static
+
+    from flexdsa_core.precision import cpu_int8_features
+
+    paths = {"ort-dynamic": folder / "ort_dynamic.onnx", "ort-static": folder / "ort_static.onnx"}
+    quantize_dynamic(str(original), str(paths["ort-dynamic"]), weight_type=QuantType.QInt8)
+    reader = iter(samples)
+    quantize_static(
+        str(original), str(paths["ort-static"]), type("Reader", (), {"get_next": lambda self: next(reader, None)})(),
+        quant_format=QuantFormat.QDQ, activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
+        per_channel=True, reduce_range=cpu_int8_features()["reduce_range"],
+    )  # fmt: skip
+    return paths
+
+
+def _ours(original: Path, folder: Path, npz: bytes, precision: str) -> tuple[Path, dict]:
+    from flexdsa_core import FlexDSAOptimizer, OptimizeOptions
+
+    started = time.perf_counter()
+    result = FlexDSAOptimizer("cpu-ort").optimize(original, OptimizeOptions(precision=precision), calibration=npz)
+    seconds = time.perf_counter() - started
+    path = folder / f"flexdsa_{precision}.onnx"
+    path.write_bytes(result.model_bytes())
+    section = result.report["precision"]
+    return path, {
+        "seconds": round(seconds, 1),
+        "shipped": section.get("shipped"),
+        "candidates": [
+            {k: c.get(k) for k in ("name", "meets_target", "time_ratio_vs_fp32", "verdict_vs_fp32")}
+            | {"loss": c["accuracy"].get("loss"), "speedup_vs_original": (c.get("timing_vs_fp32") or {}).get("speedup_vs_original")}
+            for c in section.get("candidates", [])
+        ],
+        "kept_float": [r["layer"] for r in section.get("layers", []) if r.get("precision") == "float32"],
+        "cpu": section.get("cpu"),
+    }
+
+
+def bench_one(name: str, rounds: int, warmup: int) -> dict:
+    model = bench_model(name)
+    original = model.path
+    print(f"\n== {name}: {original.name}, dims {model.dims}", flush=True)
+    probe = session(str(original), "disable_all")
+    calibration = [make_inputs(probe, model.dims, seed) for seed in CALIBRATION_SEEDS]
+    evaluation = [make_inputs(probe, model.dims, seed) for seed in EVALUATION_SEEDS]
+    names = [o.name for o in probe.get_outputs()]
+    reference = [dict(zip(names, probe.run(names, feed), strict=True)) for feed in evaluation]
+    del probe
+    buffer = io.BytesIO()
+    np.savez(buffer, **{k: np.concatenate([s[k] for s in calibration]) for k in calibration[0]})
+    record: dict = {"dims": model.dims, "variants": {}}
+    with tempfile.TemporaryDirectory(prefix=f"bench-precision-{name}-") as tmp:
+        folder = Path(tmp)
+        paths: dict[str, Path] = {"original": original}
+        started = time.perf_counter()
+        paths.update(_ort_quantized(original, folder, calibration))
+        record["ort_quantize_seconds"] = round(time.perf_counter() - started, 1)
+        for precision in ("int8", "mixed"):
+            print(f"  flexdsa {precision} ...", flush=True)
+            paths[f"flexdsa-{precision}"], record[f"flexdsa-{precision}"] = _ours(original, folder, buffer.getvalue(), precision)
+        timed = []
+        for variant, path in paths.items():
+            record["variants"][variant] = {"accuracy": _accuracy(str(path), reference, evaluation),
+                                           "size_mb": round(path.stat().st_size / 2**20, 2)}  # fmt: skip
+            sess = session(str(path), "enable_all")
+            timed.append(Timed(variant, sess, evaluation[0]))
+        print(f"  timing {len(timed)} sessions x {rounds} rounds ...", flush=True)
+        round_robin(timed, rounds, warmup)
+        by_name = {t.key: t for t in timed}
+        for variant, entry in record["variants"].items():
+            times = by_name[variant].times
+            ratio = paired_ratio(times, by_name["original"].times)
+            entry.update(median_ms=round(statistics.median(times) * 1e3, 3), speedup=round(1 / ratio, 3))
+    return record
+
+
+def _table(results: dict) -> str:
+    lines = [f"{'model':<12} {'variant':<14} {'speed-up':>9} {'ms':>9} {'cosine':>9} {'top-1':>6}  shipped"]
+    for name, record in results["models"].items():
+        for variant, entry in record["variants"].items():
+            shipped = (record.get(variant) or {}).get("shipped", "")
+            acc = entry["accuracy"]
+            lines.append(
+                f"{name:<12} {variant:<14} {entry['speedup']:>8.2f}x {entry['median_ms']:>9.2f} "
+                f"{acc['min_cosine']:>9.5f} {acc.get('top1', float('nan')):>6.3f}  {shipped}"
+            )
+    for title, values in results["geomean"].items():
+        lines.append(f"geomean {title}: " + ", ".join(f"{k} {v:.2f}x" for k, v in values.items() if v))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", default="bert,resnet", help="comma-separated bench models")
+    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=3)
+    args = parser.parse_args(argv)
+    from flexdsa_core.precision import cpu_int8_features
+
+    results: dict = {"cpu": cpu_int8_features(), "rounds": args.rounds, "models": {}}
+    out = RESULTS_DIR / "precision.json"
+    for name in [m.strip() for m in args.models.split(",") if m.strip()]:
+        results["models"][name] = bench_one(name, args.rounds, args.warmup)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(results, indent=1, default=str))
+    kinds = {"transformers": ("bert", "gpt2", "llama", "vit"), "cnns": ("resnet", "mobilenetv2")}
+    results["geomean"] = {}
+    for kind, members in kinds.items():
+        chosen = [r for n, r in results["models"].items() if n in members]
+        results["geomean"][kind] = {
+            variant: math.exp(statistics.mean(math.log(r["variants"][variant]["speedup"]) for r in chosen))
+            for variant in VARIANTS[1:]
+            if chosen and all(variant in r["variants"] for r in chosen)
+        }
+    out.write_text(json.dumps(results, indent=1, default=str))
+    print(f"\nCPU flags: {', '.join(results['cpu']['flags'])}; {results['cpu']['why']}")
+    print(_table(results))
+    return results
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
