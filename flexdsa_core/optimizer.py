@@ -425,6 +425,11 @@ class FlexDSAOptimizer:
             report["warnings"].extend(latency.get("warnings", []))
         if precision is not None:
             report["precision"] = precision
+            if latency and precision.get("shipped") not in (None, "fp32"):
+                latency["measures"] = (
+                    f"the fp32 optimised model; the shipped {precision['shipped']} model is timed under "
+                    "precision.candidates (against fp32 and the original, in the same rounds)"
+                )
             report["warnings"].extend(precision.get("warnings", []))
         if toolchain_report:
             report["toolchain"] = toolchain_report
