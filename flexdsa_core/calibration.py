@@ -28,6 +28,8 @@ __all__ = ["CalibrationError", "check_calibration", "load_calibration", "synthet
 # More samples add calibration time, not much accuracy: the rest of the upload is left unused (reported).
 MAX_SAMPLES = 256
 SYNTHETIC_SAMPLES = 16
+# Arrays unpacked from one .npz, in all.
+MAX_CALIBRATION_BYTES = 1 << 30
 
 
 class CalibrationError(InvalidOptionsError):
@@ -44,6 +46,15 @@ def load_calibration(source: bytes | str | Path) -> dict[str, np.ndarray]:
         with handle:
             if handle.read(4) != b"PK\x03\x04":  # an .npz is a zip archive of .npy files
                 raise CalibrationError(f"calibration data is not an .npz file (a zip of .npy arrays). {how}")
+            handle.seek(0)
+            # A small compressed upload can unpack to gigabytes: judge the sizes it declares first.
+            unpacked = sum(member.file_size for member in zipfile.ZipFile(handle).infolist())
+            if unpacked > MAX_CALIBRATION_BYTES:
+                raise CalibrationError(
+                    f"calibration .npz unpacks to {unpacked / 2**20:.0f} MiB, more than the "
+                    f"{MAX_CALIBRATION_BYTES / 2**20:.0f} MiB accepted: send fewer samples (at most {MAX_SAMPLES} "
+                    "are used)."
+                )
             handle.seek(0)
             with np.load(handle, allow_pickle=False) as archive:
                 arrays = {name: archive[name] for name in archive.files}

@@ -91,6 +91,10 @@ def check_options(upload: ReceivedUpload, spec: RequestSpec, target: TargetSpec)
         raise InvalidRequest(err.message, code=err.code, details=err.details) from None
 
 
+# Models up to this size are parsed in the API to check calibration samples against their inputs.
+CALIBRATION_CHECK_MODEL_BYTES = 512 * 1024 * 1024
+
+
 def check_calibration_upload(upload: ReceivedUpload, spec: RequestSpec) -> None:
     """Calibration samples that cannot be read or do not fit the model's inputs: 422 before queuing."""
     if upload.calibration is None:
@@ -103,6 +107,8 @@ def check_calibration_upload(upload: ReceivedUpload, spec: RequestSpec) -> None:
         )
     import onnx
 
+    if upload.size > CALIBRATION_CHECK_MODEL_BYTES:  # parsing it here would hold the weights in the API
+        return  # the worker checks the samples first and fails the job with the same message
     try:
         arrays = load_calibration(upload.calibration.path)
         # Inputs and embedding tables' shapes only: the weights are not needed to judge the samples.

@@ -81,6 +81,17 @@ def test_calibration_that_does_not_fit_is_refused_with_what_to_do():
     assert set(load_calibration(_npz(**good))) == set(good)
 
 
+def test_calibration_that_unpacks_past_the_limit_is_refused_before_unpacking(monkeypatch):
+    import flexdsa_core.calibration as calibration
+
+    bomb = io.BytesIO()
+    np.savez_compressed(bomb, input_ids=np.zeros(1 << 24, np.int64))  # 128 MiB of zeros in well under 1 MiB
+    assert len(bomb.getvalue()) < 1 << 20
+    monkeypatch.setattr(calibration, "MAX_CALIBRATION_BYTES", 64 << 20)
+    with pytest.raises(CalibrationError, match=r"unpacks to 128 MiB, more than the 64 MiB accepted"):
+        load_calibration(bomb.getvalue())
+
+
 def test_optimize_refuses_misfit_calibration_before_compiling():
     wrong = _npz(pixel_values=np.zeros((2, 3, 32, 32), np.float32))  # the vit size on a 64x64 resnet
     with pytest.raises(CalibrationError, match="'pixel_values' dim 2 is 32, the model fixes it to 64") as err:
