@@ -46,6 +46,7 @@ from flexdsa_core.precision import (
     apply_precision,
     check_precision_request,
     replace_model,
+    samples_dataset,
     samples_npz,
 )
 from flexdsa_core.preflight import check_buckets, check_disabled, switchable_names
@@ -438,6 +439,7 @@ class FlexDSAOptimizer:
         artifacts: dict[str, bytes | Path] = {**files, **toolchain_files}
         if precision is not None and precision.get("vendor_quantiser"):
             artifacts["calibration.npz"] = samples_npz(precision_samples)
+            artifacts.update(samples_dataset(precision_samples))
         artifacts["report.json"] = json.dumps(report, indent=2, default=str).encode()
         artifacts["fusion_plan.json"] = json.dumps(comp.fusion_plans, indent=2, default=str).encode()
         report_progress.finish("adapter")

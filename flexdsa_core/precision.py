@@ -53,7 +53,7 @@ from flexdsa_core.options import AccuracyTarget, OptimizeOptions
 from flexdsa_core.significance import MIN_ROUNDS, MODEL_MIN_EFFECT, paired
 from flexdsa_core.validate import DEFAULT_TOLERANCES, latency_samples, session
 
-__all__ = ["apply_precision", "check_precision_request", "cpu_int8_features", "int8_format", "samples_npz", "score"]
+__all__ = ["apply_precision", "check_precision_request", "cpu_int8_features", "int8_format", "samples_dataset", "samples_npz", "score"]
 
 # Flags that give the int8 GEMM a dot-product instruction without 16-bit intermediate sums.
 _INT8_DOT_FLAGS = ("avx512_vnni", "avx512vnni", "avx_vnni", "amx_int8", "asimddp", "dotprod", "i8mm")
@@ -669,8 +669,8 @@ def apply_precision(run: PrecisionRun) -> tuple[ir.Model | None, dict]:
         report["vendor_quantiser"] = True
         report["note"] = (
             f"{run.options.precision} on {run.target.name} is the vendor toolchain's own quantisation: the model "
-            "ships in fp32 with the calibration samples (calibration.npz) for it, and the bundle's scripts ask "
-            "the vendor step for it"
+            "ships in fp32 with the calibration samples for it (calibration.npz; dataset.txt listing one .npy per "
+            "input a line under calibration/), and the bundle's scripts ask the vendor step for it"
         )
     else:
         model = _int8(run, report)
@@ -692,3 +692,25 @@ def samples_npz(samples: list[dict]) -> bytes:
     buffer = io.BytesIO()
     np.savez(buffer, **{name: np.concatenate([s[name] for s in samples]) for name in samples[0]})
     return buffer.getvalue()
+
+
+def samples_dataset(samples: list[dict]) -> dict[str, bytes]:
+    """The samples as ``calibration/NNN_<input>.npy`` files and ``dataset.txt`` listing one sample a line
+    (its inputs' files, space-separated, in the model's input order): what RKNN-Toolkit2's
+    ``build(do_quantization=True, dataset=...)`` and similar vendor quantisers read."""
+    import io
+
+    files: dict[str, bytes] = {}
+    lines = []
+    for index, sample in enumerate(samples):
+        names = []
+        for name, array in sample.items():
+            safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+            path = f"calibration/{index:03d}_{safe}.npy"
+            buffer = io.BytesIO()
+            np.save(buffer, array, allow_pickle=False)
+            files[path] = buffer.getvalue()
+            names.append(path)
+        lines.append(" ".join(names))
+    files["dataset.txt"] = ("\n".join(lines) + "\n").encode()
+    return files

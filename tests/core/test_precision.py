@@ -281,6 +281,12 @@ def test_int8_on_a_vendor_quantised_target_ships_the_samples_for_its_quantiser()
     assert result.report["precision"]["vendor_quantiser"] and result.report["precision"]["shipped"] == "fp32"
     shipped = load_calibration(result.artifacts["calibration.npz"])
     np.testing.assert_array_equal(shipped["pixel_values"], images)
+    # RKNN-Toolkit2's dataset list: one sample a line, one .npy per input, as convert_rknn.py --dataset reads.
+    lines = result.artifacts["dataset.txt"].decode().splitlines()
+    assert lines == [f"calibration/{i:03d}_pixel_values.npy" for i in range(4)]
+    first = np.load(io.BytesIO(result.artifacts[lines[0]]))
+    np.testing.assert_array_equal(first, images[:1])
+    assert "--dataset dataset.txt" in result.artifacts["README.md"].decode()
 
 
 # ------------------------------------------------------------------------------------------ command line
