@@ -424,36 +424,48 @@ def _mixed(run, fp32, layers, reference, cache, fmt, full_score) -> tuple[_Candi
     """The fewest most-sensitive layers kept float so that the static model meets the target."""
     sensitivity = _sensitivity(run, fp32, layers, reference, cache, fmt)
     ranked = sorted(layers, key=lambda layer: -sensitivity[layer[0]]["loss"])
-    tried: dict[int, dict] = {0: full_score}
+    # The search quantises only the weight layers' op types: with every layer excluded it is the fp32 model,
+    # so keeping more layers in float can always reach the target (activation-only QDQ on Add, Transpose...
+    # would otherwise stay and cost accuracy no exclusion of a layer removes).
+    op_types = sorted({op for _, op in layers if "::" not in op})
+    tried: dict[int, dict] = {}
+    path_of = {}
 
     def attempt(keep_float: int) -> dict:
         if keep_float not in tried:
             out = run.workdir / f"mixed_{keep_float}.onnx"
             exclude = [name for name, _ in ranked[:keep_float]]
-            _quantize_static(fp32, out, run.samples, cache, fmt, nodes_to_exclude=exclude)
+            _quantize_static(
+                fp32, out, run.samples, cache, fmt, nodes_to_exclude=exclude, op_types_to_quantize=op_types
+            )
             tried[keep_float] = score(reference, _outputs(out, run.samples), run.options.accuracy)
+            path_of[keep_float] = out
         return tried[keep_float]
 
-    lo, hi = 0, len(ranked)  # invariant: lo misses the target; hi (everything float) is taken to meet it
-    if full_score.get("ok"):
-        hi = 0  # every layer int8 already meets the target
-    elif attempt(hi)["ok"]:
+    lo, hi = 0, len(ranked)  # invariant: lo misses the target; hi (everything float: fp32) meets it
+    if full_score.get("ok"):  # every op int8 already meets the target: mixed is the static model itself
+        hi = 0
+        tried[0] = full_score
+        path_of[0] = run.workdir / "mixed_full.onnx"
+        _quantize_static(fp32, path_of[0], run.samples, cache, fmt)
+    elif not attempt(0)["ok"]:
+        tried[hi] = {"ok": True, "loss": 0.0, "outputs": {}}  # every weight layer float: the fp32 model
         while hi - lo > 1:
             mid = (lo + hi) // 2
             if attempt(mid)["ok"]:
                 hi = mid
             else:
                 lo = mid
+    else:
+        hi = 0
     keep = hi
-    path = run.workdir / f"mixed_{keep}.onnx"
-    if not path.exists():
-        _quantize_static(
-            fp32, path, run.samples, cache, fmt, nodes_to_exclude=[n for n, _ in ranked[:keep]]
-        )
     candidate = _Candidate(
-        "mixed", path, f"static QDQ, the {keep} most sensitive of {len(ranked)} layers kept float",
-        accuracy=tried.get(keep) or score(reference, _outputs(path, run.samples), run.options.accuracy),
+        "mixed", path_of.get(keep, run.workdir / "mixed_none.onnx"),
+        f"static QDQ of {', '.join(op_types)}, the {keep} most sensitive of {len(ranked)} layers kept float",
+        accuracy=tried[keep],
     )  # fmt: skip
+    if keep == len(ranked):
+        candidate.error = "no weight layer can be int8 within the accuracy target: the mixed model is the fp32 one"
     table = []
     for rank, (name, op) in enumerate(ranked):
         loss = sensitivity[name]["loss"]
@@ -554,10 +566,6 @@ def _int8(run: PrecisionRun, report: dict) -> ir.Model | None:
         return _no_int8(run, report, candidates, layers, reference, base[1], fmt, base[0])
     report["shipped"] = chosen.name
     report["accuracy"] = chosen.accuracy
-    if chosen.name == "mixed" and search and search["keep_float"] == len(table) and table:
-        report["warnings"].append(
-            "mixed precision kept every weight layer in float: no int8 layer fits the accuracy target"
-        )
     return ir.from_proto(onnx.load(str(chosen.path)))
 
 
@@ -585,6 +593,10 @@ def _no_int8(run, report, candidates, layers, reference, cache, fmt, fp32) -> No
         f"no int8 model meets the accuracy target on the calibration set (best: {best.name if best else '-'}, "
         f"{missed}){worst_layers}"
     )
+    if run.options.precision == "mixed":  # float everywhere is the end of mixed's search: fp32, said so
+        report["shipped"] = "fp32"
+        report["warnings"].append(f"{message}; mixed kept every layer in float, so fp32 shipped")
+        return None
     if run.options.precision_fallback == "fp32":
         report["shipped"] = "fp32"
         report["warnings"].append(f"{message}; shipped fp32 as precision_fallback asks")
