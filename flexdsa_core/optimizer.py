@@ -24,11 +24,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import onnx
 import onnx_ir as ir
 
 from flexdsa_core.cache import KernelCache, LayeredCache, LRUCache, StatsCache
-from flexdsa_core.calibration import check_calibration, load_calibration, synthetic_samples
+from flexdsa_core.calibration import CalibrationError, check_calibration, load_calibration, synthetic_samples
 from flexdsa_core.cost_model import CostModel
 from flexdsa_core.delivery import check_delivery
 from flexdsa_core.errors import ValidationFailedError
@@ -463,6 +464,16 @@ class FlexDSAOptimizer:
         synthetic = samples is None
         if synthetic:
             samples = synthetic_samples(_proto_without_weights(bucket.model), seed=options.seed)
+        else:  # a bucket fixes dims the samples must have too (seq 128 on an accelerator)
+            stacked = {name: np.concatenate([s[name] for s in samples]) for name in samples[0]}
+            try:
+                check_calibration(_proto_without_weights(bucket.model), stacked)
+            except CalibrationError as err:
+                raise CalibrationError(
+                    f"{err.message.rstrip('.')} (shape bucket {bucket.name!r}). Give samples at the bucket's "
+                    "shapes, or shape_buckets that match the samples.",
+                    details={**err.details, "bucket": bucket.name},
+                ) from None
         fp32, unfused = bucket.model, None
         if options.precision in ("int8", "mixed"):
             # ONNX Runtime's offline layout pass (NCHWc, its internal fusions) is for the float graph; the

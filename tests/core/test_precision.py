@@ -372,3 +372,11 @@ def test_mixed_on_gpt2_keeps_enough_layers_float_for_top1_on_its_logits():
     assert precision["shipped"] in {"mixed", "dynamic", "static_qdq"}  # whichever meets the target (untimed)
     if precision["shipped"] == "mixed":
         assert b"QuantizeLinear" in result.model_bytes()
+
+
+def test_samples_that_miss_the_shape_bucket_are_refused_naming_it():
+    ids = np.zeros((4, 12), np.int64)
+    samples = _npz(input_ids=ids, attention_mask=np.ones_like(ids), token_type_ids=ids)
+    options = OptimizeOptions(precision="int8", shape_buckets={"batch": [1], "seq": [16]}, measure_latency=False)
+    with pytest.raises(CalibrationError, match=r"'input_ids' dim 1 is 12, the model fixes it to 16.*bucket"):
+        FlexDSAOptimizer("cpu-ort").optimize(fixture("bert"), options, calibration=samples)
