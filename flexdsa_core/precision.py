@@ -65,7 +65,6 @@ QDQ_OPAQUE_WEIGHT_OPS = frozenset(
 )
 # Sensitivity ranks layers: this many samples order them as well as all would, at a fraction of the runs.
 SENSITIVITY_SAMPLES = 8
-_LOG = logging.getLogger(__name__)
 
 
 def cpu_int8_features() -> dict:

@@ -10,7 +10,8 @@
   shape inference and constant folding, so a position table sliced past its end meets the activations
   it is added to). Nothing is run, so a data-dependent failure (an index out of range) still shows only
   in validation.
-* ``check_request``: both, for a model file and a request, as the service does before queuing a job.
+* ``check_request``: both, and a precision the target cannot have, for a model file and a request, as the
+  service does before queuing a job.
 """
 
 from __future__ import annotations
@@ -108,9 +109,11 @@ def check_request(
     model: str | os.PathLike | bytes | ir.Model, options: OptimizeOptions, target: TargetSpec
 ) -> None:
     """``check_disabled`` and, where ``shape_buckets`` are given, ``check_buckets``: before any work."""
+    from flexdsa_core.precision import check_precision_request
     from flexdsa_core.shape_tracker import ShapeTracker
 
     check_disabled(options.disabled_rules, target)
+    check_precision_request(options, target)  # fp16 on cpu-ort: refused before queuing
     if not options.shape_buckets:
         return
     if isinstance(model, bytes):

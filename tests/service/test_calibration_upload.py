@@ -67,3 +67,10 @@ def test_calibration_that_does_not_fit_the_model_is_refused_before_queuing(env, 
     assert unused.status_code == 422 and "precision is fp32" in unused.json()["error"]["message"]
     assert _jobs(env) == before and env.enqueued == []
     assert not list(env.store.staging_dir().glob("calibration-*"))
+
+
+def test_a_precision_the_target_cannot_have_is_refused_before_queuing(env, headers):
+    refused = env.submit(headers, spec={"target": "cpu-ort", "precision": "fp16"})
+    assert refused.status_code == 422, refused.text
+    assert "'fp16' is for accelerator targets" in refused.json()["error"]["message"]
+    assert env.enqueued == []
