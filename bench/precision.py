@@ -117,9 +117,17 @@ def bench_one(name: str, rounds: int, warmup: int) -> dict:
         started = time.perf_counter()
         paths.update(_ort_quantized(original, folder, calibration))
         record["ort_quantize_seconds"] = round(time.perf_counter() - started, 1)
+        from flexdsa_core import FlexDSAError
+
         for precision in ("int8", "mixed"):
             print(f"  flexdsa {precision} ...", flush=True)
-            paths[f"flexdsa-{precision}"], record[f"flexdsa-{precision}"] = _ours(original, folder, buffer.getvalue(), precision)
+            try:
+                paths[f"flexdsa-{precision}"], record[f"flexdsa-{precision}"] = _ours(
+                    original, folder, buffer.getvalue(), precision
+                )
+            except FlexDSAError as error:  # a refusal (no int8 model meets the target) is a result, shown
+                record[f"flexdsa-{precision}"] = {"error": error.message}
+                print(f"  flexdsa {precision}: {error.message[:300]}", flush=True)
         timed = []
         for variant, path in paths.items():
             record["variants"][variant] = {"accuracy": _accuracy(str(path), reference, evaluation),
@@ -146,6 +154,9 @@ def _table(results: dict) -> str:
                 f"{name:<12} {variant:<14} {entry['speedup']:>8.2f}x {entry['median_ms']:>9.2f} "
                 f"{acc['min_cosine']:>9.5f} {acc.get('top1', float('nan')):>6.3f}  {shipped}"
             )
+        for variant in ("flexdsa-int8", "flexdsa-mixed"):
+            if "error" in (record.get(variant) or {}):
+                lines.append(f"{name:<12} {variant:<14} refused: {record[variant]['error'][:200]}")
     for title, values in results["geomean"].items():
         lines.append(f"geomean {title}: " + ", ".join(f"{k} {v:.2f}x" for k, v in values.items() if v))
     return "\n".join(lines)
