@@ -43,6 +43,9 @@ def discover_routers():
 async def lifespan(app: FastAPI):
     settings: Settings = app.state.settings
     await run_in_threadpool(prepare_database, settings, app.state.engine)
+    # Submits check rule names against every target's registry, which imports the compiler's rules (about a
+    # second): done here, so that the first user's request does not pay for it.
+    await run_in_threadpool(_warm_registries)
     embedded_worker = settings.mode == "embedded" and settings.embedded_worker
     if embedded_worker:
         await run_in_threadpool(inprocess.start, settings)
@@ -54,6 +57,14 @@ async def lifespan(app: FastAPI):
         if app.state.redis is not None:
             app.state.redis.close()
         app.state.engine.dispose()
+
+
+def _warm_registries() -> None:
+    from flexdsa_core.preflight import switchable_names
+    from flexdsa_core.targets import list_targets
+
+    for target in list_targets():
+        switchable_names(target)
 
 
 def _redis_client(settings: Settings):

@@ -176,9 +176,12 @@ class CacheStatsOut(BaseModel):
 
 
 class Health(BaseModel):
-    status: str
+    status: str = Field(description="'ok', or 'degraded' while a dependency is unreachable (the process is up)")
     version: str
     mode: str
+    dependencies: dict[str, str] = Field(
+        default_factory=dict, description="database / broker / redis: 'ok' or 'down: <first line of the error>'"
+    )
 
 
 class Readiness(BaseModel):
