@@ -58,11 +58,14 @@ class Settings(BaseSettings):
     # is still legitimately running would then run twice, so it must exceed the hard time limit.
     broker_visibility_timeout_s: int = Field(2400, gt=0)
     max_attempts: int = Field(3, ge=1)
+    # A dead worker's job runs again within lease_seconds + reconcile_interval_s + a broker delivery (~27 s
+    # with these defaults): the running worker renews its lease every min(lease/3, 10 s), so a short lease
+    # costs one small UPDATE per job every ~7 s, nothing else.
     lease_seconds: int = Field(
-        60, gt=0, description="A worker's claim on a job lapses unless renewed this often."
+        20, gt=0, description="A worker's claim on a job lapses unless renewed this often."
     )
     reconcile_interval_s: int = Field(
-        15, gt=0, description="How often expired leases are swept and re-queued."
+        5, gt=0, description="How often expired leases are swept and re-queued."
     )
     embedded_worker: bool = Field(
         True, description="Embedded mode: run the in-process worker inside the API."

@@ -38,7 +38,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from sqlalchemy import and_, bindparam, delete, func, insert, or_, select, update
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import InterfaceError, OperationalError
 
 from service.models import Artifact, Job, JobEvent, JobStatus, UTCDateTime, utcnow
 from workers.db import session_factory_for
@@ -270,7 +270,6 @@ class _JobRun:
         started = time.monotonic()
         next_heartbeat = started + heartbeat_s
         next_cancel_check = started + CANCEL_CHECK_S
-        lease_valid_until = started + self.settings.lease_seconds
         last_progress_write = 0.0
         final: dict | None = None
         try:
@@ -286,12 +285,10 @@ class _JobRun:
                     break
                 now = time.monotonic()
                 if now >= next_heartbeat:
-                    if self._tolerate_db(self._renew_lease, default=False):
-                        lease_valid_until = now + self.settings.lease_seconds
-                    elif now >= lease_valid_until:
-                        # The database has been unreachable for a whole lease: another worker may own
-                        # the job by now, so stop rather than risk two runs.
-                        raise LeaseLost(self.job.id)
+                    # While the database is unreachable nobody can re-claim the job, so the child runs
+                    # on; the first renewal after its return says whether the job is still ours
+                    # (LeaseLost if another worker took it over meanwhile).
+                    self._tolerate_db(self._renew_lease, default=False)
                     next_heartbeat = now + heartbeat_s
                 if now >= next_cancel_check:
                     next_cancel_check = now + CANCEL_CHECK_S
@@ -317,7 +314,7 @@ class _JobRun:
 
         if final is not None and final["type"] == "result":
             self._record_cache_stats(final)
-            _retrying(self._succeed, final["artifacts"], final.get("report_summary"))
+            self._durably(self._succeed, final["artifacts"], final.get("report_summary"))
             return JobStatus.succeeded.value
         if final is not None:
             self._record_cache_stats(final)
@@ -326,10 +323,16 @@ class _JobRun:
                 "message": final.get("message") or "",
                 "details": final.get("details") or {},
             }
-            return _retrying(self._fail, error)
+            return self._durably(self._fail, error)
         if child.terminated:  # it ended because we stopped it at the soft limit
-            return _retrying(self._time_limit_exceeded, time.monotonic() - started)
-        return _retrying(self._crashed, child)
+            return self._durably(self._time_limit_exceeded, time.monotonic() - started)
+        return self._durably(self._crashed, child)
+
+    def _durably(self, action, *args):
+        """A final write outlives a database outage as long as the job's own time limit: the result is
+        computed and its artifacts are in the store, so it is kept on this worker and written once the
+        database is back, never dropped for a re-run."""
+        return _retrying(action, *args, patience_s=float(self.settings.job_hard_time_limit_s))
 
     def _tolerate_db(self, action, *args, default):
         """Run a database call of the watch loop; a blip (connection lost, failover) is logged and skipped
@@ -510,16 +513,25 @@ class _JobRun:
             )
 
 
-def _retrying(action, *args, delays_s: tuple[float, ...] = (1.0, 3.0)):
-    """A final write survives a short database blip: the pipeline's result is too dear to drop on one
-    failed connection. After the last try the error propagates and the lease lapses (the job runs again)."""
-    for delay_s in delays_s:
+FINAL_WRITE_MAX_DELAY_S = 2.0  # once the database is back, the result is written within this
+
+
+def _retrying(action, *args, patience_s: float = 4.0):
+    """Retry ``action`` while the database is unreachable, backing off from 0.25 s to
+    ``FINAL_WRITE_MAX_DELAY_S``, for up to ``patience_s``; then the error propagates (the lease lapses and
+    the job runs again). The short cap matters: after an outage the result must land before another worker,
+    seeing the lapsed lease, re-claims the job (the reconciler sweeps every ``reconcile_interval_s``)."""
+    deadline = time.monotonic() + patience_s
+    delay_s = 0.25
+    while True:
         try:
             return action(*args)
-        except OperationalError as err:
-            log.warning("final write failed (%s); retrying in %.0f s", err, delay_s)
+        except (OperationalError, InterfaceError) as err:
+            if time.monotonic() + delay_s > deadline:
+                raise
+            log.warning("final write failed (%s); database unavailable, retrying in %.2f s", err, delay_s)
             time.sleep(delay_s)
-    return action(*args)
+            delay_s = min(delay_s * 2, FINAL_WRITE_MAX_DELAY_S)
 
 
 def _finish(job: Job, status: JobStatus, *, error: dict | None = None) -> None:

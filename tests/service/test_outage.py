@@ -7,75 +7,15 @@ from the API's side, without stopping the PostgreSQL server the other tests shar
 
 from __future__ import annotations
 
-import socket
-import threading
 import time
 
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy.engine import make_url
 
+from tests.relay import Relay
+
 pytestmark = pytest.mark.services
-
-
-class Relay:
-    """Forwards 127.0.0.1:<port> to ``upstream``; ``cut()`` resets every connection and refuses new ones."""
-
-    def __init__(self, upstream: tuple[str, int]) -> None:
-        self.upstream = upstream
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
-        self.up = True
-        self.sockets: list[socket.socket] = []
-        self.lock = threading.Lock()
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return
-            if not self.up:
-                client.close()
-                continue
-            server = socket.create_connection(self.upstream)
-            with self.lock:
-                self.sockets += [client, server]
-            for a, b in ((client, server), (server, client)):
-                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
-
-    @staticmethod
-    def _pipe(source: socket.socket, sink: socket.socket) -> None:
-        try:
-            while chunk := source.recv(65536):
-                sink.sendall(chunk)
-        except OSError:
-            pass
-        finally:
-            for s in (source, sink):
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-
-    def cut(self) -> None:
-        self.up = False
-        with self.lock:
-            for s in self.sockets:
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-                s.close()
-            self.sockets.clear()
-
-    def restore(self) -> None:
-        self.up = True
-
-    def close(self) -> None:
-        self.cut()
-        self.listener.close()
 
 
 @pytest.fixture

@@ -256,3 +256,41 @@ def test_job_succeeds_with_redis_down(settings):
     job_id = create_job(settings)
     assert execute_job(job_id, settings=down, worker_id="t1") == "succeeded"
     assert load_job(settings, job_id).report_summary["kernels"] == 3
+
+
+def test_finished_result_survives_a_database_outage_longer_than_the_old_retries(settings):
+    """Issue 12: the database goes away (10 s) while the job finishes; the result is written once it is
+    back: succeeded on the first attempt, one set of artifacts, no re-run."""
+    from sqlalchemy.engine import make_url
+
+    from tests.relay import Relay
+
+    url = make_url(settings.database_url)
+    relay = Relay((url.host or "127.0.0.1", url.port or 5432))
+    relayed = settings.model_copy(
+        update={"database_url": url.set(host="127.0.0.1", port=relay.port).render_as_string(hide_password=False)}
+    )
+    # 150 distinct kernels at 20 ms each: the child measures for ~3 s after its last stage is reported.
+    job_id = create_job(settings, tiny_model(tuple(0.001 * n for n in range(1, 151))))
+    results: list[str] = []
+    runner = threading.Thread(
+        target=lambda: results.append(execute_job(job_id, settings=relayed, worker_id="outage"))
+    )
+    try:
+        runner.start()
+        deadline = time.monotonic() + 60
+        while load_job(settings, job_id).stage != "validate":  # read past the relay
+            assert time.monotonic() < deadline, "the job never reached its last stage"
+            time.sleep(0.05)
+        relay.cut()
+        time.sleep(10)
+        assert runner.is_alive(), "the worker gave up on its result during the outage"
+        relay.restore()
+        runner.join(60)
+    finally:
+        relay.close()
+    assert results == ["succeeded"]
+    job = load_job(settings, job_id)
+    assert (job.status, job.attempts) == ("succeeded", 1)
+    assert _names(job) == ARTIFACTS
+    assert [e.kind for e in job.events].count("started") == 1
