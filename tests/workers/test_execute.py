@@ -228,26 +228,41 @@ def test_database_blips_during_a_run_are_tolerated(settings, monkeypatch):
     assert calls["n"] >= 2
 
 
-def test_a_worker_cut_off_from_the_database_for_a_lease_stops(settings, monkeypatch):
-    from sqlalchemy.exc import OperationalError
+def test_a_worker_cut_off_from_the_database_runs_on_but_never_writes_over_its_successor(settings):
+    """A worker that cannot renew its lease (partitioned from the database) keeps its child running: in a
+    whole-database outage nobody else can take the job, and its result must not be thrown away. If another
+    worker did take the job over meanwhile, the cut-off worker's final write finds the lease gone and
+    writes nothing: one run's result, one set of artifacts."""
+    from sqlalchemy.engine import make_url
 
-    from workers.execute import _JobRun
+    from tests.relay import Relay
 
-    def unreachable(self):
-        raise OperationalError("UPDATE jobs", {}, Exception("connection refused"))
-
-    monkeypatch.setenv("FLEXDSA_TEST_STAGE_DELAY_S", "2")
-    monkeypatch.setattr(_JobRun, "_renew_lease", unreachable)
-    job_id = create_job(settings)
-    started = time.monotonic()
-    # It stops within about a lease (4 s), not after the whole job (12 s), and writes nothing final.
-    assert execute_job(job_id, settings=settings, worker_id="t1") == "running"
-    assert time.monotonic() - started < 9
-    monkeypatch.undo()
-    monkeypatch.setenv("FLEXDSA_TEST_OPTIMIZER", "tests.workers.standin:StandInOptimizer")
-    time.sleep(settings.lease_seconds)
-    assert execute_job(job_id, settings=settings, worker_id="t2") == "succeeded"
-    assert load_job(settings, job_id).attempts == 2
+    url = make_url(settings.database_url)
+    relay = Relay((url.host or "127.0.0.1", url.port or 5432))
+    cut_off = settings.model_copy(
+        update={"database_url": url.set(host="127.0.0.1", port=relay.port).render_as_string(hide_password=False)}
+    )
+    job_id = create_job(settings, tiny_model(tuple(0.001 * n for n in range(1, 301))))  # ~6 s of kernels
+    results: dict[str, str] = {}
+    first = threading.Thread(target=lambda: results.update(t1=execute_job(job_id, settings=cut_off, worker_id="t1")))
+    try:
+        first.start()
+        deadline = time.monotonic() + 60
+        while load_job(settings, job_id).stage != "validate":
+            assert time.monotonic() < deadline, "the job never reached its last stage"
+            time.sleep(0.05)
+        relay.cut()
+        time.sleep(settings.lease_seconds + 0.5)  # t1's lease lapses; t2 reaches the database and takes over
+        results["t2"] = execute_job(job_id, settings=settings, worker_id="t2")
+        relay.restore()
+        first.join(60)
+    finally:
+        relay.close()
+    assert results == {"t1": "succeeded", "t2": "succeeded"}
+    job = load_job(settings, job_id)
+    assert (job.status, job.attempts) == ("succeeded", 2)
+    assert _names(job) == ARTIFACTS
+    assert [e.kind for e in job.events].count("succeeded") == 1
 
 
 def test_job_succeeds_with_redis_down(settings):
