@@ -39,7 +39,7 @@ from flexdsa_core.memory_planner import plan_memory
 from flexdsa_core.options import OptimizeOptions
 from flexdsa_core.passes import generic_passes
 from flexdsa_core.passes.manager import run_passes
-from flexdsa_core.preflight import check_buckets, check_disabled, switchable_names
+from flexdsa_core.preflight import check_buckets, check_disabled, refuse_impossible_tensors, switchable_names
 from flexdsa_core.report import build_report, render_summary, report_summary
 from flexdsa_core.shape_tracker import ShapeTracker
 from flexdsa_core.significance import MIN_ROUNDS, MODEL_MIN_EFFECT, Comparison, paired
@@ -48,7 +48,6 @@ from flexdsa_core.targets import BucketModel, PlatformAdapter, TargetSpec, get_a
 from flexdsa_core.targets.accelerator import AcceleratorAdapter
 from flexdsa_core.targets.estimate import target_estimate
 from flexdsa_core.targets.toolchain_run import run_toolchain
-from flexdsa_core.preflight import refuse_impossible_tensors
 from flexdsa_core.validate import compare, latency_samples, make_inputs, run, run_budget
 
 Progress = Callable[[str, float, str], None]
