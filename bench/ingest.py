@@ -142,6 +142,7 @@ def run(args) -> dict:
                 "FLEXDSA_DATA_DIR": str(tmp / "data"),
                 "FLEXDSA_EMBEDDED_WORKER": "false",
                 "FLEXDSA_MAX_QUEUED_JOBS_PER_TENANT": "100000",
+                "FLEXDSA_SUBMIT_RATE_PER_MINUTE": "100000",
                 "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
             }
         )

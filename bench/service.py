@@ -222,6 +222,7 @@ class Service:
                 "FLEXDSA_DATA_DIR": str(self.tmp),
                 "FLEXDSA_ARTIFACT_DIR": str(self.tmp / "artifacts"),
                 "FLEXDSA_MAX_QUEUED_JOBS_PER_TENANT": "1000",
+                "FLEXDSA_SUBMIT_RATE_PER_MINUTE": "100000",
                 "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
             }
         )

@@ -23,6 +23,7 @@ from service.db import make_engine, make_session_factory, prepare_database
 from service.edge import refuse_control_characters
 from service.errors import install_error_handlers
 from service.metrics import Metrics, MetricsMiddleware
+from service.ratelimit import RateLimiter
 from service.storage import make_store
 from workers import inprocess
 
@@ -116,6 +117,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.session_factory = make_session_factory(app.state.engine)
     app.state.store = make_store(settings)
     app.state.redis = _redis_client(settings)
+    app.state.rate_limiter = RateLimiter(settings.submit_rate_per_minute, app.state.redis)
     app.state.metrics = Metrics(app.state.session_factory)
 
     install_error_handlers(app)

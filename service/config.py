@@ -49,7 +49,10 @@ class Settings(BaseSettings):
 
     max_upload_bytes: int = Field(1 * GiB, gt=0)
     max_queued_jobs_per_tenant: int = Field(
-        20, ge=1, description="Default quota; tenants.max_queued_jobs overrides."
+        20, ge=1, description="Default quota of queued + running jobs; tenants.max_queued_jobs overrides."
+    )
+    submit_rate_per_minute: int | None = Field(
+        120, ge=1, description="POST /optimize per tenant per minute (429 with Retry-After past it); None: off."
     )
 
     job_soft_time_limit_s: int = Field(1800, gt=0)
