@@ -75,7 +75,13 @@ def serve(
         f"Flex-DSA {settings.mode} mode on http://{settings.host}:{settings.port} "
         f"(database {settings.database_url.split('@')[-1]}, artifacts {settings.artifact_dir}, auth {settings.auth})"
     )
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=settings.log_level)
+    from service.logs import configure_logging
+
+    configure_logging(settings.log_format, settings.log_level)
+    # log_config=None: uvicorn keeps the handlers configured above instead of installing its own.
+    uvicorn.run(
+        create_app(settings), host=settings.host, port=settings.port, log_level=settings.log_level, log_config=None
+    )
 
 
 @db_app.command("upgrade")

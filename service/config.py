@@ -98,6 +98,9 @@ class Settings(BaseSettings):
     port: int = Field(8000, ge=1, le=65535)
     sse_poll_interval_s: float = Field(0.5, gt=0)
     log_level: str = "info"
+    log_format: Literal["json", "text"] = Field(
+        "json", description="json: one object per line with job_id/tenant_id/incident; text: for a terminal."
+    )
 
     @property
     def mode(self) -> Mode:

@@ -40,6 +40,7 @@ from pathlib import Path
 from sqlalchemy import and_, bindparam, delete, func, insert, or_, select, update
 from sqlalchemy.exc import InterfaceError, OperationalError
 
+from service.logs import job_context
 from service.models import Artifact, Job, JobEvent, JobStatus, UTCDateTime, utcnow
 from workers.db import session_factory_for
 
@@ -76,17 +77,18 @@ def execute_job(job_id: str, *, settings, worker_id: str) -> str:
     job = _claim(sessions, job_id, settings, worker_id)
     if job is None:
         return _settle_unclaimable(sessions, job_id)
-    log.info("job %s: claimed by %s (attempt %d/%d)", job_id, worker_id, job.attempts, job.max_attempts)
-    runner = _JobRun(job, settings, worker_id, sessions)
-    try:
-        if runner.serve_from_job_cache():
-            return JobStatus.succeeded.value
-        return runner.run_pipeline()
-    except LeaseLost:
-        log.warning("job %s: lease lost by %s; leaving the job to its new owner", job_id, worker_id)
-        return _current_status(sessions, job_id)
-    finally:
-        runner.close()
+    with job_context(job_id, job.tenant_id):  # every log line of this job carries its id and tenant
+        log.info("job %s: claimed by %s (attempt %d/%d)", job_id, worker_id, job.attempts, job.max_attempts)
+        runner = _JobRun(job, settings, worker_id, sessions)
+        try:
+            if runner.serve_from_job_cache():
+                return JobStatus.succeeded.value
+            return runner.run_pipeline()
+        except LeaseLost:
+            log.warning("job %s: lease lost by %s; leaving the job to its new owner", job_id, worker_id)
+            return _current_status(sessions, job_id)
+        finally:
+            runner.close()
 
 
 # --- claim --------------------------------------------------------------------------------------------
