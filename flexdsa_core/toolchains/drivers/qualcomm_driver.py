@@ -81,6 +81,7 @@ def compile_bucket(bucket: dict, out_dir: Path, options: dict) -> dict:
     name = bucket["name"]
     entry: dict = {"name": name, "artifacts": [], "placement": {}, "outputs": {}, "notes": []}
     started = time.perf_counter()
+    out_dir.mkdir(parents=True, exist_ok=True)
     model_path = bucket["onnx"]
     graph = onnx.load(model_path, load_external_data=False).graph
     feeds = {key: np.load(path) for key, path in bucket.get("inputs", {}).items()}
@@ -114,6 +115,7 @@ def compile_bucket(bucket: dict, out_dir: Path, options: dict) -> dict:
         entry["error"] = compiled["error"]
         return entry
     entry["quantization"] = compiled["quantization"]
+    entry["notes"] += compiled["notes"]
     entry["artifacts"] = compiled["artifacts"]
     output_names = [value.name for value in graph.output]
     for output_name, array in zip(output_names, compiled["outputs"], strict=False):
@@ -177,7 +179,7 @@ def _compile(
             session_options.add_session_config_entry("ep.context_file_path", str(out_dir / context_name))
             session_options.add_session_config_entry("ep.context_embed_mode", "0")  # binary beside the model
             session_options.add_provider_for_devices(devices, provider)
-            ort.InferenceSession(compile_path, session_options)
+            compiled = ort.InferenceSession(compile_path, session_options)
             error = None
         except Exception as err:
             error = f"QNN could not compile the model: {type(err).__name__}: {err}"
@@ -185,18 +187,32 @@ def _compile(
     os.unlink(log_path)
     if error:
         return {"error": error, "log": log}
+    kept = {node.name for node in onnx.load(compile_path, load_external_data=False).graph.node}
+    result = {"artifacts": artifacts, "log": log, "quantization": described, "kept": kept, "notes": []}
     if not (out_dir / context_name).is_file():
-        return {"error": "QNN wrote no EPContext model (no node went to the HTP?)", "log": log}
-    artifacts += sorted(p.name for p in out_dir.glob(f"model.{name}.qnn_ctx*"))
+        # QNN validated no node for the HTP: everything runs on the CPU provider, and there is no binary.
+        result["notes"].append(
+            "QNN took no node for the HTP: no context binary, the whole model runs on the CPU"
+        )
+        result["outputs"] = _quiet_run(compiled, feeds)
+        return result
+    result["artifacts"] = artifacts + sorted(p.name for p in out_dir.glob(f"model.{name}.qnn_ctx*"))
     try:
         run_options = ort.SessionOptions()
         run_options.add_provider_for_devices(devices, provider)
         session = ort.InferenceSession(str(out_dir / context_name), run_options)
-        outputs = session.run(None, feeds)
+        result["outputs"] = session.run(None, feeds)
     except Exception as err:
         return {"error": f"the EPContext model did not run: {type(err).__name__}: {err}", "log": log}
-    kept = {node.name for node in onnx.load(compile_path, load_external_data=False).graph.node}
-    return {"outputs": outputs, "artifacts": artifacts, "log": log, "quantization": described, "kept": kept}
+    return result
+
+
+def _quiet_run(session, feeds):
+    """Run a session created with the verbose log on, without its per-run log lines reaching the caller."""
+    with _captured() as log_path:
+        outputs = session.run(None, feeds)
+    os.unlink(log_path)
+    return outputs
 
 
 def _quantize(model_path, qdq_path: Path, feeds: dict, options: dict, activation_type: str) -> None:
