@@ -390,3 +390,53 @@ def test_fixture_compiles_under_htp_emulation(name, buckets):
         assert agreement["share"] == 1.0, json.dumps(agreement)
         # QNN's log speaks for every node of ours (none unaccounted for).
         assert agreement["compared"] == len(result.report["partition"][bucket]["placement"]), agreement
+
+
+def test_fixture_with_cpu_fallbacks_agrees_node_for_node():
+    """BERT with the erf-GELU fusion switched off: the two Erf nodes are not in the QNN EP's op set; our
+    partition puts them on the CPU, and QNN refuses them with its own reason."""
+    _toolchain_or_skip()
+    request = RequestSpec.model_validate({
+        "target": "qualcomm-sm8650", "measure_latency": False, "shape_buckets": {"batch": [1], "seq": [16]},
+        "disabled_rules": ["gelu_erf"],
+    })  # fmt: skip
+    result = FlexDSAOptimizer(request.target_spec(), toolchain_root=TOOLCHAIN_ROOT).optimize(
+        fixture("bert"), request.options()
+    )
+    [(bucket, entry)] = result.report["toolchain"]["buckets"].items()
+    part = result.report["partition"][bucket]
+    assert sorted(f["node"] for f in part["fallback"]) == ["/layers.0/Erf", "/layers.1/Erf"]
+    assert entry["placement_agreement"]["share"] == 1.0
+    assert entry["placement_agreement"]["compared"] == part["nodes"]
+    assert "`Erf` are not supported by QNN EP" in entry["reasons"]["/layers.0/Erf"]
+    assert min(o["cosine"] for o in entry["numerics"]) >= 0.99
+
+
+def test_fp16_runs_the_float_graph_on_the_htp(tmp_path):
+    toolchain = _toolchain_or_skip()
+    text = (
+        HEAD
+        + """g (float[2, 16, 32] x, float[32] s) => (float[2, 16, 32] y)
+{
+  n = LayerNormalization (x, s)
+  y = Softmax <axis = -1> (n)
+}"""
+    )
+    model = ir.from_proto(parse(text))
+    ADAPTER.legalize(model, TARGET, frozenset())
+    path = tmp_path / "model.b.onnx"
+    ir.save(model, path)
+    rng = np.random.default_rng(0)
+    feeds = {"x": rng.standard_normal((2, 16, 32)).astype(np.float32), "s": np.ones(32, np.float32)}
+    inputs = {}
+    for name, array in feeds.items():
+        inputs[name] = str(tmp_path / f"{name}.npy")
+        np.save(inputs[name], array)
+    options = {**ADAPTER.toolchain_options(TARGET, {}), "precision": "fp16"}
+    request = {"action": "compile", "target": TARGET.model_dump(mode="json"), "out_dir": str(tmp_path / "out"),
+               "buckets": [{"name": "b", "onnx": str(path), "inputs": inputs}], "options": options}  # fmt: skip
+    [bucket] = toolchain.run(TOOLCHAIN_ROOT, request, workdir=tmp_path)["buckets"]
+    assert bucket["artifacts"] == ["model.b.qnn_ctx.onnx", "model.b.qnn_ctx_qnn.bin"]  # no QDQ model
+    assert set(bucket["placement"].values()) == {"accelerator"} and len(bucket["placement"]) == 2
+    want = run(ir.to_proto(model), feeds)[0]
+    np.testing.assert_allclose(np.load(bucket["outputs"]["y"]), want, atol=2e-3)  # fp16 on the HTP
