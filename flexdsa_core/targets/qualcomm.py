@@ -86,13 +86,19 @@ class QualcommAdapter(AcceleratorAdapter):
 
     def deploy_steps(self, buckets: list[BucketModel], target: TargetSpec, report: dict) -> list[str]:
         contexts = ", ".join(f"`{_stem(self.model_filename(b))}.qnn_ctx.onnx`" for b in buckets)
+        made = (
+            " The toolchain here made them already (uint8 or, where that missed the accuracy target, uint16 "
+            "activations: see `report.json` → `toolchain`); rerun with your own calibration data for deployment."
+            if (report.get("toolchain") or {}).get("ran")
+            else ""
+        )
         return [
             "On an x86_64 Linux or Windows-on-Snapdragon host: `pip install onnxruntime onnxruntime-qnn numpy onnx` "
             "(`flexdsa toolchains install qualcomm` does this in an environment of its own).",
             "In this folder: `python compile_qnn.py --dataset calib.txt` quantises every bucket to QNN's QDQ "
             "(uint8; `--act uint16` for a16w8; one calibration sample a line, one .npy per input, space-separated) "
             f"and compiles it for the SM8650 HTP into an EPContext model and QNN context binary ({contexts} plus "
-            "its `_qnn.bin`); `--check` runs each once. With the toolchain installed here these were made already.",
+            f"its `_qnn.bin`); `--check` runs each once.{made}",
             "Alternatively, with the QNN SDK: `bash convert_qnn.sh calib_list.txt` (qnn-onnx-converter, then the "
             "model-library and context-binary generators, per bucket).",
             "Copy the `.qnn_ctx.onnx` and `_qnn.bin` files, `run_qnn.py` and `manifest.json` to the device. With "
@@ -186,6 +192,8 @@ without it, random samples are used (numerics then only roughly right: give real
 """
 
 import argparse
+import glob
+import os
 import sys
 
 import numpy as np
@@ -236,6 +244,8 @@ def compile_bucket(bucket, devices, act="uint8", fp16=False, dataset=None, check
         config = get_qnn_qdq_config(source, Reader(feeds), activation_type=types[act], weight_type=QuantType.QUInt8)
         quantize(source, bucket["qdq"], config)
         source = bucket["qdq"]
+    for stale in glob.glob(bucket["context"].removesuffix(".onnx") + "*"):
+        os.remove(stale)  # ONNX Runtime refuses to overwrite an EPContext model
     options = ort.SessionOptions()
     options.add_session_config_entry("ep.context_enable", "1")
     options.add_session_config_entry("ep.context_file_path", bucket["context"])
