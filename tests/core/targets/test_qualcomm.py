@@ -293,9 +293,7 @@ def _toolchain_or_skip():
     toolchain = get_toolchain("qualcomm")
     status = toolchain.status(TOOLCHAIN_ROOT)
     if not status.ready:
-        pytest.skip(
-            f"onnxruntime-qnn is not installed ({status.detail}): run `{toolchain.install_command()}`"
-        )
+        pytest.skip(f"onnxruntime-qnn is not ready here ({status.detail})")
     return toolchain
 
 
