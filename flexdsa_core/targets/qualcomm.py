@@ -10,7 +10,13 @@ are data in ``data/qualcomm-sm8650.json``. What is here needs the graph; each ru
 * MaxPool over 3 spatial dims ("QNN NPU does not support PoolMax3d!");
 * LayerNormalization over anything but the last axis ("QNN LayerNorm on HTP only supports normalization
   along the last axis.");
-* Einsum with one input ("Einsum requires at least 2 inputs.").
+* Einsum with one input ("Einsum requires at least 2 inputs.");
+* ReduceProd, which the EP maps but the HTP backend lacks ("ReduceProd operator not supported by HTP
+  backend.");
+* com.microsoft::Inverse of anything but 2x2 matrices ("QNN expects 2x2 Inverse Op: [..., 2, 2].");
+* RandomUniformLike: QNN's validation passes it, but the emulated HTP graph then fails to execute
+  (QNN_COMMON_ERROR_GENERAL) and the session cannot run: we place it on the CPU, where QNN's own placement
+  (taken from its validation) says HTP. The one rule here that disagrees with QNN's placement, on purpose.
 
 No legalisation rewrite is needed for the fixtures: QNN validates every node of the six after our passes
 (the erf GELU fuses into com.microsoft::Gelu, which the EP's Gelu builder takes). QNN HTP computes
@@ -34,6 +40,14 @@ HTP_ARCH = "75"
 SOC_MODEL = "57"
 PROVIDER_OPTIONS = {"backend_type": "htp", "htp_arch": HTP_ARCH, "soc_model": SOC_MODEL}
 MAX_RANK = 5  # a rank-6 Add or Concat: "Failed to add node." (onnxruntime-qnn 2.7.0)
+# Ops the QNN EP maps (Q1) that the HTP backend still refuses or cannot run (onnxruntime-qnn 2.7.0).
+HTP_LACKS = {
+    "ReduceProd": "ReduceProd has no HTP kernel (QNN: 'QNN EP: ReduceProd operator not supported by HTP backend.')",
+    "RandomUniformLike": (
+        "RandomUniformLike passes QNN's validation but the HTP graph holding it fails to execute "
+        "(QNN_COMMON_ERROR_GENERAL, seen in HTP emulation): kept on the CPU"
+    ),
+}
 
 
 class QualcommAdapter(AcceleratorAdapter):
@@ -41,8 +55,14 @@ class QualcommAdapter(AcceleratorAdapter):
 
     # ---- legality beyond the op table --------------------------------------------------------------
     def node_reason(self, node: ir.Node, target: TargetSpec) -> str | None:
+        if node.domain == "com.microsoft" and node.op_type == "Inverse":
+            shape = node.inputs[0].shape if node.inputs and node.inputs[0] is not None else None
+            if shape is not None and list(shape)[-2:] != [2, 2]:
+                return "com.microsoft::Inverse: QNN inverts 2x2 matrices only (QNN: 'QNN expects 2x2 Inverse Op: [..., 2, 2].')"
         if node.domain not in ("", "ai.onnx"):
             return None
+        if node.op_type in HTP_LACKS:
+            return HTP_LACKS[node.op_type]
         deep = _deepest(node)
         if deep is not None and len(deep.shape) > MAX_RANK:
             return (

@@ -77,6 +77,14 @@ PROBES = [
     ("einsum", "g (float[2, 3, 4] a, float[2, 4, 5] b) => (float[2, 3, 5] y) "
      "{ y = Einsum <equation = \"bij,bjk->bik\"> (a, b) }", "Einsum", True),
     ("tile_runtime_repeats", "g (float[2, 8] a, int64[2] r) => (float[4, 8] y) { y = Tile (a, r) }", "Tile", False),
+    ("mod_float", "g (float[1, 4] a) => (float[1, 4] y) "
+     "{ b = Constant <value = float[1, 4] {2.0, 3.0, 4.0, 5.0}> () y = Mod <fmod = 1> (a, b) }", "Mod", False),
+    ("mod_int", "g (int32[1, 4] a) => (int32[1, 4] y) "
+     "{ b = Constant <value = int32[1, 4] {2, 3, 4, 5}> () y = Mod (a, b) }", "Mod", True),
+    ("reduce_prod", "g (float[1, 4, 8, 8] x) => (float[1, 4, 1, 1] y) "
+     "{ y = ReduceProd <axes = [2, 3]> (x) }", "ReduceProd", False),
+    ("inverse_3x3", None, "Inverse", False),
+    ("inverse_2x2", None, "Inverse", True),
     ("gather_runtime_ids", "g (float[10, 8] t, int64[4] i) => (float[4, 8] y) { y = Gather (t, i) }", "Gather", True),
 ]  # fmt: skip
 GELU_MS = """<ir_version: 9, opset_import: ["" : 17, "com.microsoft" : 1]>
@@ -84,7 +92,14 @@ g (float[1, 16] x) => (float[1, 16] y) { y = com.microsoft.Gelu (x) }
 """
 
 
-def _probe_text(text: str | None) -> str:
+INVERSE = """<ir_version: 9, opset_import: ["" : 17, "com.microsoft" : 1]>
+g (float[3, N, N] x) => (float[3, N, N] y) { y = com.microsoft.Inverse (x) }
+"""
+
+
+def _probe_text(text: str | None, name: str = "gelu_ms") -> str:
+    if name.startswith("inverse"):
+        return INVERSE.replace("N", name[-1])
     return GELU_MS if text is None else HEAD + text
 
 
@@ -111,7 +126,7 @@ def test_spec_carries_only_sourced_figures():
 
 @pytest.mark.parametrize("name, text, op_type, on_htp", PROBES, ids=[p[0] for p in PROBES])
 def test_probe_reasons(name, text, op_type, on_htp):
-    reason = _reason(_probe_text(text), op_type)
+    reason = _reason(_probe_text(text, name), op_type)
     if on_htp:
         assert reason is None, reason
     else:
@@ -324,7 +339,7 @@ def _through_driver(toolchain, proto: onnx.ModelProto, tmp_path: Path) -> tuple[
 def test_probe_placement_equals_qnns(name, text, op_type, on_htp, tmp_path):
     """Every rule of ours, held against QNN's own validation on the same graph."""
     toolchain = _toolchain_or_skip()
-    model, bucket, _ = _through_driver(toolchain, parse(_probe_text(text)), tmp_path)
+    model, bucket, _ = _through_driver(toolchain, parse(_probe_text(text, name)), tmp_path)
     node = next(n for n in model.graph if n.op_type == op_type)
     ours = "cpu" if ADAPTER.fallback_reason(node, TARGET) else "accelerator"
     assert bucket["placement"][node.name] == ours == ("accelerator" if on_htp else "cpu"), bucket.get(
