@@ -121,6 +121,14 @@ def test_spec_carries_only_sourced_figures():
     assert set(TARGET.quantization) == {"int8", "int16", "float16"}
 
 
+def test_onnxruntime_qnn_stays_out_of_the_projects_environment():
+    """The plugin EP lives in the qualcomm toolchain's own environment only; the core never imports it."""
+    assert importlib.util.find_spec("onnxruntime_qnn") is None
+    toolchain = get_toolchain("qualcomm")
+    assert toolchain.targets == ("qualcomm-sm8650",) and toolchain.driver == "qualcomm_driver.py"
+    assert any("onnxruntime-qnn==" in r for group in toolchain.requirements for r in group)
+
+
 # ---- reasons ----------------------------------------------------------------------------------------
 
 
