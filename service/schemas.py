@@ -187,3 +187,17 @@ class Health(BaseModel):
 class Readiness(BaseModel):
     status: str
     checks: dict[str, str]
+
+
+class IncidentSummary(BaseModel):
+    id: str
+    job_id: str | None
+    tenant_id: int | None
+    attempt: int
+    code: str
+    summary: str
+    created_at: datetime
+
+
+class IncidentOut(IncidentSummary):
+    traceback: str = Field(description="The traceback, or the pipeline process's last output for a crash")

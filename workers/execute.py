@@ -33,6 +33,7 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -41,7 +42,7 @@ from sqlalchemy import and_, bindparam, delete, func, insert, or_, select, updat
 from sqlalchemy.exc import InterfaceError, OperationalError
 
 from service.logs import job_context
-from service.models import Artifact, Job, JobEvent, JobStatus, UTCDateTime, utcnow
+from service.models import Artifact, Incident, Job, JobEvent, JobStatus, UTCDateTime, utcnow
 from workers.db import session_factory_for
 
 log = logging.getLogger(__name__)
@@ -325,7 +326,7 @@ class _JobRun:
                 "message": final.get("message") or "",
                 "details": final.get("details") or {},
             }
-            return self._durably(self._fail, error)
+            return self._durably(self._fail, error, final.get("incident_traceback"))
         if child.terminated:  # it ended because we stopped it at the soft limit
             return self._durably(self._time_limit_exceeded, time.monotonic() - started)
         return self._durably(self._crashed, child)
@@ -434,11 +435,19 @@ class _JobRun:
         self.publisher.publish(JobStatus.succeeded.value, "done", 1.0, "succeeded")
         log.info("job %s: succeeded%s", self.job.id, f" from cache ({cached_from})" if cached_from else "")
 
-    def _fail(self, error: dict) -> str:
+    def _fail(self, error: dict, incident_traceback: str | None = None) -> str:
+        incident = (error.get("details") or {}).get("incident")
         with self.sessions() as session, session.begin():
             job = self._locked_job(session)
             _finish(job, JobStatus.failed, error=error)
             job.record("failed", error["message"])
+            if incident:
+                self._record_incident(session, incident, error, incident_traceback or "")
+        if incident:
+            log.error(
+                "job %s: internal error, incident %s: %s\n%s", self.job.id, incident, error["message"],
+                incident_traceback or "(no traceback)", extra={"incident": incident},
+            )
         self.publisher.publish(JobStatus.failed.value, self.stage, self.progress, error["message"])
         log.info("job %s: failed (%s): %s", self.job.id, error["code"], error["message"])
         return JobStatus.failed.value
@@ -471,7 +480,9 @@ class _JobRun:
             reason = f"pipeline process crashed (signal {-code})"
         else:
             reason = f"pipeline process exited with status {code} without a result"
-        details = {"stage": self.stage, "stderr_tail": child.stderr_tail()}
+        stderr_tail = child.stderr_tail()
+        incident = uuid.uuid4().hex[:12]
+        details = {"stage": self.stage, "incident": incident}
         retry = self.job.attempts < self.job.max_attempts
         with self.sessions() as session, session.begin():
             job = self._locked_job(session)
@@ -482,20 +493,26 @@ class _JobRun:
                 job.updated_at = utcnow()
                 job.record("retry", reason)
             else:
-                message = f"gave up after {job.attempts} attempts: {reason}"
+                message = f"gave up after {job.attempts} attempts: {reason}; incident {incident} is recorded for the operators"
                 _finish(
                     job,
                     JobStatus.failed,
                     error={"code": "pipeline_crashed", "message": message, "details": details},
                 )
                 job.record("failed", message)
+            # Every crash is an incident (the last lines the process wrote), a retried one too: a model that
+            # crashes the pipeline three times leaves three, which is what an operator wants to compare.
+            self._record_incident(session, incident, {"code": "pipeline_crashed", "message": reason}, stderr_tail)
         log.warning(
-            "job %s: %s (attempt %d/%d)%s",
+            "job %s: %s (attempt %d/%d)%s; incident %s, the process's last output:\n%s",
             self.job.id,
             reason,
             self.job.attempts,
             self.job.max_attempts,
             "; re-queued" if retry else "; giving up",
+            incident,
+            stderr_tail[-4000:],
+            extra={"incident": incident},
         )
         if retry:
             self.publisher.publish(JobStatus.queued.value, self.stage, self.progress, reason)
@@ -505,6 +522,15 @@ class _JobRun:
             return JobStatus.queued.value
         self.publisher.publish(JobStatus.failed.value, self.stage, self.progress, reason)
         return JobStatus.failed.value
+
+    def _record_incident(self, session, incident: str, error: dict, trace: str) -> None:
+        session.add(
+            Incident(
+                id=incident, job_id=self.job.id, tenant_id=self.job.tenant_id, attempt=self.job.attempts,
+                code=str(error.get("code") or "internal_error")[:64], summary=str(error.get("message") or "")[:1000],
+                traceback=trace[-200_000:],
+            )
+        )
 
     def _record_cache_stats(self, final: dict) -> None:
         if final.get("cache_stats"):

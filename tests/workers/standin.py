@@ -5,7 +5,8 @@ deterministic (fault injection, time limits). The child process loads it through
 It walks five stages, reports progress, and treats every node of the model as a kernel: the key is the
 node's op type and attributes (no weights), looked up in the cache it is given; a miss "measures" the
 kernel (a short sleep) and stores the measurement. A model whose bytes start with ``b"bad"`` raises
-``InvalidModelError``, like the real core on a malformed upload.
+``InvalidModelError``, like the real core on a malformed upload; one starting with ``b"bug"`` raises a
+``RuntimeError``, like a bug in the core (an internal error with an incident).
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ class StandInOptimizer:
         data = Path(model_path).read_bytes()
         if data.startswith(b"bad"):
             raise InvalidModelError("not an ONNX model: the upload does not parse as protobuf")
+        if data.startswith(b"bug"):  # a bug in the compiler, not the user's mistake: an incident
+            raise RuntimeError("deliberate bug in the stand-in optimizer")
         progress(STAGES[0], 0.0, "reading the model")
         kernels = _kernels(data)
         hits = 0

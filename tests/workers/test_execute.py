@@ -121,8 +121,11 @@ def test_crash_is_retried_then_given_up(settings, monkeypatch):
     assert execute_job(job_id, settings=settings, worker_id="t1") == "failed"
     job = load_job(settings, job_id)
     assert job.error["code"] == "pipeline_crashed"
-    assert job.error["message"] == "gave up after 2 attempts: pipeline process crashed (signal 6)"
+    assert job.error["message"].startswith("gave up after 2 attempts: pipeline process crashed (signal 6); incident ")
     assert [e.kind for e in job.events].count("retry") == 1
+    incidents = _incidents(settings, job_id)
+    assert [i.code for i in incidents] == ["pipeline_crashed", "pipeline_crashed"]  # one per crashed attempt
+    assert job.error["details"]["incident"] in {i.id for i in incidents}
     # The crashed attempts' temporary folders were removed by the worker.
     import tempfile
     from pathlib import Path
@@ -309,3 +312,52 @@ def test_finished_result_survives_a_database_outage_longer_than_the_old_retries(
     assert (job.status, job.attempts) == ("succeeded", 1)
     assert _names(job) == ARTIFACTS
     assert [e.kind for e in job.events].count("started") == 1
+
+
+def _incidents(settings, job_id: str):
+    from sqlalchemy import select
+
+    from service.models import Incident
+
+    with session_factory_for(settings)() as session:
+        return session.scalars(select(Incident).where(Incident.job_id == job_id).order_by(Incident.attempt)).all()
+
+
+def test_internal_error_is_an_incident_with_its_traceback_for_operators_only(settings):
+    """Issue 9: the user sees a plain sentence and the incident id; the traceback is stored with the job and
+    shown to an operator by that id (API with the operator token, and ``flexdsa incidents show``)."""
+    import os
+    import subprocess
+    import sys
+
+    from fastapi.testclient import TestClient
+    from pydantic import SecretStr
+
+    from service.app import create_app
+
+    job_id = create_job(settings, b"bug: not a model the core can handle")
+    assert execute_job(job_id, settings=settings, worker_id="t1") == "failed"
+    job = load_job(settings, job_id)
+    assert job.error["code"] == "internal_error"
+    incident = job.error["details"]["incident"]
+    assert f"incident {incident}" in job.error["message"] and "Traceback" not in job.error["message"]
+    (row,) = _incidents(settings, job_id)
+    assert row.id == incident and "deliberate bug in the stand-in optimizer" in row.traceback
+
+    app = create_app(settings.model_copy(update={"operator_token": SecretStr("op-token"), "embedded_worker": False}))
+    with TestClient(app) as client:
+        shown = client.get(f"/incidents/{incident}", headers={"Authorization": "Bearer op-token"})
+        assert shown.status_code == 200, shown.text
+        assert shown.json()["job_id"] == job_id and "RuntimeError" in shown.json()["traceback"]
+        listed = client.get("/incidents", headers={"Authorization": "Bearer op-token"}).json()
+        assert incident in [i["id"] for i in listed]
+        assert client.get(f"/incidents/{incident}").status_code in (401, 404)  # not for tenants
+        assert client.get("/incidents/ffffffffffff", headers={"Authorization": "Bearer op-token"}).status_code == 404
+
+    env = dict(os.environ, FLEXDSA_DATABASE_URL=settings.database_url, FLEXDSA_BROKER_URL=settings.broker_url)
+    done = subprocess.run(
+        [sys.executable, "-m", "flexdsa_core.cli", "incidents", "show", incident],
+        capture_output=True, text=True, env=env, timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert job_id in done.stdout and "deliberate bug in the stand-in optimizer" in done.stdout
