@@ -31,6 +31,8 @@ import threading
 import time
 from pathlib import Path
 
+from bench.loopback import free_port, wait_http
+
 ROOT = Path(__file__).resolve().parent.parent
 SPEC = json.dumps({"target": "cpu-ort", "measure_latency": False})
 
@@ -135,7 +137,7 @@ def run(args) -> dict:
         bodies = [onnx_model(args.seed + i, args.model_mb * 1_000_000) for i in range(args.clients)]
         limit_mb_s = machine_limit(bodies, tmp)
         del bodies
-        port = _free_port()
+        port = free_port()
         env = dict(os.environ)
         env.update(
             {
@@ -161,7 +163,7 @@ def run(args) -> dict:
         )
         try:
             base_url = f"http://127.0.0.1:{port}"
-            _wait_http(f"{base_url}/healthz", 60, tmp)
+            wait_http(f"{base_url}/healthz", 60, str(tmp / "api.log"))
             context = multiprocessing.get_context("spawn")
             loads, probes, stop = context.Queue(), context.Queue(), context.Event()
             # Both processes build their bodies first; the uploads start together after the idle probes.
@@ -230,28 +232,6 @@ _SERVE = (
     "from service.app import create_app\n"
     "uvicorn.run(create_app(settings), host='127.0.0.1', port={port}, log_level='warning')\n"
 )
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _wait_http(url: str, timeout_s: float, tmp: Path) -> None:
-    import httpx
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url, timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.3)
-    raise RuntimeError(f"{url} did not answer in {timeout_s} s: {(tmp / 'api.log').read_text()[-2000:]}")
 
 
 def main(argv: list[str] | None = None) -> int:

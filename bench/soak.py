@@ -38,15 +38,11 @@ import time
 import uuid
 from pathlib import Path
 
+from bench.loopback import free_port, wait_http
+
 ROOT = Path(__file__).resolve().parent.parent
 SPEC = json.dumps({"target": "cpu-ort", "measure_latency": False})
 TERMINAL = {"succeeded", "failed", "cancelled"}
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _as_postgres(argv: list[str]) -> list[str]:
@@ -196,7 +192,7 @@ class Stack:
             [sys.executable, "-m", "uvicorn", "service.app:create_app", "--factory", "--host", "127.0.0.1",
              "--port", str(self.port), "--log-level", "warning"], "api",
         )  # fmt: skip
-        _wait_http(f"{self.base_url}/healthz", 60)
+        wait_http(f"{self.base_url}/healthz", 60, str(self.tmp / "api.log"))
         for _ in range(self.args.workers):
             self.start_worker()
         return key
@@ -252,20 +248,6 @@ class Stack:
             if process is not None and process.poll() is None:
                 os.killpg(process.pid, signal.SIGKILL)
                 process.wait(10)
-
-
-def _wait_http(url: str, timeout_s: float) -> None:
-    import httpx
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url, timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.3)
-    raise RuntimeError(f"{url} did not answer in {timeout_s} s")
 
 
 class ChildKiller(threading.Thread):
