@@ -147,7 +147,9 @@ def refuse_impossible_tensors(model: ir.Model, limit_bytes: int = MAX_TENSOR_BYT
                 raise UnsupportedModelError(
                     f"{node.op_type} output {value.name!r} would have shape {dims} ({elements:.3g} elements, "
                     f"{size / 2**30:,.0f} GiB): no run can allocate it (limit {limit_bytes / 2**30:.0f} GiB per "
-                    f"tensor). Check the shape input of this {node.op_type}, or give input_shapes that fix smaller dims.",
+                    f"tensor). "
+                    + (f"Check the shape input of this {node.op_type}." if node.op_type in ("ConstantOfShape", "Expand")
+                       else "Give shape_buckets or input_shapes that fix smaller dims."),
                     details={"node": node.name, "value": value.name, "bytes": size, "limit_bytes": limit_bytes},
                 )
 
