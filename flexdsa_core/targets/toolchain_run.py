@@ -86,7 +86,7 @@ def run_toolchain(
             "numerics": numerics,
             "placement_agreement": agreement,
             "vendor_placement": entry.get("placement", {}),
-            **{k: entry[k] for k in ("reasons", "layers", "notes", "seconds") if k in entry},
+            **{k: entry[k] for k in ("reasons", "layers", "notes", "seconds", "quantization") if k in entry},
         }
         for artifact in entry.get("artifacts", []):
             files[artifact] = out_dir / artifact
