@@ -9,7 +9,9 @@ environment) also runs here on the request's sample inputs. The variants differ 
   quantisation. The NPU compiles an fp32 model to BF16 instead (A1), so quantising is its preference, not a
   precondition;
 * ``presets``: Quark preset per model kind (``cnn`` / ``transformer``), as Quark's own plan says (A8);
-* ``ladder``: what the toolchain tries, in order, until the quantised model reaches the accuracy target;
+* ``ladder``: per model kind, what the toolchain tries, in order, until the quantised model reaches the
+  accuracy target;
+* ``quantize_cpu_nodes``: whether nodes the partition places on the CPU are quantised too;
 * ``quant_sources``: the source ids the quantisation sentences cite.
 
 A node that reads an integer tensor computed at run time (token ids, shape arithmetic) is not quantised by
@@ -36,9 +38,17 @@ class VitisAIAdapter(AcceleratorAdapter):
     vendor = "AMD"
     int8_only = False
     presets: dict[str, str] = {"cnn": "XINT8", "transformer": "A8W8"}
-    ladder: tuple[str, ...] = ("preset", "float_non_compute")
+    # A CNN keeps every op quantised (AdaRound next); a transformer first leaves all but Conv/Gemm/MatMul in
+    # float (its norms and softmax lose most to int8); either way the step that holds is reported.
+    ladder: dict[str, tuple[str, ...]] = {
+        "cnn": ("preset", "adaround", "float_non_compute"),
+        "transformer": ("preset", "float_non_compute", "adaround"),
+    }
     quant_sources = "A8"
     accelerator = "accelerator"
+    # False: nodes our partition puts on the CPU stay float in the quantised model (the DPU compiler makes
+    # CPU subgraphs of them, X9); True: the whole graph is quantised and the EP decides (A2).
+    quantize_cpu_nodes = True
 
     # ---- legality -----------------------------------------------------------------------------------
     def node_reason(self, node: ir.Node, target: TargetSpec) -> str | None:
@@ -74,7 +84,17 @@ class VitisAIAdapter(AcceleratorAdapter):
 
     # ---- the toolchain ------------------------------------------------------------------------------
     def toolchain_options(self, target: TargetSpec, report: dict) -> dict:
-        return {"presets": dict(self.presets), "ladder": list(self.ladder), "min_cosine": MIN_COSINE}
+        options = {
+            "presets": dict(self.presets),
+            "ladder": {kind: list(steps) for kind, steps in self.ladder.items()},
+            "min_cosine": MIN_COSINE,
+        }
+        if not self.quantize_cpu_nodes:
+            options["keep_float"] = {
+                bucket: sorted(node for node, device in part.get("placement", {}).items() if device == "cpu")
+                for bucket, part in (report.get("partition") or {}).items()
+            }
+        return options
 
     def qdq_filename(self, bucket) -> str:
         return self.model_filename(bucket).removesuffix(".onnx") + ".qdq.onnx"

@@ -29,7 +29,6 @@ class AmdAdapter(VitisAIAdapter):
     vendor = "AMD"
     int8_only = False
     presets = {"cnn": "XINT8", "transformer": "A8W8"}
-    ladder = ("preset", "float_non_compute", "adaround")
     quant_sources = "A8"
     accelerator = "XDNA 2 NPU"
 

@@ -15,8 +15,10 @@ op table and the constraint language cannot say is here:
 The bundle: ``quantize_kv260.py`` (AMD Quark XINT8: symmetric int8, power-of-two scales, MinMSE, per tensor,
 the DPU's scheme (X8); or ``--quantizer vai_q_onnx``), and ``compile_kv260.sh``, which runs it and then
 ``vai_c_xir`` per bucket with the KV260 ``arch.json`` (X10, X5). The ``amd`` toolchain quantises here with
-Quark on the request's samples (falling back to AdaRound fine-tuning when plain XINT8 misses the accuracy
-target) and checks the quantised model in ONNX Runtime; the compiler itself does not install here.
+Quark on the request's samples, leaving the nodes our partition puts on the CPU in float (they become CPU
+subgraphs), with the shared accuracy ladder when plain XINT8 misses the target (a node it leaves in float
+runs on the CPU, and the toolchain notes say how many), and checks the quantised model in ONNX Runtime; the
+compiler itself does not install here.
 """
 
 from __future__ import annotations
@@ -40,9 +42,9 @@ class XilinxAdapter(VitisAIAdapter):
     vendor = "AMD (Xilinx)"
     int8_only = True
     presets = {"cnn": "XINT8", "transformer": "XINT8"}  # the DPU takes power-of-two int8 only (X8)
-    ladder = ("preset", "adaround")
     quant_sources = "X8"
     accelerator = "DPU"
+    quantize_cpu_nodes = False  # CPU subgraphs run on the A53s, in float (X9)
 
     # ---- legality -----------------------------------------------------------------------------------
     def fallback_reason(self, node: ir.Node, target: TargetSpec) -> str | None:

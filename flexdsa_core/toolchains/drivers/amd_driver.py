@@ -15,12 +15,14 @@ outputs saved as .npy for the core to compare with the original model's.
   ``custom_config.<NAME>_QCONFIG``); a graph with Softmax, LayerNormalization or a MatMul of two run-time
   tensors is a transformer. XINT8 is int8 symmetric with power-of-two scales (MinMSE), per tensor: what the
   Vitis AI DPU and the Ryzen AI NPU's CNN path take; A8W8 is int8 symmetric with float scales.
-* ``ladder``: the steps tried in order until the quantised model's cosine to the float bucket on the samples
-  reaches ``min_cosine`` (default 0.99): ``"preset"`` (the preset as is), ``"float_non_compute"`` (only
+* ``ladder``: per model kind (``{"cnn": [...], "transformer": [...]}``), the steps tried in order until
+  the quantised model's cosine to the float bucket on the samples reaches ``min_cosine`` (default 0.99): ``"preset"`` (the preset as is), ``"float_non_compute"`` (only
   Conv/ConvTranspose/Gemm/MatMul quantised, every other node left in float), ``"adaround"`` (the preset
   with Quark's AdaRound fast fine-tuning, ``adaround_iterations`` steps). The first step that reaches the
   target is kept, else the best one, and the result says which and why.
 * ``dataset``: more calibration samples, each a list of .npy paths in graph-input order.
+* ``keep_float``: ``{bucket: [node names]}`` left in float at every step (the nodes the partition puts on the
+  CPU beside an int8-only accelerator, which the vendor compiler leaves to CPU subgraphs).
 
 Quark decides no placement (the Vitis AI EP partitions at session creation on the device, vai_c_xir at
 compile time), so ``placement`` stays empty and the notes say so.
@@ -41,13 +43,16 @@ from pathlib import Path
 COMPUTE_OPS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
 TRANSFORMER_OPS = frozenset({"Softmax", "LayerNormalization"})
 DEFAULT_PRESETS = {"cnn": "XINT8", "transformer": "A8W8"}
-DEFAULT_LADDER = ("preset", "float_non_compute")
+DEFAULT_LADDER = {"cnn": ("preset",), "transformer": ("preset", "float_non_compute")}
 DEFAULT_MIN_COSINE = 0.99
 DEFAULT_ADAROUND_ITERATIONS = 100
 
 
 def main(request_path: str, result_path: str) -> int:
-    result: dict = {"ok": False, "versions": _versions(), "buckets": [], "error": None}
+    result: dict = {
+        "ok": False, "versions": _versions(), "buckets": [], "error": None,
+        "verb": "quantised with Quark", "runner": "ONNX Runtime (CPU, quantised model)",
+    }  # fmt: skip
     try:
         request = json.loads(Path(request_path).read_text())
         out_dir = Path(request["out_dir"])
@@ -91,17 +96,20 @@ def quantize_bucket(bucket: dict, out_dir: Path, options: dict) -> dict:
     preset = {**DEFAULT_PRESETS, **(options.get("presets") or {})}[kind]
     min_cosine = float(options.get("min_cosine", DEFAULT_MIN_COSINE))
     reference = _run(source, feeds) if feeds else None
+    names = {n.name for n in model.graph.node}
+    keep_float = sorted(names & set((options.get("keep_float") or {}).get(name, [])))
     started = time.perf_counter()
     tried: list[dict] = []
     best: tuple[float, Path, dict] | None = None
     with _captured() as log_path:
-        for step in options.get("ladder") or DEFAULT_LADDER:
+        for step in {**DEFAULT_LADDER, **(options.get("ladder") or {})}[kind]:
             candidate = out_dir / f"{name}.{step}.qdq.onnx"
-            excluded = [n.name for n in model.graph.node if n.op_type not in COMPUTE_OPS] if (
-                step == "float_non_compute") else []  # fmt: skip
+            excluded = set(keep_float)
+            if step == "float_non_compute":
+                excluded |= {n.name for n in model.graph.node if n.op_type not in COMPUTE_OPS}
             attempt = {"step": step, "preset": preset, "float_nodes": len(excluded)}
             try:
-                quantize(source, candidate, preset, samples, step, excluded, options)
+                quantize(source, candidate, preset, samples, step, sorted(excluded), options)
             except Exception as err:  # Quark raises on graphs it cannot handle; the next step may work
                 attempt["error"] = f"{type(err).__name__}: {err}"
                 tried.append(attempt)
@@ -143,6 +151,7 @@ def quantize_bucket(bucket: dict, out_dir: Path, options: dict) -> dict:
         "tried": tried,
         "qdq_pairs": sum(1 for n in quantized.graph.node if n.op_type == "QuantizeLinear"),
         "float_nodes": attempt["float_nodes"],
+        "kept_float_for_cpu": len(keep_float),
     }
     entry["notes"] = [
         f"Quark {preset} ({kind}) on {len(samples)} calibration sample(s), step {attempt['step']!r}: "
@@ -150,10 +159,14 @@ def quantize_bucket(bucket: dict, out_dir: Path, options: dict) -> dict:
         "Quark quantises but places no nodes: the Vitis AI EP partitions at session creation on the device "
         "(vai_c_xir at compile time for the DPU), so the vendor placement is not available here",
     ]
-    if attempt["float_nodes"]:
+    if keep_float:
         entry["notes"].append(
-            f"{attempt['float_nodes']} node(s) other than Conv/Gemm/MatMul left in float to reach the accuracy "
-            "target; on an int8-only accelerator they run on the CPU"
+            f"{len(keep_float)} node(s) the partition puts on the CPU left in float (CPU subgraphs)"
+        )
+    if attempt["float_nodes"] > len(keep_float):
+        entry["notes"].append(
+            f"{attempt['float_nodes'] - len(keep_float)} more node(s) other than Conv/Gemm/MatMul left in float "
+            "to reach the accuracy target; on an int8-only accelerator they run on the CPU"
         )
     return entry
 
