@@ -19,7 +19,8 @@ test: $(VENV)/.installed-test
 
 # Vendor compilers that install here, each in its own environment under ~/.cache/flexdsa/toolchains (minutes
 # the first time; a ready one is skipped). Without them the vendor tests skip and bundles ship uncompiled.
-TOOLCHAINS ?= rockchip
+# amd (AMD Quark with a CPU torch): about 3 minutes.
+TOOLCHAINS ?= rockchip amd
 toolchains: $(VENV)/.installed
 	$(BIN)/flexdsa toolchains install $(TOOLCHAINS)
 

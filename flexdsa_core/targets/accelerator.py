@@ -180,7 +180,7 @@ class AcceleratorAdapter(PlatformAdapter):
         toolchain = report.get("toolchain") or {}
         lines += ["", "## Deploying it", ""]
         if toolchain.get("ran"):
-            lines.append(f"The vendor toolchain ({toolchain['name']}) compiled this bundle here: {toolchain['summary']}.")
+            lines.append(f"The vendor toolchain ({toolchain['name']}) ran on this bundle here: {toolchain['summary']}.")
         elif target.toolchain:
             lines.append(
                 f"The vendor toolchain did not run here ({toolchain.get('detail', 'not ready')}). Run "
