@@ -3,6 +3,7 @@ its reasons, the preset per model kind, the bundle's Quark script and Vitis AI E
 amd toolchain (Quark) is installed, real fixtures quantised by Quark stay within the accuracy target."""
 
 import argparse
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -214,3 +215,22 @@ def test_fixture_quantised_by_quark_within_the_accuracy_target(name, buckets, pr
         assert entry["quantization"]["preset"] == preset
         assert entry["numerics"] and all(o["cosine"] >= 0.99 for o in entry["numerics"]), entry["numerics"]
         assert entry["vendor_placement"] == {}  # the EP places at session creation on the device
+
+
+def test_bundle_quantize_script_runs_with_quark(tmp_path):
+    """The generated quantize_quark.py, run with Quark as a user would, writes a QDQ model per bucket."""
+    toolchain = _toolchain_or_skip()
+    buckets = _buckets()
+    for bucket in buckets:
+        ir.save(bucket.model, tmp_path / ADAPTER.model_filename(bucket))
+    (tmp_path / "quantize_quark.py").write_bytes(ADAPTER.vendor_files(buckets, TARGET, {})["quantize_quark.py"])
+    done = subprocess.run(
+        [str(toolchain.python(TOOLCHAIN_ROOT)), "quantize_quark.py", "--random", "2"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "wrote model.cnn.qdq.onnx with quark XINT8" in done.stdout
+    assert "wrote model.attn.qdq.onnx with quark A8W8" in done.stdout
+    for bucket in buckets:
+        quantized = onnx.load(tmp_path / ADAPTER.qdq_filename(bucket))
+        assert "QuantizeLinear" in {n.op_type for n in quantized.graph.node}
