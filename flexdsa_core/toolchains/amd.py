@@ -25,4 +25,8 @@ TOOLCHAIN = Toolchain(
     ),
     driver="amd_driver.py",
     version_of=("amd-quark", "onnx", "onnxruntime", "numpy", "torch"),
+    checks=(
+        "quantised by the vendor quantiser {name!r} (AMD Quark) and run in ONNX Runtime; vendor scripts checked "
+        "for syntax (the vendor compiler does not install here)"
+    ),
 )

@@ -12,7 +12,7 @@ import onnx_ir as ir
 import pytest
 
 from flexdsa_core import FlexDSAOptimizer, OptimizeOptions
-from flexdsa_core.targets import load_target
+from flexdsa_core.targets import describe_checks, load_target
 from flexdsa_core.targets._vitis_ai import model_kind
 from flexdsa_core.targets.amd import ADAPTER
 from flexdsa_core.targets.base import BucketModel
@@ -67,6 +67,8 @@ def test_spec_carries_only_sourced_or_derived_figures():
     assert TARGET.mem_bandwidth_bytes_per_s is None and TARGET.power_w is None
     assert TARGET.toolchain == "amd" and TARGET.static_shapes and TARGET.cpu_fallback
     assert "A10" in TARGET.sources["supported_ops"]
+    # Quark quantises; it does not compile: the target's description of its checks says so.
+    assert "quantised by the vendor quantiser 'amd' (AMD Quark)" in describe_checks(TARGET)
 
 
 # ---- reasons ----------------------------------------------------------------------------------------
