@@ -70,6 +70,7 @@ from flexdsa_core import __version__
 from flexdsa_core.cache import CacheStats, KernelCache, LRUCache, kernel_key
 from flexdsa_core.significance import KERNEL_MIN_EFFECT, MIN_ROUNDS, Comparison, paired
 from flexdsa_core.targets.spec import TargetSpec, op_key
+from flexdsa_core.validate import guarded_run
 
 __all__ = ["Cost", "CostModel", "OpView", "TensorInfo", "measure_sgemm_peak", "op_cost", "work"]
 
@@ -879,7 +880,7 @@ class CostModel:
                 self._note("shapes not probed: an input would be too large to allocate")
                 return None
             try:
-                results = session.run(outputs, feeds)
+                results = guarded_run(session, outputs, feeds, what="a shape probe of the cost model")
             except Exception as error:  # noqa: BLE001
                 last_error = str(error).splitlines()[0][:160]
                 continue

@@ -70,6 +70,17 @@ def run_job(job_id: str) -> str:
     return execute_job(job_id, settings=get_settings(), worker_id=worker_id())
 
 
+# --- structured logs: Celery sets its handlers up, then they get the JSON formatter and the job fields ---
+
+
+@signals.after_setup_logger.connect
+@signals.after_setup_task_logger.connect
+def _structured_logs(logger=None, **_kwargs) -> None:
+    from service.logs import structure
+
+    structure(logger, get_settings().log_format)
+
+
 # --- the reconciler in each worker's main process -------------------------------------------------------
 
 _reconciler = None

@@ -154,22 +154,26 @@ def run(request: dict, channel: _Channel) -> dict:
             "type": "error", "code": err.code, "message": err.message, "details": err.details,
             "cache_stats": cache.stats.as_dict(),
         }
-    except Exception as err:  # a bug in the core: final; the traceback goes to the worker's log, not the user
-        incident = _log_incident()
+    except Exception as err:  # a bug in the core: final; the traceback goes to the operators, not the user
+        incident, trace = _log_incident()
         return {
             "type": "error",
             "code": "internal_error",
-            "message": f"the optimizer failed unexpectedly ({type(err).__name__}); incident {incident} is in the worker log",
+            "message": f"the optimizer failed unexpectedly ({type(err).__name__}); incident {incident} is recorded "
+            "for the operators (quote it when you report this)",
             "details": {"incident": incident},
+            "incident_traceback": trace,
             "cache_stats": cache.stats.as_dict(),
         }
 
 
-def _log_incident() -> str:
-    """Write the current traceback to stderr (the worker's log) under a short id the user can quote."""
+def _log_incident() -> tuple[str, str]:
+    """A short id the user can quote, and the current traceback. The worker stores both (``incidents``
+    table) and logs them; stderr gets a copy for a child that dies before it can send its message."""
     incident = uuid.uuid4().hex[:12]
-    print(f"flexdsa pipeline incident {incident}:\n{traceback.format_exc(limit=30)}", file=sys.stderr, flush=True)
-    return incident
+    trace = traceback.format_exc(limit=30)
+    print(f"flexdsa pipeline incident {incident}:\n{trace}", file=sys.stderr, flush=True)
+    return incident, trace
 
 
 def _store_artifact(store, name: str, content) -> dict:
@@ -221,10 +225,11 @@ def main() -> int:
             raise preload_error
         message = run(json.loads(line), channel)
     except BaseException as err:  # anything outside the pipeline: report it rather than die silently
-        incident = _log_incident()
+        incident, trace = _log_incident()
         message = {"type": "error", "code": "internal_error",
-                   "message": f"the pipeline process failed ({type(err).__name__}); incident {incident} is in the worker log",
-                   "details": {"incident": incident}}
+                   "message": f"the pipeline process failed ({type(err).__name__}); incident {incident} is recorded "
+                              "for the operators (quote it when you report this)",
+                   "details": {"incident": incident}, "incident_traceback": trace}
     channel.send(message)
     sys.stderr.flush()
     # Skip interpreter shutdown: the stdin watcher holds the stdin lock, and finalising around it can

@@ -24,7 +24,7 @@ from datetime import timedelta
 
 from sqlalchemy import and_, or_, update
 
-from service.models import Job, JobStatus, utcnow
+from service.models import Job, JobEvent, JobStatus, utcnow
 from workers.db import session_factory_for
 
 log = logging.getLogger(__name__)
@@ -61,12 +61,17 @@ def reconcile_once(
         candidates = lapsed_lease
     sessions = session_factory_for(settings)
     with sessions() as session, session.begin():
-        job_ids = list(
-            session.scalars(
-                update(Job).where(candidates).values(updated_at=now).returning(Job.id)
-                .execution_options(synchronize_session=False)
-            )
-        )
+        rows = session.execute(
+            update(Job).where(candidates).values(updated_at=now).returning(Job.id, Job.status, Job.stage, Job.progress)
+            .execution_options(synchronize_session=False)
+        ).all()
+        job_ids = [row.id for row in rows]
+        for row in rows:
+            if row.status == JobStatus.running.value:  # the dashboard and the soak see when a lost job went back
+                session.add(JobEvent(
+                    job_id=row.id, kind="requeued", status=row.status, stage=row.stage, progress=row.progress,
+                    message="worker lost (lease expired); published again", at=now,
+                ))  # fmt: skip
     for job_id in job_ids:
         log.info("reconciler: publishing job %s again", job_id)
         publish(job_id)
