@@ -26,7 +26,8 @@ test-fast: $(VENV)/.installed-test
 
 # Vendor compilers that install here, each in its own environment under ~/.cache/flexdsa/toolchains (minutes
 # the first time; a ready one is skipped). Without them the vendor tests skip and bundles ship uncompiled.
-TOOLCHAINS ?= rockchip qualcomm
+# amd (AMD Quark with a CPU torch): about 3 minutes.
+TOOLCHAINS ?= rockchip qualcomm amd
 toolchains: $(VENV)/.installed
 	$(BIN)/flexdsa toolchains install $(TOOLCHAINS)
 

@@ -941,8 +941,13 @@ class CostModel:
     def peak(self, dtype: str) -> float | None:
         """The target's sourced peak for ``dtype`` (ops/s). Accelerators without a float32 figure compute float
         graphs in float16 (RKNN, QNN HTP, Ascend's fp16 precision mode, TensorRT --fp16): float32 is costed at
-        the float16 peak, and the notes say so."""
+        the float16 peak, and the notes say so. An int8-only part (the Vitis AI DPU) runs a float graph only once
+        it is quantised: floats are costed at its int8 peak."""
         peak = self.target.peak_ops_per_s.get(dtype)
+        int8_only = self.target.dtypes == ["int8"]
+        if peak is None and int8_only and dtype in ("float32", "float16") and self.target.peak_ops_per_s.get("int8"):
+            self._note(f"{self.target.name}: {dtype} costed at the int8 peak (int8-only: it runs once quantised)")
+            return self.target.peak_ops_per_s["int8"]
         if peak is None and dtype == "float32" and self.target.peak_ops_per_s.get("float16"):
             self._note(
                 f"{self.target.name}: float32 costed at the float16 peak (the part computes floats in fp16)"

@@ -64,6 +64,8 @@ class Toolchain:
     # Distribution names whose installed versions ready.json records and status() shows.
     version_of: tuple[str, ...] = ()
     timeout_s: float = DEFAULT_TIMEOUT_S
+    # How a bundle is checked with it, for `flexdsa targets` and GET /targets ({name}: the toolchain's name).
+    checks: str = "compiled and run by the vendor toolchain {name!r}"
 
     # -- where ------------------------------------------------------------------------------------
     def home(self, root: Path) -> Path:
