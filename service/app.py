@@ -60,6 +60,12 @@ async def lifespan(app: FastAPI):
         app.state.engine.dispose()
 
 
+def _cache_stats(settings: Settings, session_factory) -> dict:
+    from workers.cache_backends import read_cache_stats
+
+    return read_cache_stats(settings, session_factory)
+
+
 def _warm_registries() -> None:
     from flexdsa_core.preflight import switchable_names
     from flexdsa_core.targets import list_targets
@@ -118,7 +124,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.store = make_store(settings)
     app.state.redis = _redis_client(settings)
     app.state.rate_limiter = RateLimiter(settings.submit_rate_per_minute, app.state.redis)
-    app.state.metrics = Metrics(app.state.session_factory)
+    app.state.metrics = Metrics(app.state.session_factory, lambda: _cache_stats(settings, app.state.session_factory))
 
     install_error_handlers(app)
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
