@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN     = $(VENV)/bin
 
-.PHONY: serve test bench bench-large bench-service bench-targets install lint toolchains
+.PHONY: serve test test-fast bench bench-large bench-service bench-targets install lint toolchains
 
 # Install, optimise the example model shipped in the repo, then start the service on embedded defaults.
 serve: $(VENV)/.installed
@@ -15,11 +15,19 @@ serve: $(VENV)/.installed
 test: $(VENV)/.installed-test
 	scripts/check-test-services.sh
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=20
+
+# The compiler core and the API on SQLite, without Celery workers, real-architecture models or Chromium:
+# the loop to run while changing code (the whole suite still runs in CI).
+test-fast: $(VENV)/.installed-test
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest -q -m "not models and not services and not browser" --durations=10 \
+		--ignore=tests/workers -k "not postgres"
 
 # Vendor compilers that install here, each in its own environment under ~/.cache/flexdsa/toolchains (minutes
 # the first time; a ready one is skipped). Without them the vendor tests skip and bundles ship uncompiled.
-TOOLCHAINS ?= rockchip
+# amd (AMD Quark with a CPU torch): about 3 minutes.
+TOOLCHAINS ?= rockchip qualcomm amd
 toolchains: $(VENV)/.installed
 	$(BIN)/flexdsa toolchains install $(TOOLCHAINS)
 

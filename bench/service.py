@@ -23,7 +23,6 @@ import os
 import platform
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -32,6 +31,8 @@ import threading
 import time
 import uuid
 from pathlib import Path
+
+from bench.loopback import free_port, wait_http
 
 ROOT = Path(__file__).resolve().parent.parent
 TERMINAL = {"succeeded", "failed", "cancelled"}
@@ -194,12 +195,6 @@ def in_second_process(target, *args):
 # --- the service under test ---------------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 class Service:
     """PostgreSQL database + Redis db + uvicorn + Celery workers, all torn down by ``close()``."""
 
@@ -222,6 +217,7 @@ class Service:
                 "FLEXDSA_DATA_DIR": str(self.tmp),
                 "FLEXDSA_ARTIFACT_DIR": str(self.tmp / "artifacts"),
                 "FLEXDSA_MAX_QUEUED_JOBS_PER_TENANT": "1000",
+                "FLEXDSA_SUBMIT_RATE_PER_MINUTE": "100000",
                 "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
             }
         )
@@ -271,17 +267,7 @@ class Service:
         return process
 
     def _wait_http(self, url: str, timeout_s: float) -> None:
-        import httpx
-
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(url, timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.3)
-        raise RuntimeError(f"{url} did not answer in {timeout_s} s; see {self.tmp}/api.log")
+        wait_http(url, timeout_s, f"{self.tmp}/api.log")
 
     def scale_workers(self, count: int) -> None:
         while len(self.workers) < count:

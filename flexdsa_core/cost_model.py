@@ -66,10 +66,11 @@ import onnx
 import onnx_ir as ir
 import onnxruntime as ort
 
-from flexdsa_core import __version__
 from flexdsa_core.cache import CacheStats, KernelCache, LRUCache, kernel_key
 from flexdsa_core.significance import KERNEL_MIN_EFFECT, MIN_ROUNDS, Comparison, paired
 from flexdsa_core.targets.spec import TargetSpec, op_key
+from flexdsa_core.validate import guarded_run
+from flexdsa_core.version import __version__
 
 __all__ = ["Cost", "CostModel", "OpView", "TensorInfo", "measure_sgemm_peak", "op_cost", "work"]
 
@@ -879,7 +880,7 @@ class CostModel:
                 self._note("shapes not probed: an input would be too large to allocate")
                 return None
             try:
-                results = session.run(outputs, feeds)
+                results = guarded_run(session, outputs, feeds, what="a shape probe of the cost model")
             except Exception as error:  # noqa: BLE001
                 last_error = str(error).splitlines()[0][:160]
                 continue
@@ -940,8 +941,13 @@ class CostModel:
     def peak(self, dtype: str) -> float | None:
         """The target's sourced peak for ``dtype`` (ops/s). Accelerators without a float32 figure compute float
         graphs in float16 (RKNN, QNN HTP, Ascend's fp16 precision mode, TensorRT --fp16): float32 is costed at
-        the float16 peak, and the notes say so."""
+        the float16 peak, and the notes say so. An int8-only part (the Vitis AI DPU) runs a float graph only once
+        it is quantised: floats are costed at its int8 peak."""
         peak = self.target.peak_ops_per_s.get(dtype)
+        int8_only = self.target.dtypes == ["int8"]
+        if peak is None and int8_only and dtype in ("float32", "float16") and self.target.peak_ops_per_s.get("int8"):
+            self._note(f"{self.target.name}: {dtype} costed at the int8 peak (int8-only: it runs once quantised)")
+            return self.target.peak_ops_per_s["int8"]
         if peak is None and dtype == "float32" and self.target.peak_ops_per_s.get("float16"):
             self._note(
                 f"{self.target.name}: float32 costed at the float16 peak (the part computes floats in fp16)"

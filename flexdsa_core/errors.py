@@ -50,6 +50,13 @@ class ValidationFailedError(FlexDSAError):
     code = "validation_failed"
 
 
+class RunBudgetExceededError(FlexDSAError):
+    """One ONNX Runtime run of the pipeline (validation, latency, a shape probe) ran past its time budget:
+    a model whose run time the compiler cannot bound (a Loop of 10^9 iterations, an absurd shape)."""
+
+    code = "run_budget_exceeded"
+
+
 class CancelledError(FlexDSAError):
     """The caller asked, through the progress callback, to stop."""
 

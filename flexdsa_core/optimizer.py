@@ -50,7 +50,7 @@ from flexdsa_core.precision import (
     samples_dataset,
     samples_npz,
 )
-from flexdsa_core.preflight import check_buckets, check_disabled, switchable_names
+from flexdsa_core.preflight import check_buckets, check_disabled, refuse_impossible_tensors, switchable_names
 from flexdsa_core.report import build_report, render_summary, report_summary
 from flexdsa_core.shape_tracker import ShapeTracker
 from flexdsa_core.significance import MIN_ROUNDS, MODEL_MIN_EFFECT, Comparison, paired
@@ -59,7 +59,7 @@ from flexdsa_core.targets import BucketModel, PlatformAdapter, TargetSpec, get_a
 from flexdsa_core.targets.accelerator import AcceleratorAdapter
 from flexdsa_core.targets.estimate import target_estimate
 from flexdsa_core.targets.toolchain_run import run_toolchain
-from flexdsa_core.validate import compare, latency_samples, make_inputs, run
+from flexdsa_core.validate import compare, latency_samples, make_inputs, run, run_budget
 
 Progress = Callable[[str, float, str], None]
 
@@ -294,8 +294,11 @@ class FlexDSAOptimizer:
         scratch = Path(tempfile.mkdtemp(prefix="flexdsa-")) if owned else Path(workdir)
         run = copy.copy(self)  # per-call state (the scratch folder) stays off the shared instance
         run._scratch = scratch
+        budget_s = (options or OptimizeOptions()).run_budget_s
         try:
-            result = run._optimize(model, options, cache, progress, scratch, calibration)
+            # Every ONNX Runtime run below (validation, latency, shape probes) stops at this budget.
+            with run_budget(budget_s):
+                result = run._optimize(model, options, cache, progress, scratch, calibration)
         except BaseException:
             if owned:
                 shutil.rmtree(scratch, ignore_errors=True)
@@ -338,6 +341,7 @@ class FlexDSAOptimizer:
         if options.input_shapes:
             tracker.apply_input_shapes(options.input_shapes)
         shape_report = tracker.infer()
+        refuse_impossible_tensors(ingested.model)  # 10^12-element Expand: refused before anything allocates
         # Without shape_buckets, observed_shapes (traffic) decide the buckets: least expected padded cost.
         traffic = {"observed": options.observed_shapes, "max_buckets": options.max_buckets}
         buckets = tracker.buckets(options.shape_buckets, self.target, **traffic)

@@ -63,6 +63,13 @@ class OptimizeOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     objective: Objective = Field("latency", description="What the Fusion Switcher minimises on the target.")
+    run_budget_s: float = Field(
+        120.0,
+        gt=0,
+        le=3600,
+        description="Seconds any one ONNX Runtime run of the pipeline (validation, latency, shape probes) may "
+        "take before the job fails with run_budget_exceeded: a Loop with 10^9 iterations never holds a worker.",
+    )
     disabled_rules: list[str] = Field(
         default_factory=list,
         description="Names of passes or fusion rules to switch off (see GET /targets/{name}).",

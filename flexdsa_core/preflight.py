@@ -123,3 +123,60 @@ def check_request(
     tracker = ShapeTracker(model, input_shapes=options.input_shapes)
     tracker.infer()
     check_buckets(tracker, tracker.buckets(options.shape_buckets, target))
+
+
+# No single tensor of a model this service takes may need more than this: beyond it a run cannot allocate
+# on any machine we run on, and ONNX Runtime would only fail deep inside (or the host would swap).
+MAX_TENSOR_BYTES = 16 << 30
+
+
+def refuse_impossible_tensors(model: ir.Model, limit_bytes: int = MAX_TENSOR_BYTES) -> None:
+    """``UnsupportedModelError`` naming the first value that needs more than ``limit_bytes``, before any
+    run allocates it: from its inferred static shape, or, where inference leaves it open, from the constant
+    shape input of ``ConstantOfShape``/``Expand`` (e.g. a 10^12-element Expand)."""
+    from flexdsa_core.errors import UnsupportedModelError
+
+    for node in ir.traversal.RecursiveGraphIterator(model.graph):
+        for value in node.outputs:
+            dims = _static_dims(value) or _constant_shape_dims(node)
+            if dims is None:
+                continue
+            elements = 1
+            for dim in dims:
+                elements *= max(int(dim), 0)
+            itemsize = value.dtype.itemsize if value.dtype is not None else 4
+            size = int(elements * max(1, itemsize))
+            if size > limit_bytes:
+                raise UnsupportedModelError(
+                    f"{node.op_type} output {value.name!r} would have shape {dims} ({elements:.3g} elements, "
+                    f"{size / 2**30:,.0f} GiB): no run can allocate it (limit {limit_bytes / 2**30:.0f} GiB per "
+                    f"tensor). "
+                    + (f"Check the shape input of this {node.op_type}." if node.op_type in ("ConstantOfShape", "Expand")
+                       else "Give shape_buckets or input_shapes that fix smaller dims."),
+                    details={"node": node.name, "value": value.name, "bytes": size, "limit_bytes": limit_bytes},
+                )
+
+
+def _static_dims(value: ir.Value) -> list[int] | None:
+    if value.shape is None or not value.shape.is_static():
+        return None
+    return [int(d) for d in value.shape]
+
+
+def _constant_shape_dims(node: ir.Node) -> list[int] | None:
+    if node.domain not in ("", "ai.onnx") or node.op_type not in ("ConstantOfShape", "Expand"):
+        return None
+    shape_input = node.inputs[0] if node.op_type == "ConstantOfShape" else node.inputs[1] if len(node.inputs) > 1 else None
+    if shape_input is None or shape_input.const_value is None:
+        return None
+    try:
+        dims = [int(d) for d in shape_input.const_value.numpy().reshape(-1)]
+    except Exception:  # noqa: BLE001 - an unreadable constant is for the checker to report, not us
+        return None
+    if node.op_type == "Expand" and node.inputs[0] is not None:
+        known = _static_dims(node.inputs[0]) or []
+        width = max(len(dims), len(known))
+        dims = [1] * (width - len(dims)) + dims
+        known = [1] * (width - len(known)) + known
+        dims = [max(a, b) for a, b in zip(dims, known, strict=True)]
+    return dims

@@ -310,6 +310,7 @@ class SubgraphMapper:
             notes.append(
                 f"{self.target.name}: on-chip SRAM size unsourced; layers were not grouped for on-chip reuse"
             )
+        notes += self.adapter.partition_notes(model, self.target)
         return Mapping(device, fallback, partitions, groups, flops, explored, hits, notes, split)
 
 

@@ -11,9 +11,13 @@ processes and over time, so every round runs every model once and the medians ar
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
 import statistics
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,7 +25,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from flexdsa_core.errors import UnsupportedModelError, ValidationFailedError
+from flexdsa_core.errors import RunBudgetExceededError, UnsupportedModelError, ValidationFailedError
 
 ModelSource = bytes | str | Path
 
@@ -38,6 +42,53 @@ DEFAULT_VALIDATION_DIMS = {"batch": 2}
 DEFAULT_OTHER_DIM = 8
 # Random inputs past this size are a hostile or mistyped shape, not something to allocate.
 MAX_INPUT_BYTES = 1 << 30
+# Every ONNX Runtime run of the pipeline stops after this many seconds unless the caller sets another budget
+# (``OptimizeOptions.run_budget_s``, applied with ``run_budget``): no model may hold a worker for longer.
+DEFAULT_RUN_BUDGET_S = 120.0
+_run_budget: contextvars.ContextVar[tuple[float, str]] = contextvars.ContextVar(
+    "run_budget", default=(DEFAULT_RUN_BUDGET_S, "")
+)
+
+
+@contextlib.contextmanager
+def run_budget(seconds: float, hint: str = "") -> Iterator[None]:
+    """Within this block every ``guarded_run`` stops after ``seconds``; ``hint`` says what to change."""
+    token = _run_budget.set((float(seconds), hint))
+    try:
+        yield
+    finally:
+        _run_budget.reset(token)
+
+
+def guarded_run(sess, names, feeds: dict, *, what: str):
+    """``sess.run`` that ONNX Runtime itself aborts (``RunOptions.terminate``, checked between kernels and
+    inside Loop/Scan bodies) once the current budget has passed; raises ``RunBudgetExceededError``."""
+    budget_s, hint = _run_budget.get()
+    run_options = ort.RunOptions()
+    timer = threading.Timer(budget_s, setattr, (run_options, "terminate", True))
+    timer.daemon = True
+    timer.start()
+    try:
+        return sess.run(names, feeds, run_options)
+    except Exception as err:
+        if "Failed to allocate memory" in str(err):  # a shape no host can hold: the model's, not ours
+            raise UnsupportedModelError(
+                f"{what}: ONNX Runtime could not allocate a tensor of this model on these inputs "
+                f"({str(err).rsplit('Failed to allocate memory', 1)[-1].strip()[:120]}). Give smaller "
+                "input_shapes / shape_buckets, or check the model's shape inputs.",
+                details={"what": what},
+            ) from None
+        if run_options.terminate:
+            raise RunBudgetExceededError(
+                f"{what} ran past its {budget_s:.0f} s budget in ONNX Runtime (a Loop or Scan with a huge trip "
+                "count, or shapes far larger than intended, can do that). "
+                + (hint or "Give smaller input_shapes / shape_buckets, raise run_budget_s, or set "
+                   "validate_outputs=false and measure_latency=false."),
+                details={"budget_s": budget_s, "what": what},
+            ) from None
+        raise
+    finally:
+        timer.cancel()
 
 
 @dataclass
@@ -181,10 +232,10 @@ def _check_output(name, want: np.ndarray, got: np.ndarray, tolerances) -> Output
     return result(max_abs, max_rel, atol, rtol, bool(np.all(diff <= atol + rtol * np.abs(w[finite]))))
 
 
-def run(model: ModelSource, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def run(model: ModelSource, feeds: dict[str, np.ndarray], *, what: str = "validation") -> dict[str, np.ndarray]:
     sess = session(model)
     names = [o.name for o in sess.get_outputs()]
-    return dict(zip(names, sess.run(names, feeds), strict=True))
+    return dict(zip(names, guarded_run(sess, names, feeds, what=what), strict=True))
 
 
 def compare(
@@ -285,7 +336,7 @@ def latency_samples(
     sessions = {name: session(source, level=level, threads=threads) for name, source in models.items()}
     for sess in sessions.values():
         for _ in range(warmup):
-            sess.run(None, feeds)
+            guarded_run(sess, None, feeds, what="latency measurement")
     samples: dict[str, list[float]] = {name: [] for name in sessions}
     deadline = time.perf_counter() + max_seconds
     order = list(sessions.items())
@@ -293,7 +344,7 @@ def latency_samples(
         # Alternating order: neither model always runs first (caches warm, clocks ramp up in between).
         for name, sess in order if index % 2 == 0 else reversed(order):
             start = time.perf_counter()
-            sess.run(None, feeds)
+            guarded_run(sess, None, feeds, what="latency measurement")
             samples[name].append(time.perf_counter() - start)
         if time.perf_counter() > deadline and all(len(s) >= 5 for s in samples.values()):
             break

@@ -23,6 +23,7 @@ from service.db import make_engine, make_session_factory, prepare_database
 from service.edge import refuse_control_characters
 from service.errors import install_error_handlers
 from service.metrics import Metrics, MetricsMiddleware
+from service.ratelimit import RateLimiter
 from service.storage import make_store
 from workers import inprocess
 
@@ -43,6 +44,9 @@ def discover_routers():
 async def lifespan(app: FastAPI):
     settings: Settings = app.state.settings
     await run_in_threadpool(prepare_database, settings, app.state.engine)
+    # Submits check rule names against every target's registry, which imports the compiler's rules (about a
+    # second): done here, so that the first user's request does not pay for it.
+    await run_in_threadpool(_warm_registries)
     embedded_worker = settings.mode == "embedded" and settings.embedded_worker
     if embedded_worker:
         await run_in_threadpool(inprocess.start, settings)
@@ -54,6 +58,20 @@ async def lifespan(app: FastAPI):
         if app.state.redis is not None:
             app.state.redis.close()
         app.state.engine.dispose()
+
+
+def _cache_stats(settings: Settings, session_factory) -> dict:
+    from workers.cache_backends import read_cache_stats
+
+    return read_cache_stats(settings, session_factory)
+
+
+def _warm_registries() -> None:
+    from flexdsa_core.preflight import switchable_names
+    from flexdsa_core.targets import list_targets
+
+    for target in list_targets():
+        switchable_names(target)
 
 
 def _redis_client(settings: Settings):
@@ -105,7 +123,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.session_factory = make_session_factory(app.state.engine)
     app.state.store = make_store(settings)
     app.state.redis = _redis_client(settings)
-    app.state.metrics = Metrics(app.state.session_factory)
+    app.state.rate_limiter = RateLimiter(settings.submit_rate_per_minute, app.state.redis)
+    app.state.metrics = Metrics(app.state.session_factory, lambda: _cache_stats(settings, app.state.session_factory))
 
     install_error_handlers(app)
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)

@@ -11,6 +11,7 @@ import typer
 
 db_app = typer.Typer(no_args_is_help=True, help="Database schema (Alembic migrations).")
 keys_app = typer.Typer(no_args_is_help=True, help="API keys of tenants.")
+incidents_app = typer.Typer(no_args_is_help=True, help="Internal errors with their tracebacks (operators).")
 
 
 def _settings():
@@ -75,7 +76,13 @@ def serve(
         f"Flex-DSA {settings.mode} mode on http://{settings.host}:{settings.port} "
         f"(database {settings.database_url.split('@')[-1]}, artifacts {settings.artifact_dir}, auth {settings.auth})"
     )
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=settings.log_level)
+    from service.logs import configure_logging
+
+    configure_logging(settings.log_format, settings.log_level)
+    # log_config=None: uvicorn keeps the handlers configured above instead of installing its own.
+    uvicorn.run(
+        create_app(settings), host=settings.host, port=settings.port, log_level=settings.log_level, log_config=None
+    )
 
 
 @db_app.command("upgrade")
@@ -183,8 +190,51 @@ def worker(
     os.execv(sys.executable, args)
 
 
+def _incident_rows(query):
+    from service.db import make_engine, make_session_factory
+
+    settings = _settings()
+    engine = make_engine(settings.database_url)
+    try:
+        with make_session_factory(engine)() as session:
+            return query(session)
+    finally:
+        engine.dispose()
+
+
+@incidents_app.command("list")
+def incidents_list(limit: Annotated[int, typer.Option(help="How many, newest first")] = 20) -> None:
+    """Recent incidents: id, time, job, code and the sentence the user saw."""
+    from sqlalchemy import select
+
+    from service.models import Incident
+
+    rows = _incident_rows(
+        lambda s: s.scalars(select(Incident).order_by(Incident.created_at.desc()).limit(limit)).all()
+    )
+    if not rows:
+        typer.echo("No incidents.")
+    for row in rows:
+        typer.echo(f"{row.id}  {row.created_at:%Y-%m-%d %H:%M:%S}  job {row.job_id}  {row.code}  {row.summary[:100]}")
+
+
+@incidents_app.command("show")
+def incidents_show(incident_id: Annotated[str, typer.Argument(help="The id the user quoted")]) -> None:
+    """One incident: its job, tenant, attempt and the whole traceback."""
+    from service.models import Incident
+
+    row = _incident_rows(lambda s: s.get(Incident, incident_id.strip()))
+    if row is None:
+        raise _fail(f"No incident {incident_id!r} in this database.")
+    typer.echo(
+        f"incident {row.id} at {row.created_at:%Y-%m-%d %H:%M:%S %Z}\njob {row.job_id} (tenant {row.tenant_id}, "
+        f"attempt {row.attempt}): {row.code}\n{row.summary}\n\n{row.traceback}"
+    )
+
+
 def register(app: typer.Typer) -> None:
     app.command("serve")(serve)
     app.command("worker")(worker)
     app.add_typer(db_app, name="db")
     app.add_typer(keys_app, name="keys")
+    app.add_typer(incidents_app, name="incidents")

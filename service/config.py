@@ -49,20 +49,29 @@ class Settings(BaseSettings):
 
     max_upload_bytes: int = Field(1 * GiB, gt=0)
     max_queued_jobs_per_tenant: int = Field(
-        20, ge=1, description="Default quota; tenants.max_queued_jobs overrides."
+        20, ge=1, description="Default quota of queued + running jobs; tenants.max_queued_jobs overrides."
+    )
+    submit_rate_per_minute: int | None = Field(
+        120, ge=1, description="POST /optimize per tenant per minute (429 with Retry-After past it); None: off."
     )
 
+    job_memory_limit_mb: int | None = Field(
+        16384, ge=256, description="Address-space limit of a job's pipeline process (MiB); None: no limit."
+    )
     job_soft_time_limit_s: int = Field(1800, gt=0)
     job_hard_time_limit_s: int = Field(2100, gt=0)
     # Redis brokers re-deliver an unacknowledged task after this long. With late acknowledgement a job that
     # is still legitimately running would then run twice, so it must exceed the hard time limit.
     broker_visibility_timeout_s: int = Field(2400, gt=0)
     max_attempts: int = Field(3, ge=1)
+    # A dead worker's job runs again within lease_seconds + reconcile_interval_s + a broker delivery (~27 s
+    # with these defaults): the running worker renews its lease every min(lease/3, 10 s), so a short lease
+    # costs one small UPDATE per job every ~7 s, nothing else.
     lease_seconds: int = Field(
-        60, gt=0, description="A worker's claim on a job lapses unless renewed this often."
+        20, gt=0, description="A worker's claim on a job lapses unless renewed this often."
     )
     reconcile_interval_s: int = Field(
-        15, gt=0, description="How often expired leases are swept and re-queued."
+        5, gt=0, description="How often expired leases are swept and re-queued."
     )
     embedded_worker: bool = Field(
         True, description="Embedded mode: run the in-process worker inside the API."
@@ -92,6 +101,9 @@ class Settings(BaseSettings):
     port: int = Field(8000, ge=1, le=65535)
     sse_poll_interval_s: float = Field(0.5, gt=0)
     log_level: str = "info"
+    log_format: Literal["json", "text"] = Field(
+        "json", description="json: one object per line with job_id/tenant_id/incident; text: for a terminal."
+    )
 
     @property
     def mode(self) -> Mode:

@@ -37,7 +37,10 @@ def migrations_dir() -> Path:
 def make_engine(url: str) -> Engine:
     parsed = make_url(url)
     if parsed.get_backend_name() != "sqlite":
-        return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20)
+        # pre_ping: after an outage the first request reconnects instead of failing on a dead connection;
+        # connect_timeout: while the database is unreachable, requests answer 503 in seconds, not hang.
+        connect_args = {"connect_timeout": 5} if parsed.get_backend_name() == "postgresql" else {}
+        return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20, connect_args=connect_args)
 
     if parsed.database and parsed.database != ":memory:":
         Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import sqlalchemy.exc
 from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
@@ -96,6 +97,37 @@ def error_response(status: int, code: str, message: str, details: Any = None, he
     return JSONResponse(error_body(code, message, details), status_code=status, headers=headers)
 
 
+# While a dependency is away, every request that needs it answers 503 with this Retry-After (seconds): the
+# outage is the service's, not the client's, and the same request succeeds once it is back (connections
+# are pre-pinged, so the first request after the return reconnects without a restart).
+DEPENDENCY_RETRY_AFTER_S = 5
+
+
+def dependency_unavailable(exc: BaseException) -> str | None:
+    """Which dependency an exception says is unreachable ('database', 'redis', 'broker'), or None.
+
+    A database that is stopped, restarting or unreachable surfaces as the driver's OperationalError or
+    InterfaceError (connection refused, server closed the connection, admin shutdown); a constraint or
+    syntax error is a different class and stays a 500."""
+    if isinstance(exc, (sqlalchemy.exc.OperationalError, sqlalchemy.exc.InterfaceError)):
+        return "database"
+    if isinstance(exc, sqlalchemy.exc.DBAPIError) and exc.connection_invalidated:
+        return "database"
+    try:
+        import redis.exceptions
+    except ImportError:  # pragma: no cover - redis is a dependency of the service
+        redis = None
+    if redis is not None and isinstance(exc, (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)):
+        return "redis"
+    try:
+        import kombu.exceptions
+    except ImportError:  # pragma: no cover
+        kombu = None
+    if kombu is not None and isinstance(exc, kombu.exceptions.OperationalError):
+        return "broker"
+    return None
+
+
 def _validation_details(errors) -> list[dict]:
     # Drop 'input' (it can echo a whole uploaded spec back) and 'url'; keep where and what.
     return [
@@ -131,6 +163,16 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def _unhandled(request: Request, exc: Exception) -> JSONResponse:
+        dependency = dependency_unavailable(exc)
+        if dependency is not None:
+            log.warning("%s unavailable on %s %s: %s", dependency, request.method, request.url.path, exc)
+            return error_response(
+                503,
+                f"{dependency}_unavailable",
+                f"The service's {dependency} is unreachable right now; retry in a few seconds.",
+                {"dependency": dependency},
+                headers={"Retry-After": str(DEPENDENCY_RETRY_AFTER_S)},
+            )
         log.exception("unhandled error on %s %s", request.method, request.url.path)
         return error_response(
             500, "internal_error", "Internal server error; the service log has the details."

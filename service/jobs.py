@@ -159,18 +159,24 @@ def _check_quota(session: Session, settings: Settings, tenant: Tenant) -> None:
 
 
 def _raise_if_over_quota(session: Session, settings: Settings, tenant: Tenant) -> None:
+    """The quota counts the tenant's queued and running jobs: a tenant whose jobs start quickly must not
+    be able to keep every worker busy by submitting again as soon as each one leaves the queue."""
     limit = (
         tenant.max_queued_jobs if tenant.max_queued_jobs is not None else settings.max_queued_jobs_per_tenant
     )
-    queued = session.scalar(
-        select(func.count())
-        .select_from(Job)
-        .where(Job.tenant_id == tenant.id, Job.status == JobStatus.queued)
+    counts = dict(
+        session.execute(
+            select(Job.status, func.count())
+            .where(Job.tenant_id == tenant.id, Job.status.in_([JobStatus.queued, JobStatus.running]))
+            .group_by(Job.status)
+        ).all()
     )
-    if queued >= limit:
+    queued, running = counts.get(JobStatus.queued.value, 0), counts.get(JobStatus.running.value, 0)
+    if queued + running >= limit:
         raise QuotaExceeded(
-            f"This tenant already has {queued} queued jobs (limit {limit}). Wait for some to start, or cancel some.",
-            details={"queued": queued, "limit": limit},
+            f"This tenant already has {queued + running} jobs queued or running (limit {limit}). Wait for "
+            "some to finish, or cancel some.",
+            details={"active": queued + running, "queued": queued, "running": running, "limit": limit},
             headers={"Retry-After": "30"},
         )
 

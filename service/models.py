@@ -238,3 +238,20 @@ class KernelCacheEntry(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     last_hit_at: Mapped[datetime | None] = mapped_column(nullable=True)
     hits: Mapped[int] = mapped_column(Integer, default=0)
+
+
+class Incident(Base):
+    """An internal error (a bug, not the user's mistake) with its traceback, for operators: the job's
+    error shows the user only the incident id; ``GET /incidents/{id}`` (operator token) and
+    ``flexdsa incidents show ID`` show the rest."""
+
+    __tablename__ = "incidents"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    job_id: Mapped[str | None] = mapped_column(ForeignKey("jobs.id", ondelete="SET NULL"), nullable=True, index=True)
+    tenant_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    attempt: Mapped[int] = mapped_column(Integer, default=0)
+    code: Mapped[str] = mapped_column(String(64))
+    summary: Mapped[str] = mapped_column(String(1000))
+    traceback: Mapped[str] = mapped_column(Text, default="")
+    created_at: Mapped[datetime] = mapped_column(default=utcnow, index=True)

@@ -176,11 +176,28 @@ class CacheStatsOut(BaseModel):
 
 
 class Health(BaseModel):
-    status: str
+    status: str = Field(description="'ok', or 'degraded' while a dependency is unreachable (the process is up)")
     version: str
     mode: str
+    dependencies: dict[str, str] = Field(
+        default_factory=dict, description="database / broker / redis: 'ok' or 'down: <first line of the error>'"
+    )
 
 
 class Readiness(BaseModel):
     status: str
     checks: dict[str, str]
+
+
+class IncidentSummary(BaseModel):
+    id: str
+    job_id: str | None
+    tenant_id: int | None
+    attempt: int
+    code: str
+    summary: str
+    created_at: datetime
+
+
+class IncidentOut(IncidentSummary):
+    traceback: str = Field(description="The traceback, or the pipeline process's last output for a crash")

@@ -127,6 +127,7 @@ def run(request: dict, channel: _Channel) -> dict:
     work_dir = Path(request.get("work_dir") or tempfile.mkdtemp(prefix="flexdsa-job-"))
     tempfile.tempdir = str(work_dir)
     try:
+        _limit_memory(settings.job_memory_limit_mb)  # from here on, the model's work counts against it
         spec = RequestSpec.model_validate(request["spec"])
         # Only the base name: the upload's name never chooses where we write ('..' would be the parent
         # folder itself; rows from before the API sanitised names may still hold one).
@@ -162,22 +163,48 @@ def run(request: dict, channel: _Channel) -> dict:
             "type": "error", "code": err.code, "message": err.message, "details": err.details,
             "cache_stats": cache.stats.as_dict(),
         }
-    except Exception as err:  # a bug in the core: final; the traceback goes to the worker's log, not the user
-        incident = _log_incident()
+    except MemoryError:  # the model's demand, not a bug: say what to change
+        return {
+            "type": "error", "code": "memory_limit_exceeded",
+            "message": f"the job needed more memory than a job may use here ({settings.job_memory_limit_mb} MiB, "
+                       "FLEXDSA_JOB_MEMORY_LIMIT_MB); give smaller input_shapes / shape_buckets, or switch "
+                       "validation off (validate_outputs=false)",
+            "details": {"limit_mb": settings.job_memory_limit_mb}, "cache_stats": cache.stats.as_dict(),
+        }
+    except Exception as err:  # a bug in the core: final; the traceback goes to the operators, not the user
+        incident, trace = _log_incident()
         return {
             "type": "error",
             "code": "internal_error",
-            "message": f"the optimizer failed unexpectedly ({type(err).__name__}); incident {incident} is in the worker log",
+            "message": f"the optimizer failed unexpectedly ({type(err).__name__}); incident {incident} is recorded "
+            "for the operators (quote it when you report this)",
             "details": {"incident": incident},
+            "incident_traceback": trace,
             "cache_stats": cache.stats.as_dict(),
         }
 
 
-def _log_incident() -> str:
-    """Write the current traceback to stderr (the worker's log) under a short id the user can quote."""
+def _log_incident() -> tuple[str, str]:
+    """A short id the user can quote, and the current traceback. The worker stores both (``incidents``
+    table) and logs them; stderr gets a copy for a child that dies before it can send its message."""
     incident = uuid.uuid4().hex[:12]
-    print(f"flexdsa pipeline incident {incident}:\n{traceback.format_exc(limit=30)}", file=sys.stderr, flush=True)
-    return incident
+    trace = traceback.format_exc(limit=30)
+    print(f"flexdsa pipeline incident {incident}:\n{trace}", file=sys.stderr, flush=True)
+    return incident, trace
+
+
+def _limit_memory(limit_mb: int | None) -> None:
+    """Cap this process's address space (soft limit only: a vendor toolchain it starts may raise it again)
+    so one job's model cannot take the machine's memory from the others."""
+    if not limit_mb or not sys.platform.startswith("linux"):
+        return
+    import resource
+
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    limit = limit_mb * 1024 * 1024
+    if hard != resource.RLIM_INFINITY:
+        limit = min(limit, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
 
 
 def _store_artifact(store, name: str, content) -> dict:
@@ -228,11 +255,16 @@ def main() -> int:
         if preload_error is not None:
             raise preload_error
         message = run(json.loads(line), channel)
+    except MemoryError:  # past the job's memory limit outside the pipeline proper (reading its result)
+        message = {"type": "error", "code": "memory_limit_exceeded",
+                   "message": "the job needed more memory than a job may use here (FLEXDSA_JOB_MEMORY_LIMIT_MB); "
+                              "give smaller input_shapes / shape_buckets", "details": {}}
     except BaseException as err:  # anything outside the pipeline: report it rather than die silently
-        incident = _log_incident()
+        incident, trace = _log_incident()
         message = {"type": "error", "code": "internal_error",
-                   "message": f"the pipeline process failed ({type(err).__name__}); incident {incident} is in the worker log",
-                   "details": {"incident": incident}}
+                   "message": f"the pipeline process failed ({type(err).__name__}); incident {incident} is recorded "
+                              "for the operators (quote it when you report this)",
+                   "details": {"incident": incident}, "incident_traceback": trace}
     channel.send(message)
     sys.stderr.flush()
     # Skip interpreter shutdown: the stdin watcher holds the stdin lock, and finalising around it can

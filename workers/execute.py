@@ -33,14 +33,17 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
 from sqlalchemy import and_, bindparam, delete, func, insert, or_, select, update
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import InterfaceError, OperationalError
 
-from service.models import Artifact, Job, JobEvent, JobStatus, UTCDateTime, utcnow
+from service.logs import job_context
+from service.models import Artifact, Incident, Job, JobEvent, JobStatus, UTCDateTime, utcnow
 from workers.db import session_factory_for
 
 log = logging.getLogger(__name__)
@@ -71,23 +74,25 @@ class LeaseLost(Exception):
     """Another worker took the job over (our lease lapsed) or the row went away: stop, write nothing."""
 
 
-def execute_job(job_id: str, *, settings, worker_id: str) -> str:
-    """Run the job if this delivery wins the claim; return the job's status afterwards."""
+def execute_job(job_id: str, *, settings, worker_id: str, requeue: Callable[[str], object] | None = None) -> str:
+    """Run the job if this delivery wins the claim; return the job's status afterwards. ``requeue`` hands a
+    crashed job back for another attempt (the caller's dispatch); without it the reconciler picks it up."""
     sessions = session_factory_for(settings)
     job = _claim(sessions, job_id, settings, worker_id)
     if job is None:
         return _settle_unclaimable(sessions, job_id)
-    log.info("job %s: claimed by %s (attempt %d/%d)", job_id, worker_id, job.attempts, job.max_attempts)
-    runner = _JobRun(job, settings, worker_id, sessions)
-    try:
-        if runner.serve_from_job_cache():
-            return JobStatus.succeeded.value
-        return runner.run_pipeline()
-    except LeaseLost:
-        log.warning("job %s: lease lost by %s; leaving the job to its new owner", job_id, worker_id)
-        return _current_status(sessions, job_id)
-    finally:
-        runner.close()
+    with job_context(job_id, job.tenant_id):  # every log line of this job carries its id and tenant
+        log.info("job %s: claimed by %s (attempt %d/%d)", job_id, worker_id, job.attempts, job.max_attempts)
+        runner = _JobRun(job, settings, worker_id, sessions, requeue)
+        try:
+            if runner.serve_from_job_cache():
+                return JobStatus.succeeded.value
+            return runner.run_pipeline()
+        except LeaseLost:
+            log.warning("job %s: lease lost by %s; leaving the job to its new owner", job_id, worker_id)
+            return _current_status(sessions, job_id)
+        finally:
+            runner.close()
 
 
 # --- claim --------------------------------------------------------------------------------------------
@@ -200,8 +205,9 @@ def _current_status(sessions, job_id: str) -> str:
 
 
 class _JobRun:
-    def __init__(self, job: ClaimedJob, settings, worker_id: str, sessions) -> None:
+    def __init__(self, job: ClaimedJob, settings, worker_id: str, sessions, requeue=None) -> None:
         self.job = job
+        self.requeue = requeue
         self.settings = settings
         self.worker_id = worker_id
         self.sessions = sessions
@@ -272,7 +278,6 @@ class _JobRun:
         started = time.monotonic()
         next_heartbeat = started + heartbeat_s
         next_cancel_check = started + CANCEL_CHECK_S
-        lease_valid_until = started + self.settings.lease_seconds
         last_progress_write = 0.0
         final: dict | None = None
         try:
@@ -288,12 +293,10 @@ class _JobRun:
                     break
                 now = time.monotonic()
                 if now >= next_heartbeat:
-                    if self._tolerate_db(self._renew_lease, default=False):
-                        lease_valid_until = now + self.settings.lease_seconds
-                    elif now >= lease_valid_until:
-                        # The database has been unreachable for a whole lease: another worker may own
-                        # the job by now, so stop rather than risk two runs.
-                        raise LeaseLost(self.job.id)
+                    # While the database is unreachable nobody can re-claim the job, so the child runs
+                    # on; the first renewal after its return says whether the job is still ours
+                    # (LeaseLost if another worker took it over meanwhile).
+                    self._tolerate_db(self._renew_lease, default=False)
                     next_heartbeat = now + heartbeat_s
                 if now >= next_cancel_check:
                     next_cancel_check = now + CANCEL_CHECK_S
@@ -319,7 +322,7 @@ class _JobRun:
 
         if final is not None and final["type"] == "result":
             self._record_cache_stats(final)
-            _retrying(self._succeed, final["artifacts"], final.get("report_summary"))
+            self._durably(self._succeed, final["artifacts"], final.get("report_summary"))
             return JobStatus.succeeded.value
         if final is not None:
             self._record_cache_stats(final)
@@ -328,10 +331,16 @@ class _JobRun:
                 "message": final.get("message") or "",
                 "details": final.get("details") or {},
             }
-            return _retrying(self._fail, error)
+            return self._durably(self._fail, error, final.get("incident_traceback"))
         if child.terminated:  # it ended because we stopped it at the soft limit
-            return _retrying(self._time_limit_exceeded, time.monotonic() - started)
-        return _retrying(self._crashed, child)
+            return self._durably(self._time_limit_exceeded, time.monotonic() - started)
+        return self._durably(self._crashed, child)
+
+    def _durably(self, action, *args):
+        """A final write outlives a database outage as long as the job's own time limit: the result is
+        computed and its artifacts are in the store, so it is kept on this worker and written once the
+        database is back, never dropped for a re-run."""
+        return _retrying(action, *args, patience_s=float(self.settings.job_hard_time_limit_s))
 
     def _tolerate_db(self, action, *args, default):
         """Run a database call of the watch loop; a blip (connection lost, failover) is logged and skipped
@@ -432,11 +441,19 @@ class _JobRun:
         self.publisher.publish(JobStatus.succeeded.value, "done", 1.0, "succeeded")
         log.info("job %s: succeeded%s", self.job.id, f" from cache ({cached_from})" if cached_from else "")
 
-    def _fail(self, error: dict) -> str:
+    def _fail(self, error: dict, incident_traceback: str | None = None) -> str:
+        incident = (error.get("details") or {}).get("incident")
         with self.sessions() as session, session.begin():
             job = self._locked_job(session)
             _finish(job, JobStatus.failed, error=error)
             job.record("failed", error["message"])
+            if incident:
+                self._record_incident(session, incident, error, incident_traceback or "")
+        if incident:
+            log.error(
+                "job %s: internal error, incident %s: %s\n%s", self.job.id, incident, error["message"],
+                incident_traceback or "(no traceback)", extra={"incident": incident},
+            )
         self.publisher.publish(JobStatus.failed.value, self.stage, self.progress, error["message"])
         log.info("job %s: failed (%s): %s", self.job.id, error["code"], error["message"])
         return JobStatus.failed.value
@@ -469,7 +486,9 @@ class _JobRun:
             reason = f"pipeline process crashed (signal {-code})"
         else:
             reason = f"pipeline process exited with status {code} without a result"
-        details = {"stage": self.stage, "stderr_tail": child.stderr_tail()}
+        stderr_tail = child.stderr_tail()
+        incident = uuid.uuid4().hex[:12]
+        details = {"stage": self.stage, "incident": incident}
         retry = self.job.attempts < self.job.max_attempts
         with self.sessions() as session, session.begin():
             job = self._locked_job(session)
@@ -480,29 +499,43 @@ class _JobRun:
                 job.updated_at = utcnow()
                 job.record("retry", reason)
             else:
-                message = f"gave up after {job.attempts} attempts: {reason}"
+                message = f"gave up after {job.attempts} attempts: {reason}; incident {incident} is recorded for the operators"
                 _finish(
                     job,
                     JobStatus.failed,
                     error={"code": "pipeline_crashed", "message": message, "details": details},
                 )
                 job.record("failed", message)
+            # Every crash is an incident (the last lines the process wrote), a retried one too: a model that
+            # crashes the pipeline three times leaves three, which is what an operator wants to compare.
+            self._record_incident(session, incident, {"code": "pipeline_crashed", "message": reason}, stderr_tail)
         log.warning(
-            "job %s: %s (attempt %d/%d)%s",
+            "job %s: %s (attempt %d/%d)%s; incident %s, the process's last output:\n%s",
             self.job.id,
             reason,
             self.job.attempts,
             self.job.max_attempts,
             "; re-queued" if retry else "; giving up",
+            incident,
+            stderr_tail[-4000:],
+            extra={"incident": incident},
         )
         if retry:
             self.publisher.publish(JobStatus.queued.value, self.stage, self.progress, reason)
-            from workers.dispatch import enqueue
-
-            enqueue(self.job.id, self.settings)
+            if self.requeue is not None:
+                self.requeue(self.job.id)
             return JobStatus.queued.value
         self.publisher.publish(JobStatus.failed.value, self.stage, self.progress, reason)
         return JobStatus.failed.value
+
+    def _record_incident(self, session, incident: str, error: dict, trace: str) -> None:
+        session.add(
+            Incident(
+                id=incident, job_id=self.job.id, tenant_id=self.job.tenant_id, attempt=self.job.attempts,
+                code=str(error.get("code") or "internal_error")[:64], summary=str(error.get("message") or "")[:1000],
+                traceback=trace[-200_000:],
+            )
+        )
 
     def _record_cache_stats(self, final: dict) -> None:
         if final.get("cache_stats"):
@@ -513,16 +546,25 @@ class _JobRun:
             )
 
 
-def _retrying(action, *args, delays_s: tuple[float, ...] = (1.0, 3.0)):
-    """A final write survives a short database blip: the pipeline's result is too dear to drop on one
-    failed connection. After the last try the error propagates and the lease lapses (the job runs again)."""
-    for delay_s in delays_s:
+FINAL_WRITE_MAX_DELAY_S = 2.0  # once the database is back, the result is written within this
+
+
+def _retrying(action, *args, patience_s: float = 4.0):
+    """Retry ``action`` while the database is unreachable, backing off from 0.25 s to
+    ``FINAL_WRITE_MAX_DELAY_S``, for up to ``patience_s``; then the error propagates (the lease lapses and
+    the job runs again). The short cap matters: after an outage the result must land before another worker,
+    seeing the lapsed lease, re-claims the job (the reconciler sweeps every ``reconcile_interval_s``)."""
+    deadline = time.monotonic() + patience_s
+    delay_s = 0.25
+    while True:
         try:
             return action(*args)
-        except OperationalError as err:
-            log.warning("final write failed (%s); retrying in %.0f s", err, delay_s)
+        except (OperationalError, InterfaceError) as err:
+            if time.monotonic() + delay_s > deadline:
+                raise
+            log.warning("final write failed (%s); database unavailable, retrying in %.2f s", err, delay_s)
             time.sleep(delay_s)
-    return action(*args)
+            delay_s = min(delay_s * 2, FINAL_WRITE_MAX_DELAY_S)
 
 
 def _finish(job: Job, status: JobStatus, *, error: dict | None = None) -> None:

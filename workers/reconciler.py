@@ -24,7 +24,7 @@ from datetime import timedelta
 
 from sqlalchemy import and_, or_, update
 
-from service.models import Job, JobStatus, utcnow
+from service.models import Job, JobEvent, JobStatus, utcnow
 from workers.db import session_factory_for
 
 log = logging.getLogger(__name__)
@@ -61,12 +61,17 @@ def reconcile_once(
         candidates = lapsed_lease
     sessions = session_factory_for(settings)
     with sessions() as session, session.begin():
-        job_ids = list(
-            session.scalars(
-                update(Job).where(candidates).values(updated_at=now).returning(Job.id)
-                .execution_options(synchronize_session=False)
-            )
-        )
+        rows = session.execute(
+            update(Job).where(candidates).values(updated_at=now).returning(Job.id, Job.status, Job.stage, Job.progress)
+            .execution_options(synchronize_session=False)
+        ).all()
+        job_ids = [row.id for row in rows]
+        for row in rows:
+            if row.status == JobStatus.running.value:  # the dashboard and the soak see when a lost job went back
+                session.add(JobEvent(
+                    job_id=row.id, kind="requeued", status=row.status, stage=row.stage, progress=row.progress,
+                    message="worker lost (lease expired); published again", at=now,
+                ))  # fmt: skip
     for job_id in job_ids:
         log.info("reconciler: publishing job %s again", job_id)
         publish(job_id)
@@ -81,7 +86,7 @@ def _redis_broker_backlog(settings) -> Callable[[], int | None]:
             return None
         import redis
 
-        from workers.app import QUEUE
+        from workers.celery_config import QUEUE
 
         try:
             client = redis.Redis.from_url(settings.broker_url, socket_timeout=2, socket_connect_timeout=2)
@@ -100,12 +105,10 @@ def _redis_broker_backlog(settings) -> Callable[[], int | None]:
 class ReconcilerThread:
     """Runs ``reconcile_once`` every ``settings.reconcile_interval_s`` in a daemon thread until stopped."""
 
-    def __init__(self, settings, publish: Callable[[str], object] | None = None, *,
+    def __init__(self, settings, publish: Callable[[str], object], *,
                  first_queued_after_s: float | None = None) -> None:
-        from workers.dispatch import enqueue
-
         self.settings = settings
-        self.publish = publish or (lambda job_id: enqueue(job_id, settings))
+        self.publish = publish  # handed in (workers.dispatch.enqueue, or the embedded worker's submit)
         # The first sweep may take every queued job at once (the embedded worker after a restart).
         self._first_queued_after_s = first_queued_after_s
         self._stop = threading.Event()

@@ -70,7 +70,7 @@ def describe_checks(target: TargetSpec, toolchain_root=None) -> str:
         toolchain = get_toolchain(target.toolchain)
         ready = toolchain_root is not None and toolchain.is_ready(toolchain_root)
         checks.append(
-            f"compiled and run by the vendor toolchain {target.toolchain!r}"
+            toolchain.checks.format(name=target.toolchain)
             + ("" if ready else f" once installed (`{toolchain.install_command()}`)")
         )
     elif not target.calibrated:

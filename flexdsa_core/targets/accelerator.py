@@ -12,6 +12,8 @@ A vendor file subclasses ``AcceleratorAdapter`` and overrides only what its tool
 * ``vendor_files(buckets, target, report)``: the conversion script/config for the bundle, by file name.
 * ``deploy_steps(buckets, target, report)``: the README's numbered steps for the person deploying it.
 * ``toolchain_options(target, report)``: extra ``options`` for the vendor driver's request.
+* ``partition_notes(model, target)``: what the partition report must say about the whole model on this
+  target (e.g. that a float model runs on an int8-only accelerator only once quantised).
 """
 
 from __future__ import annotations
@@ -60,6 +62,9 @@ class AcceleratorAdapter(PlatformAdapter):
 
     def toolchain_options(self, target: TargetSpec, report: dict) -> dict:
         return {}
+
+    def partition_notes(self, model: ir.Model, target: TargetSpec) -> list[str]:
+        return []
 
     # ---- legality ---------------------------------------------------------------------------------
     def fallback_reason(self, node: ir.Node, target: TargetSpec) -> str | None:
@@ -175,7 +180,7 @@ class AcceleratorAdapter(PlatformAdapter):
         toolchain = report.get("toolchain") or {}
         lines += ["", "## Deploying it", ""]
         if toolchain.get("ran"):
-            lines.append(f"The vendor toolchain ({toolchain['name']}) compiled this bundle here: {toolchain['summary']}.")
+            lines.append(f"The vendor toolchain ({toolchain['name']}) ran on this bundle here: {toolchain['summary']}.")
         elif target.toolchain:
             lines.append(
                 f"The vendor toolchain did not run here ({toolchain.get('detail', 'not ready')}). Run "

@@ -3,7 +3,9 @@
 For each bucket the target-ready ONNX and seeded sample inputs go to the toolchain's driver (in its own
 environment, ``flexdsa_core.toolchains``). What comes back is checked here:
 
-* numerics: the vendor simulator's/emulator's outputs against the *original* model's on the same inputs,
+* numerics: the vendor simulator's/emulator's outputs (or, for a quantiser such as AMD Quark, ONNX Runtime's
+  on the quantised model: the driver names what ran in ``runner`` and what it did in ``verb``) against the
+  *original* model's on the same inputs,
   by cosine similarity and max abs error per output (vendor compilers run float graphs in fp16, so
   the bar is the accuracy target, ``cosine >= MIN_COSINE``, not fp32 tolerances);
 * placement: the vendor's accelerator/CPU decision per node against the Subgraph Mapper's prediction,
@@ -77,6 +79,7 @@ def run_toolchain(
         }, {}
 
     per_bucket, files, warnings = {}, {}, []
+    verb, runner = result.get("verb", "compiled"), result.get("runner", "simulator")
     for entry in result.get("buckets", []):
         name = entry["name"]
         numerics = _compare(references.get(name, {}), entry.get("outputs", {}))
@@ -86,22 +89,22 @@ def run_toolchain(
             "numerics": numerics,
             "placement_agreement": agreement,
             "vendor_placement": entry.get("placement", {}),
-            **{k: entry[k] for k in ("reasons", "layers", "notes", "seconds") if k in entry},
+            **{k: entry[k] for k in ("reasons", "layers", "notes", "seconds", "quantization") if k in entry},
         }
         for artifact in entry.get("artifacts", []):
             files[artifact] = out_dir / artifact
         bad = [o for o in numerics if o["cosine"] is not None and o["cosine"] < MIN_COSINE]
         if bad:
             warnings.append(
-                f"[{name}] the {toolchain.name} simulator's output {bad[0]['name']!r} has cosine "
+                f"[{name}] the {toolchain.name} {runner}'s output {bad[0]['name']!r} has cosine "
                 f"{bad[0]['cosine']:.4f} to the original (below {MIN_COSINE})"
             )
     agreements = [b["placement_agreement"]["share"] for b in per_bucket.values()
                   if b["placement_agreement"]["share"] is not None]  # fmt: skip
     cosines = [o["cosine"] for b in per_bucket.values() for o in b["numerics"] if o["cosine"] is not None]
-    summary = f"{toolchain.name} compiled {len(per_bucket)} bucket(s)"
+    summary = f"{toolchain.name} {verb} {len(per_bucket)} bucket(s)"
     if cosines:
-        summary += f", simulator cosine to the original >= {min(cosines):.5f}"
+        summary += f", {runner} cosine to the original >= {min(cosines):.5f}"
     if agreements:
         summary += f", placement agreement {min(agreements) * 100:.1f}%"
     return {
@@ -147,6 +150,8 @@ def _compare(reference: dict[str, np.ndarray], outputs: dict[str, str]) -> list[
 
 def _agreement(ours: dict[str, str], theirs: dict[str, str]) -> dict:
     common = sorted(set(ours) & set(theirs))
+    if not theirs:  # a quantiser (AMD Quark) places nothing: there is nothing to hold ours against
+        return {"share": None, "compared": 0, "note": "the vendor toolchain reports no placement"}
     if not common:
         return {"share": None, "compared": 0, "note": "no node names in common with the vendor's placement"}
     differ = [n for n in common if ours[n] != theirs[n]]

@@ -16,9 +16,32 @@ from service.schemas import ErrorResponse, Health, Readiness
 router = APIRouter(tags=["operations"])
 
 
-@router.get("/healthz", response_model=Health, summary="The process is up")
+@router.get(
+    "/healthz",
+    response_model=Health,
+    summary="The process is up (always 200), and which of its dependencies answer right now",
+)
 def healthz(request: Request) -> Health:
-    return Health(status="ok", version=__version__, mode=request.app.state.settings.mode)
+    app, settings = request.app, request.app.state.settings
+    checks: dict[str, tuple] = {"database": (_ping_database, app)}
+    if settings.broker_url:
+        checks["broker"] = (_check_broker, settings.broker_url)
+    if settings.redis_url:
+        checks["redis"] = (_check_redis, settings.redis_url)
+    dependencies = {}
+    for name, (check, *args) in checks.items():
+        try:
+            check(*args)
+            dependencies[name] = "ok"
+        except Exception as err:
+            dependencies[name] = f"down: {_first_line(err)}"
+    status = "ok" if all(state == "ok" for state in dependencies.values()) else "degraded"
+    return Health(status=status, version=__version__, mode=settings.mode, dependencies=dependencies)
+
+
+def _ping_database(app) -> None:
+    with app.state.engine.connect() as connection:
+        connection.execute(text("SELECT 1"))
 
 
 def _check_database(app) -> None:

@@ -72,7 +72,7 @@ def _created(request: Request, job: Job, *, replayed: bool) -> JSONResponse:
     responses={
         **ERROR_RESPONSES,
         413: {"model": ErrorResponse, "description": "Model larger than FLEXDSA_MAX_UPLOAD_BYTES"},
-        429: {"model": ErrorResponse, "description": "Too many queued jobs for this tenant"},
+        429: {"model": ErrorResponse, "description": "Too many jobs queued or running, or submitted in the last minute, for this tenant (Retry-After)"},
     },
 )
 async def optimize(
@@ -95,6 +95,7 @@ async def optimize(
     if existing is not None:
         return _created(request, existing, replayed=True)
     # Limits that depend only on the key are decided before a byte of the body is read.
+    await run_in_threadpool(request.app.state.rate_limiter.check, tenant.id)
     await run_in_threadpool(jobs.check_quota_before_upload, session, settings, tenant)
     # End the read transaction now: the upload may take minutes, and an idle-in-transaction connection
     # would sit in the pool all that time (expire_on_commit=False keeps the tenant readable).

@@ -41,3 +41,31 @@ def test_embedded_job_runs_to_completion(tmp_path):
             assert archive.read("report.json") == client.get(f"/jobs/{job_id}/artifacts/report.json").content
         again = submit().json()
         assert again["cached"] is True and again["status"] == "succeeded"
+
+
+def test_an_endless_loop_fails_within_its_budget_and_the_next_job_still_runs(tmp_path):
+    """Issue 9: a 60-byte model with a Loop of 10^9 iterations holds the (single) embedded worker only for
+    its run budget; it fails with what to change, and a normal job submitted right after it succeeds."""
+    import time
+
+    from tests.core.test_run_budget import endless_loop_model
+
+    with TestClient(create_app(Settings(data_dir=tmp_path))) as client:
+        def submit(model: bytes, spec: dict) -> str:
+            answer = client.post("/optimize", files={"model": ("m.onnx", model)}, data={"spec": json.dumps(spec)})
+            assert answer.status_code == 202, answer.text
+            return answer.json()["job_id"]
+
+        started = time.monotonic()
+        endless = submit(endless_loop_model(), {"target": "cpu-ort", "run_budget_s": 3})
+        normal = submit(tiny_onnx(), {"target": "cpu-ort"})
+        deadline = started + 240
+        while time.monotonic() < deadline:
+            states = {job_id: client.get(f"/jobs/{job_id}").json() for job_id in (endless, normal)}
+            if all(s["status"] in ("succeeded", "failed") for s in states.values()):
+                break
+            time.sleep(0.5)
+        assert states[endless]["status"] == "failed"
+        assert states[endless]["error"]["code"] == "run_budget_exceeded"
+        assert "run_budget_s" in states[endless]["error"]["message"]
+        assert states[normal]["status"] == "succeeded", states[normal]["error"]

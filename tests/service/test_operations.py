@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 from service.app import create_app
 from service.config import Settings
 from service.models import KernelCacheEntry
-from tests.service.conftest import OPERATOR_HEADERS
+from tests.service.conftest import OPERATOR_HEADERS, tiny_onnx
 from workers.cache_backends import record_cache_stats
 
 
@@ -100,6 +100,28 @@ def test_metrics(env, headers):
     assert 'flexdsa_jobs{status="queued"}' in text
     assert "flexdsa_upload_bytes_total" in text
     assert 'flexdsa_http_requests_total{method="POST",route="/optimize",status="202"}' in text
+
+
+def test_metrics_cover_failures_durations_stages_and_the_cache(env, headers):
+    from datetime import timedelta
+
+    from service.models import Job, JobEvent, utcnow
+
+    job_id = env.submit(headers, model=tiny_onnx(0.77)).json()["job_id"]
+    with env.sessions() as session:
+        job = session.get(Job, job_id)
+        start = utcnow() - timedelta(seconds=10)
+        job.status, job.started_at, job.finished_at = "failed", start, start + timedelta(seconds=8)
+        job.error = {"code": "run_budget_exceeded", "message": "validation ran past its budget", "details": {}}
+        for offset, stage in ((0, "ingest"), (2, "fusion"), (8, "done")):
+            session.add(JobEvent(job_id=job_id, kind="progress", status="running", stage=stage, progress=0.5,
+                                 message=None, at=start + timedelta(seconds=offset)))  # fmt: skip
+        session.commit()
+    text = env.client.get("/metrics", headers=OPERATOR_HEADERS).text
+    assert 'flexdsa_jobs_failed_by_code{code="run_budget_exceeded"}' in text
+    assert 'flexdsa_job_seconds_recent{stat="max",status="failed"}' in text
+    assert 'flexdsa_stage_seconds_recent{stage="fusion"}' in text
+    assert 'flexdsa_kernel_cache{stat="hits"}' in text
 
 
 def test_openapi_documents_the_contract(env):

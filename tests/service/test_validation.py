@@ -7,7 +7,7 @@ import json
 
 import httpx
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 
 from service.models import Job
 from tests.service.conftest import tiny_onnx
@@ -159,7 +159,7 @@ def test_quota_of_queued_jobs_is_429(env):
     for alpha in (0.1, 0.2):
         assert env.submit(headers, model=tiny_onnx(alpha)).status_code == 202
     error = _assert_error(env.submit(headers, model=tiny_onnx(0.3)), 429, "quota_exceeded")
-    assert error["details"] == {"queued": 2, "limit": 2}
+    assert error["details"] == {"active": 2, "queued": 2, "running": 0, "limit": 2}
     # Cancelling one frees a slot.
     first = env.client.get("/jobs", headers=headers).json()["items"][0]["id"]
     env.client.delete(f"/jobs/{first}", headers=headers)
@@ -171,6 +171,19 @@ def test_quota_of_queued_jobs_is_429(env):
             )
             == 2
         )
+
+
+def test_quota_counts_running_jobs_too(env):
+    headers = env.new_key(max_queued_jobs=2)
+    for alpha in (0.1, 0.2):
+        assert env.submit(headers, model=tiny_onnx(alpha)).status_code == 202
+    with env.sessions() as session:
+        session.execute(update(Job).where(Job.id.in_(env.enqueued)).values(status="running"))
+        session.commit()
+    error = _assert_error(env.submit(headers, model=tiny_onnx(0.3)), 429, "quota_exceeded")
+    assert error["details"] == {"active": 2, "queued": 0, "running": 2, "limit": 2}
+    env.finish(env.enqueued[0])
+    assert env.submit(headers, model=tiny_onnx(0.3)).status_code == 202
 
 
 def test_framework_errors_use_the_error_shape(env, headers):
@@ -236,3 +249,10 @@ def test_impossible_shape_bucket_is_422_naming_the_bucket(env, headers):
         headers, model=positions_model(), spec={"target": "cpu-ort", "shape_buckets": {"seq": [32]}}
     )
     assert ok.status_code == 202, ok.text
+
+
+def test_a_huge_offset_is_422_not_a_database_overflow(env, headers):
+    """Found by bench.fuzz: offset 2^63 overflowed SQLite's INTEGER (500)."""
+    response = env.client.get("/jobs?limit=1&offset=9223372036854775808", headers=headers)
+    _assert_error(response, 422, "invalid_request")
+    assert env.client.get("/jobs?limit=1&offset=2147483647", headers=headers).status_code == 200

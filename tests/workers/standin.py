@@ -5,13 +5,15 @@ deterministic (fault injection, time limits). The child process loads it through
 It walks five stages, reports progress, and treats every node of the model as a kernel: the key is the
 node's op type and attributes (no weights), looked up in the cache it is given; a miss "measures" the
 kernel (a short sleep) and stores the measurement. A model whose bytes start with ``b"bad"`` raises
-``InvalidModelError``, like the real core on a malformed upload.
+``InvalidModelError``, like the real core on a malformed upload; one starting with ``b"bug"`` raises a
+``RuntimeError``, like a bug in the core (an internal error with an incident).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +21,8 @@ from pathlib import Path
 from flexdsa_core.cache import kernel_key
 from flexdsa_core.errors import InvalidModelError
 
+# A valid ONNX model whose graph has this name aborts the pipeline process every time (bench.soak's poison).
+POISON_GRAPH = "flexdsa-poison"
 STAGES = ("ingest", "passes", "fusion", "mapping", "validate")
 MEASURE_S = 0.02
 
@@ -40,7 +44,11 @@ class StandInOptimizer:
         data = Path(model_path).read_bytes()
         if data.startswith(b"bad"):
             raise InvalidModelError("not an ONNX model: the upload does not parse as protobuf")
+        if data.startswith(b"bug"):  # a bug in the compiler, not the user's mistake: an incident
+            raise RuntimeError("deliberate bug in the stand-in optimizer")
         progress(STAGES[0], 0.0, "reading the model")
+        if _graph_name(data) == POISON_GRAPH:  # kills its process on every attempt, like a model crashing ORT
+            os.abort()
         kernels = _kernels(data)
         hits = 0
         for index, stage in enumerate(STAGES[1:], start=1):
@@ -64,6 +72,15 @@ class StandInOptimizer:
             },
             report=report,
         )
+
+
+def _graph_name(data: bytes) -> str:
+    import onnx
+
+    try:
+        return onnx.load_from_string(data).graph.name
+    except Exception:  # noqa: BLE001 - not a model: _kernels reports it
+        return ""
 
 
 def _kernels(data: bytes) -> list[dict]:

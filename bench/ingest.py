@@ -1,0 +1,262 @@
+"""Ingest benchmark: ``python -m bench.ingest`` (issue 12: big uploads never stall the API).
+
+In one run, on loopback:
+
+1. **the machine's own limit**: sha256 + write + fsync of the same bytes the clients will send, one
+   upload after another in this process (what one core can ingest at best);
+2. **the service**: ``uvicorn service.app:create_app`` on embedded defaults with the worker switched off
+   (``FLEXDSA_EMBEDDED_WORKER=false``: only the API works, as in the issue's measurement). From a second
+   process, ``--clients`` clients each upload a distinct ``--model-mb`` model at once while a probe submits
+   a 1 KB model every 100 ms; it prints the probe's latency (p50/p95/p99, and the same probe on the idle
+   service first) and the aggregate ingest rate beside the limit from step 1.
+
+Goals (issue 12): probe p99 <= 100 ms under the load, aggregate >= 80% of the limit. Bounded in count and
+time; everything is torn down at the end. Results also go to ``bench/results/ingest.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import multiprocessing
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from bench.loopback import free_port, wait_http
+
+ROOT = Path(__file__).resolve().parent.parent
+SPEC = json.dumps({"target": "cpu-ort", "measure_latency": False})
+
+
+def onnx_model(seed: int, size_bytes: int) -> bytes:
+    """A valid ONNX model (Add of an input and a big initializer) of about ``size_bytes``, distinct per seed."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    count = max(1, size_bytes // 4)
+    weight = np.random.default_rng(seed).standard_normal(count, dtype=np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["x", "w"], ["y"])],
+        f"ingest{seed}",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [count])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [count])],
+        [numpy_helper.from_array(weight, "w")],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9).SerializeToString()
+
+
+def machine_limit(bodies: list[bytes], folder: Path) -> float:
+    """MB/s for sha256 + write + fsync of every body in turn, in this process (1 MiB pieces, as the API)."""
+    start = time.perf_counter()
+    for index, body in enumerate(bodies):
+        digest = hashlib.sha256()
+        with open(folder / f"limit-{index}", "wb") as handle:
+            for offset in range(0, len(body), 1 << 20):
+                piece = body[offset : offset + (1 << 20)]
+                digest.update(piece)
+                handle.write(piece)
+            handle.flush()
+            os.fsync(handle.fileno())
+        digest.hexdigest()
+        (folder / f"limit-{index}").unlink()
+    elapsed = time.perf_counter() - start
+    return sum(len(b) for b in bodies) / elapsed / 1e6
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))]
+
+
+def _post(client, base_url: str, body: bytes, name: str) -> float:
+    start = time.perf_counter()
+    response = client.post(
+        f"{base_url}/optimize", files={"model": (name, body, "application/octet-stream")}, data={"spec": SPEC}
+    )
+    elapsed = time.perf_counter() - start
+    if response.status_code != 202:
+        raise RuntimeError(f"submit answered {response.status_code}: {response.text[:300]}")
+    return elapsed
+
+
+def load(base_url: str, clients: int, model_bytes: int, seed: int, start_at: float, queue) -> None:
+    """Runs in its own process: the clients' uploads, all started at ``start_at`` (time.time())."""
+    import httpx
+
+    bodies = [onnx_model(seed + i, model_bytes) for i in range(clients)]
+    upload_times: list[float] = [0.0] * clients
+
+    def upload(index: int) -> None:
+        with httpx.Client(timeout=600) as client:
+            upload_times[index] = _post(client, base_url, bodies[index], f"big{index}.onnx")
+
+    threads = [threading.Thread(target=upload, args=(i,)) for i in range(clients)]
+    time.sleep(max(0.0, start_at - time.time()))
+    start = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    queue.put({"upload_s": upload_times, "wall_s": time.perf_counter() - start, "bytes": sum(map(len, bodies))})
+
+
+def probe_process(base_url: str, seed: int, idle_probes: int, start_at: float, stop, queue) -> None:
+    """Runs in its own process (the uploaders' threads must not delay it): an idle series first, then a
+    1 KB submit every 100 ms from ``start_at`` until ``stop`` is set."""
+    import httpx
+
+    small = onnx_model(10_000 + seed, 1024)
+    idle: list[float] = []
+    loaded: list[float] = []
+    with httpx.Client(timeout=60) as client:
+        for index in range(idle_probes):
+            idle.append(_post(client, base_url, small, f"idle{index}.onnx"))
+            time.sleep(0.1)
+        time.sleep(max(0.0, start_at - time.time()))
+        index = 0
+        while not stop.is_set():
+            tick = time.perf_counter()
+            loaded.append(_post(client, base_url, small, f"probe{index}.onnx"))
+            index += 1
+            stop.wait(max(0.0, 0.1 - (time.perf_counter() - tick)))
+    queue.put({"idle_probe_s": idle, "loaded_probe_s": loaded})
+
+
+def run(args) -> dict:
+    tmp = Path(tempfile.mkdtemp(prefix="flexdsa-ingest-"))
+    try:
+        bodies = [onnx_model(args.seed + i, args.model_mb * 1_000_000) for i in range(args.clients)]
+        limit_mb_s = machine_limit(bodies, tmp)
+        del bodies
+        port = free_port()
+        env = dict(os.environ)
+        env.update(
+            {
+                "FLEXDSA_DATA_DIR": str(tmp / "data"),
+                "FLEXDSA_EMBEDDED_WORKER": "false",
+                "FLEXDSA_MAX_QUEUED_JOBS_PER_TENANT": "100000",
+                "FLEXDSA_SUBMIT_RATE_PER_MINUTE": "100000",
+                "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
+            }
+        )
+        for key in ("FLEXDSA_DATABASE_URL", "FLEXDSA_BROKER_URL", "FLEXDSA_REDIS_URL"):
+            env.pop(key, None)
+        log = open(tmp / "api.log", "wb")
+        server = subprocess.Popen(
+            [sys.executable, "-m", "service.cli", "serve", "--port", str(port)]
+            if args.via_cli
+            else [sys.executable, "-c", _SERVE.format(port=port)],
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        try:
+            base_url = f"http://127.0.0.1:{port}"
+            wait_http(f"{base_url}/healthz", 60, str(tmp / "api.log"))
+            context = multiprocessing.get_context("spawn")
+            loads, probes, stop = context.Queue(), context.Queue(), context.Event()
+            # Both processes build their bodies first; the uploads start together after the idle probes.
+            start_at = time.time() + 10 + 0.15 * args.idle_probes
+            uploader = context.Process(
+                target=load, args=(base_url, args.clients, args.model_mb * 1_000_000, args.seed, start_at, loads)
+            )
+            prober = context.Process(
+                target=probe_process, args=(base_url, args.seed, args.idle_probes, start_at, stop, probes)
+            )
+            prober.start()
+            uploader.start()
+            result = loads.get(timeout=args.max_seconds)
+            stop.set()
+            result.update(probes.get(timeout=120))
+            for process in (uploader, prober):
+                process.join(30)
+        finally:
+            server.terminate()
+            try:
+                server.wait(30)
+            except subprocess.TimeoutExpired:
+                server.kill()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    aggregate = result["bytes"] / result["wall_s"] / 1e6
+    loaded, idle = result["loaded_probe_s"], result["idle_probe_s"]
+    return {
+        "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count()},
+        "clients": args.clients,
+        "model_mb": args.model_mb,
+        "limit_mb_s": round(limit_mb_s, 1),
+        "aggregate_mb_s": round(aggregate, 1),
+        "aggregate_vs_limit": round(aggregate / limit_mb_s, 3),
+        "wall_s": round(result["wall_s"], 2),
+        "probe_idle_ms": _summary(idle),
+        "probe_loaded_ms": _summary(loaded),
+        "probes_under_load": len(loaded),
+    }
+
+
+def _summary(values: list[float]) -> dict:
+    if not values:
+        return {}
+    return {
+        "p50": round(percentile(values, 50) * 1e3, 1),
+        "p95": round(percentile(values, 95) * 1e3, 1),
+        "p99": round(percentile(values, 99) * 1e3, 1),
+        "mean": round(statistics.fmean(values) * 1e3, 1),
+    }
+
+
+# The app on embedded defaults, served by uvicorn the way ``flexdsa serve`` does, minus its example run.
+_SERVE = (
+    "import uvicorn\n"
+    "from service.config import get_settings\n"
+    "from service.db import make_engine, prepare_database\n"
+    "from service.auth import ensure_tenant\n"
+    "from service.db import make_session_factory, session_scope\n"
+    "settings = get_settings()\n"
+    "engine = make_engine(settings.database_url)\n"
+    "prepare_database(settings, engine)\n"
+    "with session_scope(make_session_factory(engine)) as session:\n"
+    "    ensure_tenant(session, settings.default_tenant)\n"
+    "engine.dispose()\n"
+    "from service.app import create_app\n"
+    "uvicorn.run(create_app(settings), host='127.0.0.1', port={port}, log_level='warning')\n"
+)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--clients", type=int, default=20)
+    parser.add_argument("--model-mb", type=int, default=51)
+    parser.add_argument("--idle-probes", type=int, default=20)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-seconds", type=float, default=300)
+    parser.add_argument("--via-cli", action="store_true", help="start the API with `flexdsa serve`")
+    args = parser.parse_args(argv)
+    result = run(args)
+    print(json.dumps(result, indent=2))
+    loaded = result["probe_loaded_ms"]
+    print(
+        f"\n{args.clients} clients x {args.model_mb} MB: aggregate {result['aggregate_mb_s']} MB/s = "
+        f"{result['aggregate_vs_limit']:.0%} of this machine's sha256+write+fsync limit ({result['limit_mb_s']} MB/s); "
+        f"1 KB submit every 100 ms meanwhile: p50 {loaded.get('p50')} ms, p99 {loaded.get('p99')} ms "
+        f"(idle p50 {result['probe_idle_ms'].get('p50')} ms)"
+    )
+    out = ROOT / "bench" / "results"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "ingest.json").write_text(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

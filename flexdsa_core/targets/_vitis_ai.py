@@ -1,0 +1,273 @@
+"""What the two AMD Vitis AI targets share: quantisation with AMD Quark before the vendor compiler.
+
+Both the Ryzen AI NPU (``amd.py``) and the KV260 DPU (``xilinx.py``) take quantised QDQ ONNX, made by AMD
+Quark (or the older vai_q_onnx): the bundle's models stay float (validated against the original like every
+bundle), and the bundle carries the quantise step as a script, which the ``amd`` toolchain (Quark in its own
+environment) also runs here on the request's sample inputs. The variants differ by class-level flags:
+
+* ``int8_only``: the accelerator computes nothing but int8 (the DPU, X4): a float model runs there only after
+  quantisation. The NPU compiles an fp32 model to BF16 instead (A1), so quantising is its preference, not a
+  precondition;
+* ``presets``: Quark preset per model kind (``cnn`` / ``transformer``), as Quark's own plan says (A8);
+* ``ladder``: per model kind, what the toolchain tries, in order, until the quantised model reaches the
+  accuracy target;
+* ``quantize_cpu_nodes``: whether nodes the partition places on the CPU are quantised too;
+* ``quant_sources``: the source ids the quantisation sentences cite.
+
+A node that reads an integer tensor computed at run time (token ids, shape arithmetic) is not quantised by
+Quark and cannot run as an int8 accelerator op: it stays on the CPU, with that reason.
+"""
+
+from __future__ import annotations
+
+import onnx_ir as ir
+
+from flexdsa_core.targets.accelerator import AcceleratorAdapter
+from flexdsa_core.targets.spec import TargetSpec
+from flexdsa_core.targets.toolchain_run import MIN_COSINE
+
+INTEGER_DTYPES = frozenset(
+    {ir.DataType.INT64, ir.DataType.INT32, ir.DataType.UINT64, ir.DataType.UINT32, ir.DataType.BOOL}
+)
+QDQ_OPS = frozenset({"QuantizeLinear", "DequantizeLinear"})
+# The ops a transformer has and a CNN does not; Quark's plan picks the preset by this (A8).
+TRANSFORMER_OPS = frozenset({"Softmax", "LayerNormalization"})
+
+
+class VitisAIAdapter(AcceleratorAdapter):
+    vendor = "AMD"
+    int8_only = False
+    presets: dict[str, str] = {"cnn": "XINT8", "transformer": "A8W8"}
+    # A CNN keeps every op quantised (AdaRound next); a transformer first leaves all but Conv/Gemm/MatMul in
+    # float (its norms and softmax lose most to int8); either way the step that holds is reported.
+    ladder: dict[str, tuple[str, ...]] = {
+        "cnn": ("preset", "adaround", "float_non_compute"),
+        "transformer": ("preset", "float_non_compute", "adaround"),
+    }
+    quant_sources = "A8"
+    accelerator = "accelerator"
+    # False: nodes our partition puts on the CPU stay float in the quantised model (the DPU compiler makes
+    # CPU subgraphs of them, X9); True: the whole graph is quantised and the EP decides (A2).
+    quantize_cpu_nodes = True
+
+    # ---- legality -----------------------------------------------------------------------------------
+    def node_reason(self, node: ir.Node, target: TargetSpec) -> str | None:
+        if node.domain not in ("", "ai.onnx") or node.op_type in QDQ_OPS:
+            return None
+        integer = runtime_integer_input(node)
+        if integer is not None:
+            dtype = integer.dtype.name.lower() if integer.dtype is not None else "integer"
+            return (
+                f"{node.op_type} reads the {dtype} tensor {integer.name!r}, computed at run time: the quantiser "
+                f"leaves integer arithmetic unquantised and the {self.accelerator} runs quantised int8 ops, so it "
+                f"stays on the CPU ({self.quant_sources})"
+            )
+        return None
+
+    def partition_notes(self, model: ir.Model, target: TargetSpec) -> list[str]:
+        if any(node.op_type in QDQ_OPS for node in model.graph):
+            return [f"the model is already quantised (QDQ): {target.name} takes it as it is"]
+        kind = model_kind(model)
+        preset = self.presets[kind]
+        if self.int8_only:
+            return [
+                f"the bundle's model is float and the {self.accelerator} computes int8 only: the accelerator "
+                f"partitions run there only after quantisation. The bundle carries that step (Quark {preset}, "
+                f"power-of-two int8 per tensor, {self.quant_sources}); the amd toolchain runs it here when "
+                "installed, and until then the placement above is what the quantised model would get"
+            ]
+        return [
+            f"the bundle's model is float: quantise it for the {self.accelerator} with the bundle's Quark step "
+            f"({preset} for a {kind} model, {self.quant_sources}); run as fp32 the Vitis AI EP compiles it to "
+            "BF16 instead (A1)"
+        ]
+
+    # ---- the toolchain ------------------------------------------------------------------------------
+    def toolchain_options(self, target: TargetSpec, report: dict) -> dict:
+        options = {
+            "presets": dict(self.presets),
+            "ladder": {kind: list(steps) for kind, steps in self.ladder.items()},
+            "min_cosine": MIN_COSINE,
+        }
+        if not self.quantize_cpu_nodes:
+            options["keep_float"] = {
+                bucket: sorted(node for node, device in part.get("placement", {}).items() if device == "cpu")
+                for bucket, part in (report.get("partition") or {}).items()
+            }
+        return options
+
+    def qdq_filename(self, bucket) -> str:
+        return self.model_filename(bucket).removesuffix(".onnx") + ".qdq.onnx"
+
+
+def model_kind(model: ir.Model) -> str:
+    """'transformer' for Softmax/LayerNormalization or a MatMul of two run-time tensors, else 'cnn'."""
+    for node in model.graph:
+        if node.op_type in TRANSFORMER_OPS:
+            return "transformer"
+        if node.op_type == "MatMul" and len(node.inputs) == 2 and not any(_is_constant(v) for v in node.inputs):
+            return "transformer"
+    return "cnn"
+
+
+def runtime_integer_input(node: ir.Node) -> ir.Value | None:
+    """The first input that is an integer tensor computed at run time (not a constant, not a shape)."""
+    for value in node.inputs:
+        if value is None or value.dtype not in INTEGER_DTYPES or _is_constant(value):
+            continue
+        return value
+    return None
+
+
+def _is_constant(value: ir.Value | None) -> bool:
+    if value is None or value.const_value is not None:
+        return True
+    producer = value.producer()
+    return producer is not None and producer.op_type == "Constant"
+
+
+# ---- the bundle's quantise step (shared by both targets) --------------------------------------------
+
+
+def quantize_entries(adapter: VitisAIAdapter, buckets) -> list[dict]:
+    """Per bucket: its float ONNX, the QDQ file to write, its inputs and the Quark preset for its kind."""
+    from flexdsa_core.targets.bundle_inputs import input_dims, runtime_inputs
+
+    entries = []
+    for bucket in buckets:
+        inputs = runtime_inputs(bucket.model)
+        entries.append({
+            "name": bucket.name,
+            "onnx": adapter.model_filename(bucket),
+            "qdq": adapter.qdq_filename(bucket),
+            "inputs": [v.name for v in inputs],
+            "shapes": [input_dims(v) for v in inputs],
+            "dtypes": [v.dtype.numpy().name if v.dtype is not None else "float32" for v in inputs],
+            "preset": adapter.presets[model_kind(bucket.model)],
+        })  # fmt: skip
+    return entries
+
+
+QUANTIZE_SCRIPT = '''"""Quantise this bundle for {what} (generated by Flex-DSA).
+
+    python {script} --dataset ds.txt      # every bucket, calibrated on ds.txt (one sample a line)
+    python {script} --random 8            # smoke test only: 8 random samples (accuracy meaningless)
+    python {script} --bucket NAME ...     # one bucket only
+
+ds.txt: one calibration sample a line, one .npy file per model input, space-separated, in the order of
+BUCKETS[...]["inputs"]; 100-1000 samples is usual ({sources}). Writes model.<bucket>.qdq.onnx per bucket.
+
+Needs AMD Quark (`pip install amd-quark onnxruntime`, plus a CPU build of torch, which it imports).
+{quantizer_note}
+"""
+
+import argparse
+import sys
+
+import numpy as np
+
+BUCKETS = {buckets}
+
+# Quark preset per bucket (its custom_config.<NAME>_QCONFIG): {preset_note}
+QUANTIZERS = {quantizers}
+
+
+class Samples:
+    """Calibration data reader (ONNX Runtime's interface): one dict of input arrays per sample."""
+
+    def __init__(self, samples):
+        self.samples = samples
+        self.pending = iter(samples)
+
+    def get_next(self):
+        return next(self.pending, None)
+
+    def rewind(self):
+        self.pending = iter(self.samples)
+
+
+def load_samples(bucket, dataset=None, random=0):
+    if dataset:
+        samples = []
+        with open(dataset) as handle:
+            for line in handle:
+                paths = line.split()
+                if paths:
+                    samples.append({{n: np.load(p) for n, p in zip(bucket["inputs"], paths)}})
+        return samples
+    rng = np.random.default_rng(0)
+    return [
+        {{n: rng.standard_normal(s).astype(d) if d.startswith("float") else np.ones(s, d)
+         for n, s, d in zip(bucket["inputs"], bucket["shapes"], bucket["dtypes"])}}
+        for _ in range(random)
+    ]
+
+
+def quantize_with_quark(bucket, samples):
+    import copy
+
+    from quark.onnx import ModelQuantizer
+    from quark.onnx.quantization.config import custom_config
+
+    config = copy.deepcopy(getattr(custom_config, bucket["preset"] + "_QCONFIG"))
+    ModelQuantizer(config).quantize_model(bucket["onnx"], bucket["qdq"], Samples(samples))
+
+
+def quantize_with_vai_q_onnx(bucket, samples):
+    import vai_q_onnx
+    from onnxruntime.quantization import QuantFormat, QuantType
+
+    # The DPU's scheme: power-of-two int8, per tensor (vai_q_onnx README, X8).
+    vai_q_onnx.quantize_static(
+        bucket["onnx"], bucket["qdq"], Samples(samples),
+        quant_format=QuantFormat.QDQ,
+        calibrate_method=vai_q_onnx.PowerOfTwoMethod.MinMSE,
+        activation_type=QuantType.QInt8, weight_type=QuantType.QInt8, per_channel=False,
+    )
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--bucket", help="quantise only this bucket")
+    parser.add_argument("--dataset", help="calibration list: one sample a line, one .npy per input")
+    parser.add_argument("--random", type=int, default=0, help="N random samples instead (smoke test only)")
+    parser.add_argument("--quantizer", choices=QUANTIZERS, default=QUANTIZERS[0])
+    args = parser.parse_args()
+    if not args.dataset and not args.random:
+        parser.error("give --dataset (or --random N for a smoke test)")
+    chosen = [b for b in BUCKETS if args.bucket in (None, b["name"])]
+    if not chosen:
+        parser.error("no bucket named " + repr(args.bucket))
+    for bucket in chosen:
+        samples = load_samples(bucket, args.dataset, args.random)
+        if args.quantizer == "quark":
+            quantize_with_quark(bucket, samples)
+        else:
+            quantize_with_vai_q_onnx(bucket, samples)
+        print("wrote", bucket["qdq"], "with", args.quantizer, bucket["preset"] if args.quantizer == "quark" else "")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+'''
+
+
+def quantize_script(adapter: VitisAIAdapter, buckets, *, script: str, what: str, quantizers: list[str]) -> str:
+    import pprint
+
+    note = (
+        "Or the Vitis AI quantiser: `--quantizer vai_q_onnx` (vai_q_onnx.quantize_static, QDQ, PowerOfTwoMethod."
+        "MinMSE, int8, per tensor: X8)."
+        if "vai_q_onnx" in quantizers
+        else ""
+    )
+    return QUANTIZE_SCRIPT.format(
+        what=what,
+        script=script,
+        sources=adapter.quant_sources,
+        quantizer_note=note,
+        buckets=pprint.pformat(quantize_entries(adapter, buckets), width=110, sort_dicts=False),
+        preset_note=", ".join(f"{kind} -> {preset}" for kind, preset in adapter.presets.items()),
+        quantizers=repr(quantizers),
+    )

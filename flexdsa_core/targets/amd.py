@@ -1,0 +1,163 @@
+"""AMD Ryzen AI 300 XDNA 2 NPU through ONNX Runtime's Vitis AI Execution Provider.
+
+There is no offline compiler: the EP compiles a (QDQ) ONNX model when the InferenceSession is created,
+caches the result (``cache_dir`` / ``cache_key``), and runs what the NPU cannot on the CPU (A2). AMD publishes
+no NPU op list (A10), so the op table is the set of ops the Vitis AI quantiser quantises (X8): those become
+quantised NPU ops; anything else the EP leaves to the CPU, which is what the fallback reason says.
+
+The bundle:
+
+* ``quantize_quark.py``: AMD Quark per bucket, XINT8 (power-of-two int8) for a CNN, A8W8 for a transformer,
+  as Quark's plan for AMD NPU targets says (A8); the ``amd`` toolchain runs the same step here on the
+  request's sample inputs and checks the quantised model in ONNX Runtime;
+* ``run_npu.py``: one session per bucket with ``VitisAIExecutionProvider`` and the provider options the
+  Ryzen AI docs name (``cache_dir``, ``cache_key``, ``config_file``, ``xclbin``; A2), which compiles and runs it.
+"""
+
+from __future__ import annotations
+
+import pprint
+
+import onnx_ir as ir
+
+from flexdsa_core.targets._vitis_ai import QDQ_OPS, VitisAIAdapter, quantize_entries, quantize_script
+from flexdsa_core.targets.base import BucketModel
+from flexdsa_core.targets.spec import TargetSpec, op_key
+
+
+class AmdAdapter(VitisAIAdapter):
+    vendor = "AMD"
+    int8_only = False
+    presets = {"cnn": "XINT8", "transformer": "A8W8"}
+    quant_sources = "A8"
+    accelerator = "XDNA 2 NPU"
+
+    def fallback_reason(self, node: ir.Node, target: TargetSpec) -> str | None:
+        key = op_key(node.op_type, node.domain)
+        if node.op_type != "Constant" and key not in self.supported_op_keys(target):
+            return (
+                f"{key} is not among the ops the Vitis AI quantiser quantises (X8), and AMD publishes no NPU op "
+                "list (A10): the Vitis AI EP runs it on the CPU beside the NPU (A2)"
+            )
+        return super().fallback_reason(node, target)
+
+    # ---- the bundle ---------------------------------------------------------------------------------
+    def vendor_files(self, buckets: list[BucketModel], target: TargetSpec, report: dict) -> dict[str, bytes]:
+        quantize = quantize_script(
+            self, buckets, script="quantize_quark.py", what="the Ryzen AI XDNA 2 NPU (Vitis AI EP)",
+            quantizers=["quark"],
+        )  # fmt: skip
+        run = _RUN_SCRIPT.format(
+            buckets=pprint.pformat(
+                [{k: e[k] for k in ("name", "onnx", "qdq", "inputs", "shapes", "dtypes")}
+                 for e in quantize_entries(self, buckets)],
+                width=110, sort_dicts=False,
+            ),
+        )  # fmt: skip
+        return {"quantize_quark.py": quantize.encode(), "run_npu.py": run.encode()}
+
+    def deploy_steps(self, buckets: list[BucketModel], target: TargetSpec, report: dict) -> list[str]:
+        qdq = ", ".join(f"`{self.qdq_filename(b)}`" for b in buckets)
+        quantized = any(n.op_type in QDQ_OPS for b in buckets for n in b.model.graph)
+        steps = []
+        if not quantized:
+            steps.append(
+                "Quantise (any x86 machine): `pip install amd-quark onnxruntime` (with a CPU build of torch, which "
+                "Quark imports), then `python quantize_quark.py --dataset ds.txt` (one calibration sample a line, "
+                f"one .npy per input; 100-1000 samples). It writes {qdq} with Quark's XINT8 preset for a CNN, "
+                "A8W8 for a transformer (A8). When the amd toolchain ran here, those files are in the bundle "
+                "already, calibrated on the request's samples only."
+            )
+        steps += [
+            "On a Ryzen AI 300 laptop (Windows, NPU driver and the Ryzen AI Software installed, whose conda "
+            "environment carries onnxruntime with the Vitis AI EP): copy the bundle there.",
+            "`python run_npu.py` creates one InferenceSession per bucket with "
+            "`providers=['VitisAIExecutionProvider']` and `provider_options=[{'cache_dir': 'cache', "
+            "'cache_key': 'model.<bucket>'}]`: the first run compiles (minutes), later runs load the cache (A2). "
+            "Give `--config-file` (the EP's compile options, BF16 flow) and `--xclbin` where your Ryzen AI "
+            "release asks for them (A2).",
+            "The EP partitions by itself: NPU-supported subgraphs on the NPU, the rest on the CPU (A2); the "
+            "report's partition is our prediction from the quantisable op list (X8), AMD publishes no op list "
+            "(A10).",
+            "Pick the bucket per request as `manifest.json` says (`pick_bucket`): pad the inputs up to the "
+            "smallest bucket that holds them and slice the outputs back.",
+        ]
+        return steps
+
+
+_RUN_SCRIPT = '''"""Run this bundle on the Ryzen AI XDNA 2 NPU through ONNX Runtime's Vitis AI EP (generated by Flex-DSA).
+
+    python run_npu.py                          # every bucket: compile (first run) and run once
+    python run_npu.py --bucket NAME            # one bucket only
+    python run_npu.py --config-file vaip_config.json --xclbin <npu .xclbin>   # where your release needs them
+    python run_npu.py --float                  # the float model instead (the EP compiles it to BF16)
+
+The Vitis AI EP compiles the model when the session is created and caches it under --cache-dir, keyed by
+cache_key; it places NPU-supported subgraphs on the NPU and the rest on the CPU (Ryzen AI docs, A2).
+Needs the Ryzen AI Software's onnxruntime (with VitisAIExecutionProvider) on a Ryzen AI machine.
+"""
+
+import argparse
+import os
+import sys
+import time
+
+import numpy as np
+import onnxruntime as ort
+
+BUCKETS = {buckets}
+
+
+def provider_options(bucket, args):
+    options = {{"cache_dir": os.path.abspath(args.cache_dir), "cache_key": bucket["qdq"].removesuffix(".onnx")}}
+    if args.config_file:
+        options["config_file"] = args.config_file
+    if args.xclbin:
+        options["xclbin"] = args.xclbin
+    return options
+
+
+def run(bucket, args):
+    path = bucket["onnx"] if args.float else bucket["qdq"]
+    if not os.path.exists(path):
+        raise SystemExit(path + " is missing: run quantize_quark.py first (or pass --float)")
+    started = time.perf_counter()
+    session = ort.InferenceSession(
+        path, providers=["VitisAIExecutionProvider"], provider_options=[provider_options(bucket, args)]
+    )
+    print(bucket["name"], "session ready in %.1f s, providers %s" % (time.perf_counter() - started,
+                                                                    session.get_providers()))
+    rng = np.random.default_rng(0)
+    feeds = {{
+        name: rng.standard_normal(shape).astype(dtype) if dtype.startswith("float") else np.ones(shape, dtype)
+        for name, shape, dtype in zip(bucket["inputs"], bucket["shapes"], bucket["dtypes"])
+    }}
+    started = time.perf_counter()
+    outputs = session.run(None, feeds)
+    print(bucket["name"], "ran in %.2f ms, outputs %s" % ((time.perf_counter() - started) * 1e3,
+                                                         [o.shape for o in outputs]))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--bucket", help="run only this bucket")
+    parser.add_argument("--cache-dir", default="cache", help="where the EP keeps compiled models")
+    parser.add_argument("--config-file", help="the Vitis AI EP config file (compile options)")
+    parser.add_argument("--xclbin", help="NPU binary, for releases that ask for it")
+    parser.add_argument("--float", action="store_true", help="run the float model (compiled to BF16)")
+    args = parser.parse_args()
+    if "VitisAIExecutionProvider" not in ort.get_available_providers():
+        raise SystemExit("this onnxruntime has no VitisAIExecutionProvider: use the Ryzen AI Software's build")
+    chosen = [b for b in BUCKETS if args.bucket in (None, b["name"])]
+    if not chosen:
+        parser.error("no bucket named " + repr(args.bucket))
+    for bucket in chosen:
+        run(bucket, args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+'''
+
+ADAPTER = AmdAdapter()

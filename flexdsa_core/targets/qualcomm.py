@@ -1,0 +1,360 @@
+"""Qualcomm Snapdragon 8 Gen 3 (SM8650) Hexagon NPU through ONNX Runtime's QNN execution provider (HTP
+backend, v75): limits the constraint language cannot say, and the bundle's QNN scripts.
+
+The op table (what the QNN EP maps, Q1) and the per-op limits that are attribute or constant-input rules
+(ArgMax ``select_last_index``, CumSum ``reverse``, Pad ``wrap``, pool dilations, run-time shape inputs)
+are data in ``data/qualcomm-sm8650.json``. What is here needs the graph; each rule is what onnxruntime-qnn
+2.7.0's HTP validation refused on a probe graph, its REASON quoted:
+
+* tensors of rank above 5 ("Failed to add node.": HTP tensors have at most 5 dims);
+* MaxPool over 3 spatial dims ("QNN NPU does not support PoolMax3d!");
+* LayerNormalization over anything but the last axis ("QNN LayerNorm on HTP only supports normalization
+  along the last axis.");
+* Einsum with one input ("Einsum requires at least 2 inputs.");
+* ReduceProd, which the EP maps but the HTP backend lacks ("ReduceProd operator not supported by HTP
+  backend.");
+* com.microsoft::Inverse of anything but 2x2 matrices ("QNN expects 2x2 Inverse Op: [..., 2, 2].");
+* RandomUniformLike and STFT: QNN's validation passes them, but the emulated HTP graph then fails to
+  execute (QNN_COMMON_ERROR_GENERAL) or to finalise (QNN_COMMON_ERROR_MEM_ALLOC): we place them on the CPU,
+  where QNN's own placement (taken from its validation) says HTP. The only rules here that disagree with
+  QNN's placement, on purpose: a model holding one does not compile for the HTP as QNN partitions it.
+
+No legalisation rewrite is needed for the fixtures: QNN validates every node of the six after our passes
+(the erf GELU fuses into com.microsoft::Gelu, which the EP's Gelu builder takes). QNN HTP computes
+quantised or fp16 graphs, not float32: the toolchain quantises each bucket to QNN's QDQ (asymmetric
+uint8, or uint16 activations when uint8 misses the accuracy target) before compiling it.
+"""
+
+from __future__ import annotations
+
+import pprint
+
+import onnx_ir as ir
+
+from flexdsa_core.targets.accelerator import AcceleratorAdapter
+from flexdsa_core.targets.base import BucketModel
+from flexdsa_core.targets.bundle_inputs import requested_precision, runtime_inputs
+from flexdsa_core.targets.spec import TargetSpec
+
+# QNN HTP architecture and SoC id of the Snapdragon 8 Gen 3 (QNN EP provider options htp_arch / soc_model).
+HTP_ARCH = "75"
+SOC_MODEL = "57"
+PROVIDER_OPTIONS = {"backend_type": "htp", "htp_arch": HTP_ARCH, "soc_model": SOC_MODEL}
+MAX_RANK = 5  # a rank-6 Add or Concat: "Failed to add node." (onnxruntime-qnn 2.7.0)
+# Ops the QNN EP maps (Q1) that the HTP backend still refuses or cannot run (onnxruntime-qnn 2.7.0).
+HTP_LACKS = {
+    "ReduceProd": "ReduceProd has no HTP kernel (QNN: 'QNN EP: ReduceProd operator not supported by HTP backend.')",
+    "RandomUniformLike": (
+        "RandomUniformLike passes QNN's validation but the HTP graph holding it fails to execute "
+        "(QNN_COMMON_ERROR_GENERAL, seen in HTP emulation): kept on the CPU"
+    ),
+    "STFT": (
+        "STFT passes QNN's validation but the HTP graph holding it fails to finalise "
+        "(QNN_COMMON_ERROR_MEM_ALLOC, seen in HTP emulation): kept on the CPU"
+    ),
+}
+
+
+class QualcommAdapter(AcceleratorAdapter):
+    vendor = "Qualcomm"
+
+    # ---- legality beyond the op table --------------------------------------------------------------
+    def node_reason(self, node: ir.Node, target: TargetSpec) -> str | None:
+        if node.domain == "com.microsoft" and node.op_type == "Inverse":
+            shape = node.inputs[0].shape if node.inputs and node.inputs[0] is not None else None
+            if shape is not None and list(shape)[-2:] != [2, 2]:
+                return "com.microsoft::Inverse: QNN inverts 2x2 matrices only (QNN: 'QNN expects 2x2 Inverse Op: [..., 2, 2].')"
+        if node.domain not in ("", "ai.onnx"):
+            return None
+        if node.op_type in HTP_LACKS:
+            return HTP_LACKS[node.op_type]
+        deep = _deepest(node)
+        if deep is not None and len(deep.shape) > MAX_RANK:
+            return (
+                f"{node.op_type}: {deep.name!r} has rank {len(deep.shape)}; HTP tensors have at most {MAX_RANK} "
+                "dims (QNN validation: 'Failed to add node.')"
+            )
+        if node.op_type == "MaxPool" and _rank(node.inputs[0]) == 5:
+            return "MaxPool over 3 spatial dims: the HTP has no 3-D max pool (QNN: 'QNN NPU does not support PoolMax3d!')"
+        if node.op_type == "LayerNormalization":
+            rank = _rank(node.inputs[0])
+            axis = _int_attr(node, "axis", -1)
+            if rank is not None and axis not in (-1, rank - 1):
+                return (
+                    f"LayerNormalization over axis {axis} of a rank-{rank} tensor: QNN's HTP LayerNorm normalises "
+                    "the last axis only (QNN: 'QNN LayerNorm on HTP only supports normalization along the last "
+                    "axis.')"
+                )
+        if node.op_type == "Einsum" and len([v for v in node.inputs if v is not None]) < 2:
+            return "Einsum with one input: QNN maps Einsum to a MatMul of two (QNN: 'Einsum requires at least 2 inputs.')"
+        return None
+
+    # ---- the vendor toolchain ----------------------------------------------------------------------
+    def toolchain_options(self, target: TargetSpec, report: dict) -> dict:
+        """int8 QDQ by default, uint16 activations where uint8 misses the accuracy target (ViT: cosine 0.950
+        with uint8, 0.99997 with uint16); fp16 on the HTP when the request asked for fp16."""
+        precision = "fp16" if requested_precision(report) == "fp16" else "int8"
+        return {"precision": precision, "activation_type": "auto", "provider": dict(PROVIDER_OPTIONS)}
+
+    # ---- the bundle --------------------------------------------------------------------------------
+    def vendor_files(self, buckets: list[BucketModel], target: TargetSpec, report: dict) -> dict[str, bytes]:
+        entries = [_bucket_entry(self.model_filename(b), b) for b in buckets]
+        listing = pprint.pformat(entries, width=110, sort_dicts=False)
+        provider = pprint.pformat(PROVIDER_OPTIONS, sort_dicts=False)
+        return {
+            "compile_qnn.py": _COMPILE_SCRIPT.replace("@BUCKETS@", listing)
+            .replace("@PROVIDER@", provider)
+            .encode(),
+            "run_qnn.py": _RUN_SCRIPT.replace("@BUCKETS@", listing).replace("@PROVIDER@", provider).encode(),
+            "convert_qnn.sh": _converter_script(entries).encode(),
+        }
+
+    def deploy_steps(self, buckets: list[BucketModel], target: TargetSpec, report: dict) -> list[str]:
+        contexts = ", ".join(f"`{_stem(self.model_filename(b))}.qnn_ctx.onnx`" for b in buckets)
+        made = (
+            " The toolchain here made them already (uint8 or, where that missed the accuracy target, uint16 "
+            "activations: see `report.json` → `toolchain`); rerun with your own calibration data for deployment."
+            if (report.get("toolchain") or {}).get("ran")
+            else ""
+        )
+        return [
+            "On an x86_64 Linux or Windows-on-Snapdragon host: `pip install onnxruntime onnxruntime-qnn numpy onnx` "
+            "(`flexdsa toolchains install qualcomm` does this in an environment of its own).",
+            "In this folder: `python compile_qnn.py --dataset calib.txt` quantises every bucket to QNN's QDQ "
+            "(uint8; `--act uint16` for a16w8; one calibration sample a line, one .npy per input, space-separated) "
+            f"and compiles it for the SM8650 HTP into an EPContext model and QNN context binary ({contexts} plus "
+            f"its `_qnn.bin`); `--check` runs each once.{made}",
+            "Alternatively, with the QNN SDK: `bash convert_qnn.sh calib_list.txt` (qnn-onnx-converter, then the "
+            "model-library and context-binary generators, per bucket).",
+            "Copy the `.qnn_ctx.onnx` and `_qnn.bin` files, `run_qnn.py` and `manifest.json` to the device. With "
+            "onnxruntime and onnxruntime-qnn there (arm64 Android/Linux/Windows), `python run_qnn.py --bucket NAME "
+            "x.npy ...` loads the EPContext model on the HTP without recompiling.",
+            "Pick the bucket per request as `manifest.json` says (`pick_bucket`): pad the inputs up to the "
+            "smallest bucket that holds them and slice the outputs back.",
+        ]
+
+
+# ---- node_reason helpers ----------------------------------------------------------------------------
+
+
+def _rank(value: ir.Value | None) -> int | None:
+    return None if value is None or value.shape is None else len(value.shape)
+
+
+def _deepest(node: ir.Node) -> ir.Value | None:
+    values = [v for v in (*node.inputs, *node.outputs) if v is not None and v.shape is not None]
+    return max(values, key=lambda v: len(v.shape), default=None)
+
+
+def _int_attr(node: ir.Node, name: str, default: int) -> int:
+    attr = node.attributes.get(name)
+    return default if attr is None else int(attr.value)
+
+
+# ---- the scripts ------------------------------------------------------------------------------------
+
+
+def _stem(filename: str) -> str:
+    return filename.removesuffix(".onnx")
+
+
+def _bucket_entry(filename: str, bucket: BucketModel) -> dict:
+    inputs = runtime_inputs(bucket.model)
+    return {
+        "name": bucket.name,
+        "onnx": filename,
+        "qdq": f"{_stem(filename)}.qdq.onnx",
+        "context": f"{_stem(filename)}.qnn_ctx.onnx",
+        "inputs": [v.name for v in inputs],
+        "shapes": [[int(d) for d in v.shape] for v in inputs],
+        "dtypes": [v.dtype.numpy().name if v.dtype is not None else "float32" for v in inputs],
+    }  # fmt: skip
+
+
+def _converter_script(entries: list[dict]) -> str:
+    lines = [
+        "#!/usr/bin/env bash",
+        "# Compile this bundle for the Snapdragon 8 Gen 3 HTP with the QNN SDK (generated by Flex-DSA).",
+        "#   bash convert_qnn.sh CALIB_LIST [--act_bw 16]",
+        "# CALIB_LIST: one calibration sample a line (raw float32 files, one per input, in the order of the",
+        "# bucket's inputs). Needs the QNN SDK's environment (its bin/envsetup.sh sourced). The converter flags",
+        "# are from the QNN docs (Q7, Q15); qnn-model-lib-generator and qnn-context-binary-generator are named by",
+        "# the SDK docs' structure, their flags not confirmed from a consulted source: check them against your",
+        "# SDK. The ONNX Runtime route (compile_qnn.py) needs none of this.",
+        "set -euo pipefail",
+        'CALIB_LIST="${1:?usage: bash convert_qnn.sh CALIB_LIST [--act_bw 16]}"',
+        "shift",
+        'EXTRA=("$@")',
+        "mkdir -p qnn",
+    ]
+    for entry in entries:
+        stem = _stem(entry["onnx"]).replace(".", "_")
+        dims = " ".join(f"-d {name} {','.join(map(str, shape))}" for name, shape in zip(
+            entry["inputs"], entry["shapes"], strict=True))  # fmt: skip
+        lines += [
+            f"# bucket {entry['name']}",
+            f"qnn-onnx-converter --input_network {entry['onnx']} --output_path qnn/{stem}.cpp "
+            f'--input_list "$CALIB_LIST" {dims} --weight_bw 8 "${{EXTRA[@]}}"',
+            f"qnn-model-lib-generator -c qnn/{stem}.cpp -b qnn/{stem}.bin -o qnn/lib_{stem}",
+            f"qnn-context-binary-generator --backend libQnnHtp.so --model qnn/lib_{stem}/x86_64-linux-clang/"
+            f"lib{stem}.so --binary_file {stem}.serialized --output_dir qnn",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+_COMPILE_SCRIPT = '''"""Quantise this bundle to QNN's QDQ and compile it for the Snapdragon 8 Gen 3 HTP through ONNX Runtime's
+QNN execution provider, caching each bucket as an EPContext model + QNN context binary (generated by
+Flex-DSA).
+
+    python compile_qnn.py --dataset calib.txt         # uint8 QDQ, every bucket: model.<b>.qnn_ctx.onnx
+    python compile_qnn.py --dataset calib.txt --act uint16    # a16w8
+    python compile_qnn.py --fp16                      # the float model on the HTP in fp16, no calibration
+    python compile_qnn.py --check ...                 # ... and run each EPContext model once
+
+Needs `pip install onnxruntime onnxruntime-qnn onnx numpy`. On x86 the HTP backend runs in emulation.
+calib.txt: one calibration sample a line, one .npy per input (in the bucket's input order), space-separated;
+without it, random samples are used (numerics then only roughly right: give real data).
+"""
+
+import argparse
+import glob
+import os
+import sys
+
+import numpy as np
+import onnxruntime as ort
+import onnxruntime_qnn
+from onnxruntime.quantization import CalibrationDataReader, QuantType, quantize
+from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
+
+BUCKETS = @BUCKETS@
+
+# QNN EP provider options for the SM8650 HTP.
+PROVIDER = @PROVIDER@
+
+
+def qnn_devices():
+    ort.register_execution_provider_library("QNNExecutionProvider", onnxruntime_qnn.get_library_path())
+    return [d for d in ort.get_ep_devices() if d.ep_name == "QNNExecutionProvider"][:1]
+
+
+def samples(bucket, dataset):
+    if dataset:
+        with open(dataset) as handle:
+            rows = [line.split() for line in handle if line.strip()]
+        return [dict(zip(bucket["inputs"], (np.load(p) for p in row))) for row in rows]
+    rng = np.random.default_rng(0)
+    return [{
+        name: rng.standard_normal(shape).astype(dtype) if dtype.startswith("float") else np.zeros(shape, dtype)
+        for name, shape, dtype in zip(bucket["inputs"], bucket["shapes"], bucket["dtypes"])
+    } for _ in range(4)]
+
+
+class Reader(CalibrationDataReader):
+    def __init__(self, feeds):
+        self.pending = iter(feeds)
+
+    def get_next(self):
+        return next(self.pending, None)
+
+
+def compile_bucket(bucket, devices, act="uint8", fp16=False, dataset=None, check=False):
+    provider = dict(PROVIDER)
+    source = bucket["onnx"]
+    feeds = samples(bucket, dataset)
+    if fp16:
+        provider["enable_htp_fp16_precision"] = "1"
+    else:
+        types = {"uint8": QuantType.QUInt8, "uint16": QuantType.QUInt16}
+        config = get_qnn_qdq_config(source, Reader(feeds), activation_type=types[act], weight_type=QuantType.QUInt8)
+        quantize(source, bucket["qdq"], config)
+        source = bucket["qdq"]
+    for stale in glob.glob(bucket["context"].removesuffix(".onnx") + "*"):
+        os.remove(stale)  # ONNX Runtime refuses to overwrite an EPContext model
+    options = ort.SessionOptions()
+    options.add_session_config_entry("ep.context_enable", "1")
+    options.add_session_config_entry("ep.context_file_path", bucket["context"])
+    options.add_session_config_entry("ep.context_embed_mode", "0")
+    options.add_provider_for_devices(devices, provider)
+    ort.InferenceSession(source, options)
+    print("wrote", bucket["context"])
+    if check:
+        run_options = ort.SessionOptions()
+        run_options.add_provider_for_devices(devices, provider)
+        outputs = ort.InferenceSession(bucket["context"], run_options).run(None, feeds[0])
+        print("outputs:", [o.shape for o in outputs])
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--bucket", help="compile only this bucket")
+    parser.add_argument("--dataset", help="calibration list: one sample a line, one .npy per input")
+    parser.add_argument("--act", choices=["uint8", "uint16"], default="uint8", help="activation type")
+    parser.add_argument("--fp16", action="store_true", help="no quantisation: HTP fp16")
+    parser.add_argument("--check", action="store_true", help="run each EPContext model once")
+    args = parser.parse_args()
+    chosen = [b for b in BUCKETS if args.bucket in (None, b["name"])]
+    if not chosen:
+        parser.error("no bucket named " + repr(args.bucket))
+    devices = qnn_devices()
+    for bucket in chosen:
+        compile_bucket(bucket, devices, act=args.act, fp16=args.fp16, dataset=args.dataset, check=args.check)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+'''
+
+_RUN_SCRIPT = '''"""Run one bucket's EPContext model (QNN context binary) on the Snapdragon HTP through ONNX Runtime's QNN
+execution provider (generated by Flex-DSA).
+
+    python run_qnn.py --bucket NAME in1.npy [in2.npy ...]    # inputs in the bucket's order; prints outputs
+
+Needs onnxruntime and onnxruntime-qnn on the device. The context binary (`*_qnn.bin`) must sit beside the
+`.qnn_ctx.onnx` file. Smaller inputs: pad them up to the bucket's shape (manifest.json, pick_bucket).
+"""
+
+import argparse
+import sys
+
+import numpy as np
+import onnxruntime as ort
+import onnxruntime_qnn
+
+BUCKETS = @BUCKETS@
+
+PROVIDER = @PROVIDER@
+
+
+def session(bucket):
+    ort.register_execution_provider_library("QNNExecutionProvider", onnxruntime_qnn.get_library_path())
+    devices = [d for d in ort.get_ep_devices() if d.ep_name == "QNNExecutionProvider"][:1]
+    options = ort.SessionOptions()
+    options.add_session_config_entry("session.disable_cpu_ep_fallback", "0")
+    options.add_provider_for_devices(devices, dict(PROVIDER))
+    return ort.InferenceSession(bucket["context"], options)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--bucket", required=True)
+    parser.add_argument("inputs", nargs="+", help=".npy file per input, in the bucket's input order")
+    args = parser.parse_args()
+    bucket = next((b for b in BUCKETS if b["name"] == args.bucket), None)
+    if bucket is None:
+        parser.error("no bucket named " + repr(args.bucket))
+    if len(args.inputs) != len(bucket["inputs"]):
+        parser.error("bucket %s takes %d inputs: %s" % (bucket["name"], len(bucket["inputs"]), bucket["inputs"]))
+    feeds = {name: np.load(path) for name, path in zip(bucket["inputs"], args.inputs)}
+    htp = session(bucket)
+    for output, value in zip(htp.get_outputs(), htp.run(None, feeds)):
+        print(output.name, value.shape, value.ravel()[:8])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+'''
+
+ADAPTER = QualcommAdapter()

@@ -1,0 +1,381 @@
+"""onnxruntime-qnn driver: quantise each bucket to QNN's QDQ, compile it for the Hexagon HTP (emulated on
+x86), run it, read where QNN put each node, and keep the context binary.
+
+Runs inside the qualcomm toolchain's own environment (never imported by the core)::
+
+    python qualcomm_driver.py request.json result.json
+
+Per bucket (each already a static-shape ONNX: HTP graphs do not finalise with a dynamic dim):
+
+1. Quantise to QDQ with ``onnxruntime.quantization``'s QNN config (``get_qnn_qdq_config``: asymmetric
+   uint8 weights, uint8 or uint16 activations, MinMax), calibrated on the bucket's sample inputs (or on
+   ``options.dataset``). Skipped for ``precision: "fp16"``, which runs the float graph on HTP FP16.
+2. Compile: a session on the plugin EP (``register_execution_provider_library``, the QNN device from
+   ``get_ep_devices()``, ``backend_type=htp``, ``htp_arch``/``soc_model`` of the part) with CPU fallback
+   allowed, ``ep.context_enable=1`` (writes ``model.<bucket>.qnn_ctx.onnx``, an EPContext model, and the
+   QNN context binary beside it) and the verbose log on.
+3. Run: a second session loads the EPContext model (the deployable artifact: the context binary, not a
+   recompile) and runs the sample inputs; outputs are saved as .npy.
+4. Placement, from the compile session's verbose log: per node unit "Validation PASSED/FAILED for N
+   nodes in OrtNodeUnit (Op)", its nodes and, when failed, QNN's REASON; the last GetCapability pass
+   (after the layout transform) is the one that decides; "Node placements" names the nodes left on the
+   CPU provider. The Q/DQ nodes the quantiser added are not in the core's graph and are not reported.
+
+``options`` (all optional): ``precision`` "int8" (default) or "fp16"; ``activation_type`` "uint8"
+(default), "uint16", or "auto" (uint8, and uint16 when the uint8 model's cosine to the float model is
+below ``min_cosine``, default 0.99); ``weight_type`` "uint8"; ``per_channel`` (bool); ``provider``: QNN
+provider options (default ``backend_type=htp``); ``dataset``: calibration samples, each a list of .npy
+paths in graph-input order or a dict input name -> .npy path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import sys
+import time
+import traceback
+from pathlib import Path
+
+try:  # run as a script in the vendor environment (no flexdsa_core there): this folder is sys.path[0]
+    import _driver_common as common
+except ModuleNotFoundError:  # imported by file path (the tests), or run with -P / PYTHONSAFEPATH
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import _driver_common as common
+
+EP_NAME = "QNNExecutionProvider"
+PASS_MARK = "GetCapability pass"
+UNIT = re.compile(r"Validation (?P<verdict>PASSED|FAILED) for \d+ nodes in OrtNodeUnit \((?P<unit>[^)]*)\)")
+MEMBER = re.compile(r"^\s*Operator type: (?P<op>\S+) Node name: (?P<name>.*?) Node index: \d+\s*$")
+REASON = re.compile(r"^\s*REASON\s*:\s*(?P<reason>.*)$")
+PLACED_ON = re.compile(r"Node\(s\) placed on \[(?P<provider>[^\]]+)\]")
+PLACED_NODE = re.compile(r"\]\s{3}(?P<op>\S+) \((?P<name>.*)\)\s*$")
+DEFAULT_PROVIDER = {"backend_type": "htp"}
+# The layout transform re-creates layout-sensitive nodes (Conv, MaxPool, ...) as NHWC ones named <name>_token_<n>.
+TOKEN_SUFFIX = re.compile(r"_token_\d+$")
+PACKAGES = ("onnxruntime", "onnxruntime-qnn", "onnx", "numpy")  # versions in result.json
+
+
+def main(request_path: str, result_path: str) -> int:
+    return common.run_request(request_path, result_path, compile_bucket, PACKAGES)
+
+
+def compile_bucket(bucket: dict, out_dir: Path, options: dict) -> dict:
+    import numpy as np
+    import onnx
+
+    name = bucket["name"]
+    entry: dict = {"name": name, "artifacts": [], "placement": {}, "outputs": {}, "notes": []}
+    started = time.perf_counter()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model_path = bucket["onnx"]
+    graph = onnx.load(model_path, load_external_data=False).graph
+    feeds = {key: np.load(path) for key, path in bucket.get("inputs", {}).items()}
+    missing = [
+        v.name
+        for v in graph.input
+        if v.name not in feeds and v.name not in {i.name for i in graph.initializer}
+    ]
+    if missing:
+        entry["error"] = f"no sample input for {', '.join(missing)} (QNN needs one to calibrate and to run)"
+        return entry
+    precision = options.get("precision", "int8")
+    activation = options.get("activation_type", "uint8")
+    reference = _run_cpu(model_path, feeds) if activation == "auto" else None
+    tries = ["uint8", "uint16"] if activation == "auto" else [activation]
+    for attempt, activation_type in enumerate(tries):
+        compiled = _compile(model_path, feeds, out_dir, name, options, precision, activation_type)
+        if compiled.get("error") or reference is None or attempt == len(tries) - 1:
+            break
+        cosine = _min_cosine(reference, compiled["outputs"])
+        floor = float(options.get("min_cosine", 0.99))
+        if cosine >= floor:
+            break
+        entry["notes"].append(
+            f"{activation_type} activations gave cosine {cosine:.4f} to the float model (below {floor}): "
+            "quantised again with uint16 activations (a16w8)"
+        )
+    entry["seconds"] = round(time.perf_counter() - started, 3)
+    entry["log"] = compiled.get("log", "")[-200_000:]
+    if compiled.get("error"):
+        entry["error"] = compiled["error"]
+        return entry
+    entry["quantization"] = compiled["quantization"]
+    entry["notes"] += compiled["notes"]
+    entry["artifacts"] = compiled["artifacts"]
+    output_names = [value.name for value in graph.output]
+    common.save_outputs(entry, out_dir, name, zip(output_names, compiled["outputs"], strict=False))
+    node_names = {node.name for node in graph.node if node.name}
+    units = parse_units(compiled["log"])
+    on_cpu = parse_cpu_nodes(compiled["log"])
+    entry["placement"], entry["reasons"] = place_nodes(node_names, units, on_cpu)
+    folded = place_folded(graph, compiled["kept"], entry["placement"])
+    if folded:
+        entry["notes"].append(
+            f"{len(folded)} node(s) folded by the quantiser into the node before them (a Relu/Clip becomes its "
+            f"output range), placed with it: {', '.join(folded[:5])}{' ...' if len(folded) > 5 else ''}"
+        )
+    entry["layers"] = [unit for unit in units if any(n in node_names for n in unit["nodes"])]
+    accelerator = sum(1 for where in entry["placement"].values() if where == "accelerator")
+    entry["notes"].append(
+        f"{compiled['quantization']}; {accelerator} of {len(entry['placement'])} node(s) validated by QNN for "
+        f"the HTP; context binary: {', '.join(a for a in compiled['artifacts'] if a.endswith('.bin')) or 'none'}"
+    )
+    return entry
+
+
+def _compile(
+    model_path, feeds, out_dir: Path, name: str, options: dict, precision: str, activation_type: str
+):
+    """Quantise (unless fp16), compile with the context cache on, run the EPContext model. A dict with
+    ``outputs``, ``artifacts``, ``log``, ``quantization``, ``kept`` (node names of the compiled model), or
+    ``error`` in plain words."""
+    import onnx
+    import onnxruntime as ort
+
+    provider = {**DEFAULT_PROVIDER, **(options.get("provider") or {})}
+    qdq_name = f"model.{name}.qdq.onnx"
+    context_name = f"model.{name}.qnn_ctx.onnx"
+    for stale in out_dir.glob(f"model.{name}.qnn_ctx*"):
+        stale.unlink()  # a second attempt (uint16) must not find the first one's context
+    artifacts = []
+    if precision == "fp16":
+        compile_path, described = model_path, "float graph on HTP FP16 (enable_htp_fp16_precision=1)"
+        provider["enable_htp_fp16_precision"] = "1"
+    else:
+        try:
+            _quantize(model_path, out_dir / qdq_name, feeds, options, activation_type)
+        except Exception as err:
+            return {
+                "error": f"QDQ quantisation failed: {type(err).__name__}: {err}",
+                "log": traceback.format_exc(),
+            }
+        compile_path, described = str(out_dir / qdq_name), _describe(options, activation_type)
+        artifacts.append(qdq_name)
+    devices = _qnn_devices()
+    with common.captured("qnn-") as log_path:
+        try:
+            session_options = ort.SessionOptions()
+            session_options.log_severity_level = 0  # verbose: the per-node-unit validation lines
+            session_options.log_verbosity_level = 1
+            if precision == "fp16":
+                # ONNX Runtime's float rewrites before partitioning merge or rename nodes (ViT: 32 of 54 of ours
+                # left in QNN's log), hiding which of ours QNN took: QNN gets the bucket as we made it. Not for
+                # QDQ graphs: there its basic level keeps every name, and without it GPT-2's uint8 cosine fell
+                # from 0.9996 to 0.975 (seen with onnxruntime-qnn 2.7.0).
+                session_options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+            session_options.add_session_config_entry("ep.context_enable", "1")
+            session_options.add_session_config_entry("ep.context_file_path", str(out_dir / context_name))
+            session_options.add_session_config_entry("ep.context_embed_mode", "0")  # binary beside the model
+            session_options.add_provider_for_devices(devices, provider)
+            compiled = ort.InferenceSession(compile_path, session_options)
+            error = None
+        except Exception as err:
+            error = f"QNN could not compile the model: {type(err).__name__}: {err}"
+    log = Path(log_path).read_text(errors="replace")
+    os.unlink(log_path)
+    if error:
+        return {"error": error, "log": log}
+    kept = {node.name for node in onnx.load(compile_path, load_external_data=False).graph.node}
+    result = {"artifacts": artifacts, "log": log, "quantization": described, "kept": kept, "notes": []}
+    if not (out_dir / context_name).is_file():
+        # QNN validated no node for the HTP: everything runs on the CPU provider, and there is no binary.
+        result["notes"].append(
+            "QNN took no node for the HTP: no context binary, the whole model runs on the CPU"
+        )
+        result["outputs"] = _quiet_run(compiled, feeds)
+        return result
+    result["artifacts"] = artifacts + sorted(p.name for p in out_dir.glob(f"model.{name}.qnn_ctx*"))
+    try:
+        run_options = ort.SessionOptions()
+        run_options.add_provider_for_devices(devices, provider)
+        session = ort.InferenceSession(str(out_dir / context_name), run_options)
+        result["outputs"] = session.run(None, feeds)
+    except Exception as err:
+        return {"error": f"the EPContext model did not run: {type(err).__name__}: {err}", "log": log}
+    return result
+
+
+def _quiet_run(session, feeds):
+    """Run a session created with the verbose log on, without its per-run log lines reaching the caller."""
+    with common.captured("qnn-") as log_path:
+        outputs = session.run(None, feeds)
+    os.unlink(log_path)
+    return outputs
+
+
+def _quantize(model_path, qdq_path: Path, feeds: dict, options: dict, activation_type: str) -> None:
+    import numpy as np
+    from onnxruntime.quantization import CalibrationDataReader, QuantType, quantize
+    from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
+
+    samples = _samples(options.get("dataset"), list(feeds)) or [feeds]
+
+    class Samples(CalibrationDataReader):
+        def __init__(self):
+            self._pending = iter(samples)
+
+        def get_next(self):
+            sample = next(self._pending, None)
+            return None if sample is None else {k: np.asarray(v) for k, v in sample.items()}
+
+    types = {"uint8": QuantType.QUInt8, "uint16": QuantType.QUInt16}
+    config = get_qnn_qdq_config(
+        model_path,
+        Samples(),
+        activation_type=types[activation_type],
+        weight_type=types[options.get("weight_type", "uint8")],
+        per_channel=bool(options.get("per_channel", False)),
+    )
+    quantize(model_path, str(qdq_path), config)
+
+
+def _samples(dataset, input_names: list[str]) -> list[dict]:
+    import numpy as np
+
+    found = []
+    for sample in dataset or []:
+        if isinstance(sample, dict):
+            found.append({k: np.load(v) for k, v in sample.items()})
+        else:
+            found.append({k: np.load(v) for k, v in zip(input_names, sample, strict=True)})
+    return found
+
+
+def _describe(options: dict, activation_type: str) -> str:
+    weights = options.get("weight_type", "uint8")
+    granularity = "per-channel" if options.get("per_channel") else "per-tensor"
+    return f"QDQ: {activation_type} activations, {weights} {granularity} weights (get_qnn_qdq_config, MinMax)"
+
+
+def _qnn_devices():
+    import onnxruntime as ort
+    import onnxruntime_qnn
+
+    with contextlib.suppress(Exception):  # already registered in this process
+        ort.register_execution_provider_library(EP_NAME, onnxruntime_qnn.get_library_path())
+    devices = [device for device in ort.get_ep_devices() if device.ep_name == EP_NAME]
+    if not devices:
+        raise RuntimeError("onnxruntime lists no QNN device after registering onnxruntime-qnn's library")
+    return devices[:1]
+
+
+def _run_cpu(model_path, feeds):
+    import onnxruntime as ort
+
+    return ort.InferenceSession(model_path, providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+def _min_cosine(reference, outputs) -> float:
+    import numpy as np
+
+    cosines = []
+    for want, got in zip(reference, outputs, strict=False):
+        a, b = np.asarray(want, np.float64).ravel(), np.asarray(got, np.float64).ravel()
+        norm = float(np.linalg.norm(a) * np.linalg.norm(b))
+        cosines.append(float(a @ b / norm) if norm else 1.0)
+    return min(cosines, default=1.0)
+
+
+# ---- the verbose log --------------------------------------------------------------------------------
+
+
+def parse_units(log: str) -> list[dict]:
+    """Node units as QNN validated them, in log order, each with the GetCapability pass it belongs to: op,
+    member node names (the layout transform's ``_token_<n>`` suffix taken off, so they are the names we
+    gave), passed, and QNN's reason if failed."""
+    units: list[dict] = []
+    current, pass_number = None, 0
+    for line in log.splitlines():
+        if PASS_MARK in line:
+            pass_number += 1
+            current = None
+            continue
+        match = UNIT.search(line)
+        if match:
+            current = {"pass": pass_number, "unit": match["unit"], "passed": match["verdict"] == "PASSED",
+                       "nodes": [], "ops": []}  # fmt: skip
+            units.append(current)
+            continue
+        if current is None:
+            continue
+        member = MEMBER.match(line)
+        if member:
+            current["nodes"].append(TOKEN_SUFFIX.sub("", member["name"]))
+            current["ops"].append(member["op"])
+            continue
+        reason = REASON.match(line)
+        if reason:
+            current["reason"] = reason["reason"].strip()
+            continue
+        if line.strip() and not line.startswith(("\t", " ")):
+            current = None  # the next log record ends the unit's block
+    return units
+
+
+def parse_cpu_nodes(log: str) -> set[str]:
+    """Names of the nodes ORT's "Node placements" puts on the CPU provider (the last listing)."""
+    lines = log.splitlines()
+    starts = [i for i, line in enumerate(lines) if line.rstrip().endswith("Node placements")]
+    if not starts:
+        return set()
+    found, provider = set(), None
+    for line in lines[starts[-1] + 1 :]:
+        placed = PLACED_ON.search(line)
+        if placed:
+            provider = placed["provider"]
+            continue
+        node = PLACED_NODE.search(line)
+        if node is None or "VerifyEachNodeIsAssignedToAnEp" not in line:
+            break
+        if provider == "CPUExecutionProvider":
+            found.add(node["name"])
+    return found
+
+
+def place_nodes(node_names: set[str], units: list[dict], on_cpu: set[str]) -> tuple[dict, dict]:
+    """Each of the core's node names QNN's log mentions -> 'accelerator' or 'cpu', and QNN's reasons. A
+    later GetCapability pass overrides an earlier one for the nodes it lists again."""
+    placement, reasons = {}, {}
+    for unit in units:
+        for node in unit["nodes"]:
+            if node not in node_names:
+                continue  # a Q/DQ node the quantiser added, or a Transpose of the layout transform
+            if unit["passed"] and node not in on_cpu:
+                placement[node] = "accelerator"
+                reasons.pop(node, None)
+            else:
+                placement[node] = "cpu"
+                reasons[node] = unit.get("reason") or (
+                    "validated by QNN but left on the CPU provider by ONNX Runtime's partitioner"
+                    if unit["passed"]
+                    else "QNN validation failed (no reason logged)"
+                )
+    for node in on_cpu & node_names:
+        placement[node] = "cpu"
+    return placement, reasons
+
+
+def place_folded(graph, kept: set[str], placement: dict) -> list[str]:
+    """Nodes of the float graph the quantiser removed (a Relu or Clip after a Conv becomes the Conv's output
+    quantisation range) run where the node they were folded into runs. Returns their names."""
+    producer = {out: node.name for node in graph.node for out in node.output}
+    folded = []
+    for _ in range(len(graph.node)):
+        changed = False
+        for node in graph.node:
+            if not node.name or node.name in kept or node.name in placement or not node.input:
+                continue
+            source = producer.get(node.input[0])
+            if source in placement:
+                placement[node.name] = placement[source]
+                folded.append(node.name)
+                changed = True
+        if not changed:
+            break
+    return folded
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1], sys.argv[2]))

@@ -1,0 +1,424 @@
+"""Qualcomm SM8650 HTP (ONNX Runtime QNN EP): the sourced figures, the op table and the limits QNN's own
+validation states (with their reasons), legalisation keeps the numerics, the bundle's scripts parse and its
+manifest names files that exist, the driver reads QNN's verbose log; and, where the qualcomm toolchain is
+installed, every rule is held against QNN's own validation, and every fixture compiles under HTP emulation
+into a context binary, within tolerance, with our placement equal to QNN's."""
+
+import importlib.util
+import json
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import pytest
+
+from flexdsa_core.targets import load_target
+from flexdsa_core.targets.base import BucketModel
+from flexdsa_core.targets.qualcomm import ADAPTER
+from flexdsa_core.toolchains import get_toolchain
+from tests.core.fusions.harness import parse, run
+from tests.core.targets import _bundle_checks as checks
+
+TARGET = load_target("qualcomm-sm8650")
+DRIVER = (
+    Path(__file__).resolve().parents[3] / "flexdsa_core" / "toolchains" / "drivers" / "qualcomm_driver.py"
+)
+HEAD = '<ir_version: 9, opset_import: ["" : 17]>\n'
+
+
+def _model(text: str) -> ir.Model:
+    return ir.from_proto(parse(text))
+
+
+def _reason(text: str, op_type: str) -> str | None:
+    return checks.fallback_reason(ADAPTER, TARGET, text, op_type)
+
+
+# Probe graphs: (name, ONNX text, the op whose placement is judged, whether QNN runs it on the HTP).
+# Each refusal is one that onnxruntime-qnn 2.7.0's HTP validation gave on this graph.
+PROBES = [
+    ("erf", "g (float[4, 8] x) => (float[4, 8] y) { y = Erf (x) }", "Erf", False),
+    ("gelu_ms", None, "Gelu", True),
+    ("argmax_last_index",
+     "g (float[4, 8] x) => (int64[4, 1] y) { y = ArgMax <axis = 1, select_last_index = 1> (x) }", "ArgMax", False),
+    ("argmax", "g (float[4, 8] x) => (int64[4, 1] y) { y = ArgMax <axis = 1> (x) }", "ArgMax", True),
+    ("cumsum_reverse", "g (float[4, 8] x) => (float[4, 8] y) "
+     "{ a = Constant <value = int64 {1}> () y = CumSum <reverse = 1> (x, a) }", "CumSum", False),
+    ("cumsum", "g (float[4, 8] x) => (float[4, 8] y) { a = Constant <value = int64 {1}> () y = CumSum (x, a) }",
+     "CumSum", True),
+    ("pad_wrap", "g (float[1, 2, 8, 8] x) => (float[1, 2, 10, 10] y) "
+     "{ p = Constant <value = int64[8] {0, 0, 1, 1, 0, 0, 1, 1}> () y = Pad <mode = \"wrap\"> (x, p) }", "Pad", False),
+    ("pad_reflect", "g (float[1, 2, 8, 8] x) => (float[1, 2, 10, 10] y) "
+     "{ p = Constant <value = int64[8] {0, 0, 1, 1, 0, 0, 1, 1}> () y = Pad <mode = \"reflect\"> (x, p) }", "Pad", True),
+    ("maxpool_dilated", "g (float[1, 4, 9, 9] x) => (float[1, 4, 7, 7] y) "
+     "{ y = MaxPool <kernel_shape = [2, 2], dilations = [2, 2]> (x) }", "MaxPool", False),
+    ("maxpool_3d", "g (float[1, 4, 4, 8, 8] x) => (float[1, 4, 2, 4, 4] y) "
+     "{ y = MaxPool <kernel_shape = [2, 2, 2], strides = [2, 2, 2]> (x) }", "MaxPool", False),
+    ("maxpool_ceil", "g (float[1, 4, 9, 9] x) => (float[1, 4, 5, 5] y) "
+     "{ y = MaxPool <kernel_shape = [2, 2], strides = [2, 2], ceil_mode = 1> (x) }", "MaxPool", True),
+    ("clip_runtime_min", "g (float[4, 8] x, float lo) => (float[4, 8] y) { y = Clip (x, lo) }", "Clip", False),
+    ("add_rank6", "g (float[1, 2, 2, 2, 2, 2] a, float[1, 2, 2, 2, 2, 2] b) => (float[1, 2, 2, 2, 2, 2] y) "
+     "{ y = Add (a, b) }", "Add", False),
+    ("transpose_rank5", "g (float[1, 2, 2, 2, 3] a) => (float[3, 2, 2, 2, 1] y) "
+     "{ y = Transpose <perm = [4, 3, 2, 1, 0]> (a) }", "Transpose", True),
+    ("layernorm_axis1", "g (float[2, 4, 8] x, float[4, 8] s) => (float[2, 4, 8] y) "
+     "{ y = LayerNormalization <axis = 1> (x, s) }", "LayerNormalization", False),
+    ("layernorm_last", "g (float[2, 4, 8] x, float[8] s) => (float[2, 4, 8] y) "
+     "{ y = LayerNormalization <axis = -1> (x, s) }", "LayerNormalization", True),
+    ("einsum_one_input", "g (float[2, 3, 4] a) => (float[2] y) { y = Einsum <equation = \"bij->b\"> (a) }",
+     "Einsum", False),
+    ("einsum", "g (float[2, 3, 4] a, float[2, 4, 5] b) => (float[2, 3, 5] y) "
+     "{ y = Einsum <equation = \"bij,bjk->bik\"> (a, b) }", "Einsum", True),
+    ("tile_runtime_repeats", "g (float[2, 8] a, int64[2] r) => (float[4, 8] y) { y = Tile (a, r) }", "Tile", False),
+    ("mod_float", "g (float[1, 4] a) => (float[1, 4] y) "
+     "{ b = Constant <value = float[1, 4] {2.0, 3.0, 4.0, 5.0}> () y = Mod <fmod = 1> (a, b) }", "Mod", False),
+    ("mod_int", "g (int32[1, 4] a) => (int32[1, 4] y) "
+     "{ b = Constant <value = int32[1, 4] {2, 3, 4, 5}> () y = Mod (a, b) }", "Mod", True),
+    ("reduce_prod", "g (float[1, 4, 8, 8] x) => (float[1, 4, 1, 1] y) "
+     "{ y = ReduceProd <axes = [2, 3]> (x) }", "ReduceProd", False),
+    ("inverse_3x3", None, "Inverse", False),
+    ("inverse_2x2", None, "Inverse", True),
+    ("gather_runtime_ids", "g (float[10, 8] t, int64[4] i) => (float[4, 8] y) { y = Gather (t, i) }", "Gather", True),
+]  # fmt: skip
+GELU_MS = """<ir_version: 9, opset_import: ["" : 17, "com.microsoft" : 1]>
+g (float[1, 16] x) => (float[1, 16] y) { y = com.microsoft.Gelu (x) }
+"""
+
+
+INVERSE = """<ir_version: 9, opset_import: ["" : 17, "com.microsoft" : 1]>
+g (float[3, N, N] x) => (float[3, N, N] y) { y = com.microsoft.Inverse (x) }
+"""
+
+
+def _probe_text(text: str | None, name: str = "gelu_ms") -> str:
+    if name.startswith("inverse"):
+        return INVERSE.replace("N", name[-1])
+    return GELU_MS if text is None else HEAD + text
+
+
+# ---- the spec ---------------------------------------------------------------------------------------
+
+
+def test_spec_carries_only_sourced_figures():
+    assert TARGET.peak_ops_per_s == {"int8": 45e12, "float16": None, "float32": None}
+    assert TARGET.mem_bandwidth_bytes_per_s == 76.8e9
+    assert TARGET.sram_bytes is None and TARGET.power_w is None
+    assert TARGET.static_shapes and TARGET.toolchain == "qualcomm" and TARGET.cpu_fallback
+    assert (
+        "Q11" in TARGET.sources["peak_ops_per_s.int8"]
+        and "third-party" in TARGET.sources["peak_ops_per_s.int8"]
+    )
+    assert "unsourced" in TARGET.sources["sram_bytes"]
+    assert "Erf" not in TARGET.supported_ops and "Conv" in TARGET.supported_ops
+    assert "com.microsoft::FusedMatMul" in TARGET.supported_ops
+    assert set(TARGET.quantization) == {"int8", "int16", "float16"}
+
+
+def test_onnxruntime_qnn_stays_out_of_the_projects_environment():
+    """The plugin EP lives in the qualcomm toolchain's own environment only; the core never imports it."""
+    assert importlib.util.find_spec("onnxruntime_qnn") is None
+    toolchain = get_toolchain("qualcomm")
+    assert toolchain.targets == ("qualcomm-sm8650",) and toolchain.driver == "qualcomm_driver.py"
+    assert any("onnxruntime-qnn==" in r for group in toolchain.requirements for r in group)
+
+
+# ---- reasons ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name, text, op_type, on_htp", PROBES, ids=[p[0] for p in PROBES])
+def test_probe_reasons(name, text, op_type, on_htp):
+    reason = _reason(_probe_text(text, name), op_type)
+    if on_htp:
+        assert reason is None, reason
+    else:
+        assert reason and len(reason) > 20, reason
+
+
+def test_reasons_say_why_in_qnns_words():
+    rank6 = next(p[1] for p in PROBES if p[0] == "add_rank6")
+    assert _reason(HEAD + rank6, "Add") == (
+        "Add: 'a' has rank 6; HTP tensors have at most 5 dims (QNN validation: 'Failed to add node.')"
+    )
+    ln = next(p[1] for p in PROBES if p[0] == "layernorm_axis1")
+    assert "normalises the last axis only" in _reason(HEAD + ln, "LayerNormalization")
+    wrap = next(p[1] for p in PROBES if p[0] == "pad_wrap")
+    assert "mode='wrap' is not supported" in _reason(HEAD + wrap, "Pad")
+    assert "not in the qualcomm-sm8650 op table" in _reason(HEAD + PROBES[0][1], "Erf")
+
+
+def test_dynamic_dim_is_refused_with_its_name():
+    text = HEAD + "g (float[batch, 8] x) => (float[batch, 8] y) { y = Relu (x) }"
+    assert "dynamic dim 'batch'" in _reason(text, "Relu")
+
+
+# ---- legalisation -----------------------------------------------------------------------------------
+
+
+def test_legalisation_names_nodes_and_keeps_the_numerics():
+    text = (
+        HEAD
+        + """g (float[2, 4, 8] x, float[8] s) => (float[2, 4, 8] y)
+{
+  n = LayerNormalization (x, s)
+  y = Relu (n)
+}"""
+    )
+    before = parse(text)
+    model = ir.from_proto(before)
+    result = ADAPTER.legalize(model, TARGET, frozenset())
+    after = ir.to_proto(result.model)
+    assert all(node.name for node in after.graph.node)
+    assert {a.name for a in after.graph.node[0].attribute} == {"axis", "epsilon"}
+    assert result.applied == []  # QNN takes every fixture as it is: no rewrite of ours is needed
+    rng = np.random.default_rng(0)
+    feeds = {"x": rng.standard_normal((2, 4, 8)).astype(np.float32), "s": np.ones(8, np.float32)}
+    for want, got in zip(run(before, feeds), run(after, feeds), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+# ---- the bundle -------------------------------------------------------------------------------------
+
+
+def _bucket() -> BucketModel:
+    text = (
+        HEAD
+        + """g (float[1, 8, 16, 16] x, float[8, 8, 3, 3] w) => (float[1, 8, 16, 16] y)
+{ y = Conv <pads = [1, 1, 1, 1]> (x, w) }"""
+    )
+    model = _model(text)
+    weight = model.graph.inputs.pop()
+    weight.const_value = ir.tensor(np.zeros((8, 8, 3, 3), np.float32))
+    model.graph.register_initializer(weight)
+    return BucketModel("batch1", model, {"x": [1, 8, 16, 16]})
+
+
+def test_scripts_parse_and_carry_each_bucket(tmp_path):
+    buckets = [_bucket()]
+    files = ADAPTER.vendor_files(buckets, TARGET, {})
+    assert set(files) == {"compile_qnn.py", "run_qnn.py", "convert_qnn.sh"}
+    for name in ("compile_qnn.py", "run_qnn.py"):
+        compile(files[name], name, "exec")
+    compile_script = files["compile_qnn.py"].decode()
+    constants = checks.script_constants(compile_script, "BUCKETS =", "def qnn_devices")
+    assert constants["BUCKETS"] == [{
+        "name": "batch1", "onnx": "model.batch1.onnx", "qdq": "model.batch1.qdq.onnx",
+        "context": "model.batch1.qnn_ctx.onnx", "inputs": ["x"], "shapes": [[1, 8, 16, 16]], "dtypes": ["float32"],
+    }]  # fmt: skip
+    assert constants["PROVIDER"] == {"backend_type": "htp", "htp_arch": "75", "soc_model": "57"}
+    shell = tmp_path / "convert_qnn.sh"
+    shell.write_bytes(files["convert_qnn.sh"])
+    subprocess.run(["bash", "-n", str(shell)], check=True)
+    text = files["convert_qnn.sh"].decode()
+    assert "qnn-onnx-converter --input_network model.batch1.onnx" in text and "-d x 1,8,16,16" in text
+    steps = ADAPTER.deploy_steps(buckets, TARGET, {})
+    assert any("model.batch1.qnn_ctx.onnx" in s for s in steps) and any("run_qnn.py" in s for s in steps)
+
+
+def test_manifest_names_files_that_exist():
+    files = ADAPTER.generate([_bucket()], TARGET, {})
+    manifest = json.loads(files["manifest.json"])
+    for entry in manifest["buckets"]:
+        assert entry["file"] in files
+    assert manifest["vendor_files"] == ["compile_qnn.py", "convert_qnn.sh", "run_qnn.py"]
+    for name in manifest["vendor_files"]:
+        assert name in files
+    assert manifest["static_shapes"] is True
+    assert "flexdsa toolchains install qualcomm" in files["README.md"].decode()
+
+
+def test_toolchain_options_ask_for_the_sm8650_htp():
+    options = ADAPTER.toolchain_options(TARGET, {})
+    assert options == {
+        "precision": "int8",
+        "activation_type": "auto",
+        "provider": {"backend_type": "htp", "htp_arch": "75", "soc_model": "57"},
+    }
+
+
+# ---- the driver's reading of QNN's verbose log -------------------------------------------------------
+
+
+def _driver():
+    spec = importlib.util.spec_from_file_location("qualcomm_driver", DRIVER)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_V = "2026-11-25 08:30:32.572640939 [V:onnxruntime:, "
+LOG = f"""\
+{_V}qnn_execution_provider.cc:2198 GetCapabilityImpl] GetCapability pass 1 (pre-Layout-Transform)
+{_V}qnn_execution_provider.cc:1713 LogNodeSupport] Validation FAILED for 1 nodes in OrtNodeUnit (QuantizeLinear) :
+\tOperator type: QuantizeLinear Node name: x_QuantizeLinear Node index: 26
+\tREASON : QNN EP is configured to not take Q nodes that consume a graph input.
+
+{_V}qnn_execution_provider.cc:1713 LogNodeSupport] Validation PASSED for 5 nodes in OrtNodeUnit (Conv) :
+\tOperator type: DequantizeLinear Node name: x_DequantizeLinear Node index: 27
+\tOperator type: Conv Node name: conv Node index: 28
+\tOperator type: QuantizeLinear Node name: c_QuantizeLinear Node index: 29
+{_V}qnn_execution_provider.cc:1713 LogNodeSupport] Validation FAILED for 1 nodes in OrtNodeUnit (Erf) :
+\tOperator type: Erf Node name: erf Node index: 30
+\tREASON : Operators of type `Erf` are not supported by QNN EP.Erf node `erf` will not be assigned to QNN EP.
+
+{_V}qnn_execution_provider.cc:2198 GetCapabilityImpl] GetCapability pass 2 (post-Layout-Transform)
+{_V}qnn_execution_provider.cc:1713 LogNodeSupport] Validation PASSED for 5 nodes in OrtNodeUnit (Conv) :
+\tOperator type: Conv Node name: conv_token_1 Node index: 96
+{_V}session_state.cc:1598 VerifyEachNodeIsAssignedToAnEp] Node placements
+{_V}session_state.cc:1604 VerifyEachNodeIsAssignedToAnEp]  Node(s) placed on [QNNExecutionProvider]. Number of nodes: 1
+{_V}session_state.cc:1606 VerifyEachNodeIsAssignedToAnEp]   QNNExecutionProvider_1_1 (QNNExecutionProvider_1_1_0)
+{_V}session_state.cc:1604 VerifyEachNodeIsAssignedToAnEp]  Node(s) placed on [CPUExecutionProvider]. Number of nodes: 2
+{_V}session_state.cc:1606 VerifyEachNodeIsAssignedToAnEp]   QuantizeLinear (x_QuantizeLinear)
+{_V}session_state.cc:1606 VerifyEachNodeIsAssignedToAnEp]   Erf (erf)
+{_V}session_state.cc:1618 VerifyEachNodeIsAssignedToAnEp] Some nodes were not assigned to the preferred providers
+"""
+
+
+def test_verbose_log_becomes_placement_and_reasons():
+    driver = _driver()
+    units = driver.parse_units(LOG)
+    assert [(u["pass"], u["unit"], u["passed"]) for u in units] == [
+        (1, "QuantizeLinear", False), (1, "Conv", True), (1, "Erf", False), (2, "Conv", True),
+    ]  # fmt: skip
+    assert units[3]["nodes"] == ["conv"]  # the layout transform's _token_1 taken off
+    assert driver.parse_cpu_nodes(LOG) == {"x_QuantizeLinear", "erf"}
+    graph = onnx.helper.make_graph(
+        [onnx.helper.make_node("Conv", ["x", "w"], ["c"], name="conv"),
+         onnx.helper.make_node("Relu", ["c"], ["r"], name="relu"),
+         onnx.helper.make_node("Erf", ["r"], ["y"], name="erf")],
+        "g", [], [],
+    )  # fmt: skip
+    placement, reasons = driver.place_nodes({"conv", "relu", "erf"}, units, driver.parse_cpu_nodes(LOG))
+    assert placement == {"conv": "accelerator", "erf": "cpu"}
+    assert reasons == {"erf": "Operators of type `Erf` are not supported by QNN EP.Erf node `erf` will not be "
+                       "assigned to QNN EP."}  # fmt: skip
+    # The quantiser folded the Relu into the Conv's output range: it runs where the Conv runs.
+    assert driver.place_folded(graph, {"conv", "erf"}, placement) == ["relu"]
+    assert placement["relu"] == "accelerator"
+
+
+# ---- with onnxruntime-qnn installed -----------------------------------------------------------------
+
+
+def _toolchain_or_skip():
+    return checks.toolchain_or_skip("qualcomm", "onnxruntime-qnn")
+
+
+def _through_driver(toolchain, proto: onnx.ModelProto, tmp_path: Path) -> tuple[ir.Model, dict, dict]:
+    model = ir.from_proto(proto)
+    ADAPTER.legalize(model, TARGET, frozenset())
+    path = tmp_path / "model.b.onnx"
+    ir.save(model, path)
+    rng = np.random.default_rng(0)
+    feeds = {}
+    for value in model.graph.inputs:
+        shape = [int(d) for d in value.shape]
+        dtype = value.dtype.numpy()
+        array = (rng.integers(0, 4, shape) if dtype.kind in "iu" else rng.standard_normal(shape)).astype(
+            dtype
+        )
+        feeds[value.name] = array
+    options = ADAPTER.toolchain_options(TARGET, {})
+    bucket = checks.run_bucket(toolchain, TARGET, path, feeds, tmp_path, options)
+    return model, bucket, feeds
+
+
+@pytest.mark.parametrize("name, text, op_type, on_htp", PROBES, ids=[p[0] for p in PROBES])
+def test_probe_placement_equals_qnns(name, text, op_type, on_htp, tmp_path):
+    """Every rule of ours, held against QNN's own validation on the same graph."""
+    toolchain = _toolchain_or_skip()
+    model, bucket, _ = _through_driver(toolchain, parse(_probe_text(text, name)), tmp_path)
+    node = next(n for n in model.graph if n.op_type == op_type)
+    ours = "cpu" if ADAPTER.fallback_reason(node, TARGET) else "accelerator"
+    assert bucket["placement"][node.name] == ours == ("accelerator" if on_htp else "cpu"), bucket.get(
+        "reasons"
+    )
+    if not on_htp:
+        assert bucket["reasons"][node.name]  # QNN said why
+
+
+def test_small_graph_compiles_to_a_context_binary(tmp_path):
+    toolchain = _toolchain_or_skip()
+    text = (
+        HEAD
+        + """g (float[1, 3, 16, 16] x) => (float[1, 8, 16, 16] y)
+{
+  c = Conv <pads = [1, 1, 1, 1]> (x, w)
+  y = Relu (c)
+}"""
+    )
+    proto = parse(text.replace("(float[1, 3, 16, 16] x)", "(float[1, 3, 16, 16] x, float[8, 3, 3, 3] w)"))
+    rng = np.random.default_rng(1)
+    weight = onnx.numpy_helper.from_array(rng.standard_normal((8, 3, 3, 3)).astype(np.float32), "w")
+    proto.graph.initializer.append(weight)
+    del proto.graph.input[1]
+    model, bucket, feeds = _through_driver(toolchain, proto, tmp_path)
+    assert bucket["artifacts"] == ["model.b.qdq.onnx", "model.b.qnn_ctx.onnx", "model.b.qnn_ctx_qnn.bin"]
+    for artifact in bucket["artifacts"]:
+        assert (tmp_path / "out" / artifact).stat().st_size > 0
+    assert bucket["placement"] == {"Conv_0": "accelerator", "Relu_1": "accelerator"}
+    want = run(ir.to_proto(model), feeds)[0]
+    got = np.load(bucket["outputs"]["y"])
+    assert got.shape == want.shape
+    cosine = checks.cosine(want, got)
+    assert cosine > 0.999, cosine  # uint8 QDQ on the emulated HTP
+
+
+@pytest.mark.parametrize(
+    "name, buckets",
+    [("resnet", None), ("mobilenetv2", None), ("bert", {"batch": [1], "seq": [16]}),
+     ("gpt2", {"batch": [1], "seq": [16]}), ("llama", {"batch": [1], "seq": [16]}), ("vit", None)],
+)  # fmt: skip
+def test_fixture_compiles_under_htp_emulation(name, buckets):
+    _toolchain_or_skip()
+    result, toolchain = checks.optimized_with_toolchain("qualcomm-sm8650", name, shape_buckets=buckets)
+    for bucket, entry in toolchain["buckets"].items():
+        assert f"model.{bucket}.qnn_ctx.onnx" in result.artifacts
+        assert f"model.{bucket}.qnn_ctx_qnn.bin" in result.artifacts  # the context binary
+        for output in entry["numerics"]:
+            assert output["cosine"] >= 0.99, (name, output)  # quantised: the accuracy target, not fp32 bars
+        agreement = entry["placement_agreement"]
+        assert agreement["share"] == 1.0, json.dumps(agreement)
+        # QNN's log speaks for every node of ours (none unaccounted for).
+        assert agreement["compared"] == len(result.report["partition"][bucket]["placement"]), agreement
+
+
+def test_fixture_with_cpu_fallbacks_agrees_node_for_node():
+    """BERT with the erf-GELU fusion switched off: the two Erf nodes are not in the QNN EP's op set; our
+    partition puts them on the CPU, and QNN refuses them with its own reason."""
+    _toolchain_or_skip()
+    result, toolchain = checks.optimized_with_toolchain(
+        "qualcomm-sm8650", "bert", shape_buckets={"batch": [1], "seq": [16]}, disabled_rules=["gelu_erf"]
+    )
+    [(bucket, entry)] = toolchain["buckets"].items()
+    part = result.report["partition"][bucket]
+    assert sorted(f["node"] for f in part["fallback"]) == ["/layers.0/Erf", "/layers.1/Erf"]
+    assert entry["placement_agreement"]["share"] == 1.0
+    assert entry["placement_agreement"]["compared"] == part["nodes"]
+    assert "`Erf` are not supported by QNN EP" in entry["reasons"]["/layers.0/Erf"]
+    assert min(o["cosine"] for o in entry["numerics"]) >= 0.99
+
+
+def test_fp16_runs_the_float_graph_on_the_htp(tmp_path):
+    toolchain = _toolchain_or_skip()
+    text = (
+        HEAD
+        + """g (float[2, 16, 32] x, float[32] s) => (float[2, 16, 32] y)
+{
+  n = LayerNormalization (x, s)
+  y = Softmax <axis = -1> (n)
+}"""
+    )
+    model = ir.from_proto(parse(text))
+    ADAPTER.legalize(model, TARGET, frozenset())
+    path = tmp_path / "model.b.onnx"
+    ir.save(model, path)
+    rng = np.random.default_rng(0)
+    feeds = {"x": rng.standard_normal((2, 16, 32)).astype(np.float32), "s": np.ones(32, np.float32)}
+    options = {**ADAPTER.toolchain_options(TARGET, {}), "precision": "fp16"}
+    bucket = checks.run_bucket(toolchain, TARGET, path, feeds, tmp_path, options)
+    assert bucket["artifacts"] == ["model.b.qnn_ctx.onnx", "model.b.qnn_ctx_qnn.bin"]  # no QDQ model
+    assert set(bucket["placement"].values()) == {"accelerator"} and len(bucket["placement"]) == 2
+    want = run(ir.to_proto(model), feeds)[0]
+    np.testing.assert_allclose(np.load(bucket["outputs"]["y"]), want, atol=2e-3)  # fp16 on the HTP
