@@ -216,8 +216,8 @@ class FusionSwitcher:
             trials[rule.name] = self._drive(model.clone(), rule)
         scores = {name: self._score(run) for name, run in trials.items()}
         best = max(scores, key=lambda name: scores[name], default=None)
-        if best is not None and scores[best] <= 0:
-            best = None
+        if best is not None and (not trials[best].taken or scores[best] <= (0.0, 0)):
+            best = None  # every match of it was refused on its own, or together it gains nothing
         for rule in group:
             if rule.name not in trials:
                 continue
@@ -242,7 +242,8 @@ class FusionSwitcher:
                     entry["reason"] = f"no alternative of {_group_names(group)} pays overall; kept unfused"
                 else:
                     entry["reason"] = (
-                        f"alternative {best!r} gains more ({_gain_text(trials[best])} vs {_gain_text(trial)})"
+                        f"alternative {best!r} gains more ({_gain_text(trials[best])} vs {_gain_text(trial)}; "
+                        f"ranked by significant gains, then kernels saved: {scores[best]} vs {scores[rule.name]})"
                     )
             entries[rule.name] = entry
         plan.candidates.extend(entries[r.name] for r in group)
@@ -287,15 +288,28 @@ class FusionSwitcher:
             return "refused: the rule builds model-local functions, which the switcher cannot cost"
         return None
 
-    def _score(self, run: _RuleRun) -> float:
+    def _score(self, run: _RuleRun) -> tuple[float, int]:
+        """How much an alternative gains: (gain, kernels saved), compared as a tuple.
+
+        Where timings are measured on this machine, only gains the statistics found significant count: a
+        match taken by the fixed rule (no significant difference, or not measurable side by side) adds
+        its kernels saved, not its noisy timing, so the same model picks the same alternative in every
+        cold run. Estimated gains (other targets) are deterministic and count as they are."""
+        taken = run.taken
+        kernels_saved = sum((j.before.kernels - j.after.kernels) for j in taken if j.before and j.after)
         seconds, joules = run.total("gain_seconds"), run.total("gain_joules")
         if self.objective == "energy" and joules is not None:
-            return joules
+            return joules, kernels_saved
         if self.objective == "balanced" and joules is not None:
-            before_s = sum(j.before.seconds or 0.0 for j in run.taken) or 1.0
-            before_j = sum(j.before.joules or 0.0 for j in run.taken) or 1.0
-            return (seconds or 0.0) / before_s + joules / before_j
-        return seconds or 0.0
+            before_s = sum(j.before.seconds or 0.0 for j in taken) or 1.0
+            before_j = sum(j.before.joules or 0.0 for j in taken) or 1.0
+            return (seconds or 0.0) / before_s + joules / before_j, kernels_saved
+        if self.cost_model.measuring:
+            significant = sum(
+                j.gain_seconds or 0.0 for j in taken if (j.significance or {}).get("decided_by") == "measurement"
+            )
+            return significant, kernels_saved
+        return seconds or 0.0, kernels_saved
 
     # -- the per-match driver ------------------------------------------------------------------------
 
