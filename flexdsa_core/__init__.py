@@ -8,8 +8,7 @@ the cache server, and never reads environment variables (see ``tests/core/test_p
 from flexdsa_core.errors import FlexDSAError
 from flexdsa_core.options import OptimizeOptions, RequestSpec
 from flexdsa_core.targets import TargetSpec, list_targets, load_target
-
-__version__ = "0.1.0"
+from flexdsa_core.version import __version__
 
 __all__ = [
     "FlexDSAError",

@@ -66,11 +66,11 @@ import onnx
 import onnx_ir as ir
 import onnxruntime as ort
 
-from flexdsa_core import __version__
 from flexdsa_core.cache import CacheStats, KernelCache, LRUCache, kernel_key
 from flexdsa_core.significance import KERNEL_MIN_EFFECT, MIN_ROUNDS, Comparison, paired
 from flexdsa_core.targets.spec import TargetSpec, op_key
 from flexdsa_core.validate import guarded_run
+from flexdsa_core.version import __version__
 
 __all__ = ["Cost", "CostModel", "OpView", "TensorInfo", "measure_sgemm_peak", "op_cost", "work"]
 

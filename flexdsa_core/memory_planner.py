@@ -37,8 +37,8 @@ from typing import Any
 
 import onnx_ir as ir
 
+from flexdsa_core.dims import is_batch_dim
 from flexdsa_core.errors import InvalidModelError
-from flexdsa_core.shape_tracker import is_batch_dim
 
 __all__ = ["ALIGNMENT", "ELEMENTWISE_OPS", "MemoryPlan", "TensorAssignment", "plan_memory"]
 

@@ -14,8 +14,8 @@ from importlib.metadata import PackageNotFoundError, version
 
 import onnx_ir as ir
 
-from flexdsa_core import __version__
 from flexdsa_core.targets.spec import op_key
+from flexdsa_core.version import __version__
 
 
 def _version(package: str) -> str | None:

@@ -37,6 +37,7 @@ from onnx_ir.passes.common import RemoveUnusedNodesPass, ShapeInferencePass
 from onnxscript.optimizer import fold_constants
 
 from flexdsa_core.cost_model import CostModel, measure_sgemm_peak
+from flexdsa_core.dims import is_batch_dim  # noqa: F401 - re-exported for callers of the tracker
 from flexdsa_core.errors import InvalidOptionsError
 from flexdsa_core.options import ObservedShape
 from flexdsa_core.targets.spec import TargetSpec
@@ -69,11 +70,6 @@ MAX_TRAFFIC_VALUES = 64
 _ONNX_FRESH_DIM = re.compile(r"^unk__\d+$")
 
 Dim = int | str
-
-
-def is_batch_dim(name: str) -> bool:
-    """Whether a dim name reads as a batch size (``batch``, ``batch_size``, ``N`` ...)."""
-    return "batch" in name.lower() or name in ("N", "n", "B", "b", "bs")
 
 
 def _dim_out(dim: int | ir.SymbolicDim) -> Dim | None:

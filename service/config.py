@@ -55,6 +55,9 @@ class Settings(BaseSettings):
         120, ge=1, description="POST /optimize per tenant per minute (429 with Retry-After past it); None: off."
     )
 
+    job_memory_limit_mb: int | None = Field(
+        16384, ge=256, description="Address-space limit of a job's pipeline process (MiB); None: no limit."
+    )
     job_soft_time_limit_s: int = Field(1800, gt=0)
     job_hard_time_limit_s: int = Field(2100, gt=0)
     # Redis brokers re-deliver an unacknowledged task after this long. With late acknowledgement a job that

@@ -19,55 +19,26 @@ whose message was lost (Redis restarted) or whose worker died are published agai
 from __future__ import annotations
 
 import logging
-import os
-import socket
 
-from celery import Celery, signals
+from celery import signals
 
 from service.config import get_settings
+from workers.celery_config import QUEUE, TASK_NAME, create_celery, worker_id  # noqa: F401 - re-exported
 
 log = logging.getLogger(__name__)
-
-TASK_NAME = "flexdsa.run_job"
-QUEUE = "flexdsa"
-# Margin between the job's own hard limit (enforced by execute_job) and Celery's limits on the task.
-CELERY_LIMIT_MARGIN_S = 60
-
-
-def create_celery(settings) -> Celery:
-    app = Celery("flexdsa", broker=settings.broker_url, set_as_current=False)
-    hard_s = settings.job_hard_time_limit_s
-    app.conf.update(
-        task_default_queue=QUEUE,
-        task_acks_late=True,
-        task_reject_on_worker_lost=True,
-        task_ignore_result=True,  # the job row is the result
-        task_serializer="json",
-        accept_content=["json"],
-        task_soft_time_limit=hard_s + CELERY_LIMIT_MARGIN_S // 2,
-        task_time_limit=hard_s + CELERY_LIMIT_MARGIN_S,
-        broker_transport_options={
-            "visibility_timeout": max(settings.broker_visibility_timeout_s, hard_s + 2 * CELERY_LIMIT_MARGIN_S)
-        },
-        worker_prefetch_multiplier=1,
-        broker_connection_retry_on_startup=True,
-        worker_send_task_events=False,
-    )
-    return app
-
-
-def worker_id() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"
-
 
 app = create_celery(get_settings())
 
 
 @app.task(name=TASK_NAME)
 def run_job(job_id: str) -> str:
+    from workers.dispatch import enqueue
     from workers.execute import execute_job
 
-    return execute_job(job_id, settings=get_settings(), worker_id=worker_id())
+    settings = get_settings()
+    return execute_job(
+        job_id, settings=settings, worker_id=worker_id(), requeue=lambda again: enqueue(again, settings)
+    )
 
 
 # --- structured logs: Celery sets its handlers up, then they get the JSON formatter and the job fields ---
@@ -102,9 +73,11 @@ def _refuse_unmigrated_database(**_kwargs) -> None:
 @signals.worker_ready.connect
 def _start_reconciler(**_kwargs) -> None:
     global _reconciler
+    from workers.dispatch import enqueue
     from workers.reconciler import ReconcilerThread
 
-    _reconciler = ReconcilerThread(get_settings())
+    settings = get_settings()
+    _reconciler = ReconcilerThread(settings, lambda job_id: enqueue(job_id, settings))
     _reconciler.start()
 
 

@@ -127,6 +127,7 @@ def run(request: dict, channel: _Channel) -> dict:
     work_dir = Path(request.get("work_dir") or tempfile.mkdtemp(prefix="flexdsa-job-"))
     tempfile.tempdir = str(work_dir)
     try:
+        _limit_memory(settings.job_memory_limit_mb)  # from here on, the model's work counts against it
         spec = RequestSpec.model_validate(request["spec"])
         # Only the base name: the upload's name never chooses where we write ('..' would be the parent
         # folder itself; rows from before the API sanitised names may still hold one).
@@ -154,6 +155,14 @@ def run(request: dict, channel: _Channel) -> dict:
             "type": "error", "code": err.code, "message": err.message, "details": err.details,
             "cache_stats": cache.stats.as_dict(),
         }
+    except MemoryError:  # the model's demand, not a bug: say what to change
+        return {
+            "type": "error", "code": "memory_limit_exceeded",
+            "message": f"the job needed more memory than a job may use here ({settings.job_memory_limit_mb} MiB, "
+                       "FLEXDSA_JOB_MEMORY_LIMIT_MB); give smaller input_shapes / shape_buckets, or switch "
+                       "validation off (validate_outputs=false)",
+            "details": {"limit_mb": settings.job_memory_limit_mb}, "cache_stats": cache.stats.as_dict(),
+        }
     except Exception as err:  # a bug in the core: final; the traceback goes to the operators, not the user
         incident, trace = _log_incident()
         return {
@@ -174,6 +183,20 @@ def _log_incident() -> tuple[str, str]:
     trace = traceback.format_exc(limit=30)
     print(f"flexdsa pipeline incident {incident}:\n{trace}", file=sys.stderr, flush=True)
     return incident, trace
+
+
+def _limit_memory(limit_mb: int | None) -> None:
+    """Cap this process's address space (soft limit only: a vendor toolchain it starts may raise it again)
+    so one job's model cannot take the machine's memory from the others."""
+    if not limit_mb or not sys.platform.startswith("linux"):
+        return
+    import resource
+
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    limit = limit_mb * 1024 * 1024
+    if hard != resource.RLIM_INFINITY:
+        limit = min(limit, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
 
 
 def _store_artifact(store, name: str, content) -> dict:
@@ -224,6 +247,10 @@ def main() -> int:
         if preload_error is not None:
             raise preload_error
         message = run(json.loads(line), channel)
+    except MemoryError:  # past the job's memory limit outside the pipeline proper (reading its result)
+        message = {"type": "error", "code": "memory_limit_exceeded",
+                   "message": "the job needed more memory than a job may use here (FLEXDSA_JOB_MEMORY_LIMIT_MB); "
+                              "give smaller input_shapes / shape_buckets", "details": {}}
     except BaseException as err:  # anything outside the pipeline: report it rather than die silently
         incident, trace = _log_incident()
         message = {"type": "error", "code": "internal_error",

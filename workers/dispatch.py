@@ -19,14 +19,12 @@ _apps_lock = threading.Lock()
 
 def celery_app_for(settings):
     """The Celery app publishing to ``settings.broker_url`` (one per broker URL, built on first use)."""
-    from workers import app as app_module
+    from workers.celery_config import create_celery
 
-    if settings.broker_url == app_module.app.conf.broker_url:
-        return app_module.app
     with _apps_lock:
         app = _apps.get(settings.broker_url)
         if app is None:
-            app = _apps[settings.broker_url] = app_module.create_celery(settings)
+            app = _apps[settings.broker_url] = create_celery(settings)
         return app
 
 
@@ -36,7 +34,7 @@ def enqueue(job_id: str, settings) -> bool:
         from workers import inprocess
 
         return inprocess.submit(job_id, settings)
-    from workers.app import QUEUE, TASK_NAME
+    from workers.celery_config import QUEUE, TASK_NAME
 
     try:
         celery_app_for(settings).send_task(

@@ -34,6 +34,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -72,15 +73,16 @@ class LeaseLost(Exception):
     """Another worker took the job over (our lease lapsed) or the row went away: stop, write nothing."""
 
 
-def execute_job(job_id: str, *, settings, worker_id: str) -> str:
-    """Run the job if this delivery wins the claim; return the job's status afterwards."""
+def execute_job(job_id: str, *, settings, worker_id: str, requeue: Callable[[str], object] | None = None) -> str:
+    """Run the job if this delivery wins the claim; return the job's status afterwards. ``requeue`` hands a
+    crashed job back for another attempt (the caller's dispatch); without it the reconciler picks it up."""
     sessions = session_factory_for(settings)
     job = _claim(sessions, job_id, settings, worker_id)
     if job is None:
         return _settle_unclaimable(sessions, job_id)
     with job_context(job_id, job.tenant_id):  # every log line of this job carries its id and tenant
         log.info("job %s: claimed by %s (attempt %d/%d)", job_id, worker_id, job.attempts, job.max_attempts)
-        runner = _JobRun(job, settings, worker_id, sessions)
+        runner = _JobRun(job, settings, worker_id, sessions, requeue)
         try:
             if runner.serve_from_job_cache():
                 return JobStatus.succeeded.value
@@ -201,8 +203,9 @@ def _current_status(sessions, job_id: str) -> str:
 
 
 class _JobRun:
-    def __init__(self, job: ClaimedJob, settings, worker_id: str, sessions) -> None:
+    def __init__(self, job: ClaimedJob, settings, worker_id: str, sessions, requeue=None) -> None:
         self.job = job
+        self.requeue = requeue
         self.settings = settings
         self.worker_id = worker_id
         self.sessions = sessions
@@ -516,9 +519,8 @@ class _JobRun:
         )
         if retry:
             self.publisher.publish(JobStatus.queued.value, self.stage, self.progress, reason)
-            from workers.dispatch import enqueue
-
-            enqueue(self.job.id, self.settings)
+            if self.requeue is not None:
+                self.requeue(self.job.id)
             return JobStatus.queued.value
         self.publisher.publish(JobStatus.failed.value, self.stage, self.progress, reason)
         return JobStatus.failed.value

@@ -69,7 +69,7 @@ class InProcessWorker:
             with self._lock:
                 self._pending.discard(job_id)
             try:
-                execute_job(job_id, settings=self.settings, worker_id=worker_id)
+                execute_job(job_id, settings=self.settings, worker_id=worker_id, requeue=self.submit)
             except Exception:
                 log.exception("job %s: the embedded worker failed; the reconciler will retry it", job_id)
 

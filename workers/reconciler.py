@@ -86,7 +86,7 @@ def _redis_broker_backlog(settings) -> Callable[[], int | None]:
             return None
         import redis
 
-        from workers.app import QUEUE
+        from workers.celery_config import QUEUE
 
         try:
             client = redis.Redis.from_url(settings.broker_url, socket_timeout=2, socket_connect_timeout=2)
@@ -105,12 +105,10 @@ def _redis_broker_backlog(settings) -> Callable[[], int | None]:
 class ReconcilerThread:
     """Runs ``reconcile_once`` every ``settings.reconcile_interval_s`` in a daemon thread until stopped."""
 
-    def __init__(self, settings, publish: Callable[[str], object] | None = None, *,
+    def __init__(self, settings, publish: Callable[[str], object], *,
                  first_queued_after_s: float | None = None) -> None:
-        from workers.dispatch import enqueue
-
         self.settings = settings
-        self.publish = publish or (lambda job_id: enqueue(job_id, settings))
+        self.publish = publish  # handed in (workers.dispatch.enqueue, or the embedded worker's submit)
         # The first sweep may take every queued job at once (the embedded worker after a restart).
         self._first_queued_after_s = first_queued_after_s
         self._stop = threading.Event()

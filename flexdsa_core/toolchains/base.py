@@ -157,7 +157,8 @@ class Toolchain:
         command = [str(self.python(root)), str(self.driver_path()), str(request_path), str(result_path)]
         try:
             done = subprocess.run(
-                command, capture_output=True, text=True, timeout=timeout_s or self.timeout_s, cwd=folder
+                command, capture_output=True, text=True, timeout=timeout_s or self.timeout_s, cwd=folder,
+                preexec_fn=_vendor_address_space,
             )
         except subprocess.TimeoutExpired:
             raise ToolchainError(
@@ -177,6 +178,18 @@ class Toolchain:
                 details={"log_tail": log_tail},
             )
         return result
+
+
+def _vendor_address_space() -> None:
+    """A vendor compiler (torch, its own runtime) gets back the address space a job process may have capped
+    for the model's work (a soft limit): its needs are the toolchain's, not the model's."""
+    try:
+        import resource
+
+        _, hard = resource.getrlimit(resource.RLIMIT_AS)
+        resource.setrlimit(resource.RLIMIT_AS, (hard, hard))
+    except (ImportError, ValueError, OSError):
+        pass
 
 
 def _run(command: list[str], log: Callable[[str], None]) -> None:

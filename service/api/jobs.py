@@ -54,7 +54,7 @@ def list_jobs(
     status: JobStatusName | None = None,
     target: str | None = None,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Annotated[int, Query(ge=0, le=2**31 - 1, description="Skip this many jobs (or use cursor)")] = 0,
     cursor: Annotated[str | None, Query(description="next_cursor from the previous page")] = None,
 ) -> JobPage:
     rows, total, next_cursor = jobs.list_jobs(

@@ -249,3 +249,10 @@ def test_impossible_shape_bucket_is_422_naming_the_bucket(env, headers):
         headers, model=positions_model(), spec={"target": "cpu-ort", "shape_buckets": {"seq": [32]}}
     )
     assert ok.status_code == 202, ok.text
+
+
+def test_a_huge_offset_is_422_not_a_database_overflow(env, headers):
+    """Found by bench.fuzz: offset 2^63 overflowed SQLite's INTEGER (500)."""
+    response = env.client.get("/jobs?limit=1&offset=9223372036854775808", headers=headers)
+    _assert_error(response, 422, "invalid_request")
+    assert env.client.get("/jobs?limit=1&offset=2147483647", headers=headers).status_code == 200

@@ -361,3 +361,16 @@ def test_internal_error_is_an_incident_with_its_traceback_for_operators_only(set
     )
     assert done.returncode == 0, done.stderr
     assert job_id in done.stdout and "deliberate bug in the stand-in optimizer" in done.stdout
+
+
+def test_a_job_over_its_memory_limit_fails_saying_which_limit(settings):
+    """Issue 9: the pipeline process has an address-space limit; a job that needs more fails with the
+    limit and what to change (not a crash, not an internal error), and the worker goes on."""
+    tight = settings.model_copy(update={"job_memory_limit_mb": 256})
+    job_id = create_job(settings, tiny_model(tuple(0.001 * n for n in range(1, 40))))
+    assert execute_job(job_id, settings=tight, worker_id="t1") == "failed"
+    job = load_job(settings, job_id)
+    assert job.error["code"] == "memory_limit_exceeded", job.error
+    assert "256 MiB" in job.error["message"] and "FLEXDSA_JOB_MEMORY_LIMIT_MB" in job.error["message"]
+    other = create_job(settings)
+    assert execute_job(other, settings=settings, worker_id="t1") == "succeeded"

@@ -30,15 +30,16 @@ compile time), so ``placement`` stays empty and the notes say so.
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import json
-import os
 import sys
-import tempfile
 import time
-import traceback
 from pathlib import Path
+
+try:  # run as a script in the vendor environment (no flexdsa_core there): this folder is sys.path[0]
+    import _driver_common as common
+except ModuleNotFoundError:  # imported by file path (the tests), or run with -P / PYTHONSAFEPATH
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import _driver_common as common
 
 COMPUTE_OPS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
 TRANSFORMER_OPS = frozenset({"Softmax", "LayerNormalization"})
@@ -46,31 +47,13 @@ DEFAULT_PRESETS = {"cnn": "XINT8", "transformer": "A8W8"}
 DEFAULT_LADDER = {"cnn": ("preset",), "transformer": ("preset", "float_non_compute")}
 DEFAULT_MIN_COSINE = 0.99
 DEFAULT_ADAROUND_ITERATIONS = 100
+PACKAGES = ("amd-quark", "onnx", "onnxruntime", "numpy", "torch")  # versions in result.json
+# After ok/versions/buckets/error in result.json: what the core says it did with the bucket.
+EXTRA = {"verb": "quantised with Quark", "runner": "ONNX Runtime (CPU, quantised model)"}
 
 
 def main(request_path: str, result_path: str) -> int:
-    result: dict = {
-        "ok": False, "versions": _versions(), "buckets": [], "error": None,
-        "verb": "quantised with Quark", "runner": "ONNX Runtime (CPU, quantised model)",
-    }  # fmt: skip
-    try:
-        request = json.loads(Path(request_path).read_text())
-        out_dir = Path(request["out_dir"])
-        out_dir.mkdir(parents=True, exist_ok=True)
-        options = request.get("options") or {}
-        for bucket in request["buckets"]:
-            entry = quantize_bucket(bucket, out_dir, options)
-            result["buckets"].append(entry)
-            if entry.get("error"):
-                result["error"] = f"bucket {bucket['name']}: {entry['error']}"
-                break
-        else:
-            result["ok"] = True
-    except Exception as err:  # the core must always get a result.json with a plain message
-        result["error"] = f"{type(err).__name__}: {err}"
-        result["log"] = traceback.format_exc()
-    Path(result_path).write_text(json.dumps(result, indent=2))
-    return 0
+    return common.run_request(request_path, result_path, quantize_bucket, PACKAGES, EXTRA)
 
 
 def quantize_bucket(bucket: dict, out_dir: Path, options: dict) -> dict:
@@ -101,7 +84,7 @@ def quantize_bucket(bucket: dict, out_dir: Path, options: dict) -> dict:
     started = time.perf_counter()
     tried: list[dict] = []
     best: tuple[float, Path, dict] | None = None
-    with _captured() as log_path:
+    with common.captured("quark-") as log_path:
         for step in {**DEFAULT_LADDER, **(options.get("ladder") or {})}[kind]:
             candidate = out_dir / f"{name}.{step}.qdq.onnx"
             excluded = set(keep_float)
@@ -135,11 +118,7 @@ def quantize_bucket(bucket: dict, out_dir: Path, options: dict) -> dict:
         other.unlink()
     entry["artifacts"].append(artifact)
     if feeds:
-        outputs = _run(str(out_dir / artifact), feeds)
-        for output_name, array in outputs.items():
-            path = out_dir / f"{name}.{_safe(output_name)}.out.npy"
-            np.save(path, array)
-            entry["outputs"][output_name] = str(path)
+        common.save_outputs(entry, out_dir, name, _run(str(out_dir / artifact), feeds).items())
     quantized = onnx.load(str(out_dir / artifact))
     entry["quantization"] = {
         "preset": preset,
@@ -231,43 +210,6 @@ def _min_cosine(reference: dict, got: dict) -> float:
         norm = float(np.linalg.norm(a) * np.linalg.norm(b))
         worst = min(worst, float(a @ b / norm) if norm else (1.0 if np.allclose(a, b) else 0.0))
     return worst
-
-
-@contextlib.contextmanager
-def _captured():
-    """Send this process's stdout/stderr (Quark logs a lot, some of it from C++) to a file."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    handle = tempfile.NamedTemporaryFile(prefix="quark-", suffix=".log", delete=False)
-    saved = os.dup(1), os.dup(2)
-    os.dup2(handle.fileno(), 1)
-    os.dup2(handle.fileno(), 2)
-    try:
-        yield handle.name
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os.dup2(saved[0], 1)
-        os.dup2(saved[1], 2)
-        os.close(saved[0])
-        os.close(saved[1])
-        handle.close()
-
-
-def _versions() -> dict:
-    from importlib import metadata
-
-    found = {}
-    for package in ("amd-quark", "onnx", "onnxruntime", "numpy", "torch"):
-        try:
-            found[package] = metadata.version(package)
-        except metadata.PackageNotFoundError:
-            found[package] = None
-    return found
-
-
-def _safe(name: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_" else "_" for c in name)[:64]
 
 
 if __name__ == "__main__":

@@ -31,14 +31,18 @@ paths in graph-input order or a dict input name -> .npy path.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import sys
-import tempfile
 import time
 import traceback
 from pathlib import Path
+
+try:  # run as a script in the vendor environment (no flexdsa_core there): this folder is sys.path[0]
+    import _driver_common as common
+except ModuleNotFoundError:  # imported by file path (the tests), or run with -P / PYTHONSAFEPATH
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import _driver_common as common
 
 EP_NAME = "QNNExecutionProvider"
 PASS_MARK = "GetCapability pass"
@@ -50,28 +54,11 @@ PLACED_NODE = re.compile(r"\]\s{3}(?P<op>\S+) \((?P<name>.*)\)\s*$")
 DEFAULT_PROVIDER = {"backend_type": "htp"}
 # The layout transform re-creates layout-sensitive nodes (Conv, MaxPool, ...) as NHWC ones named <name>_token_<n>.
 TOKEN_SUFFIX = re.compile(r"_token_\d+$")
+PACKAGES = ("onnxruntime", "onnxruntime-qnn", "onnx", "numpy")  # versions in result.json
 
 
 def main(request_path: str, result_path: str) -> int:
-    result: dict = {"ok": False, "versions": _versions(), "buckets": [], "error": None}
-    try:
-        request = json.loads(Path(request_path).read_text())
-        out_dir = Path(request["out_dir"])
-        out_dir.mkdir(parents=True, exist_ok=True)
-        options = request.get("options") or {}
-        for bucket in request["buckets"]:
-            entry = compile_bucket(bucket, out_dir, options)
-            result["buckets"].append(entry)
-            if entry.get("error"):
-                result["error"] = f"bucket {bucket['name']}: {entry['error']}"
-                break
-        else:
-            result["ok"] = True
-    except Exception as err:  # the core must always get a result.json with a plain message
-        result["error"] = f"{type(err).__name__}: {err}"
-        result["log"] = traceback.format_exc()
-    Path(result_path).write_text(json.dumps(result, indent=2))
-    return 0
+    return common.run_request(request_path, result_path, compile_bucket, PACKAGES)
 
 
 def compile_bucket(bucket: dict, out_dir: Path, options: dict) -> dict:
@@ -118,10 +105,7 @@ def compile_bucket(bucket: dict, out_dir: Path, options: dict) -> dict:
     entry["notes"] += compiled["notes"]
     entry["artifacts"] = compiled["artifacts"]
     output_names = [value.name for value in graph.output]
-    for output_name, array in zip(output_names, compiled["outputs"], strict=False):
-        path = out_dir / f"{name}.{_safe(output_name)}.out.npy"
-        np.save(path, np.asarray(array))
-        entry["outputs"][output_name] = str(path)
+    common.save_outputs(entry, out_dir, name, zip(output_names, compiled["outputs"], strict=False))
     node_names = {node.name for node in graph.node if node.name}
     units = parse_units(compiled["log"])
     on_cpu = parse_cpu_nodes(compiled["log"])
@@ -170,7 +154,7 @@ def _compile(
         compile_path, described = str(out_dir / qdq_name), _describe(options, activation_type)
         artifacts.append(qdq_name)
     devices = _qnn_devices()
-    with _captured() as log_path:
+    with common.captured("qnn-") as log_path:
         try:
             session_options = ort.SessionOptions()
             session_options.log_severity_level = 0  # verbose: the per-node-unit validation lines
@@ -215,7 +199,7 @@ def _compile(
 
 def _quiet_run(session, feeds):
     """Run a session created with the verbose log on, without its per-run log lines reaching the caller."""
-    with _captured() as log_path:
+    with common.captured("qnn-") as log_path:
         outputs = session.run(None, feeds)
     os.unlink(log_path)
     return outputs
@@ -391,46 +375,6 @@ def place_folded(graph, kept: set[str], placement: dict) -> list[str]:
         if not changed:
             break
     return folded
-
-
-# ---- helpers ---------------------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def _captured():
-    """Send this process's stdout/stderr (ONNX Runtime logs from C++) to a file."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    handle = tempfile.NamedTemporaryFile(prefix="qnn-", suffix=".log", delete=False)
-    saved = os.dup(1), os.dup(2)
-    os.dup2(handle.fileno(), 1)
-    os.dup2(handle.fileno(), 2)
-    try:
-        yield handle.name
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os.dup2(saved[0], 1)
-        os.dup2(saved[1], 2)
-        os.close(saved[0])
-        os.close(saved[1])
-        handle.close()
-
-
-def _versions() -> dict:
-    from importlib import metadata
-
-    found = {}
-    for package in ("onnxruntime", "onnxruntime-qnn", "onnx", "numpy"):
-        try:
-            found[package] = metadata.version(package)
-        except metadata.PackageNotFoundError:
-            found[package] = None
-    return found
-
-
-def _safe(name: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_" else "_" for c in name)[:64]
 
 
 if __name__ == "__main__":

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import ast
 import contextlib
-import json
 import os
 import re
 import sys
@@ -38,6 +37,12 @@ import tempfile
 import time
 import traceback
 from pathlib import Path
+
+try:  # run as a script in the vendor environment (no flexdsa_core there): this folder is sys.path[0]
+    import _driver_common as common
+except ModuleNotFoundError:  # imported by file path (the tests), or run with -P / PYTHONSAFEPATH
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import _driver_common as common
 
 TABLE_TITLE = "Network Layer Information Table"
 ROW = re.compile(
@@ -49,28 +54,11 @@ LINEAGE = re.compile(
 )
 LOG_PREFIX = re.compile(r"^[DIWE] RKNN: \[[\d:.]+\] ")
 BOUNDARY_OPS = {"InputOperator", "OutputOperator"}
+PACKAGES = ("rknn-toolkit2", "onnx", "onnxruntime", "numpy", "torch")  # versions in result.json
 
 
 def main(request_path: str, result_path: str) -> int:
-    result: dict = {"ok": False, "versions": _versions(), "buckets": [], "error": None}
-    try:
-        request = json.loads(Path(request_path).read_text())
-        out_dir = Path(request["out_dir"])
-        out_dir.mkdir(parents=True, exist_ok=True)
-        options = request.get("options") or {}
-        for bucket in request["buckets"]:
-            entry = compile_bucket(bucket, out_dir, options)
-            result["buckets"].append(entry)
-            if entry.get("error"):
-                result["error"] = f"bucket {bucket['name']}: {entry['error']}"
-                break
-        else:
-            result["ok"] = True
-    except Exception as err:  # the core must always get a result.json with a plain message
-        result["error"] = f"{type(err).__name__}: {err}"
-        result["log"] = traceback.format_exc()
-    Path(result_path).write_text(json.dumps(result, indent=2))
-    return 0
+    return common.run_request(request_path, result_path, compile_bucket, PACKAGES)
 
 
 def compile_bucket(bucket: dict, out_dir: Path, options: dict) -> dict:
@@ -87,7 +75,7 @@ def compile_bucket(bucket: dict, out_dir: Path, options: dict) -> dict:
     rknn_name = f"model.{name}.rknn"
     started = time.perf_counter()
     crash = ""
-    with _captured() as log_path, _scratch_cwd():
+    with common.captured("rknn-") as log_path, _scratch_cwd():
         try:
             error, outputs = _build(bucket["onnx"], input_names, shapes, out_dir / rknn_name, feeds, options,
                                     out_dir, name)  # fmt: skip
@@ -102,10 +90,7 @@ def compile_bucket(bucket: dict, out_dir: Path, options: dict) -> dict:
         return entry
     entry["artifacts"].append(rknn_name)
     output_names = [value.name for value in graph.output]
-    for output_name, array in zip(output_names, outputs or [], strict=False):
-        path = out_dir / f"{name}.{_safe(output_name)}.out.npy"
-        np.save(path, np.asarray(array))
-        entry["outputs"][output_name] = str(path)
+    common.save_outputs(entry, out_dir, name, zip(output_names, outputs or [], strict=False))
     layers = parse_layer_table(log)
     lineage = parse_lineage(log)
     entry["layers"], entry["placement"] = place_nodes(graph, layers, lineage)
@@ -276,27 +261,6 @@ def place_nodes(
 
 
 @contextlib.contextmanager
-def _captured():
-    """Send this process's stdout/stderr (the toolkit prints from C as well as Python) to a file."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    handle = tempfile.NamedTemporaryFile(prefix="rknn-", suffix=".log", delete=False)
-    saved = os.dup(1), os.dup(2)
-    os.dup2(handle.fileno(), 1)
-    os.dup2(handle.fileno(), 2)
-    try:
-        yield handle.name
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os.dup2(saved[0], 1)
-        os.dup2(saved[1], 2)
-        os.close(saved[0])
-        os.close(saved[1])
-        handle.close()
-
-
-@contextlib.contextmanager
 def _scratch_cwd():
     """The toolkit writes check*.onnx snapshots into the working directory: keep them out of the caller's."""
     previous = os.getcwd()
@@ -314,22 +278,6 @@ def _static_shape(graph, name: str) -> list[int]:
     if any(not d.HasField("dim_value") for d in dims):
         raise ValueError(f"input {name!r} has a dynamic dim and no sample input to fix it")
     return [d.dim_value for d in dims]
-
-
-def _versions() -> dict:
-    from importlib import metadata
-
-    found = {}
-    for package in ("rknn-toolkit2", "onnx", "onnxruntime", "numpy", "torch"):
-        try:
-            found[package] = metadata.version(package)
-        except metadata.PackageNotFoundError:
-            found[package] = None
-    return found
-
-
-def _safe(name: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_" else "_" for c in name)[:64]
 
 
 if __name__ == "__main__":

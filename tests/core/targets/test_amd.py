@@ -4,7 +4,6 @@ amd toolchain (Quark) is installed, real fixtures quantised by Quark stay within
 
 import argparse
 import subprocess
-from pathlib import Path
 
 import numpy as np
 import onnx
@@ -16,12 +15,11 @@ from flexdsa_core.targets import describe_checks, load_target
 from flexdsa_core.targets._vitis_ai import model_kind
 from flexdsa_core.targets.amd import ADAPTER
 from flexdsa_core.targets.base import BucketModel
-from flexdsa_core.toolchains import get_toolchain
 from tests.core.fusions.harness import parse, run
+from tests.core.targets import _bundle_checks as checks
 from tests.models import fixture
 
 TARGET = load_target("amd-xdna2")
-TOOLCHAIN_ROOT = Path.home() / ".cache" / "flexdsa" / "toolchains"
 
 ATTENTION = """
 <ir_version: 9, opset_import: ["" : 17]>
@@ -51,10 +49,7 @@ def _fill(text: str, seed: int = 0) -> str:
 
 
 def _reason(text: str, op_type: str) -> str | None:
-    model = ir.from_proto(parse(text))
-    ADAPTER.legalize(model, TARGET, frozenset())
-    node = next(n for n in model.graph if n.op_type == op_type)
-    return ADAPTER.fallback_reason(node, TARGET)
+    return checks.fallback_reason(ADAPTER, TARGET, text, op_type)
 
 
 # ---- the spec ---------------------------------------------------------------------------------------
@@ -115,18 +110,12 @@ def _buckets() -> list[BucketModel]:
     ]
 
 
-def _namespace(script: str, start: str, end: str) -> dict:
-    namespace: dict = {}
-    exec(script[script.index(start) : script.index(end)], namespace)
-    return namespace
-
-
 def test_quantize_script_picks_quarks_preset_per_bucket():
     files = ADAPTER.vendor_files(_buckets(), TARGET, {})
     assert set(files) == {"quantize_quark.py", "run_npu.py"}
     script = files["quantize_quark.py"].decode()
     compile(script, "quantize_quark.py", "exec")
-    namespace = _namespace(script, "\nBUCKETS = ", "class Samples")
+    namespace = checks.script_constants(script, "\nBUCKETS = ", "class Samples")
     assert [(b["name"], b["preset"], b["qdq"]) for b in namespace["BUCKETS"]] == [
         ("cnn", "XINT8", "model.cnn.qdq.onnx"),
         ("attn", "A8W8", "model.attn.qdq.onnx"),
@@ -138,7 +127,7 @@ def test_run_script_sets_the_vitis_ai_ep_provider_options():
     script = ADAPTER.vendor_files(_buckets(), TARGET, {})["run_npu.py"].decode()
     compile(script, "run_npu.py", "exec")
     assert "providers=[\"VitisAIExecutionProvider\"]" in script
-    namespace = _namespace(script, "import argparse", "def run(")
+    namespace = checks.script_constants(script, "import argparse", "def run(")
     bucket = namespace["BUCKETS"][0]
     args = argparse.Namespace(cache_dir="cache", config_file=None, xclbin=None)
     options = namespace["provider_options"](bucket, args)
@@ -171,11 +160,7 @@ def test_bert_bundle_for_the_npu():
 
 
 def _toolchain_or_skip():
-    toolchain = get_toolchain("amd")
-    status = toolchain.status(TOOLCHAIN_ROOT)
-    if not status.ready:
-        pytest.skip(f"amd-quark is not installed ({status.detail}): run `{toolchain.install_command()}`")
-    return toolchain
+    return checks.toolchain_or_skip("amd", "amd-quark")
 
 
 def test_attention_block_quantised_with_a8w8(tmp_path):
@@ -184,19 +169,14 @@ def test_attention_block_quantised_with_a8w8(tmp_path):
     path = tmp_path / "model.attn.onnx"
     onnx.save(proto, path)
     x = np.random.default_rng(1).standard_normal((1, 8, 16)).astype(np.float32)
-    np.save(tmp_path / "x.npy", x)
-    request = {"action": "compile", "target": TARGET.model_dump(mode="json"), "out_dir": str(tmp_path / "out"),
-               "buckets": [{"name": "attn", "onnx": str(path), "inputs": {"x": str(tmp_path / "x.npy")}}],
-               "options": ADAPTER.toolchain_options(TARGET, {})}  # fmt: skip
-    [bucket] = toolchain.run(TOOLCHAIN_ROOT, request, workdir=tmp_path)["buckets"]
+    options = ADAPTER.toolchain_options(TARGET, {})
+    bucket = checks.run_bucket(toolchain, TARGET, path, {"x": x}, tmp_path, options, name="attn")
     quantization = bucket["quantization"]
     assert quantization["preset"] == "A8W8" and quantization["model_kind"] == "transformer"
     assert quantization["qdq_pairs"] > 0 and quantization["reached"], quantization
     quantized = onnx.load(tmp_path / "out" / "model.attn.qdq.onnx")
     assert {"QuantizeLinear", "DequantizeLinear"} <= {n.op_type for n in quantized.graph.node}
-    want = run(proto, {"x": x})[0].ravel()
-    got = np.load(bucket["outputs"]["y"]).ravel()
-    assert float(want @ got / np.linalg.norm(want) / np.linalg.norm(got)) >= 0.99
+    assert checks.cosine(run(proto, {"x": x})[0], np.load(bucket["outputs"]["y"])) >= 0.99
 
 
 @pytest.mark.models
@@ -207,11 +187,7 @@ def test_attention_block_quantised_with_a8w8(tmp_path):
 )  # fmt: skip
 def test_fixture_quantised_by_quark_within_the_accuracy_target(name, buckets, preset):
     _toolchain_or_skip()
-    result = FlexDSAOptimizer("amd-xdna2", toolchain_root=TOOLCHAIN_ROOT).optimize(
-        fixture(name), OptimizeOptions(shape_buckets=buckets, measure_latency=False)
-    )
-    toolchain = result.report["toolchain"]
-    assert toolchain["ran"], toolchain
+    result, toolchain = checks.optimized_with_toolchain("amd-xdna2", name, shape_buckets=buckets)
     for bucket, entry in toolchain["buckets"].items():
         assert f"model.{bucket}.qdq.onnx" in result.artifacts
         assert entry["quantization"]["preset"] == preset
@@ -227,7 +203,7 @@ def test_bundle_quantize_script_runs_with_quark(tmp_path):
         ir.save(bucket.model, tmp_path / ADAPTER.model_filename(bucket))
     (tmp_path / "quantize_quark.py").write_bytes(ADAPTER.vendor_files(buckets, TARGET, {})["quantize_quark.py"])
     done = subprocess.run(
-        [str(toolchain.python(TOOLCHAIN_ROOT)), "quantize_quark.py", "--random", "2"],
+        [str(toolchain.python(checks.TOOLCHAIN_ROOT)), "quantize_quark.py", "--random", "2"],
         cwd=tmp_path, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]

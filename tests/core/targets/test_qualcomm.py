@@ -14,16 +14,14 @@ import onnx
 import onnx_ir as ir
 import pytest
 
-from flexdsa_core import FlexDSAOptimizer, RequestSpec
 from flexdsa_core.targets import load_target
 from flexdsa_core.targets.base import BucketModel
 from flexdsa_core.targets.qualcomm import ADAPTER
 from flexdsa_core.toolchains import get_toolchain
 from tests.core.fusions.harness import parse, run
-from tests.models import fixture
+from tests.core.targets import _bundle_checks as checks
 
 TARGET = load_target("qualcomm-sm8650")
-TOOLCHAIN_ROOT = Path.home() / ".cache" / "flexdsa" / "toolchains"
 DRIVER = (
     Path(__file__).resolve().parents[3] / "flexdsa_core" / "toolchains" / "drivers" / "qualcomm_driver.py"
 )
@@ -35,10 +33,7 @@ def _model(text: str) -> ir.Model:
 
 
 def _reason(text: str, op_type: str) -> str | None:
-    model = _model(text)
-    ADAPTER.legalize(model, TARGET, frozenset())  # names nodes, as the pipeline does
-    node = next(n for n in model.graph if n.op_type == op_type)
-    return ADAPTER.fallback_reason(node, TARGET)
+    return checks.fallback_reason(ADAPTER, TARGET, text, op_type)
 
 
 # Probe graphs: (name, ONNX text, the op whose placement is judged, whether QNN runs it on the HTP).
@@ -199,12 +194,6 @@ def _bucket() -> BucketModel:
     return BucketModel("batch1", model, {"x": [1, 8, 16, 16]})
 
 
-def _constants(script: str, start: str, end: str) -> dict:
-    namespace: dict = {}
-    exec(script[script.index(start) : script.index(end)], namespace)
-    return namespace
-
-
 def test_scripts_parse_and_carry_each_bucket(tmp_path):
     buckets = [_bucket()]
     files = ADAPTER.vendor_files(buckets, TARGET, {})
@@ -212,7 +201,7 @@ def test_scripts_parse_and_carry_each_bucket(tmp_path):
     for name in ("compile_qnn.py", "run_qnn.py"):
         compile(files[name], name, "exec")
     compile_script = files["compile_qnn.py"].decode()
-    constants = _constants(compile_script, "BUCKETS =", "def qnn_devices")
+    constants = checks.script_constants(compile_script, "BUCKETS =", "def qnn_devices")
     assert constants["BUCKETS"] == [{
         "name": "batch1", "onnx": "model.batch1.onnx", "qdq": "model.batch1.qdq.onnx",
         "context": "model.batch1.qnn_ctx.onnx", "inputs": ["x"], "shapes": [[1, 8, 16, 16]], "dtypes": ["float32"],
@@ -313,11 +302,7 @@ def test_verbose_log_becomes_placement_and_reasons():
 
 
 def _toolchain_or_skip():
-    toolchain = get_toolchain("qualcomm")
-    status = toolchain.status(TOOLCHAIN_ROOT)
-    if not status.ready:
-        pytest.skip(f"onnxruntime-qnn is not ready here ({status.detail})")
-    return toolchain
+    return checks.toolchain_or_skip("qualcomm", "onnxruntime-qnn")
 
 
 def _through_driver(toolchain, proto: onnx.ModelProto, tmp_path: Path) -> tuple[ir.Model, dict, dict]:
@@ -326,7 +311,7 @@ def _through_driver(toolchain, proto: onnx.ModelProto, tmp_path: Path) -> tuple[
     path = tmp_path / "model.b.onnx"
     ir.save(model, path)
     rng = np.random.default_rng(0)
-    inputs, feeds = {}, {}
+    feeds = {}
     for value in model.graph.inputs:
         shape = [int(d) for d in value.shape]
         dtype = value.dtype.numpy()
@@ -334,12 +319,8 @@ def _through_driver(toolchain, proto: onnx.ModelProto, tmp_path: Path) -> tuple[
             dtype
         )
         feeds[value.name] = array
-        inputs[value.name] = str(tmp_path / f"{value.name}.npy")
-        np.save(inputs[value.name], array)
-    request = {"action": "compile", "target": TARGET.model_dump(mode="json"), "out_dir": str(tmp_path / "out"),
-               "buckets": [{"name": "b", "onnx": str(path), "inputs": inputs}],
-               "options": ADAPTER.toolchain_options(TARGET, {})}  # fmt: skip
-    [bucket] = toolchain.run(TOOLCHAIN_ROOT, request, workdir=tmp_path)["buckets"]
+    options = ADAPTER.toolchain_options(TARGET, {})
+    bucket = checks.run_bucket(toolchain, TARGET, path, feeds, tmp_path, options)
     return model, bucket, feeds
 
 
@@ -380,7 +361,7 @@ def test_small_graph_compiles_to_a_context_binary(tmp_path):
     want = run(ir.to_proto(model), feeds)[0]
     got = np.load(bucket["outputs"]["y"])
     assert got.shape == want.shape
-    cosine = float(want.ravel() @ got.ravel() / np.linalg.norm(want) / np.linalg.norm(got))
+    cosine = checks.cosine(want, got)
     assert cosine > 0.999, cosine  # uint8 QDQ on the emulated HTP
 
 
@@ -391,17 +372,7 @@ def test_small_graph_compiles_to_a_context_binary(tmp_path):
 )  # fmt: skip
 def test_fixture_compiles_under_htp_emulation(name, buckets):
     _toolchain_or_skip()
-    spec = {
-        "target": "qualcomm-sm8650",
-        "measure_latency": False,
-        **({"shape_buckets": buckets} if buckets else {}),
-    }
-    request = RequestSpec.model_validate(spec)
-    result = FlexDSAOptimizer(request.target_spec(), toolchain_root=TOOLCHAIN_ROOT).optimize(
-        fixture(name), request.options()
-    )
-    toolchain = result.report["toolchain"]
-    assert toolchain["ran"], toolchain
+    result, toolchain = checks.optimized_with_toolchain("qualcomm-sm8650", name, shape_buckets=buckets)
     for bucket, entry in toolchain["buckets"].items():
         assert f"model.{bucket}.qnn_ctx.onnx" in result.artifacts
         assert f"model.{bucket}.qnn_ctx_qnn.bin" in result.artifacts  # the context binary
@@ -417,14 +388,10 @@ def test_fixture_with_cpu_fallbacks_agrees_node_for_node():
     """BERT with the erf-GELU fusion switched off: the two Erf nodes are not in the QNN EP's op set; our
     partition puts them on the CPU, and QNN refuses them with its own reason."""
     _toolchain_or_skip()
-    request = RequestSpec.model_validate({
-        "target": "qualcomm-sm8650", "measure_latency": False, "shape_buckets": {"batch": [1], "seq": [16]},
-        "disabled_rules": ["gelu_erf"],
-    })  # fmt: skip
-    result = FlexDSAOptimizer(request.target_spec(), toolchain_root=TOOLCHAIN_ROOT).optimize(
-        fixture("bert"), request.options()
+    result, toolchain = checks.optimized_with_toolchain(
+        "qualcomm-sm8650", "bert", shape_buckets={"batch": [1], "seq": [16]}, disabled_rules=["gelu_erf"]
     )
-    [(bucket, entry)] = result.report["toolchain"]["buckets"].items()
+    [(bucket, entry)] = toolchain["buckets"].items()
     part = result.report["partition"][bucket]
     assert sorted(f["node"] for f in part["fallback"]) == ["/layers.0/Erf", "/layers.1/Erf"]
     assert entry["placement_agreement"]["share"] == 1.0
@@ -449,14 +416,8 @@ def test_fp16_runs_the_float_graph_on_the_htp(tmp_path):
     ir.save(model, path)
     rng = np.random.default_rng(0)
     feeds = {"x": rng.standard_normal((2, 16, 32)).astype(np.float32), "s": np.ones(32, np.float32)}
-    inputs = {}
-    for name, array in feeds.items():
-        inputs[name] = str(tmp_path / f"{name}.npy")
-        np.save(inputs[name], array)
     options = {**ADAPTER.toolchain_options(TARGET, {}), "precision": "fp16"}
-    request = {"action": "compile", "target": TARGET.model_dump(mode="json"), "out_dir": str(tmp_path / "out"),
-               "buckets": [{"name": "b", "onnx": str(path), "inputs": inputs}], "options": options}  # fmt: skip
-    [bucket] = toolchain.run(TOOLCHAIN_ROOT, request, workdir=tmp_path)["buckets"]
+    bucket = checks.run_bucket(toolchain, TARGET, path, feeds, tmp_path, options)
     assert bucket["artifacts"] == ["model.b.qnn_ctx.onnx", "model.b.qnn_ctx_qnn.bin"]  # no QDQ model
     assert set(bucket["placement"].values()) == {"accelerator"} and len(bucket["placement"]) == 2
     want = run(ir.to_proto(model), feeds)[0]

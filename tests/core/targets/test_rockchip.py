@@ -11,16 +11,13 @@ import numpy as np
 import onnx_ir as ir
 import pytest
 
-from flexdsa_core import FlexDSAOptimizer, RequestSpec
 from flexdsa_core.targets import load_target
 from flexdsa_core.targets.base import BucketModel
 from flexdsa_core.targets.rockchip import ADAPTER
-from flexdsa_core.toolchains import get_toolchain
 from tests.core.fusions.harness import parse, run
-from tests.models import fixture
+from tests.core.targets import _bundle_checks as checks
 
 TARGET = load_target("rockchip-rk3588")
-TOOLCHAIN_ROOT = Path.home() / ".cache" / "flexdsa" / "toolchains"
 DRIVER = (
     Path(__file__).resolve().parents[3] / "flexdsa_core" / "toolchains" / "drivers" / "rockchip_driver.py"
 )
@@ -31,10 +28,7 @@ def _model(text: str) -> ir.Model:
 
 
 def _reason(text: str, op_type: str) -> str | None:
-    model = _model(text)
-    ADAPTER.legalize(model, TARGET, frozenset())  # names nodes, as the pipeline does
-    node = next(n for n in model.graph if n.op_type == op_type)
-    return ADAPTER.fallback_reason(node, TARGET)
+    return checks.fallback_reason(ADAPTER, TARGET, text, op_type)
 
 
 def _conv(kernel: int, group: int = 1, pads: int = 0) -> str:
@@ -279,43 +273,19 @@ def test_layer_table_becomes_placement_and_cycles():
 
 
 def _toolchain_or_skip():
-    toolchain = get_toolchain("rockchip")
-    status = toolchain.status(TOOLCHAIN_ROOT)
-    if not status.ready:
-        pytest.skip(f"rknn-toolkit2 is not installed ({status.detail}): run `{toolchain.install_command()}`")
-    return toolchain
+    return checks.toolchain_or_skip("rockchip", "rknn-toolkit2")
 
 
 def test_small_graph_through_the_driver(tmp_path):
     toolchain = _toolchain_or_skip()
-    text = """
-<ir_version: 9, opset_import: ["" : 17]>
-g (float[1, 3, 16, 16] x, float[8, 3, 3, 3] w, float[8] b) => (float[1, 8, 16, 16] y)
-{
-  c = Conv <pads = [1, 1, 1, 1]> (x, w, b)
-  y = Relu (c)
-}
-"""
-    proto = parse(text)
     rng = np.random.default_rng(0)
-    for init in ("w", "b"):
-        shape = [
-            d.dim_value
-            for d in next(i for i in proto.graph.input if i.name == init).type.tensor_type.shape.dim
-        ]
-        proto.graph.initializer.append(__import__("onnx").numpy_helper.from_array(
-            rng.standard_normal(shape).astype(np.float32), init))  # fmt: skip
-    model = ir.from_proto(proto)
+    model = ir.from_proto(checks.conv_relu(rng))
     ADAPTER.legalize(model, TARGET, frozenset())
     path = tmp_path / "model.b.onnx"
     ir.save(model, path)
     x = rng.standard_normal((1, 3, 16, 16)).astype(np.float32)
-    np.save(tmp_path / "x.npy", x)
-    request = {"action": "compile", "target": TARGET.model_dump(mode="json"), "out_dir": str(tmp_path / "out"),
-               "buckets": [{"name": "b", "onnx": str(path), "inputs": {"x": str(tmp_path / "x.npy")}}],
-               "options": ADAPTER.toolchain_options(TARGET, {})}  # fmt: skip
-    result = toolchain.run(TOOLCHAIN_ROOT, request, workdir=tmp_path)
-    [bucket] = result["buckets"]
+    options = ADAPTER.toolchain_options(TARGET, {})
+    bucket = checks.run_bucket(toolchain, TARGET, path, {"x": x}, tmp_path, options)
     assert bucket["artifacts"] == ["model.b.rknn"] and (tmp_path / "out" / "model.b.rknn").is_file()
     assert set(bucket["placement"].values()) == {"accelerator"}
     assert any(row["op"] == "ConvRelu" and row["target"] == "NPU" for row in bucket["layers"])
@@ -332,17 +302,7 @@ g (float[1, 3, 16, 16] x, float[8, 3, 3, 3] w, float[8] b) => (float[1, 8, 16, 1
 )  # fmt: skip
 def test_fixture_compiles_and_simulates_within_tolerance(name, buckets):
     _toolchain_or_skip()
-    spec = {
-        "target": "rockchip-rk3588",
-        "measure_latency": False,
-        **({"shape_buckets": buckets} if buckets else {}),
-    }
-    request = RequestSpec.model_validate(spec)
-    result = FlexDSAOptimizer(request.target_spec(), toolchain_root=TOOLCHAIN_ROOT).optimize(
-        fixture(name), request.options()
-    )
-    toolchain = result.report["toolchain"]
-    assert toolchain["ran"], toolchain
+    result, toolchain = checks.optimized_with_toolchain("rockchip-rk3588", name, shape_buckets=buckets)
     for bucket, entry in toolchain["buckets"].items():
         assert f"model.{bucket}.rknn" in result.artifacts
         for output in entry["numerics"]:

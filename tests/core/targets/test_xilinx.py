@@ -6,7 +6,6 @@ int8 stay within the accuracy target in ONNX Runtime."""
 import json
 import math
 import subprocess
-from pathlib import Path
 
 import numpy as np
 import onnx
@@ -18,19 +17,15 @@ from flexdsa_core.cost_model import CostModel
 from flexdsa_core.targets import load_target
 from flexdsa_core.targets.base import BucketModel
 from flexdsa_core.targets.xilinx import ADAPTER, ARCH_JSON
-from flexdsa_core.toolchains import get_toolchain
 from tests.core.fusions.harness import parse, run
+from tests.core.targets import _bundle_checks as checks
 from tests.models import fixture
 
 TARGET = load_target("xilinx-kv260")
-TOOLCHAIN_ROOT = Path.home() / ".cache" / "flexdsa" / "toolchains"
 
 
 def _reason(text: str, op_type: str) -> str | None:
-    model = ir.from_proto(parse(text))
-    ADAPTER.legalize(model, TARGET, frozenset())
-    node = next(n for n in model.graph if n.op_type == op_type)
-    return ADAPTER.fallback_reason(node, TARGET)
+    return checks.fallback_reason(ADAPTER, TARGET, text, op_type)
 
 
 def _conv(kernel: int, cin: int = 8, cout: int = 8, group: int = 1, stride: int = 1) -> str:
@@ -163,8 +158,7 @@ def test_quantize_script_carries_each_bucket_and_the_dpu_scheme():
     assert set(files) == {"quantize_kv260.py", "compile_kv260.sh"}
     script = files["quantize_kv260.py"].decode()
     compile(script, "quantize_kv260.py", "exec")
-    namespace: dict = {}
-    exec(script[script.index("\nBUCKETS = ") : script.index("class Samples")], namespace)
+    namespace = checks.script_constants(script, "\nBUCKETS = ", "class Samples")
     assert namespace["QUANTIZERS"] == ["quark", "vai_q_onnx"]
     assert namespace["BUCKETS"][1] == {
         "name": "batch4", "onnx": "model.batch4.onnx", "qdq": "model.batch4.qdq.onnx", "inputs": ["x"],
@@ -226,32 +220,18 @@ def test_resnet_bundle_for_the_kv260():
 
 
 def _toolchain_or_skip():
-    toolchain = get_toolchain("amd")
-    status = toolchain.status(TOOLCHAIN_ROOT)
-    if not status.ready:
-        pytest.skip(f"amd-quark is not installed ({status.detail}): run `{toolchain.install_command()}`")
-    return toolchain
+    return checks.toolchain_or_skip("amd", "amd-quark")
 
 
 def test_small_conv_quantised_to_power_of_two_int8(tmp_path):
     toolchain = _toolchain_or_skip()
     rng = np.random.default_rng(0)
-    proto = parse("""
-<ir_version: 9, opset_import: ["" : 17]>
-g (float[1, 3, 16, 16] x, float[8, 3, 3, 3] w, float[8] b) => (float[1, 8, 16, 16] y)
-{ c = Conv <pads = [1, 1, 1, 1]> (x, w, b)
-  y = Relu (c) }
-""")
-    for name, shape in (("w", (8, 3, 3, 3)), ("b", (8,))):
-        proto.graph.initializer.append(onnx.numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32), name))
+    proto = checks.conv_relu(rng)
     path = tmp_path / "model.b.onnx"
     onnx.save(proto, path)
     x = rng.standard_normal((1, 3, 16, 16)).astype(np.float32)
-    np.save(tmp_path / "x.npy", x)
-    request = {"action": "compile", "target": TARGET.model_dump(mode="json"), "out_dir": str(tmp_path / "out"),
-               "buckets": [{"name": "b", "onnx": str(path), "inputs": {"x": str(tmp_path / "x.npy")}}],
-               "options": ADAPTER.toolchain_options(TARGET, {})}  # fmt: skip
-    [bucket] = toolchain.run(TOOLCHAIN_ROOT, request, workdir=tmp_path)["buckets"]
+    options = ADAPTER.toolchain_options(TARGET, {})
+    bucket = checks.run_bucket(toolchain, TARGET, path, {"x": x}, tmp_path, options)
     assert bucket["artifacts"] == ["model.b.qdq.onnx"] and bucket["placement"] == {}
     assert bucket["quantization"]["preset"] == "XINT8" and bucket["quantization"]["reached"]
     quantized = onnx.load(tmp_path / "out" / "model.b.qdq.onnx")
@@ -263,20 +243,14 @@ g (float[1, 3, 16, 16] x, float[8, 3, 3, 3] w, float[8] b) => (float[1, 8, 16, 1
     assert scales and all(math.log2(s) == round(math.log2(s)) for s in scales)  # power-of-two scales
     zero_points = [init for init in quantized.graph.initializer if "zero_point" in init.name]
     assert all(onnx.numpy_helper.to_array(z).dtype == np.int8 for z in zero_points)  # int8 activations too
-    want = run(proto, {"x": x})[0].ravel()
-    got = np.load(bucket["outputs"]["y"]).ravel()
-    assert float(want @ got / np.linalg.norm(want) / np.linalg.norm(got)) >= 0.99
+    assert checks.cosine(run(proto, {"x": x})[0], np.load(bucket["outputs"]["y"])) >= 0.99
 
 
 @pytest.mark.models
 @pytest.mark.parametrize("name", ["resnet", "mobilenetv2", "vit"])
 def test_fixture_quantised_by_quark_within_the_accuracy_target(name):
     _toolchain_or_skip()
-    result = FlexDSAOptimizer("xilinx-kv260", toolchain_root=TOOLCHAIN_ROOT).optimize(
-        fixture(name), OptimizeOptions(shape_buckets={"batch": [1]}, measure_latency=False)
-    )
-    toolchain = result.report["toolchain"]
-    assert toolchain["ran"], toolchain
+    result, toolchain = checks.optimized_with_toolchain("xilinx-kv260", name, shape_buckets={"batch": [1]})
     entry = toolchain["buckets"]["batch1"]
     assert "model.batch1.qdq.onnx" in result.artifacts
     quantization = entry["quantization"]

@@ -1,0 +1,126 @@
+"""The import graph of our three packages: no circle anywhere (a module never reaches itself through its
+imports, lazy ones inside functions included), the core imports neither the service nor the workers, and
+the service's arrows up to the workers do not grow (issue 10 removes the ones left: the job dispatch and
+the cache statistics still come from ``workers``; ``service.app`` is where the embedded worker is plugged
+in, the composition root)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("flexdsa_core", "service", "workers")
+# service -> workers arrows still there; each is a debt of issue 10, none may be added.
+SERVICE_TO_WORKERS = {
+    ("service.app", "workers"),
+    ("service.app", "workers.inprocess"),
+    ("service.app", "workers.cache_backends"),
+    ("service.jobs", "workers.dispatch"),
+    ("service.api.cache", "workers.cache_backends"),
+}
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for package in PACKAGES:
+        for path in (ROOT / package).rglob("*.py"):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            found[name] = path
+    return found
+
+
+def _graph() -> dict[str, set[str]]:
+    modules = _modules()
+
+    def resolve(name: str) -> str | None:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {name: set() for name in modules}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets: list[str] = []
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                    base = ".".join([*anchor, *([node.module] if node.module else [])])
+                targets = [base, *(f"{base}.{alias.name}" for alias in node.names)]
+            for target in targets:
+                resolved = resolve(target)
+                if resolved and resolved != name:
+                    graph[name].add(resolved)
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    counter = 0
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = counter
+        counter += 1
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = counter
+                    counter += 1
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def test_no_import_circle():
+    assert _cycles(_graph()) == []
+
+
+def test_the_check_finds_a_circle():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_the_core_imports_neither_the_service_nor_the_workers():
+    graph = _graph()
+    upward = [(a, b) for a, targets in graph.items() if a.startswith("flexdsa_core") for b in targets
+              if not b.startswith("flexdsa_core")]  # fmt: skip
+    assert upward == []
+
+
+def test_the_service_reaches_up_to_the_workers_no_more_than_it_did():
+    graph = _graph()
+    upward = {(a, b) for a, targets in graph.items() if a.startswith("service") for b in targets
+              if b.startswith("workers")}  # fmt: skip
+    assert upward <= SERVICE_TO_WORKERS, sorted(upward - SERVICE_TO_WORKERS)
