@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN     = $(VENV)/bin
 
-.PHONY: serve test test-fast bench bench-large bench-service bench-targets install lint toolchains
+.PHONY: serve test test-fast bench bench-large bench-service bench-targets install lint toolchains docker
 
 # Install, optimise the example model shipped in the repo, then start the service on embedded defaults.
 serve: $(VENV)/.installed
@@ -30,6 +30,17 @@ test-fast: $(VENV)/.installed-test
 TOOLCHAINS ?= rockchip qualcomm amd
 toolchains: $(VENV)/.installed
 	$(BIN)/flexdsa toolchains install $(TOOLCHAINS)
+
+# The docker-compose.yml stack (api, worker, postgres, redis) built, started, and checked the way a user would
+# use it (scripts/docker-smoke.sh: readiness, an API key, a job on the example model, its bundle.zip). Writes
+# .env with a random POSTGRES_PASSWORD when there is none. Leaves the stack running: `$(COMPOSE) down -v`
+# removes it and its data. Vendor toolchains: FLEXDSA_TOOLCHAINS="rockchip ..." make docker. Not run by CI.
+COMPOSE ?= $(shell docker compose version >/dev/null 2>&1 && echo "docker compose" || echo docker-compose)
+docker:
+	test -f .env || (umask 077 && echo "POSTGRES_PASSWORD=$$(openssl rand -hex 16)" > .env)
+	$(COMPOSE) build
+	$(COMPOSE) up -d
+	COMPOSE="$(COMPOSE)" scripts/docker-smoke.sh
 
 bench-targets: $(VENV)/.installed-test
 	$(BIN)/python -m bench.targets

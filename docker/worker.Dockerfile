@@ -10,13 +10,14 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 WORKDIR /app
 
 # Dependencies first, in their own layer (see api.Dockerfile).
-COPY pyproject.toml README.md ./
+COPY pyproject.toml ./
 RUN mkdir -p flexdsa_core service workers \
-    && touch flexdsa_core/__init__.py service/__init__.py workers/__init__.py \
+    && touch README.md flexdsa_core/__init__.py service/__init__.py workers/__init__.py \
     && pip install . \
     && pip uninstall -y flexdsa \
-    && rm -rf flexdsa_core service workers build *.egg-info
+    && rm -rf flexdsa_core service workers build *.egg-info README.md
 
+COPY README.md ./
 COPY flexdsa_core ./flexdsa_core
 COPY service ./service
 COPY workers ./workers
