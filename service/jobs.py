@@ -258,7 +258,8 @@ def _answer_from_cache(job: Job, source: Job) -> None:
     job.progress = 1.0
     job.cached_from_job_id = source.id
     job.report_summary = source.report_summary
-    job.started_at = job.finished_at = now
+    # One instant for all three: the row's own default would stamp created_at after these (negative queue time).
+    job.created_at = job.started_at = job.finished_at = now
     job.artifacts = [
         Artifact(name=a.name, blob_key=a.blob_key, size=a.size, content_type=a.content_type, created_at=now)
         for a in source.artifacts
