@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import onnx_ir as ir
 
-from flexdsa_core.targets.accelerator import AcceleratorAdapter
+from flexdsa_core.targets.accelerator import AcceleratorAdapter, is_constant, runtime_input_of
 from flexdsa_core.targets.spec import TargetSpec
 from flexdsa_core.targets.toolchain_run import MIN_COSINE
 
@@ -54,7 +54,7 @@ class VitisAIAdapter(AcceleratorAdapter):
     def node_reason(self, node: ir.Node, target: TargetSpec) -> str | None:
         if node.domain not in ("", "ai.onnx") or node.op_type in QDQ_OPS:
             return None
-        integer = runtime_integer_input(node)
+        integer = runtime_input_of(node, INTEGER_DTYPES)
         if integer is not None:
             dtype = integer.dtype.name.lower() if integer.dtype is not None else "integer"
             return (
@@ -105,25 +105,9 @@ def model_kind(model: ir.Model) -> str:
     for node in model.graph:
         if node.op_type in TRANSFORMER_OPS:
             return "transformer"
-        if node.op_type == "MatMul" and len(node.inputs) == 2 and not any(_is_constant(v) for v in node.inputs):
+        if node.op_type == "MatMul" and len(node.inputs) == 2 and not any(is_constant(v) for v in node.inputs):
             return "transformer"
     return "cnn"
-
-
-def runtime_integer_input(node: ir.Node) -> ir.Value | None:
-    """The first input that is an integer tensor computed at run time (not a constant, not a shape)."""
-    for value in node.inputs:
-        if value is None or value.dtype not in INTEGER_DTYPES or _is_constant(value):
-            continue
-        return value
-    return None
-
-
-def _is_constant(value: ir.Value | None) -> bool:
-    if value is None or value.const_value is not None:
-        return True
-    producer = value.producer()
-    return producer is not None and producer.op_type == "Constant"
 
 
 # ---- the bundle's quantise step (shared by both targets) --------------------------------------------

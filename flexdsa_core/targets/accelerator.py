@@ -213,6 +213,24 @@ def _io(value: ir.Value) -> dict:
     }
 
 
+def is_constant(value: ir.Value | None) -> bool:
+    """A missing input, an initializer, or a Constant node's output: known when the model is compiled."""
+    if value is None or value.const_value is not None:
+        return True
+    producer = value.producer()
+    return producer is not None and producer.op_type == "Constant"
+
+
+def runtime_input_of(node: ir.Node, dtypes: frozenset) -> ir.Value | None:
+    """The first input of one of ``dtypes`` computed at run time (not a constant): e.g. token ids or a mask
+    that an int8/float16 accelerator cannot compute on."""
+    for value in node.inputs:
+        if value is None or value.dtype not in dtypes or is_constant(value):
+            continue
+        return value
+    return None
+
+
 def name_nodes(model: ir.Model) -> int:
     """Give every unnamed node a unique name (``<op>_<n>``); returns how many were named."""
     taken = {node.name for node in model.graph if node.name}

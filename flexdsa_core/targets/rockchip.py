@@ -30,7 +30,7 @@ import pprint
 import numpy as np
 import onnx_ir as ir
 
-from flexdsa_core.targets.accelerator import AcceleratorAdapter
+from flexdsa_core.targets.accelerator import AcceleratorAdapter, is_constant, runtime_input_of
 from flexdsa_core.targets.base import BucketModel, Legalized
 from flexdsa_core.targets.spec import TargetSpec
 
@@ -59,14 +59,14 @@ class RockchipAdapter(AcceleratorAdapter):
                 f"{node.op_type} has no RK3588 NPU kernel: rknn-toolkit2 runs it on its CPU runtime "
                 "(R2 chapter 4 lists it among the CPU ops)"
             )
-        if node.op_type == "Div" and len(node.inputs) > 1 and not _is_constant(node.inputs[1]):
+        if node.op_type == "Div" and len(node.inputs) > 1 and not is_constant(node.inputs[1]):
             if _producer_type(node.inputs[1]) == "Sqrt":
                 return None  # x / sqrt(mean + eps): the toolkit fuses the norm into exNorm on the NPU
             return (
                 "Div by a run-time tensor runs on the RKNN CPU runtime (a Div by a constant becomes an NPU Mul; "
                 "R2 chapter 4 lists Div among the CPU ops)"
             )
-        integer = _runtime_integer_input(node)
+        integer = runtime_input_of(node, INTEGER_DTYPES)
         if integer is not None:
             dtype = integer.dtype.name.lower() if integer.dtype is not None else "integer"
             return (
@@ -139,25 +139,6 @@ class RockchipAdapter(AcceleratorAdapter):
 
 
 # ---- node_reason helpers ----------------------------------------------------------------------------
-
-
-def _runtime_integer_input(node: ir.Node) -> ir.Value | None:
-    """The first input that is an integer tensor computed at run time (not a constant, not a shape)."""
-    for value in node.inputs:
-        if value is None or value.const_value is not None or value.dtype not in INTEGER_DTYPES:
-            continue
-        producer = value.producer()
-        if producer is not None and producer.op_type == "Constant":
-            continue
-        return value
-    return None
-
-
-def _is_constant(value: ir.Value | None) -> bool:
-    if value is None or value.const_value is not None:
-        return True
-    producer = value.producer()
-    return producer is not None and producer.op_type == "Constant"
 
 
 def _producer_type(value: ir.Value | None) -> str | None:
