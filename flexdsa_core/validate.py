@@ -60,16 +60,19 @@ def run_budget(seconds: float, hint: str = "") -> Iterator[None]:
         _run_budget.reset(token)
 
 
-def guarded_run(sess, names, feeds: dict, *, what: str):
-    """``sess.run`` that ONNX Runtime itself aborts (``RunOptions.terminate``, checked between kernels and
-    inside Loop/Scan bodies) once the current budget has passed; raises ``RunBudgetExceededError``."""
+@contextlib.contextmanager
+def watchdog(what: str) -> Iterator[ort.RunOptions]:
+    """Run options that ONNX Runtime itself aborts on (``RunOptions.terminate``, checked between kernels and
+    inside Loop/Scan bodies) once the current budget has passed, for every run made with them inside this
+    block; a run so stopped raises ``RunBudgetExceededError``, an allocation no host can make
+    ``UnsupportedModelError``. One timer for the whole block, so timed runs pay nothing for it."""
     budget_s, hint = _run_budget.get()
     run_options = ort.RunOptions()
     timer = threading.Timer(budget_s, setattr, (run_options, "terminate", True))
     timer.daemon = True
     timer.start()
     try:
-        return sess.run(names, feeds, run_options)
+        yield run_options
     except Exception as err:
         if "Failed to allocate memory" in str(err):  # a shape no host can hold: the model's, not ours
             raise UnsupportedModelError(
@@ -89,6 +92,12 @@ def guarded_run(sess, names, feeds: dict, *, what: str):
         raise
     finally:
         timer.cancel()
+
+
+def guarded_run(sess, names, feeds: dict, *, what: str):
+    """One ``sess.run`` under the current budget (``watchdog``)."""
+    with watchdog(what) as run_options:
+        return sess.run(names, feeds, run_options)
 
 
 @dataclass
@@ -334,18 +343,19 @@ def latency_samples(
         rounds = min(len(values) for values in samples.values())
         return {name: values[:rounds] for name, values in samples.items()}
     sessions = {name: session(source, level=level, threads=threads) for name, source in models.items()}
-    for sess in sessions.values():
-        for _ in range(warmup):
-            guarded_run(sess, None, feeds, what="latency measurement")
     samples: dict[str, list[float]] = {name: [] for name in sessions}
-    deadline = time.perf_counter() + max_seconds
-    order = list(sessions.items())
-    for index in range(repeats):
-        # Alternating order: neither model always runs first (caches warm, clocks ramp up in between).
-        for name, sess in order if index % 2 == 0 else reversed(order):
-            start = time.perf_counter()
-            guarded_run(sess, None, feeds, what="latency measurement")
-            samples[name].append(time.perf_counter() - start)
-        if time.perf_counter() > deadline and all(len(s) >= 5 for s in samples.values()):
-            break
+    with watchdog("latency measurement") as run_options:  # one budget for the whole measurement
+        for sess in sessions.values():
+            for _ in range(warmup):
+                sess.run(None, feeds, run_options)
+        deadline = time.perf_counter() + max_seconds
+        order = list(sessions.items())
+        for index in range(repeats):
+            # Alternating order: neither model always runs first (caches warm, clocks ramp up in between).
+            for name, sess in order if index % 2 == 0 else reversed(order):
+                start = time.perf_counter()
+                sess.run(None, feeds, run_options)
+                samples[name].append(time.perf_counter() - start)
+            if time.perf_counter() > deadline and all(len(s) >= 5 for s in samples.values()):
+                break
     return samples
