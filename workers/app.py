@@ -37,7 +37,8 @@ def run_job(job_id: str) -> str:
 
     settings = get_settings()
     return execute_job(
-        job_id, settings=settings, worker_id=worker_id(), requeue=lambda again: enqueue(again, settings)
+        job_id, settings=settings, worker_id=worker_id(),
+        requeue=lambda again: enqueue(again, settings, requeued=True),
     )
 
 
@@ -77,7 +78,8 @@ def _start_reconciler(**_kwargs) -> None:
     from workers.reconciler import ReconcilerThread
 
     settings = get_settings()
-    _reconciler = ReconcilerThread(settings, lambda job_id: enqueue(job_id, settings))
+    # Everything the reconciler publishes was accepted earlier and lost on the way: it goes ahead of new jobs.
+    _reconciler = ReconcilerThread(settings, lambda job_id: enqueue(job_id, settings, requeued=True))
     _reconciler.start()
 
 

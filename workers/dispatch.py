@@ -1,6 +1,7 @@
 """``enqueue(job_id, settings)``: hand a committed job to whoever runs jobs in this mode.
 
-Distributed: publish ``flexdsa.run_job(job_id)`` to the broker. Embedded: put the id on the in-process
+Distributed: publish ``flexdsa.run_job(job_id)`` to the broker, a job published again ahead of new ones
+(``workers.celery_config``: Redis priorities). Embedded: put the id on the in-process
 worker's queue. Call it only after the job row is committed (the worker may start before this returns).
 It never raises: a broker outage leaves the job ``queued`` in the database, and the reconciler publishes it
 again once the broker is back, so the API can still answer 202.
@@ -28,17 +29,19 @@ def celery_app_for(settings):
         return app
 
 
-def enqueue(job_id: str, settings) -> bool:
-    """Publish the job; True when handed over, False when it stays for the reconciler."""
+def enqueue(job_id: str, settings, *, requeued: bool = False) -> bool:
+    """Publish the job; True when handed over, False when it stays for the reconciler. ``requeued``: the
+    job is published again (worker lost, pipeline crashed and retried): it goes ahead of new jobs."""
     if settings.mode == "embedded":
         from workers import inprocess
 
         return inprocess.submit(job_id, settings)
-    from workers.celery_config import QUEUE, TASK_NAME
+    from workers.celery_config import NEW_JOB_PRIORITY, QUEUE, REQUEUED_JOB_PRIORITY, TASK_NAME
 
     try:
         celery_app_for(settings).send_task(
             TASK_NAME, args=[job_id], queue=QUEUE,
+            priority=REQUEUED_JOB_PRIORITY if requeued else NEW_JOB_PRIORITY,
             retry=True, retry_policy={"max_retries": 2, "interval_start": 0.2, "interval_step": 0.5},
         )
         return True

@@ -10,7 +10,8 @@ import pytest
 from sqlalchemy import update
 
 from service.models import Job, utcnow
-from tests.workers.conftest import create_job, load_job, wait_for, wait_status
+from tests.workers.conftest import create_job, load_job, tiny_model, wait_for, wait_status
+from workers.celery_config import PRIORITY_STEPS, QUEUE
 from workers.db import session_factory_for
 from workers.dispatch import enqueue
 
@@ -36,8 +37,13 @@ def _gone(pid: int) -> bool:
         return True
 
 
+def _queue_lists() -> list[str]:
+    """The broker's lists for the flexdsa queue: kombu keeps one per priority step (step 0 is the bare name)."""
+    return [QUEUE if step == 0 else f"{QUEUE}\x06\x16{step}" for step in PRIORITY_STEPS]
+
+
 def _queue_drained(redis_client) -> bool:
-    return redis_client.llen("flexdsa") == 0 and redis_client.hlen("unacked") == 0
+    return sum(redis_client.llen(name) for name in _queue_lists()) == 0 and redis_client.hlen("unacked") == 0
 
 
 def test_submitted_job_succeeds_once(settings, start_worker, redis_client):
@@ -74,6 +80,38 @@ def test_worker_killed_mid_job_is_taken_over_after_the_lease(settings, start_wor
     assert len(started) == 2 and owner in started[0] and owner not in started[1]
     assert [e.kind for e in job.events].count("succeeded") == 1
     assert sorted(a.name for a in job.artifacts) == ARTIFACTS
+
+
+def test_requeued_job_runs_before_jobs_queued_earlier(settings, start_worker, redis_client):
+    # A is running on w1 when w1 dies; B1..B6 are queued after A but before A's lease lapses. The reconciler
+    # of w2 publishes A again: A must run next (after at most the job w2 already holds), not after all of B.
+    first = start_worker("w1", FLEXDSA_TEST_STAGE_DELAY_S="1.5")
+    requeued = create_job(settings)
+    enqueue(requeued, settings)
+    wait_for(lambda: load_job(settings, requeued).status == "running", 45, "the job to be running on w1")
+    first.kill()
+    queued_earlier = [create_job(settings, tiny_model((0.1, 0.2, 0.01 * (index + 1)))) for index in range(6)]
+    for job_id in queued_earlier:
+        enqueue(job_id, settings)
+    assert redis_client.llen(_queue_lists()[2]) == 6  # new jobs wait at NEW_JOB_PRIORITY
+
+    start_worker("w2", FLEXDSA_TEST_STAGE_DELAY_S="0.3")
+    job = wait_status(settings, requeued, {"succeeded", "failed"}, 90)
+    assert job.status == "succeeded", job.error
+    assert job.attempts == 2
+    requeued_at = next(e.at for e in job.events if e.kind == "requeued")
+    restarted_at = [e.at for e in job.events if e.kind == "started"][1]
+    others = [wait_status(settings, job_id, {"succeeded", "failed"}, 120) for job_id in queued_earlier]
+    assert all(other.status == "succeeded" for other in others), [other.error for other in others]
+    started = {other.id: next(e.at for e in other.events if e.kind == "started") for other in others}
+    between = [job_id for job_id, at in started.items() if requeued_at < at < restarted_at]
+    after = [job_id for job_id, at in started.items() if at > restarted_at]
+    # First in, first out would have run all six before A; with A's priority at most one slips in between
+    # (the one w2 had already taken when A was published), and those still queued wait for A.
+    assert len(between) <= 1, (between, started, requeued_at, restarted_at)
+    assert len(after) >= 3, (after, started, requeued_at, restarted_at)
+    # Nothing left waiting (w1's own unacknowledged delivery stays in 'unacked' until the visibility timeout).
+    assert sum(redis_client.llen(name) for name in _queue_lists()) == 0
 
 
 def test_crashing_pipeline_fails_after_max_attempts_and_the_queue_drains(settings, start_worker, redis_client):
