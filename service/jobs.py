@@ -30,7 +30,7 @@ from service.errors import Conflict, InvalidRequest, QuotaExceeded
 from service.models import Artifact, Job, JobStatus, Tenant, utcnow
 from service.schemas import JobError, JobLinks, JobOut
 from service.storage import ArtifactStore
-from service.upload import NotOnnxError, ReceivedUpload, check_onnx_structure
+from service.upload import NotOnnxError, PendingUpload, ReceivedUpload, check_onnx_structure
 
 log = logging.getLogger("flexdsa.service")
 
@@ -141,6 +141,21 @@ def find_by_idempotency_key(session: Session, tenant: Tenant, key: str | None) -
     return session.scalar(select(Job).where(Job.tenant_id == tenant.id, Job.idempotency_key == key))
 
 
+def admit_submit(
+    session: Session, settings: Settings, tenant: Tenant, rate_limiter, idempotency_key: str | None
+) -> Job | None:
+    """Everything decided from the key before the body is read, in one call (one thread hand-off for the
+    route): the job of an earlier request with the same ``Idempotency-Key`` (the answer, body unread), else
+    the rate limit and the quota (429). Ends the read transaction: the upload may take minutes, and an
+    idle-in-transaction connection would sit in the pool all that time."""
+    existing = find_by_idempotency_key(session, tenant, idempotency_key)
+    if existing is None:
+        rate_limiter.check(tenant.id)
+        check_quota_before_upload(session, settings, tenant)
+    session.commit()  # expire_on_commit=False keeps the tenant and the job readable
+    return existing
+
+
 def check_quota_before_upload(session: Session, settings: Settings, tenant: Tenant) -> None:
     """Refuse (429) a tenant already at its quota before its body is read: an over-quota client must not
     make the service receive, hash and store a model only to be refused. Not locked: the locked check in
@@ -249,6 +264,27 @@ def submit_job(
             raise
         return existing, True
     return job, False
+
+
+def accept_upload(
+    session: Session,
+    settings: Settings,
+    store: ArtifactStore,
+    tenant: Tenant,
+    pending: PendingUpload | ReceivedUpload,
+    idempotency_key: str | None,
+) -> tuple[Job, bool, int]:
+    """Finish receiving (``PendingUpload.complete``: a small body's whole parse, write and fsync), record
+    the job and hand it to the workers, in one call: (job, replayed, model bytes). The upload's temp files
+    are gone when it returns."""
+    upload = pending.complete() if isinstance(pending, PendingUpload) else pending
+    try:
+        job, replayed = submit_job(session, settings, store, tenant, upload, idempotency_key)
+    finally:
+        upload.discard()
+    if not replayed and job.status == JobStatus.queued:
+        enqueue(job.id, settings)
+    return job, replayed, upload.size
 
 
 def _answer_from_cache(job: Job, source: Job) -> None:

@@ -10,9 +10,9 @@ from starlette.concurrency import run_in_threadpool
 
 from service import jobs
 from service.api.deps import CurrentTenant, SessionDep, SettingsDep, StoreDep
-from service.models import Job, JobStatus
+from service.models import Job
 from service.schemas import ERROR_RESPONSES, ErrorResponse, JobCreated
-from service.upload import check_content_length, receive_model_upload
+from service.upload import check_content_length, complete_on_upload_thread, receive_model_upload
 
 router = APIRouter(tags=["jobs"])
 
@@ -90,30 +90,27 @@ async def optimize(
         ),
     ] = None,
 ) -> JSONResponse:
-    # A retry is answered before its body is read: the first request's job is the answer.
-    existing = await run_in_threadpool(jobs.find_by_idempotency_key, session, tenant, idempotency_key)
+    # One hand-off decides everything that depends only on the key, before a byte of the body is read: an
+    # Idempotency-Key retry gets the first request's job, an over-limit tenant its 429.
+    existing = await run_in_threadpool(
+        jobs.admit_submit, session, settings, tenant, request.app.state.rate_limiter, idempotency_key
+    )
     if existing is not None:
         return _created(request, existing, replayed=True)
-    # Limits that depend only on the key are decided before a byte of the body is read.
-    await run_in_threadpool(request.app.state.rate_limiter.check, tenant.id)
-    await run_in_threadpool(jobs.check_quota_before_upload, session, settings, tenant)
-    # End the read transaction now: the upload may take minutes, and an idle-in-transaction connection
-    # would sit in the pool all that time (expire_on_commit=False keeps the tenant readable).
-    await run_in_threadpool(session.commit)
 
     check_content_length(request, settings.max_upload_bytes)
-    upload = await receive_model_upload(request, store.staging_dir(), settings.max_upload_bytes)
-    try:
-        job, replayed = await run_in_threadpool(
-            jobs.submit_job, session, settings, store, tenant, upload, idempotency_key
-        )
-    finally:
-        upload.discard()
+    pending = await receive_model_upload(request, store.staging_dir(), settings.max_upload_bytes)
+    if pending.streamed:
+        # A large body's last piece and its fsync stay on the upload threads, off the request pool.
+        received = await complete_on_upload_thread(pending)
+    else:
+        received = pending  # completed inside accept_upload: a small submit costs one hand-off from here
+    job, replayed, size = await run_in_threadpool(
+        jobs.accept_upload, session, settings, store, tenant, received, idempotency_key
+    )
 
     metrics = request.app.state.metrics
-    metrics.upload_bytes.inc(upload.size)
+    metrics.upload_bytes.inc(size)
     if not replayed:
         metrics.jobs_submitted.labels(str(job.cached_from_job_id is not None).lower()).inc()
-        if job.status == JobStatus.queued:
-            await run_in_threadpool(jobs.enqueue, job.id, settings)
     return _created(request, job, replayed=replayed)
