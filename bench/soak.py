@@ -13,9 +13,11 @@ attempt) over HTTP while it injects faults:
 Then it waits for every accepted job to end and reads the database: jobs succeeded / failed with a reason /
 lost (never ended) / with duplicate artifacts; the attempts histogram; the poison job's fate; the API's
 answers during the database outages (503 expected, never 500) and how long after each return it served
-again; how long after the whole-worker kill that worker's jobs ran again, beside the bound the settings
-give (lease + reconcile interval). The pipeline is the test stand-in (``tests/workers/standin.py``: a short
-sleep per kernel) unless ``--real-core``, so the figures are the service's, not the compiler's.
+again; how long after the whole-worker kill that worker's jobs were published again, running again and
+finished, beside the bound the settings give for publishing again (lease + reconcile interval; a job
+published again goes ahead of the queue, so it then waits only for a free worker). The pipeline is the
+test stand-in (``tests/workers/standin.py``: a short sleep per kernel) unless ``--real-core``, so the
+figures are the service's, not the compiler's.
 Results: stdout and ``bench/results/soak.json``.
 """
 
@@ -436,13 +438,24 @@ def inject(fault: str, stack: Stack, pg: PrivatePostgres, redis: PrivateRedis, k
         killed_at, killed_wall = time.monotonic(), time.time()
         stack.start_worker()
         recovered = _wait_rerun(stack, running, owners, timeout_s=300)
-        return {
+        finished = _wait_ended(stack, running, timeout_s=300)
+        recovery = {
             "fault": fault, "worker": victim, "jobs_on_it": len(running), "queued_at_kill": backlog,
             # detected: the reconciler saw the lapsed lease and published the job again (a 'requeued' event);
-            # rerun: another worker claimed it, which also waits for the jobs queued before it.
+            # running again: another worker started it (a published-again job goes ahead of the queue);
+            # finished: it ended (the last of the dead worker's jobs, for each figure).
             "requeued_after_s": _requeued_after(stack, running, killed_wall),
+            "running_again_after_s": _started_again_after(stack, running, killed_wall),
             "rerun_after_s": None if recovered is None else round(recovered - killed_at, 1),
+            "finished_after_s": None if finished is None else round(finished - killed_at, 1),
         }
+        print(
+            f"recovery after a whole-worker kill ({len(running)} job(s) on it, {backlog} queued): published again "
+            f"after {recovery['requeued_after_s']} s, running again after {recovery['running_again_after_s']} s, "
+            f"finished after {recovery['finished_after_s']} s (aim <= 30 s)",
+            flush=True,
+        )
+        return recovery
     if fault == "redis_restart":
         redis.restart()
         return {"fault": fault, "api_serves_after_s": round(time_to_serve(stack.base_url, key), 2)}
@@ -479,6 +492,37 @@ def _requeued_after(stack: Stack, job_ids: list[str], killed_wall: float) -> flo
             "SELECT min(at) FROM job_events WHERE kind = 'requeued' AND job_id = ANY(%s)", (job_ids,)
         ).fetchone()[0]
     return None if first is None else round(first.timestamp() - killed_wall, 1)
+
+
+def _started_again_after(stack: Stack, job_ids: list[str], killed_wall: float) -> float | None:
+    """Seconds from the kill until the last of ``job_ids`` was started again (its first 'started' event
+    after the kill), or None if one never was."""
+    import psycopg
+
+    if not job_ids:
+        return None
+    url = stack.database_url.replace("postgresql+psycopg://", "postgresql://")
+    with psycopg.connect(url) as connection:
+        rows = connection.execute(
+            "SELECT job_id, min(at) FROM job_events WHERE kind = 'started' AND job_id = ANY(%s) "
+            "AND at > to_timestamp(%s) GROUP BY job_id",
+            (job_ids, killed_wall),
+        ).fetchall()
+    if len(rows) < len(set(job_ids)):
+        return None
+    return round(max(at.timestamp() for _, at in rows) - killed_wall, 1)
+
+
+def _wait_ended(stack: Stack, job_ids: list[str], timeout_s: float) -> float | None:
+    """When every one of ``job_ids`` has ended (succeeded, failed or cancelled)."""
+    if not job_ids:
+        return None
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if all(s["status"] in TERMINAL for s in jobs_of(stack.database_url, job_ids).values()):
+            return time.monotonic()
+        time.sleep(0.25)
+    return None
 
 
 def _running(stack: Stack) -> dict[str, dict]:
