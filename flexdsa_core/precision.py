@@ -49,8 +49,9 @@ import onnxruntime as ort
 
 from flexdsa_core.cost_model import _machine_fingerprint
 from flexdsa_core.errors import InvalidOptionsError, ValidationFailedError
+from flexdsa_core.int8_costing import decide, profile_int8_vs_fp32, quantised_nodes
 from flexdsa_core.options import AccuracyTarget, OptimizeOptions
-from flexdsa_core.significance import MIN_ROUNDS, MODEL_MIN_EFFECT, paired
+from flexdsa_core.significance import KERNEL_MIN_EFFECT, MIN_ROUNDS, MODEL_MIN_EFFECT, paired
 from flexdsa_core.validate import DEFAULT_TOLERANCES, latency_samples, session
 
 __all__ = ["apply_precision", "check_precision_request", "cpu_int8_features", "int8_format", "samples_dataset", "samples_npz", "score"]
@@ -63,6 +64,8 @@ _CLASSIFIER_WORDS = ("logit", "prob", "score", "class")
 QDQ_OPAQUE_WEIGHT_OPS = frozenset(
     {"com.microsoft::FusedConv", "com.microsoft::FusedGemm", "com.microsoft::FusedMatMul", "com.microsoft::Attention"}
 )
+# Layers whose weight is an initializer and whose work is a dot product: what weight-only int8 quantises.
+WEIGHT_COMPUTE_OPS = frozenset({"Conv", "ConvTranspose", "MatMul", "Gemm"})
 # Sensitivity ranks layers: this many samples order them as well as all would, at a fraction of the runs.
 SENSITIVITY_SAMPLES = 8
 
@@ -331,6 +334,8 @@ class _Candidate:
     ratio: float | None = None
     verdict: str | None = None
     error: str | None = None
+    # The nodes this candidate asks the quantiser to compute in int8 (None: every one it can).
+    int8_nodes: frozenset[str] | None = None
 
     def as_dict(self) -> dict:
         return {
@@ -419,34 +424,45 @@ def _sensitivity(run, fp32: Path, layers, reference, cache: Path, fmt: Int8Forma
     return result
 
 
-def _mixed(run, fp32, layers, reference, cache, fmt, full_score) -> tuple[_Candidate, list[dict], dict]:
-    """The fewest most-sensitive layers kept float so that the static model meets the target."""
+def _cosine_kept(accuracy_score: dict) -> float:
+    """The worst output cosine of a score (1.0 where no output has one)."""
+    return min((entry["cosine"] for entry in accuracy_score["outputs"].values() if "cosine" in entry), default=1.0)
+
+
+def _mixed(run, fp32, layers, reference, cache, fmt, full: _Candidate, slower: frozenset[str]):
+    """The fewest most-sensitive weight layers kept float so that the static model meets the target.
+
+    ``full`` is every quantisable op in int8 except those measured slower (``slower``). When it misses the
+    target, the search quantises the weight layers only (Conv, MatMul, Gemm with an initializer weight):
+    activation-only ops (residual Adds, LayerNorm, Softmax, attention-score MatMuls) stay float, so with
+    every weight layer excluded the model is the fp32 one and keeping more layers float always reaches the
+    target."""
     sensitivity = _sensitivity(run, fp32, layers, reference, cache, fmt)
-    ranked = sorted(layers, key=lambda layer: -sensitivity[layer[0]]["loss"])
-    # The search quantises only the weight layers' op types: with every layer excluded it is the fp32 model,
-    # so keeping more layers in float can always reach the target (activation-only QDQ on Add, Transpose...
-    # would otherwise stay and cost accuracy no exclusion of a layer removes).
-    op_types = sorted({op for _, op in layers if "::" not in op})
+    # Ties in loss are common where top-1 decides it (one flipped sample of 8 each): the cosine lost breaks
+    # them; equal on both keeps graph order (sorted is stable).
+    ranked = sorted(layers, key=lambda layer: (-sensitivity[layer[0]]["loss"], _cosine_kept(sensitivity[layer[0]])))
     tried: dict[int, dict] = {}
-    path_of = {}
+    path_of: dict[int, Path] = {}
+    chosen_of: dict[int, frozenset[str] | None] = {}
 
     def attempt(keep_float: int) -> dict:
         if keep_float not in tried:
+            chosen = [name for name, _ in ranked[keep_float:] if name not in slower]
+            chosen_of[keep_float] = frozenset(chosen)
+            if not chosen:  # nothing left in int8: the fp32 model
+                tried[keep_float] = {"ok": True, "loss": 0.0, "outputs": {}}
+                return tried[keep_float]
             out = run.workdir / f"mixed_{keep_float}.onnx"
-            exclude = [name for name, _ in ranked[:keep_float]]
-            _quantize_static(
-                fp32, out, run.samples, cache, fmt, nodes_to_exclude=exclude, op_types_to_quantize=op_types
-            )
+            _quantize_static(fp32, out, run.samples, cache, fmt, nodes_to_quantize=chosen)
             tried[keep_float] = score(reference, _outputs(out, run.samples), run.options.accuracy)
             path_of[keep_float] = out
         return tried[keep_float]
 
     lo, hi = 0, len(ranked)  # invariant: lo misses the target; hi (everything float: fp32) meets it
-    if full_score.get("ok"):  # every op int8 already meets the target: mixed is the static model itself
-        hi = 0
-        tried[0] = full_score
-        path_of[0] = run.workdir / "mixed_full.onnx"
-        _quantize_static(fp32, path_of[0], run.samples, cache, fmt)
+    scope = "weight layers"
+    if full.error is None and full.accuracy.get("ok"):  # every op int8 (bar the slower) meets the target
+        hi, scope = 0, "every quantisable op"
+        tried[0], path_of[0], chosen_of[0] = full.accuracy, full.path, full.int8_nodes
     elif not attempt(0)["ok"]:
         tried[hi] = {"ok": True, "loss": 0.0, "outputs": {}}  # every weight layer float: the fp32 model
         while hi - lo > 1:
@@ -458,39 +474,102 @@ def _mixed(run, fp32, layers, reference, cache, fmt, full_score) -> tuple[_Candi
     else:
         hi = 0
     keep = hi
+    measured = f"; {len(slower)} measured slower in int8 kept float" if slower else ""
     candidate = _Candidate(
         "mixed", path_of.get(keep, run.workdir / "mixed_none.onnx"),
-        f"static QDQ of {', '.join(op_types)}, the {keep} most sensitive of {len(ranked)} layers kept float",
-        accuracy=tried[keep],
+        f"static QDQ of {scope}, the {keep} most sensitive of {len(ranked)} weight layers kept float{measured}",
+        accuracy=tried[keep], int8_nodes=chosen_of.get(keep),
     )  # fmt: skip
-    if keep == len(ranked):
+    if keep not in path_of:
         candidate.error = "no weight layer can be int8 within the accuracy target: the mixed model is the fp32 one"
-    table = []
-    for rank, (name, op) in enumerate(ranked):
+    reasons = {}
+    for rank, (name, _) in enumerate(ranked[:keep]):
         loss = sensitivity[name]["loss"]
-        kept_float = rank < keep
-        if kept_float:
-            short = tried.get(keep - 1)
-            reason = f"kept float: rank {rank + 1} of {len(ranked)} by sensitivity (loss {loss:.4f} quantised alone)"
-            if short is not None:
-                reason += (
-                    f"; with only the {keep - 1} most sensitive layers in float the model misses the target "
-                    f"({_describe(short, run.options.accuracy)})"
-                )
+        reason = f"kept float: rank {rank + 1} of {len(ranked)} by sensitivity (loss {loss:.4f} quantised alone)"
+        short = tried.get(keep - 1)
+        if short is not None:
+            reason += (
+                f"; with only the {keep - 1} most sensitive layers in float the model misses the target "
+                f"({_describe(short, run.options.accuracy)})"
+            )
+        reasons[name] = reason
+    search = {
+        "keep_float": keep,
+        "scope": scope,
+        "measured_slower": sorted(slower),
+        "tried": {str(k): {"ok": v["ok"], "loss": v["loss"]} for k, v in tried.items()},
+    }
+    if scope == "weight layers":
+        search["why_weight_layers"] = (
+            f"with every quantisable op in int8 the model misses the target ({_describe(full.accuracy, run.options.accuracy)})"
+            if full.error is None else f"the all-int8 model failed: {full.error}"
+        )  # fmt: skip
+    return candidate, sensitivity, reasons, search
+
+
+def _layer_table(in_int8: frozenset[str], rows: list[tuple[str, str]], decisions: dict, sensitivity: dict,
+                 kept_reasons: dict, outside: str) -> list[dict]:  # fmt: skip
+    """``precision.layers``: per quantisable node, the precision the quantiser was asked to give it
+    (``in_int8``) and why, with its measured int8 and fp32 kernel times (``int8_costing``) and its
+    sensitivity where those were taken."""
+    table = []
+    for name, op in rows:
+        decision = decisions.get(name)
+        row: dict = {"layer": name, "op": op}
+        if name in sensitivity:
+            row["sensitivity"] = sensitivity[name]["loss"]
+            row["alone"] = dict(sensitivity[name]["outputs"])
+        if name in in_int8:
+            row["precision"] = "int8"
+            parts = [decision.reason] if decision else []
+            if name in sensitivity:
+                parts.append(f"the target holds with it quantised (loss {sensitivity[name]['loss']:.4f} alone)")
+            row["reason"] = "int8: " + ("; ".join(parts) or "quantised")
         else:
-            reason = f"int8: the target holds with it quantised (loss {loss:.4f} alone)"
-        table.append(
-            {
-                "layer": name,
-                "op": op,
-                "sensitivity": loss,
-                "alone": {k: v for k, v in sensitivity[name]["outputs"].items()},
-                "precision": "float32" if kept_float else "int8",
-                "reason": reason,
-            }
-        )
-    search = {"keep_float": keep, "tried": {str(k): {"ok": v["ok"], "loss": v["loss"]} for k, v in tried.items()}}
-    return candidate, table, search
+            row["precision"] = "float32"
+            if decision is not None and decision.precision == "float32":
+                row["reason"] = f"kept float: {decision.reason}"
+            elif name in kept_reasons:
+                row["reason"] = kept_reasons[name]
+            else:
+                row["reason"] = f"kept float: {outside}"
+        if decision is not None:
+            row.update(decision.columns())
+        table.append(row)
+    return table
+
+
+def _op_costing(run: PrecisionRun, fp32: Path, static: _Candidate, report: dict) -> tuple[dict, frozenset[str]]:
+    """Each quantisable node's int8 kernel against its fp32 kernel on this CPU (``int8_costing``)."""
+    nodes = quantised_nodes(onnx.load(str(static.path)))
+    rounds = max(run.options.latency_repeats, MIN_ROUNDS)
+    timings = profile_int8_vs_fp32(fp32, static.path, [n for n, _ in nodes], run.samples[0], run.workdir,
+                                   rounds=rounds)  # fmt: skip
+    decisions = decide(timings)
+    slower = frozenset(name for name, d in decisions.items() if d.precision == "float32")
+    report["op_costing"] = {
+        "engine": "onnxruntime CPUExecutionProvider profiler, ORT_ENABLE_ALL, 1 thread, interleaved rounds",
+        "rounds": rounds,
+        "models": f"fp32 against {static.name} (every quantisable op int8)",
+        "rule": f"float where int8 is significantly slower (95% interval of the ratio above 1 + {KERNEL_MIN_EFFECT})",
+        "quantisable": len(nodes),
+        "measured_slower": len(slower),
+        "fp32_ms": round(sum(d.fp32_ms or 0.0 for d in decisions.values()), 3),
+        "int8_ms": round(sum(d.int8_ms or 0.0 for d in decisions.values()), 3),
+    }
+    return decisions, slower
+
+
+def _scored(run: PrecisionRun, candidate: _Candidate, build, reference: list[dict]) -> _Candidate:
+    """Build a candidate and score it; a quantiser failing is the candidate's error, said in the report."""
+    started = time.perf_counter()
+    try:
+        build()
+        candidate.accuracy = score(reference, _outputs(candidate.path, run.samples), run.options.accuracy)
+    except Exception as err:  # noqa: BLE001 - one quantiser failing leaves the others; said in the report
+        candidate.error = f"{type(err).__name__}: {str(err).splitlines()[0][:300]}"
+    candidate.accuracy["seconds"] = round(time.perf_counter() - started, 3)
+    return candidate
 
 
 def _int8(run: PrecisionRun, report: dict) -> ir.Model | None:
@@ -503,7 +582,6 @@ def _int8(run: PrecisionRun, report: dict) -> ir.Model | None:
     reference = _outputs(run.original, run.samples, level=ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
     cache = run.workdir / "calibration_ranges.json"
 
-    candidates: list[_Candidate] = []
     static = _Candidate("static_qdq", run.workdir / "static.onnx", "static QDQ of the fused fp32 model")
     builders = [(static, lambda: _quantize_static(fp32, static.path, run.samples, cache, fmt))]
     if run.unfused_model is not None:
@@ -520,34 +598,63 @@ def _int8(run: PrecisionRun, report: dict) -> ir.Model | None:
     dynamic = _Candidate("dynamic", run.workdir / "dynamic.onnx", "dynamic int8 (weights s8, activations per run)")
     if fmt.runs_here:  # dynamic int8 is an ONNX Runtime CPU technique, not an accelerator format
         builders.append((dynamic, lambda: _quantize_dynamic(fp32, dynamic.path, fmt)))
+    candidates: list[_Candidate] = []
     for index, (candidate, build) in enumerate(builders):
         run.report(0.3 * index / len(builders), f"int8 candidate {candidate.name}")
-        started = time.perf_counter()
-        try:
-            build()
-            candidate.accuracy = score(reference, _outputs(candidate.path, run.samples), options.accuracy)
-        except Exception as err:  # noqa: BLE001 - one quantiser failing leaves the others; said in the report
-            candidate.error = f"{type(err).__name__}: {str(err).splitlines()[0][:300]}"
-        candidate.accuracy["seconds"] = round(time.perf_counter() - started, 3)
-        candidates.append(candidate)
+        candidates.append(_scored(run, candidate, build, reference))
 
     layers = _weight_layers(onnx.load(str(static.path))) if static.error is None else []
-    # Mixed starts from the static model that quantises more layers: ONNX Runtime's quantiser leaves our
-    # com.microsoft::FusedConv/FusedGemm in float, so on CNNs the graph without those fusions is the base
-    # (ResNet-18 here: 1.77x vs 1.05x for all-int8 on the fused graph).
-    base = (fp32, cache, static)
+    # The static model that quantises more layers is the base of the per-op costing and of mixed: ONNX
+    # Runtime's quantiser leaves our com.microsoft::FusedConv/FusedGemm in float, so on CNNs the graph
+    # without those fusions is the base (ResNet-18 here: 1.77x vs 1.05x for all-int8 on the fused graph).
+    base_fp32, base_cache, base = fp32, cache, static
     if run.unfused_model is not None and unfused.error is None and static.error is None:
         unfused_layers = _weight_layers(onnx.load(str(unfused.path)))
         if len(unfused_layers) > len(layers):
-            layers, base = unfused_layers, (unfused_fp32, cache_unfused, unfused)
-    table, search = [], None
-    if options.precision == "mixed" and base[2].error is None and layers:
-        report["mixed_base"] = base[2].name
-        mixed, table, search = _mixed(run, base[0], layers, reference, base[1], fmt, base[2].accuracy)
-        mixed.how += f" (from {base[2].name})"
-        candidates.append(mixed)
+            layers, base_fp32, base_cache, base = unfused_layers, unfused_fp32, cache_unfused, unfused
+    weight_layers = [(name, op) for name, op in layers if op in WEIGHT_COMPUTE_OPS]
 
     measured = options.measure_latency and fmt.runs_here
+    decisions, slower = {}, frozenset()
+    if measured and base.error is None:
+        run.report(0.3, "timing every quantisable op in int8 against fp32")
+        decisions, slower = _op_costing(run, base_fp32, base, report)
+    full = base
+    if slower:  # the all-int8 model with the ops measured slower in int8 kept float
+        costed = _Candidate(
+            "static_qdq_costed", run.workdir / "static_costed.onnx",
+            f"static QDQ of {base.name}'s graph with the {len(slower)} ops measured slower in int8 kept float",
+        )  # fmt: skip
+        build = lambda: _quantize_static(  # noqa: E731
+            base_fp32, costed.path, run.samples, base_cache, fmt, nodes_to_exclude=sorted(slower)
+        )
+        costed.int8_nodes = frozenset(n for n, _ in quantised_nodes(onnx.load(str(base.path)))) - slower
+        full = _scored(run, costed, build, reference)
+        candidates.append(full)
+    weights_int8 = [name for name, _ in weight_layers if name not in slower]
+    if base.error is None and weights_int8:  # what keeps ViT: its residual stream and attention stay float
+        weights = _Candidate(
+            "static_qdq_weights", run.workdir / "static_weights.onnx",
+            f"static QDQ of the weight layers only ({len(weights_int8)} Conv/MatMul/Gemm with initializer "
+            f"weights, of {base.name}'s graph); activation-only ops (residual Add, LayerNorm, Softmax, "
+            "attention-score MatMul) stay float",
+            int8_nodes=frozenset(weights_int8),
+        )  # fmt: skip
+        build = lambda: _quantize_static(  # noqa: E731
+            base_fp32, weights.path, run.samples, base_cache, fmt, nodes_to_quantize=weights_int8
+        )
+        candidates.append(_scored(run, weights, build, reference))
+
+    sensitivity, kept_reasons, table_model, search = {}, {}, full, None
+    if options.precision == "mixed" and base.error is None and weight_layers:
+        report["mixed_base"] = base.name
+        mixed, sensitivity, kept_reasons, search = _mixed(
+            run, base_fp32, weight_layers, reference, base_cache, fmt, full, slower
+        )
+        mixed.how += f" (from {base.name})"
+        candidates.append(mixed)
+        table_model = mixed
+
     if measured:
         run.report(0.85, "timing the int8 candidates against fp32")
         runnable = [c for c in candidates if c.error is None and c.accuracy.get("ok")]
@@ -555,14 +662,29 @@ def _int8(run: PrecisionRun, report: dict) -> ir.Model | None:
             report["timing"] = _time_against_fp32(run, fp32, runnable)
     chosen = _pick(candidates, measured)
     report["candidates"] = [c.as_dict() for c in candidates]
-    if table:
-        shares = _time_shares(base[0], run.samples[0], 5, run.workdir)
+    if base.error is None and (decisions or search is not None):
+        outside = (
+            "not a weight layer; the mixed search quantises weight layers only ("
+            + search.get("why_weight_layers", "")
+            + ")"
+            if search is not None and search["scope"] == "weight layers"
+            else "not quantised in this model"
+        )
+        rows = quantised_nodes(onnx.load(str(base.path)))
+        in_int8 = frozenset() if table_model.error else table_model.int8_nodes
+        table = _layer_table(
+            frozenset(n for n, _ in rows) if in_int8 is None else in_int8, rows, decisions, sensitivity,
+            kept_reasons, outside,
+        )  # fmt: skip
+        shares = _time_shares(base_fp32, run.samples[0], 5, run.workdir)
         for row in table:
             row["time_share"] = round(shares.get(row["layer"], 0.0), 4)
         report["layers"] = table
-        report["search"] = search
+        report["layers_model"] = table_model.name
+        if search is not None:
+            report["search"] = search
     if chosen is None:
-        return _no_int8(run, report, candidates, layers, reference, base[1], fmt, base[0])
+        return _no_int8(run, report, candidates, weight_layers, reference, base_cache, fmt, base_fp32)
     report["shipped"] = chosen.name
     report["accuracy"] = chosen.accuracy
     return ir.from_proto(onnx.load(str(chosen.path)))
@@ -583,10 +705,14 @@ def _no_int8(run, report, candidates, layers, reference, cache, fmt, fp32) -> No
     best = max((c for c in candidates if c.error is None), key=lambda c: 1 - c.accuracy["loss"], default=None)
     missed = _describe(best.accuracy, run.options.accuracy) if best else "every quantiser failed"
     worst_layers = ""
-    if layers and not report.get("layers"):
+    if layers and not any("sensitivity" in row for row in report.get("layers", [])):
         sensitivity = _sensitivity(run, fp32, layers, reference, cache, fmt)
         ranked = sorted(sensitivity.items(), key=lambda item: -item[1]["loss"])[:5]
-        report["layers"] = [{"layer": n, "sensitivity": s["loss"], "alone": s["outputs"]} for n, s in ranked]
+        rows = {row["layer"]: row for row in report.get("layers", [])}
+        for name, entry in sensitivity.items():
+            rows.setdefault(name, {"layer": name}).update(sensitivity=entry["loss"], alone=entry["outputs"])
+        if not report.get("layers"):  # no per-op costing: the five most sensitive layers
+            report["layers"] = [rows[name] for name, _ in ranked]
         worst_layers = "; most sensitive layers: " + ", ".join(f"{n} (loss {s['loss']:.4f})" for n, s in ranked)
     message = (
         f"no int8 model meets the accuracy target on the calibration set (best: {best.name if best else '-'}, "

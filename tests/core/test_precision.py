@@ -194,15 +194,18 @@ def test_int8_that_misses_the_target_fails_naming_the_sensitive_layer():
 
 
 def test_mixed_keeps_the_huge_range_layer_in_float_and_says_why():
+    # Untimed: on this MLP's 16x32 MatMuls int8 is measured slower than fp32 (Q/DQ costs more than the dot
+    # product) and would keep every layer float; the accuracy search is what this test is about.
     model = _sensitive_mlp()
     result = FlexDSAOptimizer("cpu-ort").optimize(
-        model, OptimizeOptions(precision="mixed", accuracy=NOT_A_CLASSIFIER), calibration=_mlp_calibration()
-    )
+        model, OptimizeOptions(precision="mixed", accuracy=NOT_A_CLASSIFIER, measure_latency=False),
+        calibration=_mlp_calibration(),
+    )  # fmt: skip
     precision = result.report["precision"]
     table = {row["layer"]: row for row in precision["layers"]}
     assert table["sensitive"]["precision"] == "float32"
     assert "kept float: rank 1" in table["sensitive"]["reason"] and "misses the target" in table["sensitive"]["reason"]
-    assert table["sensitive"]["sensitivity"] == max(row["sensitivity"] for row in table.values())
+    assert table["sensitive"]["sensitivity"] == max(row.get("sensitivity", 0.0) for row in table.values())
     assert table["first"]["precision"] == "int8"
     assert all(0.0 <= row["time_share"] <= 1.0 for row in table.values())
     mixed = next(c for c in precision["candidates"] if c["name"] == "mixed")
