@@ -66,6 +66,9 @@ QDQ_OPAQUE_WEIGHT_OPS = frozenset(
 )
 # Layers whose weight is an initializer and whose work is a dot product: what weight-only int8 quantises.
 WEIGHT_COMPUTE_OPS = frozenset({"Conv", "ConvTranspose", "MatMul", "Gemm"})
+# After the bisection, at most this many kept-float layers (largest measured int8 gain first) are tried
+# back in int8, one quantise-and-score each.
+READMIT_LAYERS = 8
 # Sensitivity ranks layers: this many samples order them as well as all would, at a fraction of the runs.
 SENSITIVITY_SAMPLES = 8
 
@@ -429,7 +432,25 @@ def _cosine_kept(accuracy_score: dict) -> float:
     return min((entry["cosine"] for entry in accuracy_score["outputs"].values() if "cosine" in entry), default=1.0)
 
 
-def _mixed(run, fp32, layers, reference, cache, fmt, full: _Candidate, slower: frozenset[str]):
+def _readmit(run, fp32, cache, fmt, reference, kept: list[str], chosen: frozenset[str], gains: dict[str, float]):
+    """After the bisection: the kept-float layers that gain most from int8 (measured), tried back in int8
+    one at a time, largest gain first; each stays int8 if the target still holds. Bisection over one
+    ranking assumes the ranking is right; this recovers speed where it was not."""
+    order = sorted((name for name in kept if gains.get(name, 0.0) > 0), key=lambda name: -gains[name])
+    outcome, best = [], None
+    for index, name in enumerate(order[:READMIT_LAYERS]):
+        trial = chosen | {name}
+        out = run.workdir / f"mixed_readmit_{index}.onnx"
+        _quantize_static(fp32, out, run.samples, cache, fmt, nodes_to_quantize=sorted(trial))
+        accuracy = score(reference, _outputs(out, run.samples), run.options.accuracy)
+        outcome.append({"layer": name, "gain_ms": round(gains[name], 4), "ok": accuracy["ok"], "loss": accuracy["loss"]})
+        if accuracy["ok"]:
+            chosen, best = trial, (out, accuracy)
+    return chosen, best, outcome
+
+
+def _mixed(run, fp32, layers, reference, cache, fmt, full: _Candidate, slower: frozenset[str],
+           gains: dict[str, float] | None = None):  # fmt: skip
     """The fewest most-sensitive weight layers kept float so that the static model meets the target.
 
     ``full`` is every quantisable op in int8 except those measured slower (``slower``). When it misses the
@@ -474,7 +495,17 @@ def _mixed(run, fp32, layers, reference, cache, fmt, full: _Candidate, slower: f
     else:
         hi = 0
     keep = hi
+    readmitted: list[dict] = []
+    if gains and keep > 0:
+        kept = [name for name, _ in ranked[:keep]]
+        chosen, best, readmitted = _readmit(
+            run, fp32, cache, fmt, reference, kept, chosen_of.get(keep) or frozenset(), gains
+        )
+        if best is not None:
+            chosen_of[keep], path_of[keep], tried[keep] = chosen, best[0], best[1]
+    back = sum(entry["ok"] for entry in readmitted)
     measured = f"; {len(slower)} measured slower in int8 kept float" if slower else ""
+    measured += f"; {back} of them back in int8 by measured gain" if back else ""
     candidate = _Candidate(
         "mixed", path_of.get(keep, run.workdir / "mixed_none.onnx"),
         f"static QDQ of {scope}, the {keep} most sensitive of {len(ranked)} weight layers kept float{measured}",
@@ -483,8 +514,16 @@ def _mixed(run, fp32, layers, reference, cache, fmt, full: _Candidate, slower: f
     if keep not in path_of:
         candidate.error = "no weight layer can be int8 within the accuracy target: the mixed model is the fp32 one"
     reasons = {}
+    back_in = {entry["layer"]: entry for entry in readmitted if entry["ok"]}
     for rank, (name, _) in enumerate(ranked[:keep]):
         loss = sensitivity[name]["loss"]
+        if name in back_in:
+            reasons[name] = (
+                f"int8: rank {rank + 1} of {len(ranked)} by sensitivity (loss {loss:.4f} alone) and kept float by "
+                f"the bisection, then tried back in int8 for its measured gain ({back_in[name]['gain_ms']:.3f} ms): "
+                "the target still holds"
+            )
+            continue
         reason = f"kept float: rank {rank + 1} of {len(ranked)} by sensitivity (loss {loss:.4f} quantised alone)"
         short = tried.get(keep - 1)
         if short is not None:
@@ -497,6 +536,7 @@ def _mixed(run, fp32, layers, reference, cache, fmt, full: _Candidate, slower: f
         "keep_float": keep,
         "scope": scope,
         "measured_slower": sorted(slower),
+        "readmitted": readmitted,
         "tried": {str(k): {"ok": v["ok"], "loss": v["loss"]} for k, v in tried.items()},
     }
     if scope == "weight layers":
@@ -524,7 +564,7 @@ def _layer_table(in_int8: frozenset[str], rows: list[tuple[str, str]], decisions
             parts = [decision.reason] if decision else []
             if name in sensitivity:
                 parts.append(f"the target holds with it quantised (loss {sensitivity[name]['loss']:.4f} alone)")
-            row["reason"] = "int8: " + ("; ".join(parts) or "quantised")
+            row["reason"] = kept_reasons.get(name) or "int8: " + ("; ".join(parts) or "quantised")
         else:
             row["precision"] = "float32"
             if decision is not None and decision.precision == "float32":
@@ -649,8 +689,9 @@ def _int8(run: PrecisionRun, report: dict) -> ir.Model | None:
     if options.precision == "mixed" and base.error is None and weight_layers:
         report["mixed_base"] = base.name
         mixed, sensitivity, kept_reasons, search = _mixed(
-            run, base_fp32, weight_layers, reference, base_cache, fmt, full, slower
-        )
+            run, base_fp32, weight_layers, reference, base_cache, fmt, full, slower,
+            {name: d.fp32_ms - d.int8_ms for name, d in decisions.items() if d.precision == "int8" and d.comparison},
+        )  # fmt: skip
         mixed.how += f" (from {base.name})"
         candidates.append(mixed)
         table_model = mixed

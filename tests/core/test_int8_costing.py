@@ -147,3 +147,32 @@ def test_an_op_measured_slower_in_int8_stays_float_with_its_reason(monkeypatch, 
     want, got = run(model, feed)["y"], run(quantized.SerializeToString(), feed)["y"]
     cosine = float(want.ravel() @ got.ravel() / (np.linalg.norm(want) * np.linalg.norm(got)))
     assert cosine >= 0.99
+
+
+def test_mixed_tries_the_kept_float_layers_back_by_measured_gain_and_keeps_them_only_within_the_target(monkeypatch):
+    """Injected measurements make every layer of the sensitive MLP faster in int8. Mixed keeps the
+    huge-range layers float by sensitivity, then tries each back in int8 for its gain: the target fails, so
+    they stay float, and the search records the attempts."""
+    from tests.core.test_precision import NOT_A_CLASSIFIER, _mlp_calibration, _sensitive_mlp
+
+    def measured(fp32, int8, layers, feed, workdir, *, rounds, warmup=3):
+        return {name: (_rounds(1.0), _rounds(0.5)) for name in layers}
+
+    monkeypatch.setattr(precision_module, "profile_int8_vs_fp32", measured)
+    result = FlexDSAOptimizer("cpu-ort").optimize(
+        _sensitive_mlp(), OptimizeOptions(precision="mixed", accuracy=NOT_A_CLASSIFIER, latency_repeats=9),
+        calibration=_mlp_calibration(),
+    )  # fmt: skip
+    section = result.report["precision"]
+    assert section["op_costing"]["measured_slower"] == 0
+    search = section["search"]
+    # 'widen' writes the huge-range tensor: quantised (its output too) it fails as well, so two stay float.
+    assert search["keep_float"] == 2 and search["scope"] == "weight layers"
+    assert [(e["layer"], e["gain_ms"], e["ok"]) for e in search["readmitted"]] == [
+        ("sensitive", 0.5, False), ("widen", 0.5, False)  # equal gains: in sensitivity order
+    ]
+    assert all(e["loss"] > 0.01 for e in search["readmitted"])
+    table = {row["layer"]: row for row in section["layers"]}
+    assert table["sensitive"]["precision"] == "float32" and "kept float: rank 1" in table["sensitive"]["reason"]
+    assert table["first"]["precision"] == "int8" and "measured faster" in table["first"]["reason"]
+    assert next(c for c in section["candidates"] if c["name"] == "mixed")["meets_target"]
