@@ -42,9 +42,9 @@ from pathlib import Path
 from sqlalchemy import and_, bindparam, delete, func, insert, or_, select, update
 from sqlalchemy.exc import InterfaceError, OperationalError
 
+from service.db import session_factory_for
 from service.logs import job_context
 from service.models import Artifact, Incident, Job, JobEvent, JobStatus, UTCDateTime, utcnow
-from workers.db import session_factory_for
 
 log = logging.getLogger(__name__)
 
@@ -539,7 +539,7 @@ class _JobRun:
 
     def _record_cache_stats(self, final: dict) -> None:
         if final.get("cache_stats"):
-            from workers.cache_backends import record_cache_stats
+            from service.cache_stats import record_cache_stats
 
             record_cache_stats(
                 self.settings, final["cache_stats"], self.sessions, tenant_id=self.job.tenant_id

@@ -9,9 +9,9 @@ from fastapi.testclient import TestClient
 from pydantic import SecretStr, ValidationError
 
 from service.app import create_app
+from service.cache_stats import record_cache_stats
 from service.config import Settings
 from tests.service.conftest import OPERATOR_HEADERS, OPERATOR_TOKEN
-from workers.cache_backends import record_cache_stats
 
 
 def _code(response) -> str:

@@ -76,7 +76,7 @@ def _clear_tables(url: str) -> None:
     from sqlalchemy import text
 
     from service.config import Settings
-    from workers.db import session_factory_for
+    from service.db import session_factory_for
 
     sessions = session_factory_for(Settings(database_url=url, broker_url="redis://unused", **FAST_LIMITS))
     with sessions() as session, session.begin():
@@ -194,9 +194,9 @@ def create_job(settings, model: bytes | None = None, *, spec: dict | None = None
     from sqlalchemy import select
 
     from flexdsa_core import __version__
+    from service.db import session_factory_for
     from service.models import Job, JobEvent, Tenant
     from service.storage import make_store
-    from workers.db import session_factory_for
 
     model = tiny_model() if model is None else model
     spec = spec or {"target": "cpu-ort"}
@@ -226,8 +226,8 @@ def create_job(settings, model: bytes | None = None, *, spec: dict | None = None
 
 
 def load_job(settings, job_id: str):
+    from service.db import session_factory_for
     from service.models import Job
-    from workers.db import session_factory_for
 
     with session_factory_for(settings)() as session:
         job = session.get(Job, job_id)

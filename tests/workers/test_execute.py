@@ -8,9 +8,9 @@ import time
 import pytest
 from sqlalchemy import update
 
+from service.db import session_factory_for
 from service.models import Job
 from tests.workers.conftest import create_job, load_job, tiny_model
-from workers.db import session_factory_for
 from workers.execute import execute_job
 
 pytestmark = pytest.mark.services
@@ -187,7 +187,7 @@ def test_identical_submission_is_served_from_the_job_cache(settings, monkeypatch
 
 
 def test_models_sharing_layers_hit_the_kernel_cache(settings, redis_client):
-    from workers.cache_backends import read_cache_stats
+    from service.cache_stats import read_cache_stats
 
     first = create_job(settings, tiny_model((0.1, 0.2, 0.3)))
     assert execute_job(first, settings=settings, worker_id="t1") == "succeeded"

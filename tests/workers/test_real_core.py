@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from service.cache_stats import read_cache_stats
 from tests.workers.conftest import create_job, load_job
-from workers.cache_backends import read_cache_stats
 from workers.execute import execute_job
 
 pytestmark = pytest.mark.services
