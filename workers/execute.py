@@ -233,19 +233,12 @@ class _JobRun:
     # -- whole-job cache --
 
     def serve_from_job_cache(self) -> bool:
+        from service.job_cache import job_cache_source
         from service.storage import make_store
 
         with self.sessions() as session:
-            source = session.scalar(
-                select(Job)
-                .where(
-                    Job.job_cache_key == self.job.job_cache_key,
-                    Job.tenant_id == self.job.tenant_id,
-                    Job.status == JobStatus.succeeded.value,
-                    Job.id != self.job.id,
-                )
-                .order_by(Job.finished_at.desc())
-                .limit(1)
+            source = job_cache_source(
+                session, self.job.tenant_id, self.job.job_cache_key, exclude_job_id=self.job.id
             )
             if source is None:
                 return False

@@ -8,7 +8,6 @@ is missing these tests fail with that message rather than being skipped.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import signal
@@ -193,8 +192,9 @@ def create_job(settings, model: bytes | None = None, *, spec: dict | None = None
     """Store the model and commit a queued job row, as the API does before it calls enqueue."""
     from sqlalchemy import select
 
-    from flexdsa_core import __version__
     from service.db import session_factory_for
+    from service.job_cache import job_cache_key
+    from service.jobs import parse_spec
     from service.models import Job, JobEvent, Tenant
     from service.storage import make_store
 
@@ -202,10 +202,7 @@ def create_job(settings, model: bytes | None = None, *, spec: dict | None = None
     spec = spec or {"target": "cpu-ort"}
     blob_key = make_store(settings).put_bytes(model)
     calibration_key = make_store(settings).put_bytes(calibration) if calibration is not None else None
-    canonical_spec = json.dumps(spec, sort_keys=True)
-    cache_key = hashlib.sha256(f"{blob_key}|{canonical_spec}|{__version__}".encode()).hexdigest()
-    if calibration_key:  # as the API does: other samples, another job
-        cache_key = hashlib.sha256(f"{cache_key}|calibration:{calibration_key}".encode()).hexdigest()
+    cache_key = job_cache_key(blob_key, *parse_spec(json.dumps(spec)), calibration_key)
     sessions = session_factory_for(settings)
     with sessions() as session, session.begin():
         tenant_row = session.scalar(select(Tenant).where(Tenant.name == tenant))
