@@ -374,8 +374,9 @@ def test_small_graph_compiles_to_a_context_binary(tmp_path):
 )  # fmt: skip
 def test_fixture_compiles_under_htp_emulation(name, buckets):
     _toolchain_or_skip()
+    # Random-weight fixtures on synthetic inputs have near-tied logits: judged by cosine, as before, not top-1.
     result, toolchain = checks.optimized_with_toolchain(
-        "qualcomm-sm8650", name, shape_buckets=buckets, precision="int8"
+        "qualcomm-sm8650", name, shape_buckets=buckets, precision="int8", accuracy={"top1_outputs": []}
     )
     for bucket, entry in toolchain["buckets"].items():
         assert f"model.{bucket}.qnn_ctx.onnx" in result.artifacts
@@ -394,7 +395,7 @@ def test_fixture_with_cpu_fallbacks_agrees_node_for_node():
     _toolchain_or_skip()
     result, toolchain = checks.optimized_with_toolchain(
         "qualcomm-sm8650", "bert", shape_buckets={"batch": [1], "seq": [16]}, disabled_rules=["gelu_erf"],
-        precision="int8",
+        precision="int8", accuracy={"top1_outputs": []},
     )
     [(bucket, entry)] = toolchain["buckets"].items()
     part = result.report["partition"][bucket]
