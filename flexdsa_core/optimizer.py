@@ -46,9 +46,11 @@ from flexdsa_core.precision import (
     PrecisionRun,
     apply_precision,
     check_precision_request,
+    int8_format,
     replace_model,
     samples_dataset,
     samples_npz,
+    vendor_verdict,
 )
 from flexdsa_core.preflight import check_buckets, check_disabled, refuse_impossible_tensors, switchable_names
 from flexdsa_core.report import build_report, render_summary, report_summary
@@ -385,18 +387,19 @@ class FlexDSAOptimizer:
 
         # Precision: the verified, timed fp32 result quantised (cpu-ort) or halved (accelerators), judged by the
         # accuracy target on the calibration samples; never slower than fp32, never below the target.
-        precision, precision_samples = None, None
+        precision, precision_samples, precision_runs = None, None, {}
         if options.precision != "fp32":
             report_progress("precision", 0.0, f"{options.precision}: calibrating, scoring and timing")
             start = time.perf_counter()
-            comp, precision, precision_samples = self._precision(
+            comp, precision, precision_samples, precision_runs = self._precision(
                 comp, original_source, options, samples, recompile, report_progress
             )
             stage_seconds["precision"] = time.perf_counter() - start
 
         # Vendor toolchain (accelerators, where it installs): compile each bucket with the vendor's own
-        # compiler, run it in the vendor's simulator/emulator, compare with the original, and hold our
-        # predicted placement against the vendor's.
+        # compiler at the requested precision (its quantiser calibrated on the same samples as ours), run it
+        # in the vendor's simulator/emulator, compare with the original, and hold our predicted placement
+        # against the vendor's.
         toolchain_report, toolchain_files = {}, {}
         if isinstance(self.adapter, AcceleratorAdapter):
             report_progress("toolchain", 0.0, "compiling with the vendor toolchain")
@@ -404,8 +407,12 @@ class FlexDSAOptimizer:
             toolchain_report, toolchain_files = run_toolchain(
                 self.target, self.adapter, comp.buckets, comp.partition, original_source,
                 root=self.toolchain_root, seed=options.seed, workdir=workdir,
+                precision={**(precision or {}), "requested": options.precision},
+                calibration=precision_samples, accuracy=options.accuracy,
             )  # fmt: skip
             stage_seconds["toolchain"] = time.perf_counter() - start
+            if precision is not None and precision.get("vendor_quantiser"):
+                toolchain_files = self._vendor_verdicts(precision, precision_runs, toolchain_report, toolchain_files)
 
         # Stage 7, platform adapter: target-ready files per bucket plus the manifest.
         report_progress("adapter", 0.0, "generating artifacts")
@@ -443,8 +450,12 @@ class FlexDSAOptimizer:
         files = self.adapter.generate(comp.buckets, self.target, report, workdir=workdir)
         artifacts: dict[str, bytes | Path] = {**files, **toolchain_files}
         if precision is not None and precision.get("vendor_quantiser"):
-            artifacts["calibration.npz"] = samples_npz(precision_samples)
-            artifacts.update(samples_dataset(precision_samples))
+            first = comp.buckets[0].name
+            artifacts["calibration.npz"] = samples_npz(precision_samples[first])
+            artifacts.update(samples_dataset(precision_samples[first]))
+            for name, bucket_samples in list(precision_samples.items())[1:]:  # each further bucket at its shapes
+                artifacts[f"calibration.{name}.npz"] = samples_npz(bucket_samples)
+                artifacts.update(samples_dataset(bucket_samples, bucket=name))
         artifacts["report.json"] = json.dumps(report, indent=2, default=str).encode()
         artifacts["fusion_plan.json"] = json.dumps(comp.fusion_plans, indent=2, default=str).encode()
         report_progress.finish("adapter")
@@ -464,39 +475,98 @@ class FlexDSAOptimizer:
         return check_calibration(inputs, arrays)
 
     def _precision(self, comp, original_source, options, samples, recompile, progress):
-        bucket = comp.buckets[0]
-        synthetic = samples is None
-        if synthetic:
-            samples = synthetic_samples(_proto_without_weights(bucket.model), seed=options.seed)
-        else:  # a bucket fixes dims the samples must have too (seq 128 on an accelerator)
-            stacked = {name: np.concatenate([s[name] for s in samples]) for name in samples[0]}
-            try:
-                check_calibration(_proto_without_weights(bucket.model), stacked)
-            except CalibrationError as err:
-                raise CalibrationError(
-                    f"{err.message.rstrip('.')} (shape bucket {bucket.name!r}). Give samples at the bucket's "
-                    "shapes, or shape_buckets that match the samples.",
-                    details={**err.details, "bucket": bucket.name},
-                ) from None
-        fp32, unfused = bucket.model, None
-        if options.precision in ("int8", "mixed"):
+        """Every shape bucket at the requested precision, each calibrated and judged at its own shapes: on the
+        user's samples where they fit the bucket, else on synthetic inputs with a warning naming the bucket
+        (samples that fit no bucket are refused). The report's ``precision`` section is the first bucket's,
+        with ``buckets`` holding each bucket's when there are several."""
+        per_bucket = self._bucket_samples(comp.buckets, options, samples)
+        vendor = int8_format(self.target)
+        cpu_formats = options.precision in ("int8", "mixed") and vendor is not None and vendor.vendor is None
+        fp32_models, unfused_models = [b.model for b in comp.buckets], [None] * len(comp.buckets)
+        if cpu_formats:
             # ONNX Runtime's offline layout pass (NCHWc, its internal fusions) is for the float graph; the
             # quantiser takes ours, and ONNX Runtime fuses the quantised graph itself when it loads it.
-            fp32 = recompile(frozenset(comp.disabled | {"ort_layout"})).buckets[0].model
+            fp32_models = [b.model for b in recompile(frozenset(comp.disabled | {"ort_layout"})).buckets]
             # The same model without the fusions whose com.microsoft ops hold weights the QDQ quantiser
             # leaves in float: quantising before them may be faster (measured, as a candidate).
             opaque = {r.name for r in discover_rules() if set(r.produces) & QDQ_OPAQUE_WEIGHT_OPS}
             if opaque & set(comp.applied):
-                unfused = recompile(frozenset(comp.disabled | opaque | {"ort_layout"})).buckets[0].model
-        folder = Path(tempfile.mkdtemp(prefix="precision-", dir=self._scratch))
-        run = PrecisionRun(
-            options, self.target, original_source, fp32, samples, synthetic, folder, unfused, progress
-        )
-        model, section = apply_precision(run)
-        if model is not None:
+                unfused_models = [
+                    b.model for b in recompile(frozenset(comp.disabled | opaque | {"ort_layout"})).buckets
+                ]
+        sections, runs, models = {}, {}, []
+        for index, bucket in enumerate(comp.buckets):
+            bucket_samples, synthetic, misfit = per_bucket[bucket.name]
+            folder = Path(tempfile.mkdtemp(prefix=f"precision-{index}-", dir=self._scratch))
+            run = PrecisionRun(
+                options, self.target, original_source, fp32_models[index], bucket_samples, synthetic, folder,
+                unfused_models[index], progress,
+            )  # fmt: skip
+            model, section = apply_precision(run)
+            section["bucket"] = bucket.name
+            if misfit:
+                section["warnings"].append(
+                    f"your calibration samples do not fit shape bucket {bucket.name!r} ({misfit}): it was "
+                    "calibrated and judged on synthetic inputs at its shapes; upload samples at those shapes"
+                )
+            models.append(model)
+            sections[bucket.name], runs[bucket.name] = section, run
+        section = dict(sections[comp.buckets[0].name])
+        if len(comp.buckets) > 1:
+            section["buckets"] = sections
+            section["warnings"] = [f"[{name}] {w}" for name, s in sections.items() for w in s["warnings"]]
+            section["shipped"] = {name: s.get("shipped") for name, s in sections.items()}
+        if any(model is not None for model in models):
             comp = copy.copy(comp)
-            comp.buckets = [replace_model(bucket, model)]
-        return comp, section, samples
+            comp.buckets = [
+                replace_model(bucket, model) if model is not None else bucket
+                for bucket, model in zip(comp.buckets, models, strict=True)
+            ]
+        samples_by_bucket = {name: run.samples for name, run in runs.items()}
+        return comp, section, samples_by_bucket, runs
+
+    @staticmethod
+    def _vendor_verdicts(precision: dict, runs: dict, toolchain: dict, files: dict) -> dict:
+        """Each bucket's vendor-quantised model judged by the accuracy target (``vendor_verdict``); a bucket
+        that misses it loses its quantised artifacts (or the job fails, as ``precision_fallback`` asks)."""
+        sections = precision.get("buckets") or {next(iter(runs)): precision}
+        for name, bucket_run in runs.items():
+            entry = (toolchain.get("buckets") or {}).get(name) or {}
+            section = sections[name]
+            section["toolchain_accuracy"] = entry.get("accuracy")
+            ok = vendor_verdict(bucket_run, section, name, entry.get("accuracy"), bool(toolchain.get("ran")))
+            if section is not precision:
+                precision["warnings"].extend(w for w in section["warnings"] if w not in precision["warnings"])
+            if not ok:
+                for artifact in entry.get("artifacts", []):
+                    files.pop(artifact, None)
+                entry["shipped"] = False
+        toolchain["artifacts"] = sorted(files)
+        return files
+
+    def _bucket_samples(self, buckets, options, samples) -> dict[str, tuple[list[dict], bool, str | None]]:
+        """Per bucket: (calibration samples, synthetic?, why the user's do not fit it). The user's samples where
+        they fit the bucket's shapes."""
+        found, refusals = {}, []
+        for bucket in buckets:
+            inputs = _proto_without_weights(bucket.model)
+            if samples is None:
+                found[bucket.name] = (synthetic_samples(inputs, seed=options.seed), True, None)
+                continue
+            stacked = {name: np.concatenate([s[name] for s in samples]) for name in samples[0]}
+            try:  # a bucket fixes dims the samples must have too (seq 128 on an accelerator)
+                found[bucket.name] = (check_calibration(inputs, stacked), False, None)
+            except CalibrationError as err:
+                refusals.append((bucket.name, err))
+                found[bucket.name] = (synthetic_samples(inputs, seed=options.seed), True, err.message.rstrip("."))
+        if samples is not None and len(refusals) == len(buckets):
+            name, err = refusals[0]
+            raise CalibrationError(
+                f"{err.message.rstrip('.')} (shape bucket {name!r}). Give samples at the bucket's "
+                "shapes, or shape_buckets that match the samples.",
+                details={**err.details, "bucket": name},
+            ) from None
+        return found
 
     def _model_source(self, model: ir.Model) -> bytes | Path:
         """What ONNX Runtime loads: bytes, or for models with external data a file written with its data."""

@@ -61,7 +61,10 @@ from flexdsa_core.options import AccuracyTarget, OptimizeOptions
 from flexdsa_core.significance import KERNEL_MIN_EFFECT, MIN_ROUNDS, MODEL_MIN_EFFECT, paired
 from flexdsa_core.validate import DEFAULT_TOLERANCES, latency_samples, session
 
-__all__ = ["apply_precision", "check_precision_request", "cpu_int8_features", "int8_format", "samples_dataset", "samples_npz", "score"]
+__all__ = [
+    "apply_precision", "check_precision_request", "cpu_int8_features", "int8_format", "samples_dataset", "samples_npz",
+    "score", "vendor_verdict",
+]  # fmt: skip
 
 # Flags that give the int8 GEMM a dot-product instruction without 16-bit intermediate sums.
 _INT8_DOT_FLAGS = ("avx512_vnni", "avx512vnni", "avx_vnni", "amx_int8", "asimddp", "dotprod", "i8mm")
@@ -102,7 +105,10 @@ def cpu_int8_features() -> dict:
 
 
 def check_precision_request(options: OptimizeOptions, target, buckets: int | None = None) -> None:
-    """Refuse, before any work, a precision this target or request cannot have."""
+    """Refuse, before any work, a precision this target cannot compute (its ``dtypes``, from the sourced facts):
+    fp16 on cpu-ort (float16 through casts), on the KV260 DPU (int8 only) or on the XDNA 2 NPU (bfloat16, not
+    float16); int8/mixed where the part has no int8. Every shape bucket gets the precision (``buckets`` is
+    accepted for callers that pass it)."""
     if options.precision == "fp32":
         return
     calibrated = bool(getattr(target, "calibrated", False))
@@ -112,12 +118,26 @@ def check_precision_request(options: OptimizeOptions, target, buckets: int | Non
             "casts and would be slower than fp32. Use 'int8' or 'mixed' on cpu-ort.",
             details={"precision": "fp16", "target": target.name},
         )
-    if buckets is not None and buckets > 1:
-        raise InvalidOptionsError(
-            f"precision {options.precision!r} takes one shape bucket so far, this request has {buckets}: give "
-            "one bucket in shape_buckets (or none), or precision 'fp32'.",
-            details={"buckets": buckets},
+    dtypes = list(getattr(target, "dtypes", None) or [])
+    wanted = "float16" if options.precision == "fp16" else "int8"
+    if calibrated or not dtypes or wanted in dtypes:
+        return
+    floats = [d for d in dtypes if d in ("bfloat16", "float32")]
+    notes = getattr(target, "quantization", None) or {}
+    if wanted == "float16" and "bfloat16" in floats:
+        advice = (
+            f"its half-precision type is bfloat16 ({notes.get('bfloat16', 'no float16 on the part')}): use "
+            "precision 'fp32' for that, or 'int8'/'mixed'"
         )
+    elif wanted == "float16":
+        advice = "use precision 'int8' or 'mixed' (quantised with the target's own scheme)"
+    else:
+        advice = "use precision 'fp32' or 'fp16'"
+    raise InvalidOptionsError(
+        f"unsupported dtype on target: {target.name} computes {', '.join(dtypes)}, not {wanted} "
+        f"(precision {options.precision!r}); {advice}.",
+        details={"precision": options.precision, "target": target.name, "target_dtypes": dtypes},
+    )
 
 
 # ---------------------------------------------------------------------------------------------- accuracy
@@ -244,36 +264,73 @@ def _named(model: onnx.ModelProto) -> onnx.ModelProto:
 
 @dataclass(frozen=True)
 class Int8Format:
-    """How a target wants its int8: QDQ with these activation/weight types (weights always s8 per channel)."""
+    """How a target wants its int8, as ONNX Runtime QDQ: activation and weight types, symmetry, granularity.
+
+    Where the vendor's own toolchain quantises (``vendor`` set: QNN, RKNN, Quark, AMCT), this QDQ is only its
+    stand-in here, close to the vendor's scheme, used to rank layers by sensitivity and to find how many must
+    stay float (``mixed``); what ships is the vendor's own quantisation, judged by its simulator/emulator."""
 
     name: str
     activations: str  # "uint8" or "int8"
     symmetric: bool  # activations symmetric around zero (zero point 0), as TensorRT requires
     reduce_range: bool  # 7-bit weights (x86 without VNNI, see the module docstring)
     runs_here: bool  # the target is this machine: candidates are timed, dynamic quantisation is one of them
+    weights: str = "int8"  # "int8" or "uint8" (QNN's default)
+    per_channel: bool = True
+    vendor: str | None = None  # the vendor toolchain that quantises for real (None: this QDQ ships)
+    float_as: str = "float32"  # what a layer kept out of int8 becomes on the target
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
 
 
+# The ONNX Runtime QDQ that stands in for each vendor quantiser when layers are ranked here (by adapter name).
+_VENDOR_FORMATS = {
+    "qualcomm": Int8Format(
+        "QNN QDQ (get_qnn_qdq_config): uint8 activations, uint8 per-tensor weights, asymmetric; the layers mixed "
+        "keeps out of uint8 get uint16 activations (a16w8)", "uint8", False, False, False,
+        weights="uint8", per_channel=False, vendor="qualcomm", float_as="uint16 activations (a16w8)",
+    ),
+    "rockchip": Int8Format(
+        "RKNN w8a8 (rknn-toolkit2's own quantiser on our dataset.txt): asymmetric int8 activations, per-channel "
+        "int8 weights; mixed's float layers go to its hybrid quantisation", "uint8", False, False, False,
+        vendor="rockchip", float_as="float16 (rknn hybrid quantisation)",
+    ),
+    "amd": Int8Format(
+        "AMD Quark XINT8 (CNN: power-of-two scales) or A8W8 (transformer): symmetric int8, per-tensor", "int8",
+        True, False, False, per_channel=False, vendor="amd", float_as="float (excluded from Quark's quantisation)",
+    ),
+    "xilinx": Int8Format(
+        "AMD Quark XINT8: symmetric int8, power-of-two scales, per-tensor (the DPU's only datatype)", "int8", True,
+        False, False, per_channel=False, vendor="amd", float_as="float, in a CPU subgraph on the Cortex-A53s",
+    ),
+    "huawei": Int8Format(
+        "AMCT-style int8 (the vendor step's own calibration on our dataset): asymmetric activations, per-channel "
+        "weights", "uint8", False, False, False, vendor="huawei", float_as="float16",
+    ),
+}  # fmt: skip
+
+
 def int8_format(target) -> Int8Format | None:
-    """The target's int8 format; None where the vendor's own quantiser does it (fed our samples)."""
+    """The target's int8 format (for a vendor-quantised target, the stand-in QDQ with ``vendor`` set); None for
+    a target nobody here knows how to quantise for."""
     if getattr(target, "calibrated", False):  # cpu-ort: ONNX Runtime's x86/ARM kernels, u8 activations
         return Int8Format("onnxruntime u8s8 QDQ", "uint8", False, cpu_int8_features()["reduce_range"], True)
     if str(getattr(target, "vendor", "")).lower() == "nvidia":  # TensorRT: symmetric s8 QDQ only
         return Int8Format("TensorRT symmetric s8s8 QDQ", "int8", True, False, False)
-    return None
+    return _VENDOR_FORMATS.get(str(getattr(target, "adapter", "")))
 
 
 def _quantize_static(fp32: Path, out: Path, samples, cache: Path, fmt: Int8Format, **nodes) -> Path:
     from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
 
     activations = QuantType.QUInt8 if fmt.activations == "uint8" else QuantType.QInt8
+    weights = QuantType.QUInt8 if fmt.weights == "uint8" else QuantType.QInt8
     quantize_static(
         str(fp32), str(out), _Samples(samples), quant_format=QuantFormat.QDQ,
-        activation_type=activations, weight_type=QuantType.QInt8, per_channel=True,
+        activation_type=activations, weight_type=weights, per_channel=fmt.per_channel,
         reduce_range=fmt.reduce_range, calibration_cache_path=str(cache),
-        extra_options={"ActivationSymmetric": fmt.symmetric, "WeightSymmetric": True}, **nodes,
+        extra_options={"ActivationSymmetric": fmt.symmetric, "WeightSymmetric": fmt.weights == "int8"}, **nodes,
     )  # fmt: skip
     return out
 
@@ -784,6 +841,109 @@ def _no_int8(run, report, candidates, layers, reference, cache, fmt, fp32) -> No
     )
 
 
+# ---------------------------------------------------------------------------------------------- vendor
+def _vendor(run: PrecisionRun, report: dict, fmt: Int8Format | None) -> None:
+    """int8/mixed on a target whose toolchain quantises: the bucket ships in fp32 with our calibration samples
+    for the vendor's quantiser. For ``mixed``, layers are ranked and the fewest float ones found here, on the
+    stand-in QDQ (``fmt``), and handed to the toolchain as ``float_layers`` (QNN: uint16 activations; RKNN: its
+    hybrid quantisation; Quark: excluded). The vendor's result is judged afterwards (``vendor_verdict``)."""
+    report["shipped"] = "fp32"
+    report["vendor_quantiser"] = True
+    if fmt is not None:
+        report["format"] = fmt.as_dict()
+    report["note"] = (
+        f"{run.options.precision} on {run.target.name} is the vendor toolchain's own quantisation: the model "
+        "ships in fp32 with the calibration samples for it (calibration.npz; dataset.txt listing one .npy per "
+        "input a line under calibration/), the toolchain calibrates on exactly these samples where it installs, "
+        "and the bundle's scripts ask the vendor step for it"
+    )
+    if run.options.precision != "mixed" or fmt is None:
+        return
+    fp32 = _save(run.fp32_model, run.workdir / "fp32.onnx")
+    reference = _outputs(run.original, run.samples, level=ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
+    cache = run.workdir / "calibration_ranges.json"
+    full = _quantize_static(fp32, run.workdir / "stand_in.onnx", run.samples, cache, fmt)
+    layers = _weight_layers(onnx.load(str(full)))
+    full_score = score(reference, _outputs(full, run.samples), run.options.accuracy)
+    report["stand_in_all_int8"] = full_score
+    if not layers:
+        report["float_layers"] = []
+        return
+    # The stand-in search ranks every layer with int8 weights (its weight-scope tier quantises exactly those):
+    # what the vendor keeps out of int8 is this list. No per-op timing: the part is not this machine.
+    stand_in = _Candidate("stand_in", full, "stand-in QDQ of every op", accuracy=full_score)
+    candidate, sensitivity, reasons, search = _mixed(run, fp32, layers, reference, cache, fmt, stand_in, frozenset())
+    int8_nodes = frozenset() if candidate.error else candidate.int8_nodes
+    table = _layer_table(
+        frozenset(n for n, _ in layers) if int8_nodes is None else int8_nodes, layers, {}, sensitivity, reasons,
+        "not quantised in the stand-in model",
+    )  # fmt: skip
+    for row in table:
+        row["on_target"] = fmt.float_as if row["precision"] == "float32" else "int8"
+    report["layers"] = table
+    report["search"] = search
+    report["stand_in_mixed"] = {"note": candidate.error} if candidate.error else candidate.accuracy
+    report["float_layers"] = [row["layer"] for row in table if row["precision"] == "float32"]
+    report["float_layer_tensors"] = _layer_tensors(run.fp32_model, report["float_layers"])
+
+
+def _layer_tensors(model: ir.Model, layers: list[str]) -> dict[str, list[str]]:
+    """Per layer (node name), its first run-time input and its first output: the ends of the one-node subgraph
+    a vendor tool keeps in float (rknn-toolkit2's ``custom_hybrid`` takes ``[input, output]`` pairs)."""
+    wanted, found = set(layers), {}
+    for node in model.graph:
+        if node.name not in wanted:
+            continue
+        data = next(
+            (v for v in node.inputs if v is not None and v.const_value is None and not v.is_initializer()), None
+        )
+        if data is not None and node.outputs:
+            found[node.name] = [data.name, node.outputs[0].name]
+    return found
+
+
+def vendor_verdict(run: PrecisionRun, section: dict, bucket: str, accuracy: dict | None, ran: bool) -> bool:
+    """The vendor toolchain's quantised bucket judged by the accuracy target (``accuracy``: ``score`` of its
+    simulator/emulator outputs on the calibration samples). Returns whether its artifacts may ship. A miss
+    fails the job naming the most sensitive layers, or, with ``precision_fallback: "fp32"`` (and always for
+    ``mixed``, whose float end is fp32), ships the float bundle without them, with a warning."""
+    if not ran or accuracy is None:
+        section["warnings"].append(
+            f"[{bucket}] the vendor toolchain did not run here, so the {run.options.precision} model it makes was "
+            "not checked against the accuracy target: the bundle ships fp32 with the samples for its quantiser"
+        )
+        return True
+    if accuracy.get("ok"):
+        return True
+    missed = _describe(accuracy, run.options.accuracy)
+    ranked = section.get("layers")
+    if not ranked:
+        fmt = int8_format(run.target)
+        fp32 = _save(run.fp32_model, run.workdir / "fp32.onnx")
+        reference = _outputs(run.original, run.samples, level=ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
+        cache = run.workdir / "calibration_ranges.json"
+        full = _quantize_static(fp32, run.workdir / "stand_in.onnx", run.samples, cache, fmt)
+        sensitivity = _sensitivity(run, fp32, _weight_layers(onnx.load(str(full))), reference, cache, fmt)
+        ranked = [{"layer": n, "sensitivity": s["loss"], "alone": s["outputs"]}
+                  for n, s in sorted(sensitivity.items(), key=lambda item: -item[1]["loss"])[:5]]  # fmt: skip
+        section["layers"] = ranked
+    worst = sorted(ranked, key=lambda row: -row["sensitivity"])[:5]
+    names = ", ".join(f"{row['layer']} (loss {row['sensitivity']:.4f})" for row in worst) or "none found"
+    message = (
+        f"[{bucket}] the vendor toolchain's {run.options.precision} model misses the accuracy target on the "
+        f"calibration set ({missed}); most sensitive layers (ranked on the stand-in QDQ): {names}"
+    )
+    if run.options.precision == "mixed" or run.options.precision_fallback == "fp32":
+        section["warnings"].append(f"{message}; its quantised artifacts were left out and the bundle ships fp32")
+        section.setdefault("dropped_buckets", []).append(bucket)
+        return False
+    raise ValidationFailedError(
+        f"{message}. Use precision 'mixed' to keep the sensitive layers out of int8, relax 'accuracy', or set "
+        "precision_fallback 'fp32'.",
+        details={"precision": section},
+    )
+
+
 # ---------------------------------------------------------------------------------------------- fp16
 def _fp16(run: PrecisionRun, report: dict) -> ir.Model:
     from onnxruntime.transformers.float16 import convert_float_to_float16
@@ -851,17 +1011,13 @@ def apply_precision(run: PrecisionRun) -> tuple[ir.Model | None, dict]:
     logging.getLogger("onnxruntime").setLevel(logging.ERROR)
     if run.options.precision == "fp16":
         model = _fp16(run, report)
-    elif int8_format(run.target) is None:
-        model = None
-        report["shipped"] = "fp32"
-        report["vendor_quantiser"] = True
-        report["note"] = (
-            f"{run.options.precision} on {run.target.name} is the vendor toolchain's own quantisation: the model "
-            "ships in fp32 with the calibration samples for it (calibration.npz; dataset.txt listing one .npy per "
-            "input a line under calibration/), and the bundle's scripts ask the vendor step for it"
-        )
     else:
-        model = _int8(run, report)
+        fmt = int8_format(run.target)
+        if fmt is None or fmt.vendor:
+            model = None
+            _vendor(run, report, fmt)
+        else:
+            model = _int8(run, report)
     report["seconds"] = round(time.perf_counter() - started, 3)
     if not math.isfinite(report["seconds"]):
         report["seconds"] = None
@@ -882,23 +1038,30 @@ def samples_npz(samples: list[dict]) -> bytes:
     return buffer.getvalue()
 
 
-def samples_dataset(samples: list[dict]) -> dict[str, bytes]:
+def samples_dataset(samples: list[dict], bucket: str | None = None) -> dict[str, bytes]:
     """The samples as ``calibration/NNN_<input>.npy`` files and ``dataset.txt`` listing one sample a line
     (its inputs' files, space-separated, in the model's input order): what RKNN-Toolkit2's
-    ``build(do_quantization=True, dataset=...)`` and similar vendor quantisers read."""
+    ``build(do_quantization=True, dataset=...)`` and similar vendor quantisers read. With ``bucket`` (a model
+    with several shape buckets, each calibrated at its own shapes): ``calibration/<bucket>/...`` and
+    ``dataset.<bucket>.txt``."""
     import io
 
+    folder = "calibration/" if bucket is None else f"calibration/{_safe_name(bucket)}/"
     files: dict[str, bytes] = {}
     lines = []
     for index, sample in enumerate(samples):
         names = []
         for name, array in sample.items():
-            safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
-            path = f"calibration/{index:03d}_{safe}.npy"
+            path = f"{folder}{index:03d}_{_safe_name(name)}.npy"
             buffer = io.BytesIO()
             np.save(buffer, array, allow_pickle=False)
             files[path] = buffer.getvalue()
             names.append(path)
         lines.append(" ".join(names))
-    files["dataset.txt"] = ("\n".join(lines) + "\n").encode()
+    listing = "dataset.txt" if bucket is None else f"dataset.{_safe_name(bucket)}.txt"
+    files[listing] = ("\n".join(lines) + "\n").encode()
     return files
+
+
+def _safe_name(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)

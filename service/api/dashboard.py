@@ -4,6 +4,8 @@
 ``/ui/jobs/{id}``     one job: state, the report (from ``report.json`` and ``fusion_plan.json``), a
                       before/after graph view rendered here as SVG, artifact downloads
 ``/ui/login``         distributed mode: paste an API key, kept in the ``flexdsa_key`` cookie (httponly)
+``/ui/incidents[/{id}]`` operators only: internal errors with their tracebacks, by the id a failed job quotes
+``/ui/operator``      paste the operator token, kept in the ``flexdsa_operator`` cookie (httponly, /ui/ only)
 ``/ui/static/{name}`` the stylesheet and the small script (no build step, nothing fetched from elsewhere)
 
 Every page reads fine with JavaScript off; the script only adds live progress and submits the upload form
@@ -39,11 +41,14 @@ from service.api.deps import (
     SessionDep,
     SettingsDep,
     StoreDep,
+    bearer_token,
     current_tenant,
+    loopback_stands_in_for_operator,
+    operator_token_matches,
 )
 from service.auth import authenticate
 from service.errors import Unauthorized
-from service.models import Artifact, Job, JobEvent, Tenant
+from service.models import Artifact, Incident, Job, JobEvent, Tenant
 from service.schemas import JobStatusName
 from service.storage import ArtifactStore
 
@@ -123,6 +128,18 @@ KeyHeader = Annotated[str | None, Header(alias=API_KEY_HEADER)]
 KeyCookie = Annotated[str | None, Cookie(alias=API_KEY_COOKIE)]
 
 
+OPERATOR_COOKIE = "flexdsa_operator"
+
+
+def _is_operator(request: Request) -> bool:
+    """The API's operator rule (deps.require_operator): the operator token, here as a bearer header or the
+    cookie ``/ui/operator`` sets, or, with no token configured, a loopback client in embedded mode. A wrong
+    token is no operator: the page reads as missing, exactly as for a tenant."""
+    settings = request.app.state.settings
+    token = bearer_token(request) or request.cookies.get(OPERATOR_COOKIE)
+    return operator_token_matches(settings, token) or loopback_stands_in_for_operator(request, settings)
+
+
 def _page(request: Request, name: str, status_code: int = 200, **context) -> HTMLResponse:
     settings = request.app.state.settings
     context.update(
@@ -130,7 +147,8 @@ def _page(request: Request, name: str, status_code: int = 200, **context) -> HTM
         version=__version__,
         mode=settings.mode,
         auth=settings.auth,
-        logged_in=API_KEY_COOKIE in request.cookies,
+        logged_in=API_KEY_COOKIE in request.cookies or OPERATOR_COOKIE in request.cookies,
+        operator=_is_operator(request),
     )
     return templates.TemplateResponse(request, name, context, status_code=status_code)
 
@@ -235,6 +253,7 @@ def logout(request: Request):
         return _page(request, "login.html", status_code=403, next="/", error=CROSS_SITE)
     response = RedirectResponse(f"{_root(request)}/ui/login", status_code=303)
     response.delete_cookie(API_KEY_COOKIE, path="/", httponly=True, samesite="lax")
+    response.delete_cookie(OPERATOR_COOKIE, path=OPERATOR_COOKIE_PATH, httponly=True, samesite="strict")
     return response
 
 
@@ -257,6 +276,93 @@ def _safe_next(target: str) -> str:
     if not target.startswith("/") or target.startswith("//") or "\\" in target:
         return "/"
     return target
+
+
+# --- operators: incidents ---------------------------------------------------------------------------------
+
+# The operator cookie opens these pages only: the JSON API keeps taking the token as a bearer header.
+OPERATOR_COOKIE_PATH = "/ui/"
+INCIDENT_NOT_FOUND = "There is nothing at this address."
+
+
+def _not_found(request: Request) -> HTMLResponse:
+    # One answer for a tenant, a wrong token and an unknown id alike: incident ids cannot be probed.
+    return _page(request, "not_found.html", status_code=404, heading="Not found", message=INCIDENT_NOT_FOUND)
+
+
+@router.get("/ui/incidents", response_class=HTMLResponse)
+def incident_list_page(
+    request: Request, session: SessionDep, limit: Annotated[int, Query(ge=1, le=500)] = 100
+):
+    if not _is_operator(request):
+        return _not_found(request)
+    rows = list(session.scalars(select(Incident).order_by(Incident.created_at.desc()).limit(limit)))
+    return _page(request, "incidents.html", incidents=rows, tenants=_tenant_names(session, rows), limit=limit)
+
+
+@router.get("/ui/incidents/{incident_id}", response_class=HTMLResponse)
+def incident_page(request: Request, incident_id: str, session: SessionDep):
+    if not _is_operator(request):
+        return _not_found(request)
+    row = session.get(Incident, incident_id)
+    if row is None:
+        return _not_found(request)
+    job = session.get(Job, row.job_id) if row.job_id else None
+    # A job that crashed on every attempt leaves one incident per attempt: an operator compares them.
+    siblings = (
+        list(session.scalars(select(Incident).where(Incident.job_id == row.job_id).order_by(Incident.attempt)))
+        if row.job_id
+        else [row]
+    )
+    return _page(
+        request,
+        "incident.html",
+        incident=row,
+        job=job,
+        tenant_name=_tenant_names(session, [row]).get(row.tenant_id),
+        siblings=siblings,
+    )
+
+
+@router.get("/ui/operator", response_class=HTMLResponse)
+def operator_login_page(request: Request, next: str = "/ui/incidents"):
+    return _page(request, "operator_login.html", next=_safe_next(next), error=None)
+
+
+@router.post("/ui/operator", response_class=HTMLResponse)
+def operator_login(
+    request: Request,
+    settings: SettingsDep,
+    token: Annotated[str, Form()] = "",
+    next: Annotated[str, Form()] = "/ui/incidents",
+):
+    if not _same_origin(request):
+        return _page(request, "operator_login.html", status_code=403, next="/ui/incidents", error=CROSS_SITE)
+    if not operator_token_matches(settings, token.strip()):
+        error = (
+            "That is not the operator token (FLEXDSA_OPERATOR_TOKEN)."
+            if settings.operator_token is not None
+            else "No operator token is configured here (FLEXDSA_OPERATOR_TOKEN)."
+        )
+        return _page(request, "operator_login.html", status_code=401, next=_safe_next(next), error=error)
+    response = RedirectResponse(_root(request) + _safe_next(next), status_code=303)
+    response.set_cookie(
+        OPERATOR_COOKIE,
+        token.strip(),
+        max_age=COOKIE_MAX_AGE_S,
+        httponly=True,
+        samesite="strict",
+        secure=request.url.scheme == "https",
+        path=OPERATOR_COOKIE_PATH,
+    )
+    return response
+
+
+def _tenant_names(session, incidents) -> dict[int, str]:
+    ids = {i.tenant_id for i in incidents if i.tenant_id is not None}
+    if not ids:
+        return {}
+    return dict(session.execute(select(Tenant.id, Tenant.name).where(Tenant.id.in_(ids))).all())
 
 
 _STATIC_TYPES = {".css": "text/css", ".js": "text/javascript", ".svg": "image/svg+xml"}
@@ -299,12 +405,19 @@ def job_view(request: Request, session, store: ArtifactStore, job: Job) -> dict[
         ],
         "report": report,
         "spec_json": json.dumps(job.spec, indent=2, sort_keys=True),
+        "incident_id": _incident_id(job.error),
     }
     if report:
         view.update(_report_view(report, fusion_plan))
     if job.status == "succeeded":
         view["graphs"] = _graph_views(store, job, by_name, manifest)
     return view
+
+
+def _incident_id(error: dict | None) -> str | None:
+    details = (error or {}).get("details") if isinstance(error, dict) else None
+    incident = details.get("incident") if isinstance(details, dict) else None
+    return incident if isinstance(incident, str) and incident else None
 
 
 def _read_json(store: ArtifactStore, artifact: Artifact | None) -> dict | None:

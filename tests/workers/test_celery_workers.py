@@ -9,9 +9,9 @@ import psutil
 import pytest
 from sqlalchemy import update
 
+from service.db import session_factory_for
 from service.models import Job, utcnow
 from tests.workers.conftest import create_job, load_job, wait_for, wait_status
-from workers.db import session_factory_for
 from workers.dispatch import enqueue
 
 pytestmark = pytest.mark.services
