@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnx_ir as ir
+import onnxruntime as ort
 
 from flexdsa_core.cache import KernelCache, LayeredCache, LRUCache, StatsCache
 from flexdsa_core.calibration import CalibrationError, check_calibration, load_calibration, synthetic_samples
@@ -52,14 +53,23 @@ from flexdsa_core.precision import (
 )
 from flexdsa_core.preflight import check_buckets, check_disabled, refuse_impossible_tensors, switchable_names
 from flexdsa_core.report import build_report, render_summary, report_summary
+from flexdsa_core.serialized import kept_bytes, model_bytes, serialization_scope
 from flexdsa_core.shape_tracker import ShapeTracker
-from flexdsa_core.significance import MIN_ROUNDS, MODEL_MIN_EFFECT, Comparison, paired
+from flexdsa_core.significance import MIN_ROUNDS, MODEL_MIN_EFFECT, Comparison, paired, settled_early
 from flexdsa_core.subgraph_mapper import SubgraphMapper
 from flexdsa_core.targets import BucketModel, PlatformAdapter, TargetSpec, get_adapter, load_target, op_key
 from flexdsa_core.targets.accelerator import AcceleratorAdapter
 from flexdsa_core.targets.estimate import target_estimate
 from flexdsa_core.targets.toolchain_run import run_toolchain
-from flexdsa_core.validate import compare, latency_samples, make_inputs, run, run_budget
+from flexdsa_core.validate import (
+    LatencyRounds,
+    compare,
+    latency_samples,
+    make_inputs,
+    run,
+    run_budget,
+    session,
+)
 
 Progress = Callable[[str, float, str], None]
 
@@ -94,12 +104,15 @@ class OptimizeResult:
     artifacts: dict[str, bytes | Path]
     report: dict
     workdir: Path | None = field(default=None, repr=False)
+    # Bucket name -> the bytes already made for validation and the artifacts (``serialized``), not made again.
+    serialized: dict[str, bytes] = field(default_factory=dict, repr=False)
 
     def model_bytes(self, bucket: str | None = None) -> bytes:
         chosen = next((b for b in self.buckets if bucket in (None, b.name)), None)
         if chosen is None:
             raise KeyError(f"no bucket {bucket!r}; buckets: {[b.name for b in self.buckets]}")
-        return ir.to_proto(chosen.model).SerializeToString()
+        serialized = self.serialized.get(chosen.name)
+        return serialized if serialized is not None else model_bytes(chosen.model)
 
     def write(self, out_dir: str | Path) -> list[Path]:
         out = Path(out_dir)
@@ -296,8 +309,9 @@ class FlexDSAOptimizer:
         run._scratch = scratch
         budget_s = (options or OptimizeOptions()).run_budget_s
         try:
-            # Every ONNX Runtime run below (validation, latency, shape probes) stops at this budget.
-            with run_budget(budget_s):
+            # Every ONNX Runtime run below (validation, latency, shape probes) stops at this budget; a finished
+            # model is serialised once for all of them and the artifacts (no stage changes a finished model).
+            with run_budget(budget_s), serialization_scope():
                 result = run._optimize(model, options, cache, progress, scratch, calibration)
         except BaseException:
             if owned:
@@ -449,7 +463,9 @@ class FlexDSAOptimizer:
         artifacts["fusion_plan.json"] = json.dumps(comp.fusion_plans, indent=2, default=str).encode()
         report_progress.finish("adapter")
         report_progress("report", 1.0, "done")
-        return OptimizeResult(self.target, comp.buckets, artifacts, report, workdir)
+        serialized = {b.name: kept_bytes(b.model) for b in comp.buckets}
+        serialized = {name: data for name, data in serialized.items() if data is not None}
+        return OptimizeResult(self.target, comp.buckets, artifacts, report, workdir, serialized)
 
     # ------------------------------------------------------------------ helpers for optimize
     _scratch: Path | None = None
@@ -501,7 +517,7 @@ class FlexDSAOptimizer:
     def _model_source(self, model: ir.Model) -> bytes | Path:
         """What ONNX Runtime loads: bytes, or for models with external data a file written with its data."""
         if not needs_external_data(model):
-            return ir.to_proto(model).SerializeToString()
+            return model_bytes(model)  # once per finished model (``serialized``)
         folder = Path(tempfile.mkdtemp(prefix="validate-", dir=self._scratch))
         return save_model(model, folder / "model.onnx")[0]
 
@@ -675,10 +691,30 @@ class FlexDSAOptimizer:
 
 
 def _sequential_comparison(models, feeds, rounds: int, interleave: bool) -> Comparison:
-    """Paired rounds of ``models['optimized']`` against ``models['original']``; while the interval still
-    straddles the slower-threshold, more rounds (up to 8x, ~3 s): a verdict near the threshold settles on
-    the truth instead of following the noise of one short measurement."""
-    samples = latency_samples(models, feeds, repeats=rounds, interleave=interleave)
+    """Paired rounds of ``models['optimized']`` against ``models['original']``, each loaded once for the
+    whole comparison. Stops after ``MIN_ROUNDS`` when the verdict is already plain
+    (``significance.settled_early``), else runs ``rounds``; while the interval still straddles the
+    slower-threshold, more rounds in the same sessions (up to 8x, ~3 s): a verdict near the threshold settles
+    on the truth instead of following the noise of one short measurement. Each comparison opens its own
+    sessions, so that the re-measurement before a rollback is independent of the first (a session's
+    memory placement can bias all of its runs alike)."""
+    if not interleave:  # weights in external data: one model in memory at a time, sessions not kept
+        samples = latency_samples(models, feeds, repeats=rounds, interleave=False)
+
+        def more(count: int) -> None:
+            extra = latency_samples(models, feeds, repeats=count, interleave=False)
+            for name in samples:
+                samples[name].extend(extra[name])
+    else:
+        level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        timer = LatencyRounds({name: session(source, level=level) for name, source in models.items()}, feeds)
+        samples = timer.more(MIN_ROUNDS)
+        if not settled_early(samples["original"], samples["optimized"], min_effect=MODEL_MIN_EFFECT):
+            timer.more(rounds - MIN_ROUNDS)
+
+        def more(count: int) -> None:
+            timer.more(count)
+
     started = time.perf_counter()
     while True:
         comparison = paired(samples["original"], samples["optimized"], min_effect=MODEL_MIN_EFFECT)
@@ -686,9 +722,7 @@ def _sequential_comparison(models, feeds, rounds: int, interleave: bool) -> Comp
         settled = comparison.verdict != "tie" or not comparison.low <= threshold <= comparison.high
         if settled or comparison.rounds >= 8 * rounds or time.perf_counter() - started > 3.0:
             return comparison
-        more = latency_samples(models, feeds, repeats=rounds, interleave=interleave)
-        for name in samples:
-            samples[name].extend(more[name])
+        more(rounds)
 
 
 def _slower_text(comparison: Comparison) -> str:
