@@ -27,7 +27,6 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnx_ir as ir
-import onnxruntime as ort
 
 from flexdsa_core.cache import KernelCache, LayeredCache, LRUCache, StatsCache
 from flexdsa_core.calibration import CalibrationError, check_calibration, load_calibration, synthetic_samples
@@ -68,7 +67,6 @@ from flexdsa_core.validate import (
     make_inputs,
     run,
     run_budget,
-    session,
 )
 
 Progress = Callable[[str, float, str], None]
@@ -706,8 +704,7 @@ def _sequential_comparison(models, feeds, rounds: int, interleave: bool) -> Comp
             for name in samples:
                 samples[name].extend(extra[name])
     else:
-        level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        timer = LatencyRounds({name: session(source, level=level) for name, source in models.items()}, feeds)
+        timer = LatencyRounds(models, feeds)
         samples = timer.more(MIN_ROUNDS)
         if not settled_early(samples["original"], samples["optimized"], min_effect=MODEL_MIN_EFFECT):
             timer.more(rounds - MIN_ROUNDS)

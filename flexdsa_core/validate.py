@@ -342,18 +342,25 @@ def latency_samples(
             )
         rounds = min(len(values) for values in samples.values())
         return {name: values[:rounds] for name, values in samples.items()}
-    rounds = LatencyRounds(
-        {name: session(source, level=level, threads=threads) for name, source in models.items()}, feeds, warmup
-    )
+    rounds = LatencyRounds(models, feeds, warmup=warmup, level=level, threads=threads)
     return rounds.more(repeats, max_seconds=max_seconds)
 
 
 class LatencyRounds:
-    """Open sessions timed in interleaved rounds on demand: ``more(n)`` adds n rounds to ``samples``, the
-    i-th sample of every session from the same round. A measurement that needs more rounds to settle
-    goes on in the same sessions (no second load, no second warm-up)."""
+    """The models loaded once and timed in interleaved rounds on demand: ``more(n)`` adds n rounds to
+    ``samples``, the i-th sample of every model from the same round. A measurement that needs more rounds
+    to settle goes on in the same sessions (no second load, no second warm-up)."""
 
-    def __init__(self, sessions: dict[str, ort.InferenceSession], feeds: dict[str, np.ndarray], warmup: int = 3):
+    def __init__(
+        self,
+        models: dict[str, ModelSource],
+        feeds: dict[str, np.ndarray],
+        *,
+        warmup: int = 3,
+        level=ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+        threads: int = 1,
+    ) -> None:
+        sessions = {name: session(source, level=level, threads=threads) for name, source in models.items()}
         self.sessions = sessions
         self.feeds = feeds
         self.samples: dict[str, list[float]] = {name: [] for name in sessions}

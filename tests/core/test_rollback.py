@@ -109,14 +109,25 @@ LAYER_NORM_MODEL = onnx.parser.parse_model(
 def _fake_clock(monkeypatch, seconds):
     """Replace the model timings by ``seconds(model_proto, is_original)`` per run (paired rounds)."""
 
-    def fake_samples(models, feeds, *, repeats=20, **_):
-        def one(source):
-            model = onnx.load_from_string(source) if isinstance(source, bytes) else onnx.load(str(source))
-            return seconds(model, source == LAYER_NORM_MODEL)
+    def one(source):
+        model = onnx.load_from_string(source) if isinstance(source, bytes) else onnx.load(str(source))
+        return seconds(model, source == LAYER_NORM_MODEL)
 
+    def fake_samples(models, feeds, *, repeats=20, **_):
         return {name: [one(source)] * repeats for name, source in models.items()}
 
+    class FakeRounds:  # validate.LatencyRounds: the models loaded once, rounds added on demand
+        def __init__(self, models, feeds, **_):
+            self.per_run = {name: one(source) for name, source in models.items()}
+            self.samples = {name: [] for name in models}
+
+        def more(self, repeats, **_):
+            for name, value in self.per_run.items():
+                self.samples[name].extend([value] * repeats)
+            return self.samples
+
     monkeypatch.setattr(optimizer_module, "latency_samples", fake_samples)
+    monkeypatch.setattr(optimizer_module, "LatencyRounds", FakeRounds)
 
 
 def _has_layer_norm(model: onnx.ModelProto) -> bool:
