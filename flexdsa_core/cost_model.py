@@ -72,7 +72,7 @@ from flexdsa_core.targets.spec import TargetSpec, op_key
 from flexdsa_core.validate import guarded_run
 from flexdsa_core.version import __version__
 
-__all__ = ["Cost", "CostModel", "OpView", "TensorInfo", "measure_sgemm_peak", "op_cost", "work"]
+__all__ = ["Cost", "CostModel", "OpView", "TensorInfo", "machine_fingerprint", "measure_sgemm_peak", "op_cost", "work"]
 
 REPRESENTATIVE_BATCH = 1
 REPRESENTATIVE_DIM = 128
@@ -536,6 +536,11 @@ def _machine_fingerprint(cpuinfo: str | None = None) -> str:
     model_name = model_name or platform.processor() or ""
     isa = ",".join(sorted(flags)) if flags else "unknown"
     return f"{platform.system()}/{platform.machine()}/{model_name}/{os.cpu_count()}/isa={isa}"
+
+
+def machine_fingerprint() -> str:
+    """This machine's fingerprint (``_machine_fingerprint``): what a measurement here is only valid for."""
+    return _machine_fingerprint()
 
 
 def measure_sgemm_peak(seconds: float = 1.0, *, size: int = 1024) -> float:

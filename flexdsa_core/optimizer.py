@@ -19,7 +19,7 @@ import shutil
 import tempfile
 import time
 import weakref
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,10 +27,11 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnx_ir as ir
+import onnxruntime as ort
 
-from flexdsa_core.cache import KernelCache, LayeredCache, LRUCache, StatsCache
+from flexdsa_core.cache import KernelCache, LayeredCache, LRUCache, StatsCache, kernel_key
 from flexdsa_core.calibration import CalibrationError, check_calibration, load_calibration, synthetic_samples
-from flexdsa_core.cost_model import CostModel
+from flexdsa_core.cost_model import CostModel, machine_fingerprint
 from flexdsa_core.delivery import check_delivery
 from flexdsa_core.errors import ValidationFailedError
 from flexdsa_core.fusion_switcher import FusionSwitcher
@@ -68,6 +69,7 @@ from flexdsa_core.validate import (
     run,
     run_budget,
 )
+from flexdsa_core.version import __version__
 
 Progress = Callable[[str, float, str], None]
 
@@ -390,7 +392,7 @@ class FlexDSAOptimizer:
             report_progress("measure", 0.0, "timing original and optimised models in ONNX Runtime")
             start = time.perf_counter()
             comp, latency = self._never_slower(
-                comp, original_source, options, rollbacks, reference_cache, recompile, report_progress
+                comp, original_source, options, rollbacks, reference_cache, recompile, report_progress, cache
             )
             stage_seconds["measure"] = time.perf_counter() - start
         report_progress.finish("measure")
@@ -593,11 +595,16 @@ class FlexDSAOptimizer:
         culprit = applied[hi - 1]
         return culprit, recompile(frozenset(base | {culprit}))
 
-    def _never_slower(self, comp, original_source, options, rollbacks, references, recompile, progress):
+    def _never_slower(self, comp, original_source, options, rollbacks, references, recompile, progress, cache=None):
         """Time original and optimised side by side (paired rounds, a confidence bound: ``significance``);
         while the optimised model is significantly slower, bisect the rewrite that costs time and switch it
         off. Still slower at the end: ship the fastest verified variant measured on the way, unless the
-        user allowed a slower model (``allow_slower``); either way a warning says so."""
+        user allowed a slower model (``allow_slower``); either way a warning says so.
+
+        A comparison that did not find the optimised model slower is kept in the kernel cache under the
+        two models' bytes (sha256), the inputs, the rounds and this machine, like a kernel measurement: the
+        same two models compared again (a second job on this model, a bisection's variant met twice) are
+        not timed again. A slower verdict is never kept, so that every rollback rests on fresh timings."""
         bucket = comp.buckets[0]
         feeds = make_inputs(_proto_without_weights(bucket.model), seed=options.seed)
         # Weights in external data: one session at a time, or the measurement holds the model in memory twice.
@@ -606,12 +613,31 @@ class FlexDSAOptimizer:
         # Every variant timed, for the fastest-variant fallback.
         tried: list[tuple[Comparison, Compilation]] = []
 
+        reused: set[int] = set()  # ids of comparisons read from the cache, for the report
+        # Each model's bytes hashed once; the latest few held (so their ids stay theirs), as ``serialized`` does.
+        hashed: OrderedDict[int, tuple[bytes | Path, str]] = OrderedDict()
+
+        def digest(source: bytes | Path) -> str:
+            if id(source) not in hashed or hashed[id(source)][0] is not source:
+                hashed[id(source)] = (source, _sha256(source))
+                while len(hashed) > 4:
+                    hashed.popitem(last=False)
+            return hashed[id(source)][1]
+
         def timings(candidate: Compilation, reference: bytes | Path | None = None) -> Comparison:
             models = {
                 "original": reference or original_source,
                 "optimized": self._model_source(candidate.buckets[0].model),
             }
-            comparison = _sequential_comparison(models, feeds, rounds, interleave)
+            digests = {name: digest(source) for name, source in models.items()}
+            key = _comparison_key(self.target, digests, feeds, rounds, interleave)
+            comparison = _cached_comparison(cache, key)
+            if comparison is not None:
+                reused.add(id(comparison))
+            else:
+                comparison = _sequential_comparison(models, feeds, rounds, interleave)
+                if comparison.verdict != "slower" and cache is not None:
+                    cache.put(key, json.dumps(comparison.as_dict()).encode())
             if reference is None:
                 tried.append((comparison, candidate))
             return comparison
@@ -649,6 +675,8 @@ class FlexDSAOptimizer:
             )
         return comp, {
             "measured": True,
+            # These two models' comparison on this machine, read from the kernel cache (not timed again).
+            "from_kernel_cache": id(measured) in reused,
             "slower_than_original": slower,
             "note": "optimised model measured slower than the original; see warnings" if slower else None,
             "warnings": warnings,
@@ -686,6 +714,42 @@ class FlexDSAOptimizer:
             }
         )
         return candidate, comparison
+
+
+def _sha256(source: bytes | Path) -> str:
+    if isinstance(source, Path):
+        digest = hashlib.sha256()
+        with open(source, "rb") as handle:
+            while block := handle.read(1 << 20):
+                digest.update(block)
+        return digest.hexdigest()
+    return hashlib.sha256(source).hexdigest()
+
+
+def _comparison_key(target: TargetSpec, digests: dict, feeds: dict, rounds: int, interleave: bool) -> str:
+    """What a whole-model comparison's verdict rests on: both models' bytes (``digests``: name -> sha256),
+    the inputs' shapes and values, the rounds asked for, the runtime and this machine."""
+    canonical = {
+        "model_comparison": dict(sorted(digests.items())),
+        "feeds": {name: [list(a.shape), a.dtype.name, hashlib.sha256(a.tobytes()).hexdigest()]
+                  for name, a in sorted(feeds.items())},  # fmt: skip
+        "rounds": rounds,
+        "min_effect": MODEL_MIN_EFFECT,
+        "interleave": interleave,
+        "runtime": {"ort": ort.__version__, "level": "all", "threads": 1},
+        "machine": machine_fingerprint(),
+    }
+    return kernel_key(canonical, target.name, target.version, __version__)
+
+
+def _cached_comparison(cache, key: str) -> Comparison | None:
+    if cache is None:
+        return None
+    try:
+        raw = cache.get(key)
+        return Comparison.from_dict(json.loads(raw)) if raw is not None else None
+    except Exception:  # noqa: BLE001 - a broken cache is a cache that misses
+        return None
 
 
 def _sequential_comparison(models, feeds, rounds: int, interleave: bool) -> Comparison:
