@@ -19,7 +19,7 @@ import shutil
 import tempfile
 import time
 import weakref
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,10 +27,11 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnx_ir as ir
+import onnxruntime as ort
 
-from flexdsa_core.cache import KernelCache, LayeredCache, LRUCache, StatsCache
+from flexdsa_core.cache import KernelCache, LayeredCache, LRUCache, StatsCache, kernel_key
 from flexdsa_core.calibration import CalibrationError, check_calibration, load_calibration, synthetic_samples
-from flexdsa_core.cost_model import CostModel
+from flexdsa_core.cost_model import CostModel, machine_fingerprint
 from flexdsa_core.delivery import check_delivery
 from flexdsa_core.errors import ValidationFailedError
 from flexdsa_core.fusion_switcher import FusionSwitcher
@@ -54,14 +55,23 @@ from flexdsa_core.precision import (
 )
 from flexdsa_core.preflight import check_buckets, check_disabled, refuse_impossible_tensors, switchable_names
 from flexdsa_core.report import build_report, render_summary, report_summary
+from flexdsa_core.serialized import kept_bytes, model_bytes, serialization_scope
 from flexdsa_core.shape_tracker import ShapeTracker
-from flexdsa_core.significance import MIN_ROUNDS, MODEL_MIN_EFFECT, Comparison, paired
+from flexdsa_core.significance import MIN_ROUNDS, MODEL_MIN_EFFECT, Comparison, paired, settled_early
 from flexdsa_core.subgraph_mapper import SubgraphMapper
 from flexdsa_core.targets import BucketModel, PlatformAdapter, TargetSpec, get_adapter, load_target, op_key
 from flexdsa_core.targets.accelerator import AcceleratorAdapter
 from flexdsa_core.targets.estimate import target_estimate
 from flexdsa_core.targets.toolchain_run import run_toolchain
-from flexdsa_core.validate import compare, latency_samples, make_inputs, run, run_budget
+from flexdsa_core.validate import (
+    LatencyRounds,
+    compare,
+    latency_samples,
+    make_inputs,
+    run,
+    run_budget,
+)
+from flexdsa_core.version import __version__
 
 Progress = Callable[[str, float, str], None]
 
@@ -96,12 +106,15 @@ class OptimizeResult:
     artifacts: dict[str, bytes | Path]
     report: dict
     workdir: Path | None = field(default=None, repr=False)
+    # Bucket name -> the bytes already made for validation and the artifacts (``serialized``), not made again.
+    serialized: dict[str, bytes] = field(default_factory=dict, repr=False)
 
     def model_bytes(self, bucket: str | None = None) -> bytes:
         chosen = next((b for b in self.buckets if bucket in (None, b.name)), None)
         if chosen is None:
             raise KeyError(f"no bucket {bucket!r}; buckets: {[b.name for b in self.buckets]}")
-        return ir.to_proto(chosen.model).SerializeToString()
+        serialized = self.serialized.get(chosen.name)
+        return serialized if serialized is not None else model_bytes(chosen.model)
 
     def write(self, out_dir: str | Path) -> list[Path]:
         out = Path(out_dir)
@@ -298,8 +311,9 @@ class FlexDSAOptimizer:
         run._scratch = scratch
         budget_s = (options or OptimizeOptions()).run_budget_s
         try:
-            # Every ONNX Runtime run below (validation, latency, shape probes) stops at this budget.
-            with run_budget(budget_s):
+            # Every ONNX Runtime run below (validation, latency, shape probes) stops at this budget; a finished
+            # model is serialised once for all of them and the artifacts (no stage changes a finished model).
+            with run_budget(budget_s), serialization_scope():
                 result = run._optimize(model, options, cache, progress, scratch, calibration)
         except BaseException:
             if owned:
@@ -380,7 +394,7 @@ class FlexDSAOptimizer:
             report_progress("measure", 0.0, "timing original and optimised models in ONNX Runtime")
             start = time.perf_counter()
             comp, latency = self._never_slower(
-                comp, original_source, options, rollbacks, reference_cache, recompile, report_progress
+                comp, original_source, options, rollbacks, reference_cache, recompile, report_progress, cache
             )
             stage_seconds["measure"] = time.perf_counter() - start
         report_progress.finish("measure")
@@ -460,7 +474,9 @@ class FlexDSAOptimizer:
         artifacts["fusion_plan.json"] = json.dumps(comp.fusion_plans, indent=2, default=str).encode()
         report_progress.finish("adapter")
         report_progress("report", 1.0, "done")
-        return OptimizeResult(self.target, comp.buckets, artifacts, report, workdir)
+        serialized = {b.name: kept_bytes(b.model) for b in comp.buckets}
+        serialized = {name: data for name, data in serialized.items() if data is not None}
+        return OptimizeResult(self.target, comp.buckets, artifacts, report, workdir, serialized)
 
     # ------------------------------------------------------------------ helpers for optimize
     _scratch: Path | None = None
@@ -571,7 +587,7 @@ class FlexDSAOptimizer:
     def _model_source(self, model: ir.Model) -> bytes | Path:
         """What ONNX Runtime loads: bytes, or for models with external data a file written with its data."""
         if not needs_external_data(model):
-            return ir.to_proto(model).SerializeToString()
+            return model_bytes(model)  # once per finished model (``serialized``)
         folder = Path(tempfile.mkdtemp(prefix="validate-", dir=self._scratch))
         return save_model(model, folder / "model.onnx")[0]
 
@@ -649,11 +665,16 @@ class FlexDSAOptimizer:
         culprit = applied[hi - 1]
         return culprit, recompile(frozenset(base | {culprit}))
 
-    def _never_slower(self, comp, original_source, options, rollbacks, references, recompile, progress):
+    def _never_slower(self, comp, original_source, options, rollbacks, references, recompile, progress, cache=None):
         """Time original and optimised side by side (paired rounds, a confidence bound: ``significance``);
         while the optimised model is significantly slower, bisect the rewrite that costs time and switch it
         off. Still slower at the end: ship the fastest verified variant measured on the way, unless the
-        user allowed a slower model (``allow_slower``); either way a warning says so."""
+        user allowed a slower model (``allow_slower``); either way a warning says so.
+
+        A comparison that did not find the optimised model slower is kept in the kernel cache under the
+        two models' bytes (sha256), the inputs, the rounds and this machine, like a kernel measurement: the
+        same two models compared again (a second job on this model, a bisection's variant met twice) are
+        not timed again. A slower verdict is never kept, so that every rollback rests on fresh timings."""
         bucket = comp.buckets[0]
         feeds = make_inputs(_proto_without_weights(bucket.model), seed=options.seed)
         # Weights in external data: one session at a time, or the measurement holds the model in memory twice.
@@ -662,12 +683,31 @@ class FlexDSAOptimizer:
         # Every variant timed, for the fastest-variant fallback.
         tried: list[tuple[Comparison, Compilation]] = []
 
+        reused: set[int] = set()  # ids of comparisons read from the cache, for the report
+        # Each model's bytes hashed once; the latest few held (so their ids stay theirs), as ``serialized`` does.
+        hashed: OrderedDict[int, tuple[bytes | Path, str]] = OrderedDict()
+
+        def digest(source: bytes | Path) -> str:
+            if id(source) not in hashed or hashed[id(source)][0] is not source:
+                hashed[id(source)] = (source, _sha256(source))
+                while len(hashed) > 4:
+                    hashed.popitem(last=False)
+            return hashed[id(source)][1]
+
         def timings(candidate: Compilation, reference: bytes | Path | None = None) -> Comparison:
             models = {
                 "original": reference or original_source,
                 "optimized": self._model_source(candidate.buckets[0].model),
             }
-            comparison = _sequential_comparison(models, feeds, rounds, interleave)
+            digests = {name: digest(source) for name, source in models.items()}
+            key = _comparison_key(self.target, digests, feeds, rounds, interleave)
+            comparison = _cached_comparison(cache, key)
+            if comparison is not None:
+                reused.add(id(comparison))
+            else:
+                comparison = _sequential_comparison(models, feeds, rounds, interleave)
+                if comparison.verdict != "slower" and cache is not None:
+                    cache.put(key, json.dumps(comparison.as_dict()).encode())
             if reference is None:
                 tried.append((comparison, candidate))
             return comparison
@@ -705,6 +745,8 @@ class FlexDSAOptimizer:
             )
         return comp, {
             "measured": True,
+            # These two models' comparison on this machine, read from the kernel cache (not timed again).
+            "from_kernel_cache": id(measured) in reused,
             "slower_than_original": slower,
             "note": "optimised model measured slower than the original; see warnings" if slower else None,
             "warnings": warnings,
@@ -744,11 +786,66 @@ class FlexDSAOptimizer:
         return candidate, comparison
 
 
+def _sha256(source: bytes | Path) -> str:
+    if isinstance(source, Path):
+        digest = hashlib.sha256()
+        with open(source, "rb") as handle:
+            while block := handle.read(1 << 20):
+                digest.update(block)
+        return digest.hexdigest()
+    return hashlib.sha256(source).hexdigest()
+
+
+def _comparison_key(target: TargetSpec, digests: dict, feeds: dict, rounds: int, interleave: bool) -> str:
+    """What a whole-model comparison's verdict rests on: both models' bytes (``digests``: name -> sha256),
+    the inputs' shapes and values, the rounds asked for, the runtime and this machine."""
+    canonical = {
+        "model_comparison": dict(sorted(digests.items())),
+        "feeds": {name: [list(a.shape), a.dtype.name, hashlib.sha256(a.tobytes()).hexdigest()]
+                  for name, a in sorted(feeds.items())},  # fmt: skip
+        "rounds": rounds,
+        "min_effect": MODEL_MIN_EFFECT,
+        "interleave": interleave,
+        "runtime": {"ort": ort.__version__, "level": "all", "threads": 1},
+        "machine": machine_fingerprint(),
+    }
+    return kernel_key(canonical, target.name, target.version, __version__)
+
+
+def _cached_comparison(cache, key: str) -> Comparison | None:
+    if cache is None:
+        return None
+    try:
+        raw = cache.get(key)
+        return Comparison.from_dict(json.loads(raw)) if raw is not None else None
+    except Exception:  # noqa: BLE001 - a broken cache is a cache that misses
+        return None
+
+
 def _sequential_comparison(models, feeds, rounds: int, interleave: bool) -> Comparison:
-    """Paired rounds of ``models['optimized']`` against ``models['original']``; while the interval still
-    straddles the slower-threshold, more rounds (up to 8x, ~3 s): a verdict near the threshold settles on
-    the truth instead of following the noise of one short measurement."""
-    samples = latency_samples(models, feeds, repeats=rounds, interleave=interleave)
+    """Paired rounds of ``models['optimized']`` against ``models['original']``, each loaded once for the
+    whole comparison. Stops after ``MIN_ROUNDS`` when the verdict is already plain
+    (``significance.settled_early``), else runs ``rounds``; while the interval still straddles the
+    slower-threshold, more rounds in the same sessions (up to 8x, ~3 s): a verdict near the threshold settles
+    on the truth instead of following the noise of one short measurement. Each comparison opens its own
+    sessions, so that the re-measurement before a rollback is independent of the first (a session's
+    memory placement can bias all of its runs alike)."""
+    if not interleave:  # weights in external data: one model in memory at a time, sessions not kept
+        samples = latency_samples(models, feeds, repeats=rounds, interleave=False)
+
+        def more(count: int) -> None:
+            extra = latency_samples(models, feeds, repeats=count, interleave=False)
+            for name in samples:
+                samples[name].extend(extra[name])
+    else:
+        timer = LatencyRounds(models, feeds)
+        samples = timer.more(MIN_ROUNDS)
+        if not settled_early(samples["original"], samples["optimized"], min_effect=MODEL_MIN_EFFECT):
+            timer.more(rounds - MIN_ROUNDS)
+
+        def more(count: int) -> None:
+            timer.more(count)
+
     started = time.perf_counter()
     while True:
         comparison = paired(samples["original"], samples["optimized"], min_effect=MODEL_MIN_EFFECT)
@@ -756,9 +853,7 @@ def _sequential_comparison(models, feeds, rounds: int, interleave: bool) -> Comp
         settled = comparison.verdict != "tie" or not comparison.low <= threshold <= comparison.high
         if settled or comparison.rounds >= 8 * rounds or time.perf_counter() - started > 3.0:
             return comparison
-        more = latency_samples(models, feeds, repeats=rounds, interleave=interleave)
-        for name in samples:
-            samples[name].extend(more[name])
+        more(rounds)
 
 
 def _slower_text(comparison: Comparison) -> str:
