@@ -144,15 +144,45 @@ def bench_one(name: str, rounds: int, warmup: int) -> dict:
     return record
 
 
+def _keeps_accuracy(entry: dict) -> bool:
+    """The default accuracy target on the evaluation samples: cosine >= 0.99, top-1 >= 0.99 where judged."""
+    return entry["accuracy"]["min_cosine"] >= 0.99 and entry["accuracy"].get("top1", 1.0) >= 0.99
+
+
+def versus_ort(record: dict) -> dict[str, dict]:
+    """Each Flex-DSA variant's speed-up over the faster ORT quantiser, and over the faster one that keeps
+    the accuracy target (None where neither does)."""
+    variants = record["variants"]
+    ort = [variants[v] for v in ("ort-dynamic", "ort-static") if v in variants]
+    accurate = [e for e in ort if _keeps_accuracy(e)]
+    result = {}
+    for variant in ("flexdsa-int8", "flexdsa-mixed"):
+        if variant not in variants or not ort:
+            continue
+        ours = variants[variant]["speedup"]
+        result[variant] = {
+            "vs_faster_ort": round(ours / max(e["speedup"] for e in ort), 3),
+            "vs_faster_accurate_ort": round(ours / max(e["speedup"] for e in accurate), 3) if accurate else None,
+        }
+    return result
+
+
 def _table(results: dict) -> str:
-    lines = [f"{'model':<12} {'variant':<14} {'speed-up':>9} {'ms':>9} {'cosine':>9} {'top-1':>6}  shipped"]
+    lines = [
+        f"{'model':<12} {'variant':<14} {'speed-up':>9} {'ms':>9} {'cosine':>9} {'top-1':>6} "
+        f"{'vs ORT':>7} {'vs acc. ORT':>11}  shipped"
+    ]
     for name, record in results["models"].items():
+        ratios = versus_ort(record)
         for variant, entry in record["variants"].items():
             shipped = (record.get(variant) or {}).get("shipped", "")
             acc = entry["accuracy"]
+            ratio = ratios.get(variant, {})
+            faster = f"{ratio['vs_faster_ort']:.2f}x" if ratio else ""
+            accurate = f"{ratio['vs_faster_accurate_ort']:.2f}x" if ratio.get("vs_faster_accurate_ort") else ""
             lines.append(
                 f"{name:<12} {variant:<14} {entry['speedup']:>8.2f}x {entry['median_ms']:>9.2f} "
-                f"{acc['min_cosine']:>9.5f} {acc.get('top1', float('nan')):>6.3f}  {shipped}"
+                f"{acc['min_cosine']:>9.5f} {acc.get('top1', float('nan')):>6.3f} {faster:>7} {accurate:>11}  {shipped}"
             )
         for variant in ("flexdsa-int8", "flexdsa-mixed"):
             if "error" in (record.get(variant) or {}):
@@ -167,7 +197,12 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--models", default="bert,resnet", help="comma-separated bench models")
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--show", action="store_true", help="print the table of the last results, run nothing")
     args = parser.parse_args(argv)
+    if args.show:
+        results = json.loads((RESULTS_DIR / "precision.json").read_text())
+        print(_table(results))
+        return results
     from flexdsa_core.precision import cpu_int8_features
 
     results: dict = {"cpu": cpu_int8_features(), "rounds": args.rounds, "models": {}}

@@ -67,12 +67,12 @@ import onnx_ir as ir
 import onnxruntime as ort
 
 from flexdsa_core.cache import CacheStats, KernelCache, LRUCache, kernel_key
-from flexdsa_core.significance import KERNEL_MIN_EFFECT, MIN_ROUNDS, Comparison, paired
+from flexdsa_core.significance import KERNEL_MIN_EFFECT, MIN_ROUNDS, Comparison, paired, settled_early
 from flexdsa_core.targets.spec import TargetSpec, op_key
 from flexdsa_core.validate import guarded_run
 from flexdsa_core.version import __version__
 
-__all__ = ["Cost", "CostModel", "OpView", "TensorInfo", "measure_sgemm_peak", "op_cost", "work"]
+__all__ = ["Cost", "CostModel", "OpView", "TensorInfo", "machine_fingerprint", "measure_sgemm_peak", "op_cost", "work"]
 
 REPRESENTATIVE_BATCH = 1
 REPRESENTATIVE_DIM = 128
@@ -470,6 +470,11 @@ BORDERLINE_MAX_ROUNDS = 250
 BORDERLINE_BUDGET_FACTOR = 4
 
 
+# Rounds after which a side-by-side timing may stop before its budget, when its verdict is already plain
+# (``significance.settled_early``): few looks, each at a stricter confidence than the verdict's.
+EARLY_LOOKS = frozenset({MIN_ROUNDS, 19, 29})
+
+
 def _straddles(comparison: Comparison) -> bool:
     """The interval holds a verdict threshold (1 - min_effect or 1 + min_effect) inside it."""
     low, high, effect = comparison.low, comparison.high, comparison.min_effect
@@ -531,6 +536,11 @@ def _machine_fingerprint(cpuinfo: str | None = None) -> str:
     model_name = model_name or platform.processor() or ""
     isa = ",".join(sorted(flags)) if flags else "unknown"
     return f"{platform.system()}/{platform.machine()}/{model_name}/{os.cpu_count()}/isa={isa}"
+
+
+def machine_fingerprint() -> str:
+    """This machine's fingerprint (``_machine_fingerprint``): what a measurement here is only valid for."""
+    return _machine_fingerprint()
 
 
 def measure_sgemm_peak(seconds: float = 1.0, *, size: int = 1024) -> float:
@@ -604,6 +614,10 @@ class CostModel:
         self.representative_dim = REPRESENTATIVE_DIM
         self._notes: dict[str, None] = {}
         self._memo: dict[str, dict] = {}
+        # Shape probes by what decides their result (``_probe_key``): the same subgraph at the same shapes
+        # (twelve identical layers, the recompiles of a bisection, the next job) is run in ONNX Runtime once.
+        self._probes: dict[str, list | None] = {}
+        self.probe_stats = {"run": 0, "reused": 0}
         self.compiler_version = f"{__version__}+ort{ort.__version__}"
 
     # -- public ------------------------------------------------------------------------------------
@@ -628,8 +642,10 @@ class CostModel:
         *,
         opsets: Mapping[str, int] | None = None,
         shapes: Mapping[ir.Value, TensorInfo] | None = None,
+        measure: bool = True,
     ) -> Cost:
-        """Cost of one node. ``shapes`` overrides what the node's values say (see ``nodes_cost``)."""
+        """Cost of one node. ``shapes`` overrides what the node's values say (see ``nodes_cost``);
+        ``measure=False``: the work and the roofline only, for a caller that times the node otherwise."""
         if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
             return Cost()
         view = self._view(node, shapes or {})
@@ -637,7 +653,7 @@ class CostModel:
             self._note(f"{node.op_type}: input shapes unknown; costed as one launch")
             return self._timed_cost(Cost(), None)
         base = work(view)
-        if self.measuring:
+        if self.measuring and measure:
             seconds = self._measured_seconds(node, view, opsets or self._opsets_of(node))
             if seconds is not None:
                 return Cost(base.flops, base.bytes, seconds=seconds, joules=None, kernels=1, measured=1)
@@ -649,6 +665,7 @@ class CostModel:
         *,
         opsets: Mapping[str, int] | None = None,
         shapes: Mapping[ir.Value, TensorInfo] | None = None,
+        measure: bool = True,
     ) -> Cost:
         """Cost of a set of nodes. Values with no static shape in the graph (a rewrite's new
         intermediates, contrib-op outputs, symbolic dims) and not in ``shapes`` are found first by
@@ -656,7 +673,7 @@ class CostModel:
         nodes = list(nodes)
         known = dict(shapes or {})
         known.update(self.infer_shapes(nodes, opsets=opsets, known=known))
-        return sum((self.node_cost(n, opsets=opsets, shapes=known) for n in nodes), Cost())
+        return sum((self.node_cost(n, opsets=opsets, shapes=known, measure=measure) for n in nodes), Cost())
 
     def graph_cost(self, model: ir.Model) -> Cost:
         """Cost of the model's main graph (subgraphs of control-flow nodes are not descended into)."""
@@ -738,6 +755,8 @@ class CostModel:
             len(per_round[0]) < 50 and time.perf_counter() - timing_started < budget
         ):
             one_round()
+            if len(per_round[0]) in EARLY_LOOKS and settled_early(*per_round, min_effect=min_effect):
+                break
         comparison = paired(per_round[0], per_round[1], min_effect=min_effect)
         # An interval that straddles a threshold would let the verdict follow noise from one cold run to the
         # next (seen: SkipLayerNormalization at 1.2-1.3x, its bound either side of 1.1). More rounds narrow it
@@ -848,11 +867,22 @@ class CostModel:
         )
         if constant_bytes > _PROBE_CONSTANT_BUDGET_BYTES:
             return {}
+        opsets = dict(opsets or self._opsets_of(nodes[0]))
+        for n in nodes:
+            opsets.setdefault(n.domain, _DEFAULT_OPSETS.get(n.domain, 1))
+        infos = {value: known.get(value) or self.concrete(value) for value in external}
+        if any(info is None for info in infos.values()):
+            return {}
+        key = _probe_key(nodes, external, infos, known, opsets, self.representative_dim)
+        if key is not None:
+            results = self._reused_probe(key)
+            if results is not _NOT_PROBED:
+                return _probe_found(produced, results)
+        started = time.perf_counter()
+        dim_before = self.representative_dim
         proto_nodes, graph_inputs, initializers, fed = [], [], [], []
         for value in external:
-            info = known.get(value) or self.concrete(value)
-            if info is None:
-                return {}
+            info = infos[value]
             if value.const_value is not None:
                 initializers.append(onnx.numpy_helper.from_array(value.const_value.numpy(), names[value]))
             else:
@@ -869,25 +899,44 @@ class CostModel:
             value_info = onnx.ValueInfoProto()
             value_info.name = name
             graph_outputs.append(value_info)
-        opsets = dict(opsets or self._opsets_of(nodes[0]))
-        for n in nodes:
-            opsets.setdefault(n.domain, _DEFAULT_OPSETS.get(n.domain, 1))
         graph = onnx.helper.make_graph(proto_nodes, "probe", graph_inputs, graph_outputs, initializers)
         model = onnx.helper.make_model(
             graph, opset_imports=[onnx.helper.make_opsetid(d, v) for d, v in opsets.items()], ir_version=10
         )
-        results = self._probe(model, outputs, fed, names, known, nodes)
-        if results is None:
-            return {}
-        found = {}
-        for value, array in zip(dict.fromkeys(produced), results, strict=True):
-            if isinstance(array, np.ndarray):
-                const = value.const_value is not None
-                # Small integers are shapes and axes: keep what the run computed, so that a Reshape fed
-                # by shape arithmetic can still be measured with its real target shape.
-                small = array if array.dtype.kind in "iu" and array.size <= _SMALL_CONST else None
-                found[value] = TensorInfo(tuple(array.shape), array.dtype.name, const, small)
-        return found
+        arrays = self._probe(model, outputs, fed, names, known, nodes)
+        self.probe_stats["run"] += 1
+        results = None if arrays is None else [_probed(array) for array in arrays]
+        if key is not None:
+            self._probes[key] = results
+            if results is not None and self.representative_dim == dim_before:
+                # Shared like a measurement (a probe at a lowered dim is this model's story, not the key's).
+                self._cache_put_raw(key, {"outputs": results, "measure_s": time.perf_counter() - started})
+        return _probe_found(produced, results)
+
+    def _reused_probe(self, key: str):
+        """A probe's outputs from this job's memo or the shared cache; ``_NOT_PROBED`` when neither has it."""
+        if key in self._probes:
+            self.probe_stats["reused"] += 1
+            return self._probes[key]
+        try:
+            raw = self.cache.get(key)
+            entry = json.loads(raw) if raw is not None else None
+        except Exception:  # noqa: BLE001 - a broken cache is a cache that misses
+            entry = None
+        if not isinstance(entry, dict) or not isinstance(entry.get("outputs"), list):
+            return _NOT_PROBED
+        report_saved = getattr(self.cache, "saved", None)
+        if callable(report_saved):
+            report_saved(float(entry.get("measure_s", 0.0)))
+        self.probe_stats["reused"] += 1
+        self._probes[key] = entry["outputs"]
+        return entry["outputs"]
+
+    def _cache_put_raw(self, key: str, entry: dict) -> None:
+        try:
+            self.cache.put(key, json.dumps(entry).encode())
+        except Exception:  # noqa: BLE001 - a broken cache is a cache that misses
+            self._note("kernel cache refused a write; measurements are not shared")
 
     def _probe(self, model, outputs, fed, names, known, nodes) -> list | None:
         """Run the probe model; where symbolic dims are fed, retry with smaller representative values
@@ -1224,3 +1273,71 @@ def _node_proto(node: ir.Node, input_names: Sequence[str], output_names: Sequenc
         if isinstance(attr, ir.Attr) and not attr.is_ref():
             proto.attribute.append(ir.serde.serialize_attribute(attr))
     return proto
+
+
+# -- shape probes, reused ------------------------------------------------------------------------------
+
+_NOT_PROBED = object()
+
+
+def _probed(array) -> list | None:
+    """What a probe keeps of one output: [shape, dtype, small integer values or None]; None if not a tensor."""
+    if not isinstance(array, np.ndarray):
+        return None
+    # Small integers are shapes and axes: keep what the run computed, so that a Reshape fed by shape
+    # arithmetic can still be measured with its real target shape.
+    small = array.tolist() if array.dtype.kind in "iu" and array.size <= _SMALL_CONST else None
+    return [list(array.shape), array.dtype.name, small]
+
+
+def _probe_found(produced: Sequence[ir.Value], results: list | None) -> dict[ir.Value, TensorInfo]:
+    if results is None:
+        return {}
+    found = {}
+    for value, result in zip(dict.fromkeys(produced), results, strict=True):
+        if result is not None:
+            shape, dtype, small = result
+            array = None if small is None else np.asarray(small, dtype=dtype).reshape(shape)
+            found[value] = TensorInfo(tuple(shape), dtype, value.const_value is not None, array)
+    return found
+
+
+def _probe_key(
+    nodes: Sequence[ir.Node],
+    external: Sequence[ir.Value],
+    infos: Mapping[ir.Value, TensorInfo],
+    known: Mapping[ir.Value, TensorInfo],
+    opsets: Mapping[str, int] | None,
+    representative_dim: int,
+) -> str | None:
+    """What decides a shape probe's outputs: the nodes (ops, attributes, wiring), the concrete shapes and
+    dtypes of what they read, and the values of small constants (shapes, axes, Range bounds); never
+    weight values. None for nodes with subgraphs, which the key cannot describe."""
+    position = {value: ("x", index) for index, value in enumerate(external)}
+    described = []
+    for index, node in enumerate(nodes):
+        if any(attr.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS) for attr in node.attributes.values()):
+            return None
+        inputs = [None if value is None else position.get(value, ("?", value.name)) for value in node.inputs]
+        for out_index, value in enumerate(node.outputs):
+            position[value] = ("n", index, out_index)
+        attrs = {name: _canonical_attr(_attr_value(attr)) for name, attr in sorted(node.attributes.items())}
+        described.append([node.op_type, node.domain, node.overload, attrs, inputs, len(node.outputs)])
+    reads = []
+    for value in external:
+        info = infos[value]
+        constant = value.const_value
+        small = None
+        if constant is not None and info.numel <= _SMALL_CONST:
+            small = constant.numpy().tolist()
+        # A fed value not in ``known`` may be re-specialised at a lower dim if the model refuses this one.
+        symbolic = None if value in known or value.shape is None else [_dim_proto(d) for d in value.shape]
+        reads.append([list(info.shape), info.dtype, constant is not None, small, symbolic])
+    canonical = {
+        "probe": described,
+        "reads": reads,
+        "opsets": sorted((opsets or {}).items()),
+        "representative_dim": representative_dim,
+        "runtime": {"ort": ort.__version__},
+    }
+    return "probe:" + kernel_key(canonical, "shapes", "1", __version__)

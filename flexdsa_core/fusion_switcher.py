@@ -372,15 +372,20 @@ class FusionSwitcher:
             return _Judgement(False, f"refused: target {self.target.name} has no {', '.join(missing)}", kind)
         _carry_output_types(delta, added)
         opsets = model.opset_imports
-        before = self.cost_model.nodes_cost(removed, opsets=opsets, shapes=self._known_shapes(removed))
-        after = self.cost_model.nodes_cost(added, opsets=opsets, shapes=self._known_shapes(added))
         comparison = None
         if self.cost_model.measuring:
             shapes = {**self._known_shapes(removed), **self._known_shapes(added)}
             comparison = self.cost_model.compare_paired(removed, added, opsets=opsets, shapes=shapes)
-            if comparison is not None:
-                before = replace(before, seconds=comparison.first_s)
-                after = replace(after, seconds=comparison.second_s)
+        # Timed side by side, each kernel alone need not be timed as well: the two sides' seconds come from
+        # the comparison, the work (FLOPs, bytes, kernels) from the shapes.
+        measure = comparison is None
+        before = self.cost_model.nodes_cost(
+            removed, opsets=opsets, shapes=self._known_shapes(removed), measure=measure
+        )
+        after = self.cost_model.nodes_cost(added, opsets=opsets, shapes=self._known_shapes(added), measure=measure)
+        if comparison is not None:
+            before = replace(before, seconds=comparison.first_s, measured=before.kernels)
+            after = replace(after, seconds=comparison.second_s, measured=after.kernels)
         gain_seconds = _minus(before.seconds, after.seconds)
         gain_joules = _minus(before.joules, after.joules)
         taken, basis, significance = self._pays(before, after, gain_seconds, gain_joules, comparison)

@@ -108,7 +108,7 @@ def _ingest_path(path: Path, max_bytes: int | None) -> Ingested:
     try:
         model = ir.load(path, format="protobuf")
     except DecodeError as err:
-        raise InvalidModelError(_not_protobuf_message(f"'{path.name}'", file_bytes)) from err
+        raise _decode_failure(f"'{path.name}'", file_bytes, err) from err
     _check_is_model(model, f"'{path.name}'", file_bytes)
     external_files = _check_external_data(model, path.parent)
     _check_size(file_bytes + sum(external_files.values()), max_bytes, external=True)
@@ -184,12 +184,26 @@ def _not_protobuf_message(what: str, size: int) -> str:
     )
 
 
+def _decode_failure(what: str, size: int, err: Exception) -> FlexDSAError:
+    """The parser's refusal as a reason: nesting past its depth limit is told apart from bytes that are
+    not protobuf at all (each subgraph level is three message levels: graph, node, attribute)."""
+    text = str(err).lower()
+    if "depth" in text or "nest" in text or "recursion" in text:
+        return UnsupportedModelError(
+            f"{what} ({size:,} bytes) nests messages deeper than the protobuf parser allows (100 levels: "
+            "subgraphs of If/Loop/Scan nested more than about 30 deep). Flatten the nested control flow "
+            "(inline the inner branches) before uploading.",
+            details={"reason": "nesting_too_deep"},
+        )
+    return InvalidModelError(_not_protobuf_message(what, size))
+
+
 def _parse(data: bytes, *, what: str) -> onnx.ModelProto:
     proto = onnx.ModelProto()
     try:
         proto.ParseFromString(data)
     except (DecodeError, RuntimeWarning, ValueError) as err:
-        raise InvalidModelError(_not_protobuf_message(what, len(data))) from err
+        raise _decode_failure(what, len(data), err) from err
     if proto.ir_version <= 0 or not proto.HasField("graph") or not proto.opset_import:
         raise InvalidModelError(
             f"{_not_protobuf_message(what, len(data))} (it parsed, but has no "
@@ -250,6 +264,8 @@ def _all_tensors(model: ir.Model) -> Iterator[ir.TensorProtocol]:
 
 
 _INT64_MAX = 2**63 - 1
+# ONNX Runtime reads a location like '*/_ORT_MEM_ADDR_/*' as "the offset is a pointer into my memory".
+ORT_MEMORY_MARKER = "_ORT_MEM_ADDR_"
 
 
 def _check_external_data(model: ir.Model, folder: Path) -> dict[str, int]:
@@ -265,6 +281,12 @@ def _check_external_data(model: ir.Model, folder: Path) -> dict[str, int]:
         fix = "Save the model with its external data next to it (onnx.save_model(..., save_as_external_data=True, location='weights.bin')) and upload that folder."
         if not location:
             raise ExternalDataError(f"Tensor '{name}' is marked external but names no file. {fix}")
+        if ORT_MEMORY_MARKER in location:  # ONNX Runtime would read its offset as an address in its memory
+            raise ExternalDataError(
+                f"Tensor '{name}' names ONNX Runtime's in-memory marker ('{location}'): an address in the "
+                f"process's memory, not a file. {fix}",
+                details={"tensor": name, "location": location},
+            )
         if os.path.isabs(location) or Path(location).is_absolute() or location.startswith(("/", "\\")):
             raise ExternalDataError(
                 f"Tensor '{name}' points at the absolute path '{location}'; external data must sit in the "

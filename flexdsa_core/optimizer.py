@@ -19,7 +19,7 @@ import shutil
 import tempfile
 import time
 import weakref
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,10 +27,11 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnx_ir as ir
+import onnxruntime as ort
 
-from flexdsa_core.cache import KernelCache, LayeredCache, LRUCache, StatsCache
+from flexdsa_core.cache import KernelCache, LayeredCache, LRUCache, StatsCache, kernel_key
 from flexdsa_core.calibration import CalibrationError, check_calibration, load_calibration, synthetic_samples
-from flexdsa_core.cost_model import CostModel
+from flexdsa_core.cost_model import CostModel, machine_fingerprint
 from flexdsa_core.delivery import check_delivery
 from flexdsa_core.errors import ValidationFailedError
 from flexdsa_core.fusion_switcher import FusionSwitcher
@@ -46,20 +47,31 @@ from flexdsa_core.precision import (
     PrecisionRun,
     apply_precision,
     check_precision_request,
+    int8_format,
     replace_model,
     samples_dataset,
     samples_npz,
+    vendor_verdict,
 )
 from flexdsa_core.preflight import check_buckets, check_disabled, refuse_impossible_tensors, switchable_names
 from flexdsa_core.report import build_report, render_summary, report_summary
+from flexdsa_core.serialized import kept_bytes, model_bytes, serialization_scope
 from flexdsa_core.shape_tracker import ShapeTracker
-from flexdsa_core.significance import MIN_ROUNDS, MODEL_MIN_EFFECT, Comparison, paired
+from flexdsa_core.significance import MIN_ROUNDS, MODEL_MIN_EFFECT, Comparison, paired, settled_early
 from flexdsa_core.subgraph_mapper import SubgraphMapper
 from flexdsa_core.targets import BucketModel, PlatformAdapter, TargetSpec, get_adapter, load_target, op_key
 from flexdsa_core.targets.accelerator import AcceleratorAdapter
 from flexdsa_core.targets.estimate import target_estimate
 from flexdsa_core.targets.toolchain_run import run_toolchain
-from flexdsa_core.validate import compare, latency_samples, make_inputs, run, run_budget
+from flexdsa_core.validate import (
+    LatencyRounds,
+    compare,
+    latency_samples,
+    make_inputs,
+    run,
+    run_budget,
+)
+from flexdsa_core.version import __version__
 
 Progress = Callable[[str, float, str], None]
 
@@ -94,12 +106,15 @@ class OptimizeResult:
     artifacts: dict[str, bytes | Path]
     report: dict
     workdir: Path | None = field(default=None, repr=False)
+    # Bucket name -> the bytes already made for validation and the artifacts (``serialized``), not made again.
+    serialized: dict[str, bytes] = field(default_factory=dict, repr=False)
 
     def model_bytes(self, bucket: str | None = None) -> bytes:
         chosen = next((b for b in self.buckets if bucket in (None, b.name)), None)
         if chosen is None:
             raise KeyError(f"no bucket {bucket!r}; buckets: {[b.name for b in self.buckets]}")
-        return ir.to_proto(chosen.model).SerializeToString()
+        serialized = self.serialized.get(chosen.name)
+        return serialized if serialized is not None else model_bytes(chosen.model)
 
     def write(self, out_dir: str | Path) -> list[Path]:
         out = Path(out_dir)
@@ -296,8 +311,9 @@ class FlexDSAOptimizer:
         run._scratch = scratch
         budget_s = (options or OptimizeOptions()).run_budget_s
         try:
-            # Every ONNX Runtime run below (validation, latency, shape probes) stops at this budget.
-            with run_budget(budget_s):
+            # Every ONNX Runtime run below (validation, latency, shape probes) stops at this budget; a finished
+            # model is serialised once for all of them and the artifacts (no stage changes a finished model).
+            with run_budget(budget_s), serialization_scope():
                 result = run._optimize(model, options, cache, progress, scratch, calibration)
         except BaseException:
             if owned:
@@ -378,25 +394,26 @@ class FlexDSAOptimizer:
             report_progress("measure", 0.0, "timing original and optimised models in ONNX Runtime")
             start = time.perf_counter()
             comp, latency = self._never_slower(
-                comp, original_source, options, rollbacks, reference_cache, recompile, report_progress
+                comp, original_source, options, rollbacks, reference_cache, recompile, report_progress, cache
             )
             stage_seconds["measure"] = time.perf_counter() - start
         report_progress.finish("measure")
 
         # Precision: the verified, timed fp32 result quantised (cpu-ort) or halved (accelerators), judged by the
         # accuracy target on the calibration samples; never slower than fp32, never below the target.
-        precision, precision_samples = None, None
+        precision, precision_samples, precision_runs = None, None, {}
         if options.precision != "fp32":
             report_progress("precision", 0.0, f"{options.precision}: calibrating, scoring and timing")
             start = time.perf_counter()
-            comp, precision, precision_samples = self._precision(
+            comp, precision, precision_samples, precision_runs = self._precision(
                 comp, original_source, options, samples, recompile, report_progress
             )
             stage_seconds["precision"] = time.perf_counter() - start
 
         # Vendor toolchain (accelerators, where it installs): compile each bucket with the vendor's own
-        # compiler, run it in the vendor's simulator/emulator, compare with the original, and hold our
-        # predicted placement against the vendor's.
+        # compiler at the requested precision (its quantiser calibrated on the same samples as ours), run it
+        # in the vendor's simulator/emulator, compare with the original, and hold our predicted placement
+        # against the vendor's.
         toolchain_report, toolchain_files = {}, {}
         if isinstance(self.adapter, AcceleratorAdapter):
             report_progress("toolchain", 0.0, "compiling with the vendor toolchain")
@@ -404,8 +421,12 @@ class FlexDSAOptimizer:
             toolchain_report, toolchain_files = run_toolchain(
                 self.target, self.adapter, comp.buckets, comp.partition, original_source,
                 root=self.toolchain_root, seed=options.seed, workdir=workdir,
+                precision={**(precision or {}), "requested": options.precision},
+                calibration=precision_samples, accuracy=options.accuracy,
             )  # fmt: skip
             stage_seconds["toolchain"] = time.perf_counter() - start
+            if precision is not None and precision.get("vendor_quantiser"):
+                toolchain_files = self._vendor_verdicts(precision, precision_runs, toolchain_report, toolchain_files)
 
         # Stage 7, platform adapter: target-ready files per bucket plus the manifest.
         report_progress("adapter", 0.0, "generating artifacts")
@@ -443,13 +464,19 @@ class FlexDSAOptimizer:
         files = self.adapter.generate(comp.buckets, self.target, report, workdir=workdir)
         artifacts: dict[str, bytes | Path] = {**files, **toolchain_files}
         if precision is not None and precision.get("vendor_quantiser"):
-            artifacts["calibration.npz"] = samples_npz(precision_samples)
-            artifacts.update(samples_dataset(precision_samples))
+            first = comp.buckets[0].name
+            artifacts["calibration.npz"] = samples_npz(precision_samples[first])
+            artifacts.update(samples_dataset(precision_samples[first]))
+            for name, bucket_samples in list(precision_samples.items())[1:]:  # each further bucket at its shapes
+                artifacts[f"calibration.{name}.npz"] = samples_npz(bucket_samples)
+                artifacts.update(samples_dataset(bucket_samples, bucket=name))
         artifacts["report.json"] = json.dumps(report, indent=2, default=str).encode()
         artifacts["fusion_plan.json"] = json.dumps(comp.fusion_plans, indent=2, default=str).encode()
         report_progress.finish("adapter")
         report_progress("report", 1.0, "done")
-        return OptimizeResult(self.target, comp.buckets, artifacts, report, workdir)
+        serialized = {b.name: kept_bytes(b.model) for b in comp.buckets}
+        serialized = {name: data for name, data in serialized.items() if data is not None}
+        return OptimizeResult(self.target, comp.buckets, artifacts, report, workdir, serialized)
 
     # ------------------------------------------------------------------ helpers for optimize
     _scratch: Path | None = None
@@ -464,44 +491,103 @@ class FlexDSAOptimizer:
         return check_calibration(inputs, arrays)
 
     def _precision(self, comp, original_source, options, samples, recompile, progress):
-        bucket = comp.buckets[0]
-        synthetic = samples is None
-        if synthetic:
-            samples = synthetic_samples(_proto_without_weights(bucket.model), seed=options.seed)
-        else:  # a bucket fixes dims the samples must have too (seq 128 on an accelerator)
-            stacked = {name: np.concatenate([s[name] for s in samples]) for name in samples[0]}
-            try:
-                check_calibration(_proto_without_weights(bucket.model), stacked)
-            except CalibrationError as err:
-                raise CalibrationError(
-                    f"{err.message.rstrip('.')} (shape bucket {bucket.name!r}). Give samples at the bucket's "
-                    "shapes, or shape_buckets that match the samples.",
-                    details={**err.details, "bucket": bucket.name},
-                ) from None
-        fp32, unfused = bucket.model, None
-        if options.precision in ("int8", "mixed"):
+        """Every shape bucket at the requested precision, each calibrated and judged at its own shapes: on the
+        user's samples where they fit the bucket, else on synthetic inputs with a warning naming the bucket
+        (samples that fit no bucket are refused). The report's ``precision`` section is the first bucket's,
+        with ``buckets`` holding each bucket's when there are several."""
+        per_bucket = self._bucket_samples(comp.buckets, options, samples)
+        vendor = int8_format(self.target)
+        cpu_formats = options.precision in ("int8", "mixed") and vendor is not None and vendor.vendor is None
+        fp32_models, unfused_models = [b.model for b in comp.buckets], [None] * len(comp.buckets)
+        if cpu_formats:
             # ONNX Runtime's offline layout pass (NCHWc, its internal fusions) is for the float graph; the
             # quantiser takes ours, and ONNX Runtime fuses the quantised graph itself when it loads it.
-            fp32 = recompile(frozenset(comp.disabled | {"ort_layout"})).buckets[0].model
+            fp32_models = [b.model for b in recompile(frozenset(comp.disabled | {"ort_layout"})).buckets]
             # The same model without the fusions whose com.microsoft ops hold weights the QDQ quantiser
             # leaves in float: quantising before them may be faster (measured, as a candidate).
             opaque = {r.name for r in discover_rules() if set(r.produces) & QDQ_OPAQUE_WEIGHT_OPS}
             if opaque & set(comp.applied):
-                unfused = recompile(frozenset(comp.disabled | opaque | {"ort_layout"})).buckets[0].model
-        folder = Path(tempfile.mkdtemp(prefix="precision-", dir=self._scratch))
-        run = PrecisionRun(
-            options, self.target, original_source, fp32, samples, synthetic, folder, unfused, progress
-        )
-        model, section = apply_precision(run)
-        if model is not None:
+                unfused_models = [
+                    b.model for b in recompile(frozenset(comp.disabled | opaque | {"ort_layout"})).buckets
+                ]
+        sections, runs, models = {}, {}, []
+        for index, bucket in enumerate(comp.buckets):
+            bucket_samples, synthetic, misfit = per_bucket[bucket.name]
+            folder = Path(tempfile.mkdtemp(prefix=f"precision-{index}-", dir=self._scratch))
+            run = PrecisionRun(
+                options, self.target, original_source, fp32_models[index], bucket_samples, synthetic, folder,
+                unfused_models[index], progress,
+            )  # fmt: skip
+            model, section = apply_precision(run)
+            section["bucket"] = bucket.name
+            if misfit:
+                section["warnings"].append(
+                    f"your calibration samples do not fit shape bucket {bucket.name!r} ({misfit}): it was "
+                    "calibrated and judged on synthetic inputs at its shapes; upload samples at those shapes"
+                )
+            models.append(model)
+            sections[bucket.name], runs[bucket.name] = section, run
+        section = dict(sections[comp.buckets[0].name])
+        if len(comp.buckets) > 1:
+            section["buckets"] = sections
+            section["warnings"] = [f"[{name}] {w}" for name, s in sections.items() for w in s["warnings"]]
+            section["shipped"] = {name: s.get("shipped") for name, s in sections.items()}
+        if any(model is not None for model in models):
             comp = copy.copy(comp)
-            comp.buckets = [replace_model(bucket, model)]
-        return comp, section, samples
+            comp.buckets = [
+                replace_model(bucket, model) if model is not None else bucket
+                for bucket, model in zip(comp.buckets, models, strict=True)
+            ]
+        samples_by_bucket = {name: run.samples for name, run in runs.items()}
+        return comp, section, samples_by_bucket, runs
+
+    @staticmethod
+    def _vendor_verdicts(precision: dict, runs: dict, toolchain: dict, files: dict) -> dict:
+        """Each bucket's vendor-quantised model judged by the accuracy target (``vendor_verdict``); a bucket
+        that misses it loses its quantised artifacts (or the job fails, as ``precision_fallback`` asks)."""
+        sections = precision.get("buckets") or {next(iter(runs)): precision}
+        for name, bucket_run in runs.items():
+            entry = (toolchain.get("buckets") or {}).get(name) or {}
+            section = sections[name]
+            section["toolchain_accuracy"] = entry.get("accuracy")
+            ok = vendor_verdict(bucket_run, section, name, entry.get("accuracy"), bool(toolchain.get("ran")))
+            if section is not precision:
+                precision["warnings"].extend(w for w in section["warnings"] if w not in precision["warnings"])
+            if not ok:
+                for artifact in entry.get("artifacts", []):
+                    files.pop(artifact, None)
+                entry["shipped"] = False
+        toolchain["artifacts"] = sorted(files)
+        return files
+
+    def _bucket_samples(self, buckets, options, samples) -> dict[str, tuple[list[dict], bool, str | None]]:
+        """Per bucket: (calibration samples, synthetic?, why the user's do not fit it). The user's samples where
+        they fit the bucket's shapes."""
+        found, refusals = {}, []
+        for bucket in buckets:
+            inputs = _proto_without_weights(bucket.model)
+            if samples is None:
+                found[bucket.name] = (synthetic_samples(inputs, seed=options.seed), True, None)
+                continue
+            stacked = {name: np.concatenate([s[name] for s in samples]) for name in samples[0]}
+            try:  # a bucket fixes dims the samples must have too (seq 128 on an accelerator)
+                found[bucket.name] = (check_calibration(inputs, stacked), False, None)
+            except CalibrationError as err:
+                refusals.append((bucket.name, err))
+                found[bucket.name] = (synthetic_samples(inputs, seed=options.seed), True, err.message.rstrip("."))
+        if samples is not None and len(refusals) == len(buckets):
+            name, err = refusals[0]
+            raise CalibrationError(
+                f"{err.message.rstrip('.')} (shape bucket {name!r}). Give samples at the bucket's "
+                "shapes, or shape_buckets that match the samples.",
+                details={**err.details, "bucket": name},
+            ) from None
+        return found
 
     def _model_source(self, model: ir.Model) -> bytes | Path:
         """What ONNX Runtime loads: bytes, or for models with external data a file written with its data."""
         if not needs_external_data(model):
-            return ir.to_proto(model).SerializeToString()
+            return model_bytes(model)  # once per finished model (``serialized``)
         folder = Path(tempfile.mkdtemp(prefix="validate-", dir=self._scratch))
         return save_model(model, folder / "model.onnx")[0]
 
@@ -579,11 +665,16 @@ class FlexDSAOptimizer:
         culprit = applied[hi - 1]
         return culprit, recompile(frozenset(base | {culprit}))
 
-    def _never_slower(self, comp, original_source, options, rollbacks, references, recompile, progress):
+    def _never_slower(self, comp, original_source, options, rollbacks, references, recompile, progress, cache=None):
         """Time original and optimised side by side (paired rounds, a confidence bound: ``significance``);
         while the optimised model is significantly slower, bisect the rewrite that costs time and switch it
         off. Still slower at the end: ship the fastest verified variant measured on the way, unless the
-        user allowed a slower model (``allow_slower``); either way a warning says so."""
+        user allowed a slower model (``allow_slower``); either way a warning says so.
+
+        A comparison that did not find the optimised model slower is kept in the kernel cache under the
+        two models' bytes (sha256), the inputs, the rounds and this machine, like a kernel measurement: the
+        same two models compared again (a second job on this model, a bisection's variant met twice) are
+        not timed again. A slower verdict is never kept, so that every rollback rests on fresh timings."""
         bucket = comp.buckets[0]
         feeds = make_inputs(_proto_without_weights(bucket.model), seed=options.seed)
         # Weights in external data: one session at a time, or the measurement holds the model in memory twice.
@@ -592,12 +683,31 @@ class FlexDSAOptimizer:
         # Every variant timed, for the fastest-variant fallback.
         tried: list[tuple[Comparison, Compilation]] = []
 
+        reused: set[int] = set()  # ids of comparisons read from the cache, for the report
+        # Each model's bytes hashed once; the latest few held (so their ids stay theirs), as ``serialized`` does.
+        hashed: OrderedDict[int, tuple[bytes | Path, str]] = OrderedDict()
+
+        def digest(source: bytes | Path) -> str:
+            if id(source) not in hashed or hashed[id(source)][0] is not source:
+                hashed[id(source)] = (source, _sha256(source))
+                while len(hashed) > 4:
+                    hashed.popitem(last=False)
+            return hashed[id(source)][1]
+
         def timings(candidate: Compilation, reference: bytes | Path | None = None) -> Comparison:
             models = {
                 "original": reference or original_source,
                 "optimized": self._model_source(candidate.buckets[0].model),
             }
-            comparison = _sequential_comparison(models, feeds, rounds, interleave)
+            digests = {name: digest(source) for name, source in models.items()}
+            key = _comparison_key(self.target, digests, feeds, rounds, interleave)
+            comparison = _cached_comparison(cache, key)
+            if comparison is not None:
+                reused.add(id(comparison))
+            else:
+                comparison = _sequential_comparison(models, feeds, rounds, interleave)
+                if comparison.verdict != "slower" and cache is not None:
+                    cache.put(key, json.dumps(comparison.as_dict()).encode())
             if reference is None:
                 tried.append((comparison, candidate))
             return comparison
@@ -635,6 +745,8 @@ class FlexDSAOptimizer:
             )
         return comp, {
             "measured": True,
+            # These two models' comparison on this machine, read from the kernel cache (not timed again).
+            "from_kernel_cache": id(measured) in reused,
             "slower_than_original": slower,
             "note": "optimised model measured slower than the original; see warnings" if slower else None,
             "warnings": warnings,
@@ -674,11 +786,66 @@ class FlexDSAOptimizer:
         return candidate, comparison
 
 
+def _sha256(source: bytes | Path) -> str:
+    if isinstance(source, Path):
+        digest = hashlib.sha256()
+        with open(source, "rb") as handle:
+            while block := handle.read(1 << 20):
+                digest.update(block)
+        return digest.hexdigest()
+    return hashlib.sha256(source).hexdigest()
+
+
+def _comparison_key(target: TargetSpec, digests: dict, feeds: dict, rounds: int, interleave: bool) -> str:
+    """What a whole-model comparison's verdict rests on: both models' bytes (``digests``: name -> sha256),
+    the inputs' shapes and values, the rounds asked for, the runtime and this machine."""
+    canonical = {
+        "model_comparison": dict(sorted(digests.items())),
+        "feeds": {name: [list(a.shape), a.dtype.name, hashlib.sha256(a.tobytes()).hexdigest()]
+                  for name, a in sorted(feeds.items())},  # fmt: skip
+        "rounds": rounds,
+        "min_effect": MODEL_MIN_EFFECT,
+        "interleave": interleave,
+        "runtime": {"ort": ort.__version__, "level": "all", "threads": 1},
+        "machine": machine_fingerprint(),
+    }
+    return kernel_key(canonical, target.name, target.version, __version__)
+
+
+def _cached_comparison(cache, key: str) -> Comparison | None:
+    if cache is None:
+        return None
+    try:
+        raw = cache.get(key)
+        return Comparison.from_dict(json.loads(raw)) if raw is not None else None
+    except Exception:  # noqa: BLE001 - a broken cache is a cache that misses
+        return None
+
+
 def _sequential_comparison(models, feeds, rounds: int, interleave: bool) -> Comparison:
-    """Paired rounds of ``models['optimized']`` against ``models['original']``; while the interval still
-    straddles the slower-threshold, more rounds (up to 8x, ~3 s): a verdict near the threshold settles on
-    the truth instead of following the noise of one short measurement."""
-    samples = latency_samples(models, feeds, repeats=rounds, interleave=interleave)
+    """Paired rounds of ``models['optimized']`` against ``models['original']``, each loaded once for the
+    whole comparison. Stops after ``MIN_ROUNDS`` when the verdict is already plain
+    (``significance.settled_early``), else runs ``rounds``; while the interval still straddles the
+    slower-threshold, more rounds in the same sessions (up to 8x, ~3 s): a verdict near the threshold settles
+    on the truth instead of following the noise of one short measurement. Each comparison opens its own
+    sessions, so that the re-measurement before a rollback is independent of the first (a session's
+    memory placement can bias all of its runs alike)."""
+    if not interleave:  # weights in external data: one model in memory at a time, sessions not kept
+        samples = latency_samples(models, feeds, repeats=rounds, interleave=False)
+
+        def more(count: int) -> None:
+            extra = latency_samples(models, feeds, repeats=count, interleave=False)
+            for name in samples:
+                samples[name].extend(extra[name])
+    else:
+        timer = LatencyRounds(models, feeds)
+        samples = timer.more(MIN_ROUNDS)
+        if not settled_early(samples["original"], samples["optimized"], min_effect=MODEL_MIN_EFFECT):
+            timer.more(rounds - MIN_ROUNDS)
+
+        def more(count: int) -> None:
+            timer.more(count)
+
     started = time.perf_counter()
     while True:
         comparison = paired(samples["original"], samples["optimized"], min_effect=MODEL_MIN_EFFECT)
@@ -686,9 +853,7 @@ def _sequential_comparison(models, feeds, rounds: int, interleave: bool) -> Comp
         settled = comparison.verdict != "tie" or not comparison.low <= threshold <= comparison.high
         if settled or comparison.rounds >= 8 * rounds or time.perf_counter() - started > 3.0:
             return comparison
-        more = latency_samples(models, feeds, repeats=rounds, interleave=interleave)
-        for name in samples:
-            samples[name].extend(more[name])
+        more(rounds)
 
 
 def _slower_text(comparison: Comparison) -> str:

@@ -16,6 +16,11 @@ shipped.
   and all, in float; ONNX Runtime fuses the QDQ graph itself at ORT_ENABLE_ALL). Our other fusions
   (GELU, SkipLayerNorm, MultiHeadAttention...) stay. Which order is faster is measured, not assumed.
 * ``dynamic``: ``quantize_dynamic``, s8 per-channel weights, activations quantised per run.
+* ``static_qdq_costed``: the static model of the graph that quantises more layers, with the ops measured
+  slower in int8 than in fp32 on this CPU kept float (``int8_costing``: profiled, interleaved, paired).
+* ``static_qdq_weights``: only the weight layers (Conv, MatMul, Gemm with initializer weights) in int8;
+  residual Adds, LayerNorm, Softmax and attention-score MatMuls float (ViT's residual stream does not fit
+  one per-tensor int8 scale: ONNX Runtime's static QDQ of every op keeps a cosine of 0.33 there).
 
 Each is scored, then timed with the fp32 model (and the original) in interleaved paired rounds
 (``significance.paired``); the fastest that meets the target and is not significantly slower than fp32
@@ -23,8 +28,10 @@ ships (the never-slower guard), else fp32 or a failure naming the most sensitive
 
 **mixed** (cpu-ort). Sensitivity of a layer (a node with quantised weights) = the accuracy it alone costs:
 the model with only that layer quantised, ``1 - min over outputs of min(cosine, top-1 agreement)``. Then the
-``k`` most sensitive layers stay float (``nodes_to_exclude``) for the smallest ``k`` whose static model
-meets the target, found by bisection over ``k``; the calibration ranges are computed once and reused.
+``k`` most sensitive weight layers stay float for the smallest ``k`` whose static model meets the target,
+found by bisection over ``k`` (ops measured slower in int8 are float throughout; when every other op in
+int8 misses the target, only weight layers are quantised); then the kept-float layers with the largest
+measured int8 gain are tried back one at a time. The calibration ranges are computed once and reused.
 
 **fp16** (accelerators): float16 weights and arithmetic (ONNX Runtime's float16 converter, keeping float32
 graph inputs/outputs under ``keep_io_types``), checked element-wise with the float16 tolerances and by the
@@ -49,11 +56,15 @@ import onnxruntime as ort
 
 from flexdsa_core.cost_model import _machine_fingerprint
 from flexdsa_core.errors import InvalidOptionsError, ValidationFailedError
+from flexdsa_core.int8_costing import decide, profile_int8_vs_fp32, quantised_nodes
 from flexdsa_core.options import AccuracyTarget, OptimizeOptions
-from flexdsa_core.significance import MIN_ROUNDS, MODEL_MIN_EFFECT, paired
+from flexdsa_core.significance import KERNEL_MIN_EFFECT, MIN_ROUNDS, MODEL_MIN_EFFECT, paired
 from flexdsa_core.validate import DEFAULT_TOLERANCES, latency_samples, session
 
-__all__ = ["apply_precision", "check_precision_request", "cpu_int8_features", "int8_format", "samples_dataset", "samples_npz", "score"]
+__all__ = [
+    "apply_precision", "check_precision_request", "cpu_int8_features", "int8_format", "samples_dataset", "samples_npz",
+    "score", "vendor_verdict",
+]  # fmt: skip
 
 # Flags that give the int8 GEMM a dot-product instruction without 16-bit intermediate sums.
 _INT8_DOT_FLAGS = ("avx512_vnni", "avx512vnni", "avx_vnni", "amx_int8", "asimddp", "dotprod", "i8mm")
@@ -63,6 +74,11 @@ _CLASSIFIER_WORDS = ("logit", "prob", "score", "class")
 QDQ_OPAQUE_WEIGHT_OPS = frozenset(
     {"com.microsoft::FusedConv", "com.microsoft::FusedGemm", "com.microsoft::FusedMatMul", "com.microsoft::Attention"}
 )
+# Layers whose weight is an initializer and whose work is a dot product: what weight-only int8 quantises.
+WEIGHT_COMPUTE_OPS = frozenset({"Conv", "ConvTranspose", "MatMul", "Gemm"})
+# After the bisection, at most this many kept-float layers (largest measured int8 gain first) are tried
+# back in int8, one quantise-and-score each.
+READMIT_LAYERS = 8
 # Sensitivity ranks layers: this many samples order them as well as all would, at a fraction of the runs.
 SENSITIVITY_SAMPLES = 8
 
@@ -89,7 +105,10 @@ def cpu_int8_features() -> dict:
 
 
 def check_precision_request(options: OptimizeOptions, target, buckets: int | None = None) -> None:
-    """Refuse, before any work, a precision this target or request cannot have."""
+    """Refuse, before any work, a precision this target cannot compute (its ``dtypes``, from the sourced facts):
+    fp16 on cpu-ort (float16 through casts), on the KV260 DPU (int8 only) or on the XDNA 2 NPU (bfloat16, not
+    float16); int8/mixed where the part has no int8. Every shape bucket gets the precision (``buckets`` is
+    accepted for callers that pass it)."""
     if options.precision == "fp32":
         return
     calibrated = bool(getattr(target, "calibrated", False))
@@ -99,12 +118,26 @@ def check_precision_request(options: OptimizeOptions, target, buckets: int | Non
             "casts and would be slower than fp32. Use 'int8' or 'mixed' on cpu-ort.",
             details={"precision": "fp16", "target": target.name},
         )
-    if buckets is not None and buckets > 1:
-        raise InvalidOptionsError(
-            f"precision {options.precision!r} takes one shape bucket so far, this request has {buckets}: give "
-            "one bucket in shape_buckets (or none), or precision 'fp32'.",
-            details={"buckets": buckets},
+    dtypes = list(getattr(target, "dtypes", None) or [])
+    wanted = "float16" if options.precision == "fp16" else "int8"
+    if calibrated or not dtypes or wanted in dtypes:
+        return
+    floats = [d for d in dtypes if d in ("bfloat16", "float32")]
+    notes = getattr(target, "quantization", None) or {}
+    if wanted == "float16" and "bfloat16" in floats:
+        advice = (
+            f"its half-precision type is bfloat16 ({notes.get('bfloat16', 'no float16 on the part')}): use "
+            "precision 'fp32' for that, or 'int8'/'mixed'"
         )
+    elif wanted == "float16":
+        advice = "use precision 'int8' or 'mixed' (quantised with the target's own scheme)"
+    else:
+        advice = "use precision 'fp32' or 'fp16'"
+    raise InvalidOptionsError(
+        f"unsupported dtype on target: {target.name} computes {', '.join(dtypes)}, not {wanted} "
+        f"(precision {options.precision!r}); {advice}.",
+        details={"precision": options.precision, "target": target.name, "target_dtypes": dtypes},
+    )
 
 
 # ---------------------------------------------------------------------------------------------- accuracy
@@ -231,36 +264,73 @@ def _named(model: onnx.ModelProto) -> onnx.ModelProto:
 
 @dataclass(frozen=True)
 class Int8Format:
-    """How a target wants its int8: QDQ with these activation/weight types (weights always s8 per channel)."""
+    """How a target wants its int8, as ONNX Runtime QDQ: activation and weight types, symmetry, granularity.
+
+    Where the vendor's own toolchain quantises (``vendor`` set: QNN, RKNN, Quark, AMCT), this QDQ is only its
+    stand-in here, close to the vendor's scheme, used to rank layers by sensitivity and to find how many must
+    stay float (``mixed``); what ships is the vendor's own quantisation, judged by its simulator/emulator."""
 
     name: str
     activations: str  # "uint8" or "int8"
     symmetric: bool  # activations symmetric around zero (zero point 0), as TensorRT requires
     reduce_range: bool  # 7-bit weights (x86 without VNNI, see the module docstring)
     runs_here: bool  # the target is this machine: candidates are timed, dynamic quantisation is one of them
+    weights: str = "int8"  # "int8" or "uint8" (QNN's default)
+    per_channel: bool = True
+    vendor: str | None = None  # the vendor toolchain that quantises for real (None: this QDQ ships)
+    float_as: str = "float32"  # what a layer kept out of int8 becomes on the target
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
 
 
+# The ONNX Runtime QDQ that stands in for each vendor quantiser when layers are ranked here (by adapter name).
+_VENDOR_FORMATS = {
+    "qualcomm": Int8Format(
+        "QNN QDQ (get_qnn_qdq_config): uint8 activations, uint8 per-tensor weights, asymmetric; the layers mixed "
+        "keeps out of uint8 get uint16 activations (a16w8)", "uint8", False, False, False,
+        weights="uint8", per_channel=False, vendor="qualcomm", float_as="uint16 activations (a16w8)",
+    ),
+    "rockchip": Int8Format(
+        "RKNN w8a8 (rknn-toolkit2's own quantiser on our dataset.txt): asymmetric int8 activations, per-channel "
+        "int8 weights; mixed's float layers go to its hybrid quantisation", "uint8", False, False, False,
+        vendor="rockchip", float_as="float16 (rknn hybrid quantisation)",
+    ),
+    "amd": Int8Format(
+        "AMD Quark XINT8 (CNN: power-of-two scales) or A8W8 (transformer): symmetric int8, per-tensor", "int8",
+        True, False, False, per_channel=False, vendor="amd", float_as="float (excluded from Quark's quantisation)",
+    ),
+    "xilinx": Int8Format(
+        "AMD Quark XINT8: symmetric int8, power-of-two scales, per-tensor (the DPU's only datatype)", "int8", True,
+        False, False, per_channel=False, vendor="amd", float_as="float, in a CPU subgraph on the Cortex-A53s",
+    ),
+    "huawei": Int8Format(
+        "AMCT-style int8 (the vendor step's own calibration on our dataset): asymmetric activations, per-channel "
+        "weights", "uint8", False, False, False, vendor="huawei", float_as="float16",
+    ),
+}  # fmt: skip
+
+
 def int8_format(target) -> Int8Format | None:
-    """The target's int8 format; None where the vendor's own quantiser does it (fed our samples)."""
+    """The target's int8 format (for a vendor-quantised target, the stand-in QDQ with ``vendor`` set); None for
+    a target nobody here knows how to quantise for."""
     if getattr(target, "calibrated", False):  # cpu-ort: ONNX Runtime's x86/ARM kernels, u8 activations
         return Int8Format("onnxruntime u8s8 QDQ", "uint8", False, cpu_int8_features()["reduce_range"], True)
     if str(getattr(target, "vendor", "")).lower() == "nvidia":  # TensorRT: symmetric s8 QDQ only
         return Int8Format("TensorRT symmetric s8s8 QDQ", "int8", True, False, False)
-    return None
+    return _VENDOR_FORMATS.get(str(getattr(target, "adapter", "")))
 
 
 def _quantize_static(fp32: Path, out: Path, samples, cache: Path, fmt: Int8Format, **nodes) -> Path:
     from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
 
     activations = QuantType.QUInt8 if fmt.activations == "uint8" else QuantType.QInt8
+    weights = QuantType.QUInt8 if fmt.weights == "uint8" else QuantType.QInt8
     quantize_static(
         str(fp32), str(out), _Samples(samples), quant_format=QuantFormat.QDQ,
-        activation_type=activations, weight_type=QuantType.QInt8, per_channel=True,
+        activation_type=activations, weight_type=weights, per_channel=fmt.per_channel,
         reduce_range=fmt.reduce_range, calibration_cache_path=str(cache),
-        extra_options={"ActivationSymmetric": fmt.symmetric, "WeightSymmetric": True}, **nodes,
+        extra_options={"ActivationSymmetric": fmt.symmetric, "WeightSymmetric": fmt.weights == "int8"}, **nodes,
     )  # fmt: skip
     return out
 
@@ -331,6 +401,8 @@ class _Candidate:
     ratio: float | None = None
     verdict: str | None = None
     error: str | None = None
+    # The nodes this candidate asks the quantiser to compute in int8 (None: every one it can).
+    int8_nodes: frozenset[str] | None = None
 
     def as_dict(self) -> dict:
         return {
@@ -419,34 +491,63 @@ def _sensitivity(run, fp32: Path, layers, reference, cache: Path, fmt: Int8Forma
     return result
 
 
-def _mixed(run, fp32, layers, reference, cache, fmt, full_score) -> tuple[_Candidate, list[dict], dict]:
-    """The fewest most-sensitive layers kept float so that the static model meets the target."""
+def _cosine_kept(accuracy_score: dict) -> float:
+    """The worst output cosine of a score (1.0 where no output has one)."""
+    return min((entry["cosine"] for entry in accuracy_score["outputs"].values() if "cosine" in entry), default=1.0)
+
+
+def _readmit(run, fp32, cache, fmt, reference, kept: list[str], chosen: frozenset[str], gains: dict[str, float]):
+    """After the bisection: the kept-float layers that gain most from int8 (measured), tried back in int8
+    one at a time, largest gain first; each stays int8 if the target still holds. Bisection over one
+    ranking assumes the ranking is right; this recovers speed where it was not."""
+    order = sorted((name for name in kept if gains.get(name, 0.0) > 0), key=lambda name: -gains[name])
+    outcome, best = [], None
+    for index, name in enumerate(order[:READMIT_LAYERS]):
+        trial = chosen | {name}
+        out = run.workdir / f"mixed_readmit_{index}.onnx"
+        _quantize_static(fp32, out, run.samples, cache, fmt, nodes_to_quantize=sorted(trial))
+        accuracy = score(reference, _outputs(out, run.samples), run.options.accuracy)
+        outcome.append({"layer": name, "gain_ms": round(gains[name], 4), "ok": accuracy["ok"], "loss": accuracy["loss"]})
+        if accuracy["ok"]:
+            chosen, best = trial, (out, accuracy)
+    return chosen, best, outcome
+
+
+def _mixed(run, fp32, layers, reference, cache, fmt, full: _Candidate, slower: frozenset[str],
+           gains: dict[str, float] | None = None):  # fmt: skip
+    """The fewest most-sensitive weight layers kept float so that the static model meets the target.
+
+    ``full`` is every quantisable op in int8 except those measured slower (``slower``). When it misses the
+    target, the search quantises the weight layers only (Conv, MatMul, Gemm with an initializer weight):
+    activation-only ops (residual Adds, LayerNorm, Softmax, attention-score MatMuls) stay float, so with
+    every weight layer excluded the model is the fp32 one and keeping more layers float always reaches the
+    target."""
     sensitivity = _sensitivity(run, fp32, layers, reference, cache, fmt)
-    ranked = sorted(layers, key=lambda layer: -sensitivity[layer[0]]["loss"])
-    # The search quantises only the weight layers' op types: with every layer excluded it is the fp32 model,
-    # so keeping more layers in float can always reach the target (activation-only QDQ on Add, Transpose...
-    # would otherwise stay and cost accuracy no exclusion of a layer removes).
-    op_types = sorted({op for _, op in layers if "::" not in op})
+    # Ties in loss are common where top-1 decides it (one flipped sample of 8 each): the cosine lost breaks
+    # them; equal on both keeps graph order (sorted is stable).
+    ranked = sorted(layers, key=lambda layer: (-sensitivity[layer[0]]["loss"], _cosine_kept(sensitivity[layer[0]])))
     tried: dict[int, dict] = {}
-    path_of = {}
+    path_of: dict[int, Path] = {}
+    chosen_of: dict[int, frozenset[str] | None] = {}
 
     def attempt(keep_float: int) -> dict:
         if keep_float not in tried:
+            chosen = [name for name, _ in ranked[keep_float:] if name not in slower]
+            chosen_of[keep_float] = frozenset(chosen)
+            if not chosen:  # nothing left in int8: the fp32 model
+                tried[keep_float] = {"ok": True, "loss": 0.0, "outputs": {}}
+                return tried[keep_float]
             out = run.workdir / f"mixed_{keep_float}.onnx"
-            exclude = [name for name, _ in ranked[:keep_float]]
-            _quantize_static(
-                fp32, out, run.samples, cache, fmt, nodes_to_exclude=exclude, op_types_to_quantize=op_types
-            )
+            _quantize_static(fp32, out, run.samples, cache, fmt, nodes_to_quantize=chosen)
             tried[keep_float] = score(reference, _outputs(out, run.samples), run.options.accuracy)
             path_of[keep_float] = out
         return tried[keep_float]
 
     lo, hi = 0, len(ranked)  # invariant: lo misses the target; hi (everything float: fp32) meets it
-    if full_score.get("ok"):  # every op int8 already meets the target: mixed is the static model itself
-        hi = 0
-        tried[0] = full_score
-        path_of[0] = run.workdir / "mixed_full.onnx"
-        _quantize_static(fp32, path_of[0], run.samples, cache, fmt)
+    scope = "weight layers"
+    if full.error is None and full.accuracy.get("ok"):  # every op int8 (bar the slower) meets the target
+        hi, scope = 0, "every quantisable op"
+        tried[0], path_of[0], chosen_of[0] = full.accuracy, full.path, full.int8_nodes
     elif not attempt(0)["ok"]:
         tried[hi] = {"ok": True, "loss": 0.0, "outputs": {}}  # every weight layer float: the fp32 model
         while hi - lo > 1:
@@ -458,39 +559,121 @@ def _mixed(run, fp32, layers, reference, cache, fmt, full_score) -> tuple[_Candi
     else:
         hi = 0
     keep = hi
+    readmitted: list[dict] = []
+    if gains and keep > 0:
+        kept = [name for name, _ in ranked[:keep]]
+        chosen, best, readmitted = _readmit(
+            run, fp32, cache, fmt, reference, kept, chosen_of.get(keep) or frozenset(), gains
+        )
+        if best is not None:
+            chosen_of[keep], path_of[keep], tried[keep] = chosen, best[0], best[1]
+    back = sum(entry["ok"] for entry in readmitted)
+    measured = f"; {len(slower)} measured slower in int8 kept float" if slower else ""
+    measured += f"; {back} of them back in int8 by measured gain" if back else ""
     candidate = _Candidate(
         "mixed", path_of.get(keep, run.workdir / "mixed_none.onnx"),
-        f"static QDQ of {', '.join(op_types)}, the {keep} most sensitive of {len(ranked)} layers kept float",
-        accuracy=tried[keep],
+        f"static QDQ of {scope}, the {keep} most sensitive of {len(ranked)} weight layers kept float{measured}",
+        accuracy=tried[keep], int8_nodes=chosen_of.get(keep),
     )  # fmt: skip
-    if keep == len(ranked):
+    if keep not in path_of:
         candidate.error = "no weight layer can be int8 within the accuracy target: the mixed model is the fp32 one"
-    table = []
-    for rank, (name, op) in enumerate(ranked):
+    reasons = {}
+    back_in = {entry["layer"]: entry for entry in readmitted if entry["ok"]}
+    for rank, (name, _) in enumerate(ranked[:keep]):
         loss = sensitivity[name]["loss"]
-        kept_float = rank < keep
-        if kept_float:
-            short = tried.get(keep - 1)
-            reason = f"kept float: rank {rank + 1} of {len(ranked)} by sensitivity (loss {loss:.4f} quantised alone)"
-            if short is not None:
-                reason += (
-                    f"; with only the {keep - 1} most sensitive layers in float the model misses the target "
-                    f"({_describe(short, run.options.accuracy)})"
-                )
+        if name in back_in:
+            reasons[name] = (
+                f"int8: rank {rank + 1} of {len(ranked)} by sensitivity (loss {loss:.4f} alone) and kept float by "
+                f"the bisection, then tried back in int8 for its measured gain ({back_in[name]['gain_ms']:.3f} ms): "
+                "the target still holds"
+            )
+            continue
+        reason = f"kept float: rank {rank + 1} of {len(ranked)} by sensitivity (loss {loss:.4f} quantised alone)"
+        short = tried.get(keep - 1)
+        if short is not None:
+            reason += (
+                f"; with only the {keep - 1} most sensitive layers in float the model misses the target "
+                f"({_describe(short, run.options.accuracy)})"
+            )
+        reasons[name] = reason
+    search = {
+        "keep_float": keep,
+        "scope": scope,
+        "measured_slower": sorted(slower),
+        "readmitted": readmitted,
+        "tried": {str(k): {"ok": v["ok"], "loss": v["loss"]} for k, v in tried.items()},
+    }
+    if scope == "weight layers":
+        search["why_weight_layers"] = (
+            f"with every quantisable op in int8 the model misses the target ({_describe(full.accuracy, run.options.accuracy)})"
+            if full.error is None else f"the all-int8 model failed: {full.error}"
+        )  # fmt: skip
+    return candidate, sensitivity, reasons, search
+
+
+def _layer_table(in_int8: frozenset[str], rows: list[tuple[str, str]], decisions: dict, sensitivity: dict,
+                 kept_reasons: dict, outside: str) -> list[dict]:  # fmt: skip
+    """``precision.layers``: per quantisable node, the precision the quantiser was asked to give it
+    (``in_int8``) and why, with its measured int8 and fp32 kernel times (``int8_costing``) and its
+    sensitivity where those were taken."""
+    table = []
+    for name, op in rows:
+        decision = decisions.get(name)
+        row: dict = {"layer": name, "op": op}
+        if name in sensitivity:
+            row["sensitivity"] = sensitivity[name]["loss"]
+            row["alone"] = dict(sensitivity[name]["outputs"])
+        if name in in_int8:
+            row["precision"] = "int8"
+            parts = [decision.reason] if decision else []
+            if name in sensitivity:
+                parts.append(f"the target holds with it quantised (loss {sensitivity[name]['loss']:.4f} alone)")
+            row["reason"] = kept_reasons.get(name) or "int8: " + ("; ".join(parts) or "quantised")
         else:
-            reason = f"int8: the target holds with it quantised (loss {loss:.4f} alone)"
-        table.append(
-            {
-                "layer": name,
-                "op": op,
-                "sensitivity": loss,
-                "alone": {k: v for k, v in sensitivity[name]["outputs"].items()},
-                "precision": "float32" if kept_float else "int8",
-                "reason": reason,
-            }
-        )
-    search = {"keep_float": keep, "tried": {str(k): {"ok": v["ok"], "loss": v["loss"]} for k, v in tried.items()}}
-    return candidate, table, search
+            row["precision"] = "float32"
+            if decision is not None and decision.precision == "float32":
+                row["reason"] = f"kept float: {decision.reason}"
+            elif name in kept_reasons:
+                row["reason"] = kept_reasons[name]
+            else:
+                row["reason"] = f"kept float: {outside}"
+        if decision is not None:
+            row.update(decision.columns())
+        table.append(row)
+    return table
+
+
+def _op_costing(run: PrecisionRun, fp32: Path, static: _Candidate, report: dict) -> tuple[dict, frozenset[str]]:
+    """Each quantisable node's int8 kernel against its fp32 kernel on this CPU (``int8_costing``)."""
+    nodes = quantised_nodes(onnx.load(str(static.path)))
+    rounds = max(run.options.latency_repeats, MIN_ROUNDS)
+    timings = profile_int8_vs_fp32(fp32, static.path, [n for n, _ in nodes], run.samples[0], run.workdir,
+                                   rounds=rounds)  # fmt: skip
+    decisions = decide(timings)
+    slower = frozenset(name for name, d in decisions.items() if d.precision == "float32")
+    report["op_costing"] = {
+        "engine": "onnxruntime CPUExecutionProvider profiler, ORT_ENABLE_ALL, 1 thread, interleaved rounds",
+        "rounds": rounds,
+        "models": f"fp32 against {static.name} (every quantisable op int8)",
+        "rule": f"float where int8 is significantly slower (95% interval of the ratio above 1 + {KERNEL_MIN_EFFECT})",
+        "quantisable": len(nodes),
+        "measured_slower": len(slower),
+        "fp32_ms": round(sum(d.fp32_ms or 0.0 for d in decisions.values()), 3),
+        "int8_ms": round(sum(d.int8_ms or 0.0 for d in decisions.values()), 3),
+    }
+    return decisions, slower
+
+
+def _scored(run: PrecisionRun, candidate: _Candidate, build, reference: list[dict]) -> _Candidate:
+    """Build a candidate and score it; a quantiser failing is the candidate's error, said in the report."""
+    started = time.perf_counter()
+    try:
+        build()
+        candidate.accuracy = score(reference, _outputs(candidate.path, run.samples), run.options.accuracy)
+    except Exception as err:  # noqa: BLE001 - one quantiser failing leaves the others; said in the report
+        candidate.error = f"{type(err).__name__}: {str(err).splitlines()[0][:300]}"
+    candidate.accuracy["seconds"] = round(time.perf_counter() - started, 3)
+    return candidate
 
 
 def _int8(run: PrecisionRun, report: dict) -> ir.Model | None:
@@ -503,7 +686,6 @@ def _int8(run: PrecisionRun, report: dict) -> ir.Model | None:
     reference = _outputs(run.original, run.samples, level=ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
     cache = run.workdir / "calibration_ranges.json"
 
-    candidates: list[_Candidate] = []
     static = _Candidate("static_qdq", run.workdir / "static.onnx", "static QDQ of the fused fp32 model")
     builders = [(static, lambda: _quantize_static(fp32, static.path, run.samples, cache, fmt))]
     if run.unfused_model is not None:
@@ -520,34 +702,67 @@ def _int8(run: PrecisionRun, report: dict) -> ir.Model | None:
     dynamic = _Candidate("dynamic", run.workdir / "dynamic.onnx", "dynamic int8 (weights s8, activations per run)")
     if fmt.runs_here:  # dynamic int8 is an ONNX Runtime CPU technique, not an accelerator format
         builders.append((dynamic, lambda: _quantize_dynamic(fp32, dynamic.path, fmt)))
+    candidates: list[_Candidate] = []
     for index, (candidate, build) in enumerate(builders):
         run.report(0.3 * index / len(builders), f"int8 candidate {candidate.name}")
-        started = time.perf_counter()
-        try:
-            build()
-            candidate.accuracy = score(reference, _outputs(candidate.path, run.samples), options.accuracy)
-        except Exception as err:  # noqa: BLE001 - one quantiser failing leaves the others; said in the report
-            candidate.error = f"{type(err).__name__}: {str(err).splitlines()[0][:300]}"
-        candidate.accuracy["seconds"] = round(time.perf_counter() - started, 3)
-        candidates.append(candidate)
+        candidates.append(_scored(run, candidate, build, reference))
 
     layers = _weight_layers(onnx.load(str(static.path))) if static.error is None else []
-    # Mixed starts from the static model that quantises more layers: ONNX Runtime's quantiser leaves our
-    # com.microsoft::FusedConv/FusedGemm in float, so on CNNs the graph without those fusions is the base
-    # (ResNet-18 here: 1.77x vs 1.05x for all-int8 on the fused graph).
-    base = (fp32, cache, static)
+    # The static model that quantises more layers is the base of the per-op costing and of mixed: ONNX
+    # Runtime's quantiser leaves our com.microsoft::FusedConv/FusedGemm in float, so on CNNs the graph
+    # without those fusions is the base (ResNet-18 here: 1.77x vs 1.05x for all-int8 on the fused graph).
+    base_fp32, base_cache, base = fp32, cache, static
     if run.unfused_model is not None and unfused.error is None and static.error is None:
         unfused_layers = _weight_layers(onnx.load(str(unfused.path)))
         if len(unfused_layers) > len(layers):
-            layers, base = unfused_layers, (unfused_fp32, cache_unfused, unfused)
-    table, search = [], None
-    if options.precision == "mixed" and base[2].error is None and layers:
-        report["mixed_base"] = base[2].name
-        mixed, table, search = _mixed(run, base[0], layers, reference, base[1], fmt, base[2].accuracy)
-        mixed.how += f" (from {base[2].name})"
-        candidates.append(mixed)
+            layers, base_fp32, base_cache, base = unfused_layers, unfused_fp32, cache_unfused, unfused
+    weight_layers = [(name, op) for name, op in layers if op in WEIGHT_COMPUTE_OPS]
 
     measured = options.measure_latency and fmt.runs_here
+    decisions, slower = {}, frozenset()
+    if measured and base.error is None:
+        run.report(0.3, "timing every quantisable op in int8 against fp32")
+        try:
+            decisions, slower = _op_costing(run, base_fp32, base, report)
+        except Exception as err:  # noqa: BLE001 - without per-op times the candidates are still timed whole
+            report["op_costing"] = {"error": f"{type(err).__name__}: {str(err).splitlines()[0][:300]}"}
+    full = base
+    if slower:  # the all-int8 model with the ops measured slower in int8 kept float
+        costed = _Candidate(
+            "static_qdq_costed", run.workdir / "static_costed.onnx",
+            f"static QDQ of {base.name}'s graph with the {len(slower)} ops measured slower in int8 kept float",
+        )  # fmt: skip
+        build = lambda: _quantize_static(  # noqa: E731
+            base_fp32, costed.path, run.samples, base_cache, fmt, nodes_to_exclude=sorted(slower)
+        )
+        costed.int8_nodes = frozenset(n for n, _ in quantised_nodes(onnx.load(str(base.path)))) - slower
+        full = _scored(run, costed, build, reference)
+        candidates.append(full)
+    weights_int8 = [name for name, _ in weight_layers if name not in slower]
+    if base.error is None and weights_int8:  # what keeps ViT: its residual stream and attention stay float
+        weights = _Candidate(
+            "static_qdq_weights", run.workdir / "static_weights.onnx",
+            f"static QDQ of the weight layers only ({len(weights_int8)} Conv/MatMul/Gemm with initializer "
+            f"weights, of {base.name}'s graph); activation-only ops (residual Add, LayerNorm, Softmax, "
+            "attention-score MatMul) stay float",
+            int8_nodes=frozenset(weights_int8),
+        )  # fmt: skip
+        build = lambda: _quantize_static(  # noqa: E731
+            base_fp32, weights.path, run.samples, base_cache, fmt, nodes_to_quantize=weights_int8
+        )
+        candidates.append(_scored(run, weights, build, reference))
+
+    sensitivity, kept_reasons, table_model, search = {}, {}, full, None
+    if options.precision == "mixed" and base.error is None and weight_layers:
+        report["mixed_base"] = base.name
+        mixed, sensitivity, kept_reasons, search = _mixed(
+            run, base_fp32, weight_layers, reference, base_cache, fmt, full, slower,
+            {name: d.fp32_ms - d.int8_ms for name, d in decisions.items() if d.precision == "int8" and d.comparison},
+        )  # fmt: skip
+        mixed.how += f" (from {base.name})"
+        candidates.append(mixed)
+        table_model = mixed
+
     if measured:
         run.report(0.85, "timing the int8 candidates against fp32")
         runnable = [c for c in candidates if c.error is None and c.accuracy.get("ok")]
@@ -555,14 +770,29 @@ def _int8(run: PrecisionRun, report: dict) -> ir.Model | None:
             report["timing"] = _time_against_fp32(run, fp32, runnable)
     chosen = _pick(candidates, measured)
     report["candidates"] = [c.as_dict() for c in candidates]
-    if table:
-        shares = _time_shares(base[0], run.samples[0], 5, run.workdir)
+    if base.error is None and (decisions or search is not None):
+        outside = (
+            "not a weight layer; the mixed search quantises weight layers only ("
+            + search.get("why_weight_layers", "")
+            + ")"
+            if search is not None and search["scope"] == "weight layers"
+            else "not quantised in this model"
+        )
+        rows = quantised_nodes(onnx.load(str(base.path)))
+        in_int8 = frozenset() if table_model.error else table_model.int8_nodes
+        table = _layer_table(
+            frozenset(n for n, _ in rows) if in_int8 is None else in_int8, rows, decisions, sensitivity,
+            kept_reasons, outside,
+        )  # fmt: skip
+        shares = _time_shares(base_fp32, run.samples[0], 5, run.workdir)
         for row in table:
             row["time_share"] = round(shares.get(row["layer"], 0.0), 4)
         report["layers"] = table
-        report["search"] = search
+        report["layers_model"] = table_model.name
+        if search is not None:
+            report["search"] = search
     if chosen is None:
-        return _no_int8(run, report, candidates, layers, reference, base[1], fmt, base[0])
+        return _no_int8(run, report, candidates, weight_layers, reference, base_cache, fmt, base_fp32)
     report["shipped"] = chosen.name
     report["accuracy"] = chosen.accuracy
     return ir.from_proto(onnx.load(str(chosen.path)))
@@ -583,10 +813,14 @@ def _no_int8(run, report, candidates, layers, reference, cache, fmt, fp32) -> No
     best = max((c for c in candidates if c.error is None), key=lambda c: 1 - c.accuracy["loss"], default=None)
     missed = _describe(best.accuracy, run.options.accuracy) if best else "every quantiser failed"
     worst_layers = ""
-    if layers and not report.get("layers"):
+    if layers and not any("sensitivity" in row for row in report.get("layers", [])):
         sensitivity = _sensitivity(run, fp32, layers, reference, cache, fmt)
         ranked = sorted(sensitivity.items(), key=lambda item: -item[1]["loss"])[:5]
-        report["layers"] = [{"layer": n, "sensitivity": s["loss"], "alone": s["outputs"]} for n, s in ranked]
+        rows = {row["layer"]: row for row in report.get("layers", [])}
+        for name, entry in sensitivity.items():
+            rows.setdefault(name, {"layer": name}).update(sensitivity=entry["loss"], alone=entry["outputs"])
+        if not report.get("layers"):  # no per-op costing: the five most sensitive layers
+            report["layers"] = [rows[name] for name, _ in ranked]
         worst_layers = "; most sensitive layers: " + ", ".join(f"{n} (loss {s['loss']:.4f})" for n, s in ranked)
     message = (
         f"no int8 model meets the accuracy target on the calibration set (best: {best.name if best else '-'}, "
@@ -604,6 +838,109 @@ def _no_int8(run, report, candidates, layers, reference, cache, fmt, fp32) -> No
         f"{message}. Use precision 'mixed' to keep the sensitive layers in float, relax 'accuracy', or set "
         "precision_fallback 'fp32'.",
         details={"precision": report},
+    )
+
+
+# ---------------------------------------------------------------------------------------------- vendor
+def _vendor(run: PrecisionRun, report: dict, fmt: Int8Format | None) -> None:
+    """int8/mixed on a target whose toolchain quantises: the bucket ships in fp32 with our calibration samples
+    for the vendor's quantiser. For ``mixed``, layers are ranked and the fewest float ones found here, on the
+    stand-in QDQ (``fmt``), and handed to the toolchain as ``float_layers`` (QNN: uint16 activations; RKNN: its
+    hybrid quantisation; Quark: excluded). The vendor's result is judged afterwards (``vendor_verdict``)."""
+    report["shipped"] = "fp32"
+    report["vendor_quantiser"] = True
+    if fmt is not None:
+        report["format"] = fmt.as_dict()
+    report["note"] = (
+        f"{run.options.precision} on {run.target.name} is the vendor toolchain's own quantisation: the model "
+        "ships in fp32 with the calibration samples for it (calibration.npz; dataset.txt listing one .npy per "
+        "input a line under calibration/), the toolchain calibrates on exactly these samples where it installs, "
+        "and the bundle's scripts ask the vendor step for it"
+    )
+    if run.options.precision != "mixed" or fmt is None:
+        return
+    fp32 = _save(run.fp32_model, run.workdir / "fp32.onnx")
+    reference = _outputs(run.original, run.samples, level=ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
+    cache = run.workdir / "calibration_ranges.json"
+    full = _quantize_static(fp32, run.workdir / "stand_in.onnx", run.samples, cache, fmt)
+    layers = _weight_layers(onnx.load(str(full)))
+    full_score = score(reference, _outputs(full, run.samples), run.options.accuracy)
+    report["stand_in_all_int8"] = full_score
+    if not layers:
+        report["float_layers"] = []
+        return
+    # The stand-in search ranks every layer with int8 weights (its weight-scope tier quantises exactly those):
+    # what the vendor keeps out of int8 is this list. No per-op timing: the part is not this machine.
+    stand_in = _Candidate("stand_in", full, "stand-in QDQ of every op", accuracy=full_score)
+    candidate, sensitivity, reasons, search = _mixed(run, fp32, layers, reference, cache, fmt, stand_in, frozenset())
+    int8_nodes = frozenset() if candidate.error else candidate.int8_nodes
+    table = _layer_table(
+        frozenset(n for n, _ in layers) if int8_nodes is None else int8_nodes, layers, {}, sensitivity, reasons,
+        "not quantised in the stand-in model",
+    )  # fmt: skip
+    for row in table:
+        row["on_target"] = fmt.float_as if row["precision"] == "float32" else "int8"
+    report["layers"] = table
+    report["search"] = search
+    report["stand_in_mixed"] = {"note": candidate.error} if candidate.error else candidate.accuracy
+    report["float_layers"] = [row["layer"] for row in table if row["precision"] == "float32"]
+    report["float_layer_tensors"] = _layer_tensors(run.fp32_model, report["float_layers"])
+
+
+def _layer_tensors(model: ir.Model, layers: list[str]) -> dict[str, list[str]]:
+    """Per layer (node name), its first run-time input and its first output: the ends of the one-node subgraph
+    a vendor tool keeps in float (rknn-toolkit2's ``custom_hybrid`` takes ``[input, output]`` pairs)."""
+    wanted, found = set(layers), {}
+    for node in model.graph:
+        if node.name not in wanted:
+            continue
+        data = next(
+            (v for v in node.inputs if v is not None and v.const_value is None and not v.is_initializer()), None
+        )
+        if data is not None and node.outputs:
+            found[node.name] = [data.name, node.outputs[0].name]
+    return found
+
+
+def vendor_verdict(run: PrecisionRun, section: dict, bucket: str, accuracy: dict | None, ran: bool) -> bool:
+    """The vendor toolchain's quantised bucket judged by the accuracy target (``accuracy``: ``score`` of its
+    simulator/emulator outputs on the calibration samples). Returns whether its artifacts may ship. A miss
+    fails the job naming the most sensitive layers, or, with ``precision_fallback: "fp32"`` (and always for
+    ``mixed``, whose float end is fp32), ships the float bundle without them, with a warning."""
+    if not ran or accuracy is None:
+        section["warnings"].append(
+            f"[{bucket}] the vendor toolchain did not run here, so the {run.options.precision} model it makes was "
+            "not checked against the accuracy target: the bundle ships fp32 with the samples for its quantiser"
+        )
+        return True
+    if accuracy.get("ok"):
+        return True
+    missed = _describe(accuracy, run.options.accuracy)
+    ranked = section.get("layers")
+    if not ranked:
+        fmt = int8_format(run.target)
+        fp32 = _save(run.fp32_model, run.workdir / "fp32.onnx")
+        reference = _outputs(run.original, run.samples, level=ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
+        cache = run.workdir / "calibration_ranges.json"
+        full = _quantize_static(fp32, run.workdir / "stand_in.onnx", run.samples, cache, fmt)
+        sensitivity = _sensitivity(run, fp32, _weight_layers(onnx.load(str(full))), reference, cache, fmt)
+        ranked = [{"layer": n, "sensitivity": s["loss"], "alone": s["outputs"]}
+                  for n, s in sorted(sensitivity.items(), key=lambda item: -item[1]["loss"])[:5]]  # fmt: skip
+        section["layers"] = ranked
+    worst = sorted(ranked, key=lambda row: -row["sensitivity"])[:5]
+    names = ", ".join(f"{row['layer']} (loss {row['sensitivity']:.4f})" for row in worst) or "none found"
+    message = (
+        f"[{bucket}] the vendor toolchain's {run.options.precision} model misses the accuracy target on the "
+        f"calibration set ({missed}); most sensitive layers (ranked on the stand-in QDQ): {names}"
+    )
+    if run.options.precision == "mixed" or run.options.precision_fallback == "fp32":
+        section["warnings"].append(f"{message}; its quantised artifacts were left out and the bundle ships fp32")
+        section.setdefault("dropped_buckets", []).append(bucket)
+        return False
+    raise ValidationFailedError(
+        f"{message}. Use precision 'mixed' to keep the sensitive layers out of int8, relax 'accuracy', or set "
+        "precision_fallback 'fp32'.",
+        details={"precision": section},
     )
 
 
@@ -674,17 +1011,13 @@ def apply_precision(run: PrecisionRun) -> tuple[ir.Model | None, dict]:
     logging.getLogger("onnxruntime").setLevel(logging.ERROR)
     if run.options.precision == "fp16":
         model = _fp16(run, report)
-    elif int8_format(run.target) is None:
-        model = None
-        report["shipped"] = "fp32"
-        report["vendor_quantiser"] = True
-        report["note"] = (
-            f"{run.options.precision} on {run.target.name} is the vendor toolchain's own quantisation: the model "
-            "ships in fp32 with the calibration samples for it (calibration.npz; dataset.txt listing one .npy per "
-            "input a line under calibration/), and the bundle's scripts ask the vendor step for it"
-        )
     else:
-        model = _int8(run, report)
+        fmt = int8_format(run.target)
+        if fmt is None or fmt.vendor:
+            model = None
+            _vendor(run, report, fmt)
+        else:
+            model = _int8(run, report)
     report["seconds"] = round(time.perf_counter() - started, 3)
     if not math.isfinite(report["seconds"]):
         report["seconds"] = None
@@ -705,23 +1038,30 @@ def samples_npz(samples: list[dict]) -> bytes:
     return buffer.getvalue()
 
 
-def samples_dataset(samples: list[dict]) -> dict[str, bytes]:
+def samples_dataset(samples: list[dict], bucket: str | None = None) -> dict[str, bytes]:
     """The samples as ``calibration/NNN_<input>.npy`` files and ``dataset.txt`` listing one sample a line
     (its inputs' files, space-separated, in the model's input order): what RKNN-Toolkit2's
-    ``build(do_quantization=True, dataset=...)`` and similar vendor quantisers read."""
+    ``build(do_quantization=True, dataset=...)`` and similar vendor quantisers read. With ``bucket`` (a model
+    with several shape buckets, each calibrated at its own shapes): ``calibration/<bucket>/...`` and
+    ``dataset.<bucket>.txt``."""
     import io
 
+    folder = "calibration/" if bucket is None else f"calibration/{_safe_name(bucket)}/"
     files: dict[str, bytes] = {}
     lines = []
     for index, sample in enumerate(samples):
         names = []
         for name, array in sample.items():
-            safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
-            path = f"calibration/{index:03d}_{safe}.npy"
+            path = f"{folder}{index:03d}_{_safe_name(name)}.npy"
             buffer = io.BytesIO()
             np.save(buffer, array, allow_pickle=False)
             files[path] = buffer.getvalue()
             names.append(path)
         lines.append(" ".join(names))
-    files["dataset.txt"] = ("\n".join(lines) + "\n").encode()
+    listing = "dataset.txt" if bucket is None else f"dataset.{_safe_name(bucket)}.txt"
+    files[listing] = ("\n".join(lines) + "\n").encode()
     return files
+
+
+def _safe_name(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)

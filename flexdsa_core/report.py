@@ -230,9 +230,11 @@ def render_summary(report: dict) -> str:
             f"Precision     {precision['requested']} requested, {precision['shipped']} shipped "
             f"(calibration: {precision['calibration']}{'; ' + ', '.join(figures) if figures else ''})"
         )
-        for row in report["precision"].get("layers", []):
-            if row.get("precision") == "float32":
-                lines.append(f"  kept float  {row['layer']}: {row['reason']}")
+        kept = [row for row in report["precision"].get("layers", []) if row.get("precision") == "float32"]
+        for row in kept[:12]:  # the whole table is in report.json
+            lines.append(f"  kept float  {row['layer']}: {row['reason']}")
+        if len(kept) > 12:
+            lines.append(f"  kept float  ... and {len(kept) - 12} more (report.json, precision.layers)")
     for bucket, memory in report["memory"].items():
         arena, naive = memory.get("arena_bytes"), memory.get("naive_bytes")
         if arena is not None and naive:

@@ -9,6 +9,11 @@ confidence interval is distribution-free (order statistics): with ``n`` rounds, 
 The verdict is ``faster`` when the whole interval lies below ``1 - min_effect``, ``slower`` when it lies
 above ``1 + min_effect``, and ``tie`` otherwise: too few rounds, too much noise, or an effect too small to
 matter. A tie is never decided by the timings; the caller applies its fixed rule (fewer nodes wins).
+
+A measurement may stop before its planned rounds when the answer is already plain (``settled_early``): at a
+few fixed looks, the interval at a stricter confidence (99%) holds neither threshold. The final interval
+at 95% lies inside that one, so its verdict is the same; the few looks at the stricter level keep the
+chance that noise stops a measurement on the wrong side small (a group-sequential design).
 """
 
 from __future__ import annotations
@@ -27,6 +32,9 @@ KERNEL_MIN_EFFECT = 0.10
 MODEL_MIN_EFFECT = 0.03
 # Fewest rounds that give a 95% interval at all (k >= 1 needs n >= 6); more narrow it.
 MIN_ROUNDS = 9
+
+# The confidence of an early look (``settled_early``).
+EARLY_CONFIDENCE = 0.99
 
 Verdict = Literal["faster", "slower", "tie"]
 
@@ -107,3 +115,12 @@ def paired(
         statistics.median(first), statistics.median(second), statistics.median(ratios), low, high, len(ratios),
         min_effect, confidence,
     )  # fmt: skip
+
+
+def settled_early(first: Sequence[float], second: Sequence[float], *, min_effect: float) -> bool:
+    """Whether the interval at ``EARLY_CONFIDENCE`` holds neither threshold (``1 - min_effect``,
+    ``1 + min_effect``): the verdict is then plain (faster, slower, or within the minimum effect) and more
+    rounds would not change it. At 9 rounds that interval is the whole range: every round on one side."""
+    strict = paired(first, second, min_effect=min_effect, confidence=EARLY_CONFIDENCE)
+    low, high = strict.low, strict.high
+    return not (low <= 1.0 + min_effect <= high or low <= 1.0 - min_effect <= high)

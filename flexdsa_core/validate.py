@@ -342,20 +342,47 @@ def latency_samples(
             )
         rounds = min(len(values) for values in samples.values())
         return {name: values[:rounds] for name, values in samples.items()}
-    sessions = {name: session(source, level=level, threads=threads) for name, source in models.items()}
-    samples: dict[str, list[float]] = {name: [] for name in sessions}
-    with watchdog("latency measurement") as run_options:  # one budget for the whole measurement
-        for sess in sessions.values():
-            for _ in range(warmup):
-                sess.run(None, feeds, run_options)
-        deadline = time.perf_counter() + max_seconds
-        order = list(sessions.items())
-        for index in range(repeats):
-            # Alternating order: neither model always runs first (caches warm, clocks ramp up in between).
-            for name, sess in order if index % 2 == 0 else reversed(order):
-                start = time.perf_counter()
-                sess.run(None, feeds, run_options)
-                samples[name].append(time.perf_counter() - start)
-            if time.perf_counter() > deadline and all(len(s) >= 5 for s in samples.values()):
-                break
-    return samples
+    rounds = LatencyRounds(models, feeds, warmup=warmup, level=level, threads=threads)
+    return rounds.more(repeats, max_seconds=max_seconds)
+
+
+class LatencyRounds:
+    """The models loaded once and timed in interleaved rounds on demand: ``more(n)`` adds n rounds to
+    ``samples``, the i-th sample of every model from the same round. A measurement that needs more rounds
+    to settle goes on in the same sessions (no second load, no second warm-up)."""
+
+    def __init__(
+        self,
+        models: dict[str, ModelSource],
+        feeds: dict[str, np.ndarray],
+        *,
+        warmup: int = 3,
+        level=ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+        threads: int = 1,
+    ) -> None:
+        sessions = {name: session(source, level=level, threads=threads) for name, source in models.items()}
+        self.sessions = sessions
+        self.feeds = feeds
+        self.samples: dict[str, list[float]] = {name: [] for name in sessions}
+        with watchdog("latency measurement") as run_options:
+            for sess in sessions.values():
+                for _ in range(warmup):
+                    sess.run(None, feeds, run_options)
+
+    @property
+    def rounds(self) -> int:
+        return min((len(values) for values in self.samples.values()), default=0)
+
+    def more(self, repeats: int, *, max_seconds: float = 30.0) -> dict[str, list[float]]:
+        with watchdog("latency measurement") as run_options:  # one budget for the whole measurement
+            deadline = time.perf_counter() + max_seconds
+            order = list(self.sessions.items())
+            for _ in range(repeats):
+                # Alternating order: neither model always runs first (caches warm, clocks ramp up in between).
+                for name, sess in order if self.rounds % 2 == 0 else reversed(order):
+                    start = time.perf_counter()
+                    sess.run(None, self.feeds, run_options)
+                    self.samples[name].append(time.perf_counter() - start)
+                if time.perf_counter() > deadline and self.rounds >= 5:
+                    break
+        return self.samples

@@ -61,7 +61,7 @@ async def lifespan(app: FastAPI):
 
 
 def _cache_stats(settings: Settings, session_factory) -> dict:
-    from workers.cache_backends import read_cache_stats
+    from service.cache_stats import read_cache_stats
 
     return read_cache_stats(settings, session_factory)
 

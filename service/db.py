@@ -7,6 +7,8 @@ purpose with ``flexdsa db upgrade``, and the service and workers refuse to start
 from __future__ import annotations
 
 import importlib.util
+import os
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -128,3 +130,19 @@ def prepare_database(settings: Settings, engine: Engine) -> None:
         upgrade(engine)
     else:
         check_migrated(engine)
+
+
+# One engine per (process, database URL): Celery's prefork pool and the pipeline child are new processes, and
+# a connection pool inherited across ``fork`` would share sockets with the parent, so each process builds its
+# own on first use.
+_factories: dict[tuple[int, str], sessionmaker[Session]] = {}
+_lock = threading.Lock()
+
+
+def session_factory_for(settings) -> sessionmaker[Session]:
+    key = (os.getpid(), settings.database_url)
+    with _lock:
+        factory = _factories.get(key)
+        if factory is None:
+            factory = _factories[key] = make_session_factory(make_engine(settings.database_url))
+        return factory

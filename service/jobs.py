@@ -10,7 +10,6 @@ rows (the blobs themselves are shared, being content-addressed).
 from __future__ import annotations
 
 import base64
-import hashlib
 import json
 import logging
 from datetime import datetime
@@ -20,13 +19,14 @@ from sqlalchemy import and_, func, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from flexdsa_core import FlexDSAError, RequestSpec, TargetSpec, __version__
+from flexdsa_core import FlexDSAError, RequestSpec, TargetSpec
 from flexdsa_core.calibration import check_calibration, load_calibration
 from flexdsa_core.errors import InvalidOptionsError
 from flexdsa_core.preflight import check_request
 from service.config import Settings
 from service.edge import check_spec_json
 from service.errors import Conflict, InvalidRequest, QuotaExceeded
+from service.job_cache import job_cache_key, job_cache_source
 from service.models import Artifact, Job, JobStatus, Tenant, utcnow
 from service.schemas import JobError, JobLinks, JobOut
 from service.storage import ArtifactStore
@@ -120,18 +120,6 @@ def check_calibration_upload(upload: ReceivedUpload, spec: RequestSpec) -> None:
         return
 
 
-def job_cache_key(
-    model_sha256: str, spec: RequestSpec, target: TargetSpec, calibration_sha256: str | None = None
-) -> str:
-    canonical = json.dumps(
-        spec.model_dump(mode="json", exclude={"target"}), sort_keys=True, separators=(",", ":")
-    )
-    body = f"{model_sha256}|{target.name}@{target.version}:{target.spec_hash()}|{canonical}|{__version__}"
-    if calibration_sha256:  # other samples judge (and calibrate) another model
-        body += f"|calibration:{calibration_sha256}"
-    return hashlib.sha256(body.encode()).hexdigest()
-
-
 # --- submission -------------------------------------------------------------------------------------------
 
 
@@ -196,20 +184,6 @@ def _raise_if_over_quota(session: Session, settings: Settings, tenant: Tenant) -
         )
 
 
-def _cached_source(session: Session, tenant: Tenant, cache_key: str) -> Job | None:
-    return session.scalar(
-        select(Job)
-        .where(
-            Job.tenant_id == tenant.id,
-            Job.job_cache_key == cache_key,
-            Job.status == JobStatus.succeeded,
-            Job.cached_from_job_id.is_(None),
-        )
-        .order_by(Job.finished_at.desc())
-        .limit(1)
-    )
-
-
 def submit_job(
     session: Session,
     settings: Settings,
@@ -249,7 +223,7 @@ def submit_job(
     )
     try:
         with session.no_autoflush:
-            source = _cached_source(session, tenant, cache_key)
+            source = job_cache_source(session, tenant.id, cache_key)
         session.add(job)
         if source is None:
             job.record("queued", f"Queued for {target.name}.")

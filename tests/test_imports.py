@@ -15,9 +15,7 @@ PACKAGES = ("flexdsa_core", "service", "workers")
 SERVICE_TO_WORKERS = {
     ("service.app", "workers"),
     ("service.app", "workers.inprocess"),
-    ("service.app", "workers.cache_backends"),
     ("service.jobs", "workers.dispatch"),
-    ("service.api.cache", "workers.cache_backends"),
 }
 
 

@@ -13,9 +13,9 @@ libraries print goes to stderr (fd 1 is re-pointed there), which the worker keep
 Artifacts are written to the content-addressed store before the result is sent, so the worker only records
 rows; blobs written by an attempt that then dies are harmless (same content, same key).
 
-Test-only hooks (environment, never set in production): ``FLEXDSA_TEST_OPTIMIZER=module:Class`` swaps the
-optimizer class, ``FLEXDSA_TEST_STAGE_DELAY_S`` sleeps at every stage change so a job is deterministically
-slow, ``FLEXDSA_TEST_CHILD_ABORT=1`` calls ``os.abort()`` before optimising (a native crash).
+Test-only hooks come with the settings (``Settings.test_optimizer``, ``test_stage_delay_s``,
+``test_child_abort``; never set in production): they swap the optimizer class, sleep at every stage change
+so a job is deterministically slow, and call ``os.abort()`` before optimising (a native crash).
 """
 
 from __future__ import annotations
@@ -88,8 +88,7 @@ def _exit_when_worker_dies() -> None:
         os._exit(70)
 
 
-def _optimizer_class():
-    override = os.environ.get("FLEXDSA_TEST_OPTIMIZER")
+def _optimizer_class(override: str | None = None):
     if override:
         module_name, _, class_name = override.partition(":")
         return getattr(importlib.import_module(module_name), class_name)
@@ -98,8 +97,7 @@ def _optimizer_class():
     return FlexDSAOptimizer
 
 
-def _progress_reporter(channel: _Channel):
-    delay_s = float(os.environ.get("FLEXDSA_TEST_STAGE_DELAY_S") or 0)
+def _progress_reporter(channel: _Channel, delay_s: float = 0.0):
     last_stage: list[str | None] = [None]
 
     def progress(stage: str, fraction: float, message: str = "") -> None:
@@ -136,7 +134,7 @@ def run(request: dict, channel: _Channel) -> dict:
         with store.open(request["model_blob_key"]) as source, open(model_path, "wb") as target:
             while chunk := source.read(1024 * 1024):
                 target.write(chunk)
-        if os.environ.get("FLEXDSA_TEST_CHILD_ABORT") == "1":
+        if settings.test_child_abort:
             os.abort()
         extra = {}
         if request.get("calibration_blob_key"):  # handed over like the model: a file in the job's folder
@@ -144,9 +142,12 @@ def run(request: dict, channel: _Channel) -> dict:
             with store.open(request["calibration_blob_key"]) as source, open(extra["calibration"], "wb") as target:
                 while chunk := source.read(1024 * 1024):
                     target.write(chunk)
-        optimizer = _optimizer_class()(spec.target_spec(), toolchain_root=settings.toolchains_dir)
+        optimizer = _optimizer_class(settings.test_optimizer)(
+            spec.target_spec(), toolchain_root=settings.toolchains_dir
+        )
         result = optimizer.optimize(
-            model_path, spec.options(), cache=cache, progress=_progress_reporter(channel), **extra
+            model_path, spec.options(), cache=cache,
+            progress=_progress_reporter(channel, settings.test_stage_delay_s), **extra,
         )
         artifacts = [_store_artifact(store, name, content) for name, content in sorted(result.artifacts.items())]
         summary = result.report_summary()

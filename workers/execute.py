@@ -42,9 +42,9 @@ from pathlib import Path
 from sqlalchemy import and_, bindparam, delete, func, insert, or_, select, update
 from sqlalchemy.exc import InterfaceError, OperationalError
 
+from service.db import session_factory_for
 from service.logs import job_context
 from service.models import Artifact, Incident, Job, JobEvent, JobStatus, UTCDateTime, utcnow
-from workers.db import session_factory_for
 
 log = logging.getLogger(__name__)
 
@@ -233,19 +233,12 @@ class _JobRun:
     # -- whole-job cache --
 
     def serve_from_job_cache(self) -> bool:
+        from service.job_cache import job_cache_source
         from service.storage import make_store
 
         with self.sessions() as session:
-            source = session.scalar(
-                select(Job)
-                .where(
-                    Job.job_cache_key == self.job.job_cache_key,
-                    Job.tenant_id == self.job.tenant_id,
-                    Job.status == JobStatus.succeeded.value,
-                    Job.id != self.job.id,
-                )
-                .order_by(Job.finished_at.desc())
-                .limit(1)
+            source = job_cache_source(
+                session, self.job.tenant_id, self.job.job_cache_key, exclude_job_id=self.job.id
             )
             if source is None:
                 return False
@@ -539,7 +532,7 @@ class _JobRun:
 
     def _record_cache_stats(self, final: dict) -> None:
         if final.get("cache_stats"):
-            from workers.cache_backends import record_cache_stats
+            from service.cache_stats import record_cache_stats
 
             record_cache_stats(
                 self.settings, final["cache_stats"], self.sessions, tenant_id=self.job.tenant_id

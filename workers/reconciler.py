@@ -24,8 +24,8 @@ from datetime import timedelta
 
 from sqlalchemy import and_, or_, update
 
+from service.db import session_factory_for
 from service.models import Job, JobEvent, JobStatus, utcnow
-from workers.db import session_factory_for
 
 log = logging.getLogger(__name__)
 

@@ -84,11 +84,35 @@ class VitisAIAdapter(AcceleratorAdapter):
 
     # ---- the toolchain ------------------------------------------------------------------------------
     def toolchain_options(self, target: TargetSpec, report: dict) -> dict:
+        """The request's ``precision`` picks what Quark makes (``report["precision"]``): ``int8`` the preset
+        per model kind with the ladder; ``mixed`` the same with the layers our sensitivity search keeps out of
+        int8 excluded (float; on the DPU a CPU subgraph); ``fp32`` on an int8-only accelerator still XINT8 (the
+        only thing it runs, said so), elsewhere Quark's BF16, what the Vitis AI EP compiles a float model to.
+        (fp16 is refused before any work: neither part computes float16.)"""
+        plan = report.get("precision") or {}
+        requested = plan.get("requested") or "fp32"
+        accuracy = plan.get("accuracy_target") or {}
         options = {
             "presets": dict(self.presets),
             "ladder": {kind: list(steps) for kind, steps in self.ladder.items()},
-            "min_cosine": MIN_COSINE,
+            "min_cosine": accuracy.get("min_cosine", MIN_COSINE),
+            "precision": "mixed" if requested == "mixed" else "int8",
         }
+        if requested == "fp32" and self.int8_only:
+            options["why"] = (
+                f"precision fp32 was asked, and the {self.accelerator} computes int8 only ({self.quant_sources}): "
+                "the only model it runs, XINT8, was made and judged (an fp32 request brings no calibration data: "
+                "calibrated on the seeded sample input)"
+            )
+        elif requested == "fp32":
+            options["precision"] = "bf16"
+            options["why"] = (
+                f"precision fp32 was asked: the Vitis AI EP compiles a float model to BF16 for the "
+                f"{self.accelerator} (A1), so Quark's BF16 was made here and judged"
+            )
+        if requested == "mixed":
+            sections = plan.get("buckets") or {plan.get("bucket"): plan}
+            options["float_layers"] = {name: list(s.get("float_layers") or []) for name, s in sections.items()}
         if not self.quantize_cpu_nodes:
             options["keep_float"] = {
                 bucket: sorted(node for node, device in part.get("placement", {}).items() if device == "cpu")

@@ -92,8 +92,9 @@ class PlatformAdapter:
 
 def _model_files(model: ir.Model, name: str, workdir: Path | None) -> dict[str, bytes | Path]:
     from flexdsa_core.ingest import needs_external_data, save_model
+    from flexdsa_core.serialized import model_bytes
 
     if not needs_external_data(model):
-        return {name: ir.to_proto(model).SerializeToString()}
+        return {name: model_bytes(model)}  # the bytes validation ran, when inside the optimizer's scope
     folder = Path(tempfile.mkdtemp(prefix="flexdsa-artifacts-", dir=workdir))
     return {path.name: path for path in save_model(model, folder / name)}

@@ -91,10 +91,35 @@ class QualcommAdapter(AcceleratorAdapter):
 
     # ---- the vendor toolchain ----------------------------------------------------------------------
     def toolchain_options(self, target: TargetSpec, report: dict) -> dict:
-        """int8 QDQ by default, uint16 activations where uint8 misses the accuracy target (ViT: cosine 0.950
-        with uint8, 0.99997 with uint16); fp16 on the HTP when the request asked for fp16."""
-        precision = "fp16" if requested_precision(report) == "fp16" else "int8"
-        return {"precision": precision, "activation_type": "auto", "provider": dict(PROVIDER_OPTIONS)}
+        """The request's ``precision`` decides the HTP format (``report["precision"]``):
+
+        * ``int8``: uint8 activation QDQ (uint8 weights), uint16 activations where uint8 misses the accuracy
+          target's cosine (ViT: cosine 0.950 with uint8, 0.99997 with uint16);
+        * ``mixed``: uint8, with the layers our stand-in search keeps out of int8 at uint16 activations
+          (``get_qnn_qdq_config``'s per-tensor overrides), all-uint16 if that still misses the target;
+        * ``fp16``: the float graph on HTP FP16;
+        * ``fp32``: the HTP computes no float32, and an fp32 request brings no calibration data to quantise
+          on, so the nearest thing runs: HTP FP16 (``report.json`` → ``toolchain`` says what ran and why).
+        """
+        plan = report.get("precision") or {}
+        requested = plan.get("requested") or requested_precision(report)
+        precision = {"int8": "int8", "mixed": "mixed"}.get(requested, "fp16")
+        options = {"precision": precision, "activation_type": "auto", "provider": dict(PROVIDER_OPTIONS)}
+        accuracy = plan.get("accuracy_target") or {}
+        if accuracy.get("min_cosine") is not None:
+            options["min_cosine"] = accuracy["min_cosine"]
+        if requested == "fp32":
+            options["why"] = (
+                "precision fp32 was asked, and the Hexagon HTP computes no float32: the float graph runs in HTP "
+                "FP16, the nearest it has (no calibration data comes with fp32 to quantise on)"
+            )
+        if precision == "mixed":
+            sections = plan.get("buckets") or {plan.get("bucket"): plan}
+            options["uint16_tensors"] = {
+                name: sorted({t for pair in (s.get("float_layer_tensors") or {}).values() for t in pair})
+                for name, s in sections.items()
+            }
+        return options
 
     # ---- the bundle --------------------------------------------------------------------------------
     def vendor_files(self, buckets: list[BucketModel], target: TargetSpec, report: dict) -> dict[str, bytes]:

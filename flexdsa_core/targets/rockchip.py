@@ -95,7 +95,21 @@ class RockchipAdapter(AcceleratorAdapter):
 
     # ---- the bundle --------------------------------------------------------------------------------
     def toolchain_options(self, target: TargetSpec, report: dict) -> dict:
-        return {"target_platform": "rk3588", **_config_switches(target, report)}
+        """float16 for fp32/fp16; for int8 and mixed the toolkit's own w8a8 quantiser calibrated on our
+        calibration samples (each bucket's ``dataset``), and for mixed its hybrid quantisation keeping the layers
+        our sensitivity search found in float (``custom_hybrid``: each layer's [input, output] tensors)."""
+        options = {"target_platform": "rk3588", **_config_switches(target, report)}
+        plan = report.get("precision") or {}
+        if plan.get("requested") not in ("int8", "mixed"):
+            return options
+        options.update(dtype="int8", **_QUANT_CONFIG)
+        if plan["requested"] == "mixed":
+            sections = plan.get("buckets") or {plan.get("bucket"): plan}
+            options["custom_hybrid"] = {
+                name: [pair for _, pair in sorted((s.get("float_layer_tensors") or {}).items())]
+                for name, s in sections.items()
+            }
+        return options
 
     def vendor_files(self, buckets: list[BucketModel], target: TargetSpec, report: dict) -> dict[str, bytes]:
         entries = []
@@ -115,6 +129,7 @@ class RockchipAdapter(AcceleratorAdapter):
                 {"target_platform": "rk3588", **_config_switches(target, report)}, sort_dicts=False
             ),
             quant=pprint.pformat(_QUANT_CONFIG, sort_dicts=False),
+            hybrid=pprint.pformat(self.toolchain_options(target, report).get("custom_hybrid") or {}, width=110),
         )
         return {"convert_rknn.py": script.encode()}
 
@@ -287,7 +302,8 @@ _CONVERT_SCRIPT = '''"""Compile this bundle for the Rockchip RK3588 NPU with rkn
 
     python convert_rknn.py                           # every bucket, float16: model.<bucket>.rknn
     python convert_rknn.py --check                   # ... and run each once in the toolkit's simulator
-    python convert_rknn.py --int8 --dataset ds.txt   # w8a8, calibrated on ds.txt (one sample a line)
+    python convert_rknn.py --int8 --dataset ds.txt   # w8a8, calibrated on ds.txt (one sample a line); the
+                                                     # layers in HYBRID stay float16 (hybrid quantisation)
     python convert_rknn.py --bucket NAME             # one bucket only
 
 Needs `pip install rknn-toolkit2` (x86_64/arm64 Linux). Each bucket is a static-shape ONNX model; the
@@ -309,6 +325,10 @@ CONFIG = {config}
 # Used with --int8 only: the RK3588 takes w8a8 (asymmetric, per-channel weights).
 QUANTIZATION = {quant}
 
+# precision "mixed": per bucket, the [input, output] tensors of the layers Flex-DSA's sensitivity search keeps
+# in float; with --int8 they stay float16 through the toolkit's hybrid quantisation.
+HYBRID = {hybrid}
+
 
 def convert(bucket, int8=False, dataset=None, check=False, verbose=False):
     rknn = RKNN(verbose=verbose)
@@ -318,7 +338,18 @@ def convert(bucket, int8=False, dataset=None, check=False, verbose=False):
             raise RuntimeError("rknn.config failed")
         if rknn.load_onnx(model=bucket["onnx"], inputs=bucket["inputs"], input_size_list=bucket["input_size_list"]) != 0:
             raise RuntimeError("load_onnx failed for " + bucket["onnx"])
-        if rknn.build(do_quantization=int8, dataset=dataset) != 0:
+        hybrid = HYBRID.get(bucket["name"]) if int8 else None
+        if hybrid:
+            if rknn.hybrid_quantization_step1(dataset=dataset, custom_hybrid=hybrid) != 0:
+                raise RuntimeError("hybrid_quantization_step1 failed for " + bucket["onnx"])
+            rknn.release()
+            stem = bucket["onnx"].removesuffix(".onnx")
+            rknn = RKNN(verbose=verbose)
+            if rknn.hybrid_quantization_step2(
+                model_input=stem + ".model", data_input=stem + ".data", model_quantization_cfg=stem + ".quantization.cfg"
+            ) != 0:
+                raise RuntimeError("hybrid_quantization_step2 failed for " + bucket["onnx"])
+        elif rknn.build(do_quantization=int8, dataset=dataset) != 0:
             raise RuntimeError("build failed for " + bucket["onnx"] + " (run with --verbose for the reason)")
         if rknn.export_rknn(bucket["rknn"]) != 0:
             raise RuntimeError("export_rknn failed for " + bucket["rknn"])

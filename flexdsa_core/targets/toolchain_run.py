@@ -10,7 +10,12 @@ environment, ``flexdsa_core.toolchains``). What comes back is checked here:
   the bar is the accuracy target, ``cosine >= MIN_COSINE``, not fp32 tolerances);
 * placement: the vendor's accelerator/CPU decision per node against the Subgraph Mapper's prediction,
   as the share of nodes both name on which they agree;
-* artifacts: the compiled files join the bundle.
+* artifacts: the compiled files join the bundle;
+* precision: at a precision other than fp32 the request carries each bucket's calibration samples
+  (``dataset``: the very samples our precision stage used, so the vendor's quantiser calibrates on the user's
+  data) and the adapter's options say which format to make (``toolchain_options`` reads ``report["precision"]``);
+  the driver runs the compiled model on up to ``EVAL_SAMPLES`` of them, and those outputs are scored against
+  the original's by the accuracy target (``precision.score``): ``buckets.<name>.accuracy``.
 
 A toolchain that is not installed, or fails, never fails the job: the bundle ships without the compiled
 artifact, the report says why, and the README carries the command to finish on the user's side.
@@ -28,10 +33,13 @@ from flexdsa_core.targets.spec import TargetSpec
 from flexdsa_core.toolchains import ToolchainError, get_toolchain
 
 MIN_COSINE = 0.99
+# Calibration samples the vendor's simulator/emulator runs to judge the quantised model (they are slow).
+EVAL_SAMPLES = 8
 
 
 def run_toolchain(
-    target: TargetSpec, adapter, buckets, partition: dict, original_source, *, root, seed: int, workdir
+    target: TargetSpec, adapter, buckets, partition: dict, original_source, *, root, seed: int, workdir,
+    precision: dict | None = None, calibration: dict[str, list[dict]] | None = None, accuracy=None,
 ) -> tuple[dict, dict[str, Path]]:
     from flexdsa_core.validate import make_inputs, run
 
@@ -47,7 +55,7 @@ def run_toolchain(
     folder = Path(tempfile.mkdtemp(prefix="toolchain-", dir=workdir))
     out_dir = folder / "out"
     out_dir.mkdir()
-    request_buckets, references = [], {}
+    request_buckets, references, sample_references = [], {}, {}
     for bucket in buckets:
         model_path = folder / adapter.model_filename(bucket)
         ir.save(bucket.model, model_path)
@@ -58,13 +66,19 @@ def run_toolchain(
             path = folder / f"{bucket.name}.{_safe(name)}.npy"
             np.save(path, array)
             inputs[name] = str(path)
-        request_buckets.append({"name": bucket.name, "onnx": str(model_path), "inputs": inputs})
+        entry = {"name": bucket.name, "onnx": str(model_path), "inputs": inputs}
+        samples = (calibration or {}).get(bucket.name)
+        if samples:
+            entry["dataset"] = _write_samples(folder, bucket.name, samples)
+            entry["samples"] = entry["dataset"][:EVAL_SAMPLES]
+            sample_references[bucket.name] = [run(original_source, s) for s in samples[:EVAL_SAMPLES]]
+        request_buckets.append(entry)
     request = {
         "action": "compile",
         "target": target.model_dump(mode="json"),
         "out_dir": str(out_dir),
         "buckets": request_buckets,
-        "options": adapter.toolchain_options(target, {"partition": partition}),
+        "options": adapter.toolchain_options(target, {"partition": partition, "precision": precision or {}}),
     }
     try:
         result = toolchain.run(root, request, workdir=folder)
@@ -91,6 +105,10 @@ def run_toolchain(
             "vendor_placement": entry.get("placement", {}),
             **{k: entry[k] for k in ("reasons", "layers", "notes", "seconds", "quantization") if k in entry},
         }
+        if name in sample_references and accuracy is not None:
+            per_bucket[name]["accuracy"] = _sample_accuracy(
+                sample_references[name], entry.get("sample_outputs") or [], accuracy
+            )
         for artifact in entry.get("artifacts", []):
             files[artifact] = out_dir / artifact
         bad = [o for o in numerics if o["cosine"] is not None and o["cosine"] < MIN_COSINE]
@@ -116,6 +134,39 @@ def run_toolchain(
         "warnings": warnings,
         "summary": summary,
     }, files
+
+
+def _write_samples(folder: Path, bucket: str, samples: list[dict]) -> list[dict[str, str]]:
+    """Each sample's inputs as .npy files; per sample, input name -> path (what the drivers' ``dataset`` takes)."""
+    written = []
+    for index, sample in enumerate(samples):
+        paths = {}
+        for name, array in sample.items():
+            path = folder / f"{bucket}.calibration.{index:03d}.{_safe(name)}.npy"
+            np.save(path, array)
+            paths[name] = str(path)
+        written.append(paths)
+    return written
+
+
+def _sample_accuracy(reference: list[dict], outputs: list[dict[str, str]], accuracy) -> dict:
+    """``precision.score`` of the vendor's outputs on the calibration samples against the original's."""
+    from flexdsa_core.precision import score
+
+    if len(outputs) != len(reference):
+        return {"ok": False, "loss": 1.0, "outputs": {},
+                "detail": f"the toolchain returned outputs for {len(outputs)} of {len(reference)} samples"}  # fmt: skip
+    got = []
+    for want, paths in zip(reference, outputs, strict=True):
+        sample = {}
+        for name, value in want.items():
+            if name not in paths:
+                return {"ok": False, "loss": 1.0, "outputs": {}, "detail": f"output {name!r} not returned"}
+            sample[name] = np.load(paths[name]).reshape(value.shape).astype(value.dtype)
+        got.append(sample)
+    found = score(reference, got, accuracy)
+    found["samples"] = len(reference)
+    return found
 
 
 def _not_run(name: str, detail: str, command: str) -> dict:

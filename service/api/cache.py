@@ -13,9 +13,9 @@ from fastapi import APIRouter, Request
 from sqlalchemy import func, select
 
 from service.api.deps import SessionDep, SettingsDep, TenantUnlessOperator
+from service.cache_stats import is_stats_row, read_cache_stats, stats_redis_key
 from service.models import Job, KernelCacheEntry
 from service.schemas import ERROR_RESPONSES, CacheStatsOut, JobCacheStats, KernelCacheStats
-from workers.cache_backends import is_stats_row, read_cache_stats, stats_redis_key
 
 log = logging.getLogger("flexdsa.service")
 

@@ -104,19 +104,31 @@ JobOfCurrentTenant = Annotated[Job, Depends(job_of_current_tenant)]
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "::1", "localhost"})
 
 
-def _bearer_token(request: Request) -> str | None:
+def bearer_token(request: Request) -> str | None:
     scheme, _, token = request.headers.get("authorization", "").partition(" ")
     return token.strip() if scheme.lower() == "bearer" and token.strip() else None
+
+
+def operator_token_matches(settings: Settings, token: str | None) -> bool:
+    """True when ``token`` is the configured operator token, compared in constant time."""
+    expected = settings.operator_token.get_secret_value() if settings.operator_token else None
+    return bool(token and expected and hmac.compare_digest(token.encode(), expected.encode()))
+
+
+def loopback_stands_in_for_operator(request: Request, settings: Settings) -> bool:
+    """With no token configured, embedded mode serves operator surfaces to loopback clients only (the
+    developer on their own machine); distributed mode serves them to nobody."""
+    client_host = request.client.host if request.client else ""
+    return settings.operator_token is None and settings.mode == "embedded" and client_host in LOOPBACK_HOSTS
 
 
 def operator_access(request: Request, settings: SettingsDep) -> bool:
     """True for a request carrying the operator token (``Authorization: Bearer``), compared in constant
     time; False for one carrying none. A wrong token is refused (401) rather than treated as a tenant."""
-    token = _bearer_token(request)
+    token = bearer_token(request)
     if token is None:
         return False
-    expected = settings.operator_token.get_secret_value() if settings.operator_token else None
-    if expected is None or not hmac.compare_digest(token.encode(), expected.encode()):
+    if not operator_token_matches(settings, token):
         raise Unauthorized(
             "The operator token is not valid (FLEXDSA_OPERATOR_TOKEN, sent as 'Authorization: Bearer ...').",
             code="invalid_operator_token",
@@ -139,8 +151,7 @@ def require_operator(request: Request, settings: SettingsDep, is_operator: IsOpe
             code="operator_token_required",
             headers={"WWW-Authenticate": "Bearer"},
         )
-    client_host = request.client.host if request.client else ""
-    if settings.mode == "embedded" and client_host in LOOPBACK_HOSTS:
+    if loopback_stands_in_for_operator(request, settings):
         return
     raise NotFound(
         "Not found. Operator surfaces are served with FLEXDSA_OPERATOR_TOKEN set (or, in embedded mode, to "

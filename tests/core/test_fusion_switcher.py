@@ -289,9 +289,9 @@ def test_skip_layer_norm_decided_by_measurement(fused_s, decision):
         f"({verdict}): {decision}"
     )
     stats = switcher.cost_model.stats
-    assert (
-        stats.misses == 0 and stats.hits == 4
-    )  # nothing was timed: three kernels and the pair from the cache
+    # Nothing was timed: the pair came from the cache, and a pair timed side by side is not timed again
+    # kernel by kernel (the seeded single-kernel figures are left unread).
+    assert stats.misses == 0 and stats.hits == 1
     expected = ["SkipLayerNormalization"] if decision == "taken" else ["Add", "LayerNormalization"]
     assert _ops(model) == expected
 

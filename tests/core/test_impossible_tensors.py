@@ -8,7 +8,7 @@ from flexdsa_core import FlexDSAOptimizer, OptimizeOptions
 from flexdsa_core.errors import UnsupportedModelError
 
 
-def _model(op: str, dims: list[int]) -> bytes:
+def tensor_of_shape_model(op: str, dims: list[int]) -> bytes:
     if op == "ConstantOfShape":
         nodes = [
             helper.make_node("ConstantOfShape", ["shape"], ["big"], value=helper.make_tensor("v", TensorProto.FLOAT, [1], [1.0])),
@@ -28,12 +28,12 @@ def _model(op: str, dims: list[int]) -> bytes:
 @pytest.mark.parametrize("op", ["ConstantOfShape", "Expand"])
 def test_a_trillion_elements_are_refused_naming_the_node(op):
     with pytest.raises(UnsupportedModelError) as caught:
-        FlexDSAOptimizer("cpu-ort").optimize(_model(op, [10**6, 10**6]), OptimizeOptions(measure_latency=False))
+        FlexDSAOptimizer("cpu-ort").optimize(tensor_of_shape_model(op, [10**6, 10**6]), OptimizeOptions(measure_latency=False))
     assert caught.value.code == "unsupported_model"
     assert f"{op} output 'big'" in caught.value.message and "GiB" in caught.value.message
 
 
 @pytest.mark.parametrize("op", ["ConstantOfShape", "Expand"])
 def test_a_modest_shape_still_optimises(op):
-    result = FlexDSAOptimizer("cpu-ort").optimize(_model(op, [4, 8]), OptimizeOptions(measure_latency=False))
+    result = FlexDSAOptimizer("cpu-ort").optimize(tensor_of_shape_model(op, [4, 8]), OptimizeOptions(measure_latency=False))
     assert result.report["validation"]["ok"] is True

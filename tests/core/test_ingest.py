@@ -59,6 +59,47 @@ def run_ir(model: ir.Model, feeds):
     return session.run(None, feeds)
 
 
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        low, n = n & 0x7F, n >> 7
+        out.append(low | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def _len_field(number: int, payload: bytes) -> bytes:
+    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+
+
+def nested_if_model(depth: int) -> bytes:
+    """If inside If, ``depth`` deep, written at the wire level (onnx's helpers stop near 30 levels)."""
+
+    def graph(node: bytes, name: str, out: str) -> bytes:  # GraphProto: node=1, name=2, output=12
+        return (
+            _len_field(1, node) + _len_field(2, name.encode())
+            + _len_field(12, helper.make_tensor_value_info(out, onnx.TensorProto.FLOAT, [1, 8]).SerializeToString())
+        )  # fmt: skip
+
+    inner = graph(helper.make_node("Identity", ["x"], ["o0"]).SerializeToString(), "b0", "o0")
+    for d in range(1, depth + 1):
+        other = graph(helper.make_node("Identity", ["x"], [f"e{d}"]).SerializeToString(), f"e{d}", f"e{d}")
+        # AttributeProto: name=1, g=6, type=20 (GRAPH=5); NodeProto: input=1, output=2, op_type=4, attribute=5
+        attributes = b"".join(
+            _len_field(5, _len_field(1, name) + _len_field(6, branch) + _varint(20 << 3) + _varint(5))
+            for name, branch in ((b"then_branch", inner), (b"else_branch", other))
+        )
+        node = _len_field(1, b"c") + _len_field(2, f"o{d}".encode()) + _len_field(4, b"If") + attributes
+        inner = graph(node, f"b{d}", f"o{d}")
+    inner += _len_field(
+        11, helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 8]).SerializeToString()
+    )
+    inner += _len_field(5, helper.make_tensor("c", onnx.TensorProto.BOOL, [], [True]).SerializeToString())
+    opset = helper.make_opsetid("", 17).SerializeToString()
+    # ModelProto: ir_version=1, graph=7, opset_import=8
+    return _varint(1 << 3) + _varint(9) + _len_field(7, inner) + _len_field(8, opset)
+
+
 # --- good models ---------------------------------------------------------------------------------------
 
 
@@ -389,3 +430,17 @@ def test_external_offset_or_length_beyond_int64_is_refused_with_the_field(tmp_pa
     with pytest.raises(ExternalDataError, match=f"{field} {value} is outside 0..2\\^63-1") as raised:
         ingest(path)
     assert raised.value.details[field] == str(value)
+
+
+def test_onnx_runtime_memory_marker_is_refused_by_name(tmp_path):
+    path = save_external(matmul_model(), tmp_path)
+    relocate(path, "*/_ORT_MEM_ADDR_/*")
+    with pytest.raises(ExternalDataError, match="in-memory marker"):
+        ingest(path)
+
+
+def test_nesting_past_the_parser_depth_is_told_apart_from_garbage():
+    assert [n.op_type for n in ingest(nested_if_model(8)).model.graph] == ["If"]  # nesting itself is fine
+    with pytest.raises(UnsupportedModelError, match="nests messages deeper") as caught:
+        ingest(nested_if_model(300))
+    assert caught.value.details == {"reason": "nesting_too_deep"}

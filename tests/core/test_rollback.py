@@ -10,6 +10,7 @@ from onnxscript.rewriter import RewriteRuleClassBase
 
 import flexdsa_core.optimizer as optimizer_module
 from flexdsa_core import FlexDSAOptimizer, OptimizeOptions
+from flexdsa_core.cache import LRUCache
 from flexdsa_core.errors import ValidationFailedError
 from flexdsa_core.fusions import discover_rules, make_rule
 from flexdsa_core.report import render_summary, report_summary
@@ -109,14 +110,25 @@ LAYER_NORM_MODEL = onnx.parser.parse_model(
 def _fake_clock(monkeypatch, seconds):
     """Replace the model timings by ``seconds(model_proto, is_original)`` per run (paired rounds)."""
 
-    def fake_samples(models, feeds, *, repeats=20, **_):
-        def one(source):
-            model = onnx.load_from_string(source) if isinstance(source, bytes) else onnx.load(str(source))
-            return seconds(model, source == LAYER_NORM_MODEL)
+    def one(source):
+        model = onnx.load_from_string(source) if isinstance(source, bytes) else onnx.load(str(source))
+        return seconds(model, source == LAYER_NORM_MODEL)
 
+    def fake_samples(models, feeds, *, repeats=20, **_):
         return {name: [one(source)] * repeats for name, source in models.items()}
 
+    class FakeRounds:  # validate.LatencyRounds: the models loaded once, rounds added on demand
+        def __init__(self, models, feeds, **_):
+            self.per_run = {name: one(source) for name, source in models.items()}
+            self.samples = {name: [] for name in models}
+
+        def more(self, repeats, **_):
+            for name, value in self.per_run.items():
+                self.samples[name].extend([value] * repeats)
+            return self.samples
+
     monkeypatch.setattr(optimizer_module, "latency_samples", fake_samples)
+    monkeypatch.setattr(optimizer_module, "LatencyRounds", FakeRounds)
 
 
 def _has_layer_norm(model: onnx.ModelProto) -> bool:
@@ -182,3 +194,29 @@ def test_absurd_input_shape_is_a_clear_error_not_an_allocation():
     ).SerializeToString()
     with pytest.raises(UnsupportedModelError, match="shape_buckets or input_shapes"):
         FlexDSAOptimizer("cpu-ort").optimize(huge, OptimizeOptions(measure_latency=False))
+
+
+def test_the_same_two_models_are_compared_once_and_then_read_from_the_kernel_cache(monkeypatch):
+    _fake_clock(monkeypatch, lambda model, original: 1.0)
+    opened, fake_rounds = [], optimizer_module.LatencyRounds
+
+    def counting_rounds(models, feeds, **kwargs):
+        opened.append(sorted(models))
+        return fake_rounds(models, feeds, **kwargs)
+
+    monkeypatch.setattr(optimizer_module, "LatencyRounds", counting_rounds)
+    cache = LRUCache()
+    first = FlexDSAOptimizer("cpu-ort").optimize(LAYER_NORM_MODEL, OptimizeOptions(), cache=cache).report
+    second = FlexDSAOptimizer("cpu-ort").optimize(LAYER_NORM_MODEL, OptimizeOptions(), cache=cache).report
+    assert len(opened) == 1  # the second job found the first one's comparison of the same two models
+    assert first["latency"]["from_kernel_cache"] is False and second["latency"]["from_kernel_cache"] is True
+    assert second["latency"]["comparison"] == first["latency"]["comparison"]
+
+
+def test_a_slower_verdict_is_never_kept_so_a_rollback_always_rests_on_fresh_timings(monkeypatch):
+    _fake_clock(monkeypatch, _slower_whatever_happens)
+    cache = LRUCache()
+    for _ in range(2):
+        report = FlexDSAOptimizer("cpu-ort").optimize(LAYER_NORM_MODEL, OptimizeOptions(), cache=cache).report
+        assert report["latency"]["slower_than_original"] is True
+        assert report["latency"]["from_kernel_cache"] is False

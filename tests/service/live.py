@@ -31,6 +31,7 @@ def free_port() -> int:
 class LiveServer:
     url: str
     data_dir: Path
+    pid: int | None = None  # the uvicorn process (its memory, for tests that measure it)
 
     def settings(self):
         """The server's settings, for a test that must reach behind the API (its SQLite file, its store)."""
@@ -74,7 +75,7 @@ def embedded_server(data_dir: Path, **settings: str) -> Iterator[LiveServer]:
                     f"the server did not answer in {START_TIMEOUT_S} s:\n{log_path.read_text()[-3000:]}"
                 )
             time.sleep(0.2)
-        yield LiveServer(url, data_dir)
+        yield LiveServer(url, data_dir, process.pid)
     finally:
         process.terminate()
         try:

@@ -47,22 +47,103 @@ def test_revoked_key_is_refused(env):
     assert env.client.get("/jobs", headers={"X-API-Key": key}).status_code == 401
 
 
-def test_other_tenants_job_is_404_everywhere(env, headers):
-    job_id = env.submit(headers).json()["job_id"]
-    env.finish(job_id, artifacts={"bundle.zip": b"secret"})
+# Routes whose {param} names no tenant's data: the same for everyone (a value to call them with).
+PUBLIC_ROUTES = {
+    "/targets/{name}": {"name": "cpu-ort"},
+    "/ui/static/{name}": {"name": "dashboard.css"},
+    "/docs/static/{name}": {"name": "swagger-ui.css"},
+}
+REFUSED = {401, 403, 404}
+UNKNOWN_IDS = {"job_id": "00000000-0000-4000-8000-000000000000", "incident_id": "ffffffffffff", "name": "bundle.zip"}
+
+
+def _id_routes() -> list[tuple[str, str]]:
+    """(method, path) of every route with a path parameter, from the routers the app is assembled from:
+    a route added tomorrow is in this list without anyone editing the test."""
+    from service.app import discover_routers
+
+    return sorted(
+        (method, route.path)
+        for _, router in discover_routers()
+        for route in router.routes
+        if "{" in route.path
+        for method in route.methods - {"HEAD", "OPTIONS"}
+    )
+
+
+def _victim(env) -> tuple[dict, dict, list[str]]:
+    """A tenant with a finished job, its artifact and an incident: (its headers, the value for each path
+    parameter, strings that must reach nobody else)."""
+    import uuid
+
+    from service.models import Incident
+
+    tag = uuid.uuid4().hex[:12]
+    headers = env.new_key(f"victim-{tag}")
+    job_id = env.submit(headers, filename=f"secret-{tag}.onnx").json()["job_id"]
+    env.finish(job_id, artifacts={"bundle.zip": f"artifact-secret-{tag}".encode()})
+    with env.sessions() as session:
+        session.add(
+            Incident(
+                id=tag, job_id=job_id, tenant_id=env.job(job_id).tenant_id, attempt=1, code="internal_error",
+                summary="deliberate", traceback=f"trace-secret-{tag}",
+            )
+        )  # fmt: skip
+        session.commit()
+    values = {"job_id": job_id, "incident_id": tag, "name": "bundle.zip"}
+    return headers, values, [f"victim-{tag}", f"secret-{tag}", f"artifact-secret-{tag}", f"trace-secret-{tag}"]
+
+
+def _url(path: str, values: dict[str, str]) -> str:
+    import re
+
+    def value(match) -> str:
+        name = match.group(1)
+        assert name in values, f"{path}: the BOLA test has no value for {{{name}}}; add one to _victim"
+        return values[name]
+
+    return re.sub(r"\{(\w+)(?::\w+)?\}", value, path)
+
+
+def test_no_route_with_an_id_reads_another_tenants_data(env):
+    """BOLA over every route with a path parameter: the owner (its key, or the operator token for the
+    operators' routes) reads it; another tenant, by key or cookie, and a caller with no key get a refusal
+    carrying nothing of the owner's, and a DELETE by another tenant changes nothing."""
+    from tests.service.conftest import OPERATOR_HEADERS
+
+    routes = _id_routes()
+    assert {("GET", "/jobs/{job_id}"), ("GET", "/ui/jobs/{job_id}"), ("GET", "/incidents/{incident_id}")} <= set(routes)
+    owner, values, secrets = _victim(env)
+    job_id = values["job_id"]
     intruder = env.new_key()
-    for method, path in [
-        ("GET", f"/jobs/{job_id}"),
-        ("GET", f"/jobs/{job_id}/events"),
-        ("GET", f"/jobs/{job_id}/artifacts"),
-        ("GET", f"/jobs/{job_id}/artifacts/bundle.zip"),
-        ("DELETE", f"/jobs/{job_id}"),
-    ]:
-        response = env.client.request(method, path, headers=intruder)
-        assert response.status_code == 404, (method, path)
-        assert response.json()["error"]["code"] == "job_not_found"
+    callers = {
+        "key": (intruder, {}),
+        "cookie": ({}, {"flexdsa_key": intruder["X-API-Key"]}),
+        "none": ({}, {}),
+    }
+    checked = []
+    for method, path in routes:
+        url = _url(path, {**values, **PUBLIC_ROUTES.get(path, {})})
+        if method == "GET":  # the values are live: the owner is served
+            served = env.client.get(url, headers={**owner, **OPERATOR_HEADERS}, follow_redirects=False)
+            assert served.status_code == 200, (path, served.status_code, served.text[:300])
+        for who, (headers, cookies) in callers.items():
+            client = TestClient(env.app, cookies=cookies)
+            response = client.request(method, url, headers=headers, follow_redirects=False)
+            body = response.text
+            assert not [s for s in secrets if s in body], (method, path, who, body[:300])
+            if path in PUBLIC_ROUTES:
+                continue
+            login = response.status_code == 303 and "/ui/login" in response.headers["location"]
+            assert response.status_code in REFUSED or login, (method, path, who, response.status_code, body[:300])
+            # No existence oracle: the owner's id is answered exactly as an id nobody has.
+            unknown = client.request(method, _url(path, UNKNOWN_IDS), headers=headers, follow_redirects=False)
+            assert response.status_code == unknown.status_code, (method, path, who)
+            checked.append((method, path, who))
+    assert env.job(job_id).status == "succeeded"  # no DELETE by another tenant cancelled it
+    assert env.client.get(f"/jobs/{job_id}/artifacts/bundle.zip", headers=owner).content == secrets[2].encode()
+    assert len(checked) == 3 * (len(routes) - sum(path in PUBLIC_ROUTES for _, path in routes))
     assert env.client.get("/jobs", headers=intruder).json()["total"] == 0
-    assert env.client.get(f"/jobs/{job_id}", headers=headers).status_code == 200
 
 
 def test_unknown_job_is_404_like_another_tenants(env, headers):

@@ -282,6 +282,83 @@ def test_cancel_button_stops_a_job(page, live):
     assert page.locator("#cancel-job").count() == 0
 
 
+# --- operators: incidents ------------------------------------------------------------------------------
+
+OPERATOR_TOKEN = "operator-token-for-the-dashboard-tests"
+
+
+@pytest.fixture(scope="module")
+def operated(tmp_path_factory) -> Iterator[tuple[LiveServer, str]]:
+    """Keys required, an operator token, and the stand-in optimizer (whose BUG_GRAPH model is a bug in the
+    compiler: an internal error with an incident)."""
+    data_dir = tmp_path_factory.mktemp("dashboard-operators")
+    key = _create_key(data_dir, "initech")
+    settings = {"auth": "required", "operator_token": OPERATOR_TOKEN,
+                "test_optimizer": "tests.workers.standin:StandInOptimizer"}  # fmt: skip
+    with embedded_server(data_dir, **settings) as server:
+        yield server, key
+
+
+def _bug_model() -> bytes:
+    from tests.workers.standin import BUG_GRAPH
+
+    model = onnx.load_model_from_string(tiny_onnx(0.7))
+    model.graph.name = BUG_GRAPH
+    return model.SerializeToString()
+
+
+def test_incident_is_quoted_to_the_tenant_and_shown_to_the_operator(browser, operated):
+    server, key = operated
+    job_id = submit(server.url, _bug_model(), headers={"X-API-Key": key})
+    job = wait_for_job(server.url, job_id, headers={"X-API-Key": key})
+    assert job["error"]["code"] == "internal_error", job
+    incident = job["error"]["details"]["incident"]
+
+    tenant = browser.new_context(base_url=server.url)
+    try:
+        page = tenant.new_page()
+        page.goto(f"/ui/login?next=/ui/jobs/{job_id}")
+        page.fill("input[name=api_key]", key)
+        page.click("form.login button")
+        page.wait_for_selector("#job[data-status=failed]")
+        quoted = page.locator("#job-incident")
+        assert incident in quoted.inner_text() and "quote this id" in quoted.inner_text()
+        assert quoted.locator("a").count() == 0  # no link to a page the tenant cannot open
+        assert "deliberate bug" not in page.content() and "Traceback" not in page.content()
+        assert page.locator("#nav-incidents").count() == 0
+        page.screenshot(path=str(SHOTS / "flexdsa-dashboard-incident-tenant.png"), full_page=True)
+        for path in (f"/ui/incidents/{incident}", "/ui/incidents"):
+            response = page.goto(path)
+            assert response.status == 404 and "deliberate bug" not in page.content()
+    finally:
+        tenant.close()
+
+    operator = browser.new_context(base_url=server.url)
+    try:
+        page = operator.new_page()
+        assert page.goto("/ui/incidents").status == 404  # no token yet
+        page.goto("/ui/operator")
+        page.fill("input[name=token]", "not-the-operator-token-at-all")
+        page.click("form.login button")
+        assert "not the operator token" in page.locator("#login-error").inner_text()
+        page.fill("input[name=token]", OPERATOR_TOKEN)
+        page.click("form.login button")
+        page.wait_for_url(re.compile(r"/ui/incidents$"))
+        (cookie,) = operator.cookies()
+        assert cookie["name"] == "flexdsa_operator" and cookie["httpOnly"] and cookie["path"] == "/ui/"
+        row = page.locator(f"tr[data-incident-id='{incident}']")
+        assert "internal_error" in row.inner_text() and job_id in row.inner_text()
+        row.locator("a").click()
+        page.wait_for_url(re.compile(f"/ui/incidents/{incident}$"))
+        assert "RuntimeError: deliberate bug in the stand-in optimizer" in page.locator("#traceback").inner_text()
+        assert job_id in page.locator("[data-field=job]").inner_text()
+        assert "initech" in page.locator("[data-field=tenant]").inner_text()
+        assert "UTC" in page.locator("[data-field=created]").inner_text()
+        page.screenshot(path=str(SHOTS / "flexdsa-dashboard-incident-operator.png"), full_page=True)
+    finally:
+        operator.close()
+
+
 def test_login_posted_from_another_site_is_refused(keyed):
     server, keys = keyed
     response = httpx.post(

@@ -8,10 +8,10 @@ from pydantic import ValidationError
 from typer.testing import CliRunner
 
 from service.app import create_app
+from service.cache_stats import record_cache_stats
 from service.config import Settings
 from service.models import KernelCacheEntry
 from tests.service.conftest import OPERATOR_HEADERS, tiny_onnx
-from workers.cache_backends import record_cache_stats
 
 
 def test_targets_list_and_detail(env, headers):

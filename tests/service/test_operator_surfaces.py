@@ -9,9 +9,9 @@ from fastapi.testclient import TestClient
 from pydantic import SecretStr, ValidationError
 
 from service.app import create_app
+from service.cache_stats import record_cache_stats
 from service.config import Settings
 from tests.service.conftest import OPERATOR_HEADERS, OPERATOR_TOKEN
-from workers.cache_backends import record_cache_stats
 
 
 def _code(response) -> str:
@@ -84,3 +84,93 @@ def test_cache_stats_are_per_tenant_for_tenants_and_global_for_operators(env):
     wrong = env.client.get("/cache/stats", headers={**alice, "Authorization": "Bearer nope"})
     assert wrong.status_code == 401 and _code(wrong) == "invalid_operator_token"
     assert env.client.get("/cache/stats").status_code == 401  # neither a key nor a token
+
+
+# --- the dashboard's incident pages ---------------------------------------------------------------------
+
+
+def _failed_job_with_incident(env, headers) -> tuple[str, str, str]:
+    """A failed job as the worker leaves it after an internal error: the user's error quotes the incident
+    id, the incidents table holds the traceback. Returns (job id, incident id, traceback)."""
+    import uuid
+
+    from service.models import Incident, Job, utcnow
+
+    job_id = env.submit(headers, spec={"target": "cpu-ort", "seed": 4242}).json()["job_id"]
+    incident = uuid.uuid4().hex[:12]
+    trace = f'Traceback (most recent call last):\n  File "optimizer.py"\nRuntimeError: secret-{incident}'
+    with env.sessions() as session:
+        job = session.get(Job, job_id)
+        job.status, job.finished_at = "failed", utcnow()
+        job.error = {
+            "code": "internal_error",
+            "message": f"the optimizer failed unexpectedly (RuntimeError); incident {incident} is recorded",
+            "details": {"incident": incident},
+        }
+        session.add(
+            Incident(
+                id=incident, job_id=job_id, tenant_id=job.tenant_id, attempt=1, code="internal_error",
+                summary=job.error["message"], traceback=trace,
+            )
+        )  # fmt: skip
+        session.commit()
+    return job_id, incident, trace
+
+
+def test_incident_pages_show_the_traceback_to_operators_only(env, headers):
+    job_id, incident, trace = _failed_job_with_incident(env, headers)
+    secret = trace.splitlines()[-1]
+
+    listed = env.client.get("/ui/incidents", headers=OPERATOR_HEADERS)
+    assert listed.status_code == 200 and f"/ui/incidents/{incident}" in listed.text
+    page = env.client.get(f"/ui/incidents/{incident}", headers=OPERATOR_HEADERS)
+    assert page.status_code == 200
+    assert secret in page.text and job_id in page.text and "internal_error" in page.text
+    tenant_id = env.job(job_id).tenant_id
+    assert f"(id {tenant_id})" in page.text and " UTC" in page.text  # tenant and time
+
+    # Tenants (key in header or cookie), no credentials, or a wrong token: the page is simply not there.
+    intruders = [
+        ({}, {}),
+        (headers, {}),
+        ({}, {"flexdsa_key": headers["X-API-Key"]}),
+        ({"Authorization": "Bearer wrong-token-wrong-token-wrong"}, {}),
+        ({}, {"flexdsa_operator": "wrong-token-wrong-token-wrong"}),
+    ]
+    for sent, cookies in intruders:
+        client = TestClient(env.app, cookies=cookies)
+        for path in (f"/ui/incidents/{incident}", "/ui/incidents"):
+            response = client.get(path, headers=sent)
+            assert response.status_code == 404, (path, sent, cookies)
+            assert secret not in response.text and incident not in response.text
+    assert env.client.get("/ui/incidents/ffffffffffff", headers=OPERATOR_HEADERS).status_code == 404
+
+    # The tenant's own job page quotes the id, without the traceback and without a link it could not open.
+    mine = env.client.get(f"/ui/jobs/{job_id}", headers=headers)
+    assert mine.status_code == 200 and f"Incident <code>{incident}</code>" in mine.text
+    assert secret not in mine.text and "Traceback" not in mine.text
+    assert f"/ui/incidents/{incident}" not in mine.text
+
+
+def test_operator_token_login_opens_the_incident_pages(env, headers):
+    _, incident, trace = _failed_job_with_incident(env, headers)
+    client = TestClient(env.app)
+    wrong = client.post("/ui/operator", data={"token": "not-the-token-not-the-token", "next": "/ui/incidents"})
+    assert wrong.status_code == 401 and "flexdsa_operator" not in wrong.cookies
+    foreign = client.post(
+        "/ui/operator", data={"token": OPERATOR_TOKEN}, headers={"Origin": "https://evil.example"}
+    )
+    assert foreign.status_code == 403 and "flexdsa_operator" not in foreign.cookies
+
+    answer = client.post(
+        "/ui/operator", data={"token": OPERATOR_TOKEN, "next": f"/ui/incidents/{incident}"}, follow_redirects=False
+    )
+    assert answer.status_code == 303 and answer.headers["location"].endswith(f"/ui/incidents/{incident}")
+    cookie = answer.headers["set-cookie"]
+    assert "HttpOnly" in cookie and "SameSite=strict" in cookie and "Path=/ui/" in cookie
+    page = client.get(f"/ui/incidents/{incident}")
+    assert page.status_code == 200 and trace.splitlines()[-1] in page.text
+    # The cookie opens the dashboard's pages, not the JSON API (which takes the bearer header).
+    assert client.get(f"/incidents/{incident}").status_code == 401
+    client.post("/ui/logout")
+    assert client.get(f"/ui/incidents/{incident}").status_code == 404

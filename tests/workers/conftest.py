@@ -8,7 +8,6 @@ is missing these tests fail with that message rather than being skipped.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import signal
@@ -76,7 +75,7 @@ def _clear_tables(url: str) -> None:
     from sqlalchemy import text
 
     from service.config import Settings
-    from workers.db import session_factory_for
+    from service.db import session_factory_for
 
     sessions = session_factory_for(Settings(database_url=url, broker_url="redis://unused", **FAST_LIMITS))
     with sessions() as session, session.begin():
@@ -193,19 +192,17 @@ def create_job(settings, model: bytes | None = None, *, spec: dict | None = None
     """Store the model and commit a queued job row, as the API does before it calls enqueue."""
     from sqlalchemy import select
 
-    from flexdsa_core import __version__
+    from service.db import session_factory_for
+    from service.job_cache import job_cache_key
+    from service.jobs import parse_spec
     from service.models import Job, JobEvent, Tenant
     from service.storage import make_store
-    from workers.db import session_factory_for
 
     model = tiny_model() if model is None else model
     spec = spec or {"target": "cpu-ort"}
     blob_key = make_store(settings).put_bytes(model)
     calibration_key = make_store(settings).put_bytes(calibration) if calibration is not None else None
-    canonical_spec = json.dumps(spec, sort_keys=True)
-    cache_key = hashlib.sha256(f"{blob_key}|{canonical_spec}|{__version__}".encode()).hexdigest()
-    if calibration_key:  # as the API does: other samples, another job
-        cache_key = hashlib.sha256(f"{cache_key}|calibration:{calibration_key}".encode()).hexdigest()
+    cache_key = job_cache_key(blob_key, *parse_spec(json.dumps(spec)), calibration_key)
     sessions = session_factory_for(settings)
     with sessions() as session, session.begin():
         tenant_row = session.scalar(select(Tenant).where(Tenant.name == tenant))
@@ -226,8 +223,8 @@ def create_job(settings, model: bytes | None = None, *, spec: dict | None = None
 
 
 def load_job(settings, job_id: str):
+    from service.db import session_factory_for
     from service.models import Job
-    from workers.db import session_factory_for
 
     with session_factory_for(settings)() as session:
         job = session.get(Job, job_id)

@@ -23,6 +23,9 @@ from flexdsa_core.errors import InvalidModelError
 
 # A valid ONNX model whose graph has this name aborts the pipeline process every time (bench.soak's poison).
 POISON_GRAPH = "flexdsa-poison"
+# A valid ONNX model whose graph has this name meets a bug (an incident), like a ``b"bug"`` file, but gets
+# past the API's check that an upload is ONNX.
+BUG_GRAPH = "flexdsa-bug"
 STAGES = ("ingest", "passes", "fusion", "mapping", "validate")
 MEASURE_S = 0.02
 
@@ -44,7 +47,7 @@ class StandInOptimizer:
         data = Path(model_path).read_bytes()
         if data.startswith(b"bad"):
             raise InvalidModelError("not an ONNX model: the upload does not parse as protobuf")
-        if data.startswith(b"bug"):  # a bug in the compiler, not the user's mistake: an incident
+        if data.startswith(b"bug") or _graph_name(data) == BUG_GRAPH:  # a bug in the compiler, not the user's mistake: an incident
             raise RuntimeError("deliberate bug in the stand-in optimizer")
         progress(STAGES[0], 0.0, "reading the model")
         if _graph_name(data) == POISON_GRAPH:  # kills its process on every attempt, like a model crashing ORT

@@ -21,7 +21,7 @@ OPERATOR_TOKEN = "operator-token-for-the-e2e-tests"
 def api(settings):
     from service.app import create_app
     from service.auth import create_api_key
-    from workers.db import session_factory_for
+    from service.db import session_factory_for
 
     with session_factory_for(settings)() as session, session.begin():
         key, _ = create_api_key(session, "e2e")

@@ -8,15 +8,10 @@ import time
 import pytest
 
 from flexdsa_core.cache import KernelCache, LRUCache
+from service.cache_stats import read_cache_stats, record_cache_stats
 from service.config import Settings
-from workers.cache_backends import (
-    PostgresCache,
-    RedisCache,
-    build_kernel_cache,
-    read_cache_stats,
-    record_cache_stats,
-)
-from workers.db import session_factory_for
+from service.db import session_factory_for
+from workers.cache_backends import PostgresCache, RedisCache, build_kernel_cache
 
 pytestmark = pytest.mark.services
 

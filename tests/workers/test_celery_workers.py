@@ -9,10 +9,10 @@ import psutil
 import pytest
 from sqlalchemy import update
 
+from service.db import session_factory_for
 from service.models import Job, utcnow
 from tests.workers.conftest import create_job, load_job, tiny_model, wait_for, wait_status
 from workers.celery_config import PRIORITY_STEPS, QUEUE
-from workers.db import session_factory_for
 from workers.dispatch import enqueue
 
 pytestmark = pytest.mark.services

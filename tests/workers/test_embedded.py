@@ -8,10 +8,10 @@ import pytest
 from sqlalchemy import update
 
 from service.config import Settings
+from service.db import session_factory_for
 from service.models import Job, utcnow
 from tests.workers.conftest import STANDIN, create_job, load_job, wait_status
 from workers import inprocess
-from workers.db import session_factory_for
 from workers.dispatch import enqueue
 from workers.reconciler import reconcile_once
 

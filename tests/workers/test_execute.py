@@ -8,9 +8,9 @@ import time
 import pytest
 from sqlalchemy import update
 
+from service.db import session_factory_for
 from service.models import Job
 from tests.workers.conftest import create_job, load_job, tiny_model
-from workers.db import session_factory_for
 from workers.execute import execute_job
 
 pytestmark = pytest.mark.services
@@ -114,7 +114,7 @@ def test_exhausted_attempts_fail_with_the_last_reason(settings):
 
 
 def test_crash_is_retried_then_given_up(settings, monkeypatch):
-    monkeypatch.setenv("FLEXDSA_TEST_CHILD_ABORT", "1")
+    settings = settings.model_copy(update={"test_child_abort": True})
     job_id = create_job(settings, max_attempts=2)
     # First crash: re-queued (and published again) with the reason recorded.
     assert execute_job(job_id, settings=settings, worker_id="t1") == "queued"
@@ -134,7 +134,7 @@ def test_crash_is_retried_then_given_up(settings, monkeypatch):
 
 
 def test_cancel_while_running_kills_the_pipeline(settings, monkeypatch):
-    monkeypatch.setenv("FLEXDSA_TEST_STAGE_DELAY_S", "2")
+    settings = settings.model_copy(update={"test_stage_delay_s": 2.0})
     job_id = create_job(settings)
     threading.Timer(1.0, lambda: _set(settings, job_id, cancel_requested=True)).start()
     started = time.monotonic()
@@ -153,7 +153,7 @@ def test_cancelled_before_start_never_runs(settings):
 
 
 def test_hard_time_limit_fails_the_job(settings, monkeypatch):
-    monkeypatch.setenv("FLEXDSA_TEST_STAGE_DELAY_S", "3")
+    settings = settings.model_copy(update={"test_stage_delay_s": 3.0})
     limited = settings.model_copy(update={"job_soft_time_limit_s": 1, "job_hard_time_limit_s": 2})
     job_id = create_job(settings)
     assert execute_job(job_id, settings=limited, worker_id="t1") == "failed"
@@ -162,7 +162,7 @@ def test_hard_time_limit_fails_the_job(settings, monkeypatch):
 
 
 def test_identical_submission_is_served_from_the_job_cache(settings, monkeypatch):
-    monkeypatch.setenv("FLEXDSA_TEST_STAGE_DELAY_S", "0.3")
+    settings = settings.model_copy(update={"test_stage_delay_s": 0.3})
     first = create_job(settings)
     started = time.monotonic()
     assert execute_job(first, settings=settings, worker_id="t1") == "succeeded"
@@ -187,7 +187,7 @@ def test_identical_submission_is_served_from_the_job_cache(settings, monkeypatch
 
 
 def test_models_sharing_layers_hit_the_kernel_cache(settings, redis_client):
-    from workers.cache_backends import read_cache_stats
+    from service.cache_stats import read_cache_stats
 
     first = create_job(settings, tiny_model((0.1, 0.2, 0.3)))
     assert execute_job(first, settings=settings, worker_id="t1") == "succeeded"
@@ -215,7 +215,7 @@ def test_database_blips_during_a_run_are_tolerated(settings, monkeypatch):
 
     from workers.execute import _JobRun
 
-    monkeypatch.setenv("FLEXDSA_TEST_STAGE_DELAY_S", "0.6")
+    settings = settings.model_copy(update={"test_stage_delay_s": 0.6})
     real_renew = _JobRun._renew_lease
     calls = {"n": 0}
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from service.cache_stats import read_cache_stats
 from tests.workers.conftest import create_job, load_job
-from workers.cache_backends import read_cache_stats
 from workers.execute import execute_job
 
 pytestmark = pytest.mark.services
@@ -38,7 +38,7 @@ def mlp(widths: list[int]) -> bytes:
 
 def test_real_core_job_and_kernel_cache_hits_across_models(settings, monkeypatch):
     pytest.importorskip("flexdsa_core.optimizer")
-    monkeypatch.delenv("FLEXDSA_TEST_OPTIMIZER")
+    settings = settings.model_copy(update={"test_optimizer": None})
 
     first = create_job(settings, mlp([64, 128, 64, 32]), spec=SPEC)
     assert execute_job(first, settings=settings, worker_id="t1") == "succeeded", load_job(settings, first).error
@@ -70,7 +70,7 @@ def test_real_core_takes_the_calibration_blob_and_fails_a_misfit_clearly(setting
     """The calibration file travels like the model (blob -> the job's folder -> the core); samples that
     reach a worker without the API's check and do not fit fail the job with the reason, not a crash."""
     pytest.importorskip("flexdsa_core.optimizer")
-    monkeypatch.delenv("FLEXDSA_TEST_OPTIMIZER")
+    settings = settings.model_copy(update={"test_optimizer": None})
     spec = {**SPEC, "precision": "int8", "precision_fallback": "fp32"}
     samples = np.random.default_rng(0).standard_normal((16, 64)).astype(np.float32)  # 4 runs of batch 4
 

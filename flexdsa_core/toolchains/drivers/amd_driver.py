@@ -4,10 +4,11 @@ Runs inside the amd toolchain's own environment (never imported by the core)::
 
     python amd_driver.py request.json result.json
 
-Per bucket: the bucket's sample inputs (plus ``options.dataset``, if given) are the calibration data; Quark's
-``ModelQuantizer`` quantises the bucket's ONNX with the preset the options name; the quantised model is
-written to ``out_dir/<bucket file>.qdq.onnx`` and run in ONNX Runtime (CPU) on the sample inputs, its
-outputs saved as .npy for the core to compare with the original model's.
+Per bucket: the bucket's ``dataset`` (the core's calibration samples) is the calibration data, else its one
+sample input plus ``options.dataset``; Quark's ``ModelQuantizer`` quantises the bucket's ONNX with the preset
+the options name; the quantised model is written to ``out_dir/<bucket file>.qdq.onnx`` and run in ONNX
+Runtime (CPU, with Quark's custom-op library for its BF16 Q/DQ) on the sample input and on the bucket's
+``samples``, its outputs saved as .npy for the core to compare with the original model's.
 
 ``options`` (all optional):
 
@@ -23,6 +24,10 @@ outputs saved as .npy for the core to compare with the original model's.
 * ``dataset``: more calibration samples, each a list of .npy paths in graph-input order.
 * ``keep_float``: ``{bucket: [node names]}`` left in float at every step (the nodes the partition puts on the
   CPU beside an int8-only accelerator, which the vendor compiler leaves to CPU subgraphs).
+* ``precision``: ``"int8"`` (default: the preset and its ladder), ``"mixed"`` (the same, with
+  ``float_layers``' ``{bucket: [node names]}`` also excluded at every step: the layers the core's sensitivity
+  search keeps out of int8), or ``"bf16"`` (Quark's ``BF16`` config, no calibration ladder: what the Vitis AI EP
+  makes of a float model on the NPU). ``why``: a sentence the result repeats (why this precision ran).
 
 Quark decides no placement (the Vitis AI EP partitions at session creation on the device, vai_c_xir at
 compile time), so ``placement`` stays empty and the notes say so.
@@ -68,26 +73,30 @@ def quantize_bucket(bucket: dict, out_dir: Path, options: dict) -> dict:
     model = onnx.load(source)
     feeds = {key: np.load(path) for key, path in bucket.get("inputs", {}).items()}
     input_names = [i.name for i in ort.InferenceSession(source, providers=["CPUExecutionProvider"]).get_inputs()]
-    samples = [feeds] if feeds else []
-    for paths in options.get("dataset") or []:
-        samples.append({n: np.load(p) for n, p in zip(input_names, paths, strict=True)})
+    samples = _load(bucket.get("dataset"), input_names)
+    if not samples:
+        samples = ([feeds] if feeds else []) + _load(options.get("dataset"), input_names)
     if not samples:
         entry["error"] = "no sample inputs to calibrate on (give the bucket's inputs or options.dataset)"
         return entry
+    checks = _load(bucket.get("samples"), input_names) or ([feeds] if feeds else [])
 
+    precision = options.get("precision", "int8")
     kind = "transformer" if is_transformer(model.graph) else "cnn"
-    preset = {**DEFAULT_PRESETS, **(options.get("presets") or {})}[kind]
+    preset = "BF16" if precision == "bf16" else {**DEFAULT_PRESETS, **(options.get("presets") or {})}[kind]
     min_cosine = float(options.get("min_cosine", DEFAULT_MIN_COSINE))
-    reference = _run(source, feeds) if feeds else None
+    reference = [_run(source, sample) for sample in checks] if checks else None
     names = {n.name for n in model.graph.node}
     keep_float = sorted(names & set((options.get("keep_float") or {}).get(name, [])))
+    float_layers = sorted(names & set((options.get("float_layers") or {}).get(name, []))) if precision == "mixed" else []
+    ladder = ("preset",) if precision == "bf16" else {**DEFAULT_LADDER, **(options.get("ladder") or {})}[kind]
     started = time.perf_counter()
     tried: list[dict] = []
     best: tuple[float, Path, dict] | None = None
     with common.captured("quark-") as log_path:
-        for step in {**DEFAULT_LADDER, **(options.get("ladder") or {})}[kind]:
+        for step in ladder:
             candidate = out_dir / f"{name}.{step}.qdq.onnx"
-            excluded = set(keep_float)
+            excluded = set(keep_float) | set(float_layers)
             if step == "float_non_compute":
                 excluded |= {n.name for n in model.graph.node if n.op_type not in COMPUTE_OPS}
             attempt = {"step": step, "preset": preset, "float_nodes": len(excluded)}
@@ -97,7 +106,10 @@ def quantize_bucket(bucket: dict, out_dir: Path, options: dict) -> dict:
                 attempt["error"] = f"{type(err).__name__}: {err}"
                 tried.append(attempt)
                 continue
-            cosine = _min_cosine(reference, _run(str(candidate), feeds)) if reference is not None else None
+            cosine = (
+                _min_cosine_all(reference, [_run(str(candidate), sample) for sample in checks])
+                if reference is not None else None
+            )  # fmt: skip
             attempt["cosine_on_samples"] = cosine
             tried.append(attempt)
             score = cosine if cosine is not None else 1.0
@@ -119,6 +131,11 @@ def quantize_bucket(bucket: dict, out_dir: Path, options: dict) -> dict:
     entry["artifacts"].append(artifact)
     if feeds:
         common.save_outputs(entry, out_dir, name, _run(str(out_dir / artifact), feeds).items())
+    entry["sample_outputs"] = []
+    for index, sample in enumerate(_load(bucket.get("samples"), input_names)):
+        saved = {"outputs": {}}
+        common.save_outputs(saved, out_dir, f"{name}.sample{index:03d}", _run(str(out_dir / artifact), sample).items())
+        entry["sample_outputs"].append(saved["outputs"])
     quantized = onnx.load(str(out_dir / artifact))
     entry["quantization"] = {
         "preset": preset,
@@ -131,20 +148,28 @@ def quantize_bucket(bucket: dict, out_dir: Path, options: dict) -> dict:
         "qdq_pairs": sum(1 for n in quantized.graph.node if n.op_type == "QuantizeLinear"),
         "float_nodes": attempt["float_nodes"],
         "kept_float_for_cpu": len(keep_float),
+        "precision": precision,
+        "kept_float_by_sensitivity": float_layers,
     }
-    entry["notes"] = [
+    entry["notes"] = [options["why"]] if options.get("why") else []
+    entry["notes"] += [
         f"Quark {preset} ({kind}) on {len(samples)} calibration sample(s), step {attempt['step']!r}: "
         + (f"cosine {score:.5f} to the float bucket on the samples" if reference is not None else "no check"),
         "Quark quantises but places no nodes: the Vitis AI EP partitions at session creation on the device "
         "(vai_c_xir at compile time for the DPU), so the vendor placement is not available here",
     ]
+    if float_layers:
+        entry["notes"].append(
+            f"{len(float_layers)} layer(s) kept in float as the sensitivity search asked (precision mixed): "
+            + ", ".join(float_layers[:8])
+        )
     if keep_float:
         entry["notes"].append(
             f"{len(keep_float)} node(s) the partition puts on the CPU left in float (CPU subgraphs)"
         )
-    if attempt["float_nodes"] > len(keep_float):
+    if attempt["float_nodes"] > len(set(keep_float) | set(float_layers)):
         entry["notes"].append(
-            f"{attempt['float_nodes'] - len(keep_float)} more node(s) other than Conv/Gemm/MatMul left in float "
+            f"{attempt['float_nodes'] - len(set(keep_float) | set(float_layers))} more node(s) other than Conv/Gemm/MatMul left in float "
             "to reach the accuracy target; on an int8-only accelerator they run on the CPU"
         )
     return entry
@@ -192,12 +217,39 @@ def quantize(source: str, output: Path, preset: str, samples: list[dict], step: 
         raise RuntimeError("Quark wrote no model (see the log)")
 
 
+def _load(samples, input_names: list[str]) -> list[dict]:
+    """Samples given as lists of .npy paths (graph-input order) or dicts input name -> path, loaded."""
+    import numpy as np
+
+    found = []
+    for sample in samples or []:
+        paths = sample if isinstance(sample, dict) else dict(zip(input_names, sample, strict=True))
+        found.append({k: np.load(v) for k, v in paths.items()})
+    return found
+
+
 def _run(path: str, feeds: dict) -> dict:
     import onnxruntime as ort
 
-    session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    options = ort.SessionOptions()
+    try:  # Quark's BF16 (and other extended) Q/DQ ops live in its custom-op library
+        from quark.onnx import get_library_path
+
+        options.register_custom_ops_library(get_library_path())
+    except Exception:  # noqa: BLE001 - plain int8 QDQ runs without it
+        pass
+    session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
     names = [o.name for o in session.get_outputs()]
     return dict(zip(names, session.run(names, feeds), strict=True))
+
+
+def _min_cosine_all(reference: list[dict], got: list[dict]) -> float:
+    """Per output, the cosine over every sample at once (as the core's accuracy target judges); the worst."""
+    import numpy as np
+
+    joined_want = {k: np.concatenate([r[k].ravel() for r in reference]) for k in reference[0]}
+    joined_got = {k: np.concatenate([g[k].ravel() for g in got]) for k in reference[0]}
+    return _min_cosine(joined_want, joined_got)
 
 
 def _min_cosine(reference: dict, got: dict) -> float:

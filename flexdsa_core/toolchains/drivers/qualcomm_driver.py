@@ -8,24 +8,30 @@ Runs inside the qualcomm toolchain's own environment (never imported by the core
 Per bucket (each already a static-shape ONNX: HTP graphs do not finalise with a dynamic dim):
 
 1. Quantise to QDQ with ``onnxruntime.quantization``'s QNN config (``get_qnn_qdq_config``: asymmetric
-   uint8 weights, uint8 or uint16 activations, MinMax), calibrated on the bucket's sample inputs (or on
-   ``options.dataset``). Skipped for ``precision: "fp16"``, which runs the float graph on HTP FP16.
+   uint8 weights, uint8 or uint16 activations, MinMax), calibrated on the bucket's ``dataset`` (the core's
+   calibration samples), else ``options.dataset``, else the bucket's one sample input. ``mixed`` gives the
+   tensors of the layers kept out of int8 uint16 activations through the config's per-tensor overrides
+   (``init_overrides``; ``add_qtype_converts`` inserts the uint8<->uint16 converts). Skipped for
+   ``precision: "fp16"``, which runs the float graph on HTP FP16.
 2. Compile: a session on the plugin EP (``register_execution_provider_library``, the QNN device from
    ``get_ep_devices()``, ``backend_type=htp``, ``htp_arch``/``soc_model`` of the part) with CPU fallback
    allowed, ``ep.context_enable=1`` (writes ``model.<bucket>.qnn_ctx.onnx``, an EPContext model, and the
    QNN context binary beside it) and the verbose log on.
 3. Run: a second session loads the EPContext model (the deployable artifact: the context binary, not a
-   recompile) and runs the sample inputs; outputs are saved as .npy.
+   recompile) and runs the sample input and the bucket's ``samples`` (calibration samples to judge the
+   quantised model on); outputs are saved as .npy (``outputs``, ``sample_outputs``).
 4. Placement, from the compile session's verbose log: per node unit "Validation PASSED/FAILED for N
    nodes in OrtNodeUnit (Op)", its nodes and, when failed, QNN's REASON; the last GetCapability pass
    (after the layout transform) is the one that decides; "Node placements" names the nodes left on the
    CPU provider. The Q/DQ nodes the quantiser added are not in the core's graph and are not reported.
 
-``options`` (all optional): ``precision`` "int8" (default) or "fp16"; ``activation_type`` "uint8"
-(default), "uint16", or "auto" (uint8, and uint16 when the uint8 model's cosine to the float model is
-below ``min_cosine``, default 0.99); ``weight_type`` "uint8"; ``per_channel`` (bool); ``provider``: QNN
+``options`` (all optional): ``precision`` "int8" (default), "mixed" or "fp16"; ``activation_type`` "uint8"
+(default), "uint16", or "auto" (uint8 (or mixed), and uint16 everywhere when that model's cosine to the
+float model on the samples is below ``min_cosine``, default 0.99); ``uint16_tensors``: ``{bucket: [tensor
+names]}`` at uint16 under ``mixed``; ``weight_type`` "uint8"; ``per_channel`` (bool); ``provider``: QNN
 provider options (default ``backend_type=htp``); ``dataset``: calibration samples, each a list of .npy
-paths in graph-input order or a dict input name -> .npy path.
+paths in graph-input order or a dict input name -> .npy path (a bucket's own ``dataset`` comes first);
+``why``: a sentence the result repeats (why this precision ran).
 """
 
 from __future__ import annotations
@@ -82,19 +88,30 @@ def compile_bucket(bucket: dict, out_dir: Path, options: dict) -> dict:
         return entry
     precision = options.get("precision", "int8")
     activation = options.get("activation_type", "uint8")
-    reference = _run_cpu(model_path, feeds) if activation == "auto" else None
-    tries = ["uint8", "uint16"] if activation == "auto" else [activation]
+    samples = _samples(bucket.get("samples"), list(feeds))
+    checks = samples or [feeds]
+    reference = [_run_cpu(model_path, sample) for sample in checks] if activation == "auto" else None
+    first = "mixed" if precision == "mixed" else activation if activation != "auto" else "uint8"
+    tries = [first, "uint16"] if activation == "auto" and precision != "fp16" else [first]
+    overrides = (options.get("uint16_tensors") or {}).get(name) or []
+    if options.get("why"):
+        entry["notes"].append(options["why"])
     for attempt, activation_type in enumerate(tries):
-        compiled = _compile(model_path, feeds, out_dir, name, options, precision, activation_type)
+        compiled = _compile(model_path, feeds, out_dir, name, {**options, "samples": samples,
+                            "dataset": bucket.get("dataset") or options.get("dataset")},
+                            precision, activation_type, overrides)  # fmt: skip
+        if compiled.get("error") and activation_type == "mixed" and attempt < len(tries) - 1:
+            entry["notes"].append(f"mixed uint8/uint16 did not compile ({compiled['error'][:300]}): all uint16")
+            continue
         if compiled.get("error") or reference is None or attempt == len(tries) - 1:
             break
-        cosine = _min_cosine(reference, compiled["outputs"])
+        cosine = _min_cosine_samples(reference, compiled["sample_outputs"] or [compiled["outputs"]])
         floor = float(options.get("min_cosine", 0.99))
         if cosine >= floor:
             break
         entry["notes"].append(
-            f"{activation_type} activations gave cosine {cosine:.4f} to the float model (below {floor}): "
-            "quantised again with uint16 activations (a16w8)"
+            f"{activation_type} activations gave cosine {cosine:.4f} to the float model on the samples (below "
+            f"{floor}): quantised again with uint16 activations everywhere (a16w8)"
         )
     entry["seconds"] = round(time.perf_counter() - started, 3)
     entry["log"] = compiled.get("log", "")[-200_000:]
@@ -106,6 +123,11 @@ def compile_bucket(bucket: dict, out_dir: Path, options: dict) -> dict:
     entry["artifacts"] = compiled["artifacts"]
     output_names = [value.name for value in graph.output]
     common.save_outputs(entry, out_dir, name, zip(output_names, compiled["outputs"], strict=False))
+    entry["sample_outputs"] = []
+    for index, outputs in enumerate(compiled.get("sample_outputs") or []):
+        saved = {"outputs": {}}
+        common.save_outputs(saved, out_dir, f"{name}.sample{index:03d}", zip(output_names, outputs, strict=False))
+        entry["sample_outputs"].append(saved["outputs"])
     node_names = {node.name for node in graph.node if node.name}
     units = parse_units(compiled["log"])
     on_cpu = parse_cpu_nodes(compiled["log"])
@@ -126,7 +148,8 @@ def compile_bucket(bucket: dict, out_dir: Path, options: dict) -> dict:
 
 
 def _compile(
-    model_path, feeds, out_dir: Path, name: str, options: dict, precision: str, activation_type: str
+    model_path, feeds, out_dir: Path, name: str, options: dict, precision: str, activation_type: str,
+    uint16_tensors: list[str] = (),
 ):
     """Quantise (unless fp16), compile with the context cache on, run the EPContext model. A dict with
     ``outputs``, ``artifacts``, ``log``, ``quantization``, ``kept`` (node names of the compiled model), or
@@ -145,13 +168,14 @@ def _compile(
         provider["enable_htp_fp16_precision"] = "1"
     else:
         try:
-            _quantize(model_path, out_dir / qdq_name, feeds, options, activation_type)
+            _quantize(model_path, out_dir / qdq_name, feeds, options, activation_type, uint16_tensors)
         except Exception as err:
             return {
                 "error": f"QDQ quantisation failed: {type(err).__name__}: {err}",
                 "log": traceback.format_exc(),
             }
-        compile_path, described = str(out_dir / qdq_name), _describe(options, activation_type)
+        compile_path = str(out_dir / qdq_name)
+        described = _describe(options, activation_type, len(uint16_tensors))
         artifacts.append(qdq_name)
     devices = _qnn_devices()
     with common.captured("qnn-") as log_path:
@@ -185,6 +209,7 @@ def _compile(
             "QNN took no node for the HTP: no context binary, the whole model runs on the CPU"
         )
         result["outputs"] = _quiet_run(compiled, feeds)
+        result["sample_outputs"] = [_quiet_run(compiled, sample) for sample in options.get("samples") or []]
         return result
     result["artifacts"] = artifacts + sorted(p.name for p in out_dir.glob(f"model.{name}.qnn_ctx*"))
     try:
@@ -192,6 +217,7 @@ def _compile(
         run_options.add_provider_for_devices(devices, provider)
         session = ort.InferenceSession(str(out_dir / context_name), run_options)
         result["outputs"] = session.run(None, feeds)
+        result["sample_outputs"] = [session.run(None, sample) for sample in options.get("samples") or []]
     except Exception as err:
         return {"error": f"the EPContext model did not run: {type(err).__name__}: {err}", "log": log}
     return result
@@ -205,7 +231,8 @@ def _quiet_run(session, feeds):
     return outputs
 
 
-def _quantize(model_path, qdq_path: Path, feeds: dict, options: dict, activation_type: str) -> None:
+def _quantize(model_path, qdq_path: Path, feeds: dict, options: dict, activation_type: str,
+              uint16_tensors=()) -> None:  # fmt: skip
     import numpy as np
     from onnxruntime.quantization import CalibrationDataReader, QuantType, quantize
     from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
@@ -221,12 +248,16 @@ def _quantize(model_path, qdq_path: Path, feeds: dict, options: dict, activation
             return None if sample is None else {k: np.asarray(v) for k, v in sample.items()}
 
     types = {"uint8": QuantType.QUInt8, "uint16": QuantType.QUInt16}
+    mixed = activation_type == "mixed"
+    # mixed: uint8 activations, the sensitive layers' input/output tensors at uint16 (a16w8 there).
+    overrides = {tensor: [{"quant_type": QuantType.QUInt16}] for tensor in uint16_tensors} if mixed else None
     config = get_qnn_qdq_config(
         model_path,
         Samples(),
-        activation_type=types[activation_type],
+        activation_type=types["uint8" if mixed else activation_type],
         weight_type=types[options.get("weight_type", "uint8")],
         per_channel=bool(options.get("per_channel", False)),
+        init_overrides=overrides or None,
     )
     quantize(model_path, str(qdq_path), config)
 
@@ -243,10 +274,14 @@ def _samples(dataset, input_names: list[str]) -> list[dict]:
     return found
 
 
-def _describe(options: dict, activation_type: str) -> str:
+def _describe(options: dict, activation_type: str, uint16_tensors: int = 0) -> str:
     weights = options.get("weight_type", "uint8")
     granularity = "per-channel" if options.get("per_channel") else "per-tensor"
-    return f"QDQ: {activation_type} activations, {weights} {granularity} weights (get_qnn_qdq_config, MinMax)"
+    if activation_type == "mixed":
+        activations = f"uint8 activations, {uint16_tensors} tensor(s) of the sensitive layers at uint16"
+    else:
+        activations = f"{activation_type} activations"
+    return f"QDQ: {activations}, {weights} {granularity} weights (get_qnn_qdq_config, MinMax)"
 
 
 def _qnn_devices():
@@ -265,6 +300,17 @@ def _run_cpu(model_path, feeds):
     import onnxruntime as ort
 
     return ort.InferenceSession(model_path, providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+def _min_cosine_samples(reference: list, outputs: list) -> float:
+    """Per output, the cosine over every sample at once (as the core's accuracy target judges); the worst."""
+    import numpy as np
+
+    if len(outputs) != len(reference):
+        return 0.0
+    joined_want = [np.concatenate([np.ravel(r[i]) for r in reference]) for i in range(len(reference[0]))]
+    joined_got = [np.concatenate([np.ravel(o[i]) for o in outputs]) for i in range(len(reference[0]))]
+    return _min_cosine(joined_want, joined_got)
 
 
 def _min_cosine(reference, outputs) -> float:

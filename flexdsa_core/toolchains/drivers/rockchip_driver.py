@@ -13,8 +13,12 @@ with ONNX Runtime's), outputs saved as .npy.
 ``options`` (all optional): ``target_platform`` (default rk3588); rknn.config() switches
 ``optimization_level``, ``op_target``, ``remove_reshape``, ``enable_flash_attention``, ``single_core_mode``,
 ``disable_rules``, ``float_dtype``, ``quantized_dtype``, ``quantized_algorithm``, ``quantized_method``,
-``mean_values``, ``std_values``; ``dtype: "int8"`` with ``dataset`` (a list of samples, each a list of .npy
-paths, one per input) builds with the toolkit's w8a8 quantisation.
+``mean_values``, ``std_values``; ``dtype: "int8"`` with a dataset (the bucket's own ``dataset``, the core's
+calibration samples, else ``options.dataset``: a list of samples, each a list of .npy paths in input order or
+a dict input name -> path) builds with the toolkit's w8a8 quantisation; ``custom_hybrid`` (``{bucket:
+[[input tensor, output tensor], ...]}``) then keeps those subgraphs in float16 through the toolkit's hybrid
+quantisation (``hybrid_quantization_step1(custom_hybrid=...)``, then ``step2``). The bucket's ``samples``
+are run in the simulator too (``sample_outputs``), for the core to judge the quantised model on.
 
 Placement comes from the verbose build's "Network Layer Information Table": one row per compiled layer
 with its op type, Target (CPU/NPU), cycles (DDR/NPU/Total) and FullName ``OpType:layer name``. A layer
@@ -77,6 +81,9 @@ def compile_bucket(bucket: dict, out_dir: Path, options: dict) -> dict:
     crash = ""
     with common.captured("rknn-") as log_path, _scratch_cwd():
         try:
+            options = {**options, "dataset": bucket.get("dataset") or options.get("dataset"),
+                       "custom_hybrid": (options.get("custom_hybrid") or {}).get(name),
+                       "samples": _load_samples(bucket.get("samples"), input_names)}  # fmt: skip
             error, outputs = _build(bucket["onnx"], input_names, shapes, out_dir / rknn_name, feeds, options,
                                     out_dir, name)  # fmt: skip
         except Exception as err:  # the toolkit raises on some parser failures instead of returning -1
@@ -90,14 +97,34 @@ def compile_bucket(bucket: dict, out_dir: Path, options: dict) -> dict:
         return entry
     entry["artifacts"].append(rknn_name)
     output_names = [value.name for value in graph.output]
-    common.save_outputs(entry, out_dir, name, zip(output_names, outputs or [], strict=False))
+    outputs = outputs or []
+    sample_outputs = outputs[1:] if options.get("samples") else []
+    outputs = outputs[0] if options.get("samples") and outputs else outputs
+    common.save_outputs(entry, out_dir, name, zip(output_names, outputs, strict=False))
+    entry["sample_outputs"] = []
+    for index, found in enumerate(sample_outputs):
+        saved = {"outputs": {}}
+        common.save_outputs(saved, out_dir, f"{name}.sample{index:03d}", zip(output_names, found, strict=False))
+        entry["sample_outputs"].append(saved["outputs"])
+    if options.get("dtype") == "int8":
+        hybrid = options.get("hybrid_mapped") or []
+        entry["quantization"] = (
+            f"rknn w8a8 ({options.get('quantized_algorithm', 'normal')}, {options.get('quantized_method', 'channel')} "
+            f"weights) on {len(options.get('dataset') or [])} calibration sample(s)"
+            + (f", {len(hybrid)} subgraph(s) kept float16 by hybrid quantisation: {hybrid}" if hybrid else "")
+        )
+        if options.get("hybrid_unmapped"):
+            entry.setdefault("notes", []).append(
+                f"float layer(s) the toolkit's graph no longer has tensors for (fused away), left int8: "
+                f"{options['hybrid_unmapped']}"
+            )
     layers = parse_layer_table(log)
     lineage = parse_lineage(log)
     entry["layers"], entry["placement"] = place_nodes(graph, layers, lineage)
-    entry["notes"] = [
+    entry.setdefault("notes", []).append(
         f"{len(layers)} layer(s) in the toolkit's table, "
         f"{sum(1 for row in layers if row['target'] == 'NPU')} on the NPU; cycles are the toolkit's estimate"
-    ]
+    )
     return entry
 
 
@@ -118,10 +145,37 @@ def _build(onnx_path, input_names, shapes, rknn_path, feeds, options, out_dir, n
         if rknn.load_onnx(model=onnx_path, inputs=input_names, input_size_list=shapes) != 0:
             return "rknn.load_onnx could not parse the model (see the log)", None
         quantize = options.get("dtype") == "int8"
-        dataset = _dataset_file(options.get("dataset"), out_dir, name) if quantize else None
+        dataset = _dataset_file(options.get("dataset"), input_names, out_dir, name) if quantize else None
         if quantize and dataset is None:
             return "int8 needs a calibration dataset (options.dataset: lists of .npy paths per sample)", None
-        if rknn.build(do_quantization=quantize, dataset=dataset) != 0:
+        if quantize and options.get("custom_hybrid"):
+            # Hybrid: step 1 writes <stem>.model/.data/.quantization.cfg into the working directory; step 2, in
+            # a fresh instance, builds from them. The toolkit renames tensors as it rewrites (a MatMul's output
+            # 'wide' becomes 'wide_mm', a fused Relu's output is gone), so a first step 1 lists its names and
+            # ours are mapped onto them before the step 1 that keeps the subgraphs float.
+            if rknn.hybrid_quantization_step1(dataset=dataset) != 0:
+                return "rknn.hybrid_quantization_step1 failed (see the log)", None
+            known = _quantized_tensors(_hybrid_files()[2])
+            graph = _onnx_graph(onnx_path)
+            pairs, unmapped = map_hybrid(options["custom_hybrid"], known, graph)
+            options["hybrid_mapped"], options["hybrid_unmapped"] = pairs, unmapped
+            rknn.release()
+            rknn = RKNN(verbose=True)
+            if rknn.config(**config) != 0 or rknn.load_onnx(
+                model=onnx_path, inputs=input_names, input_size_list=shapes
+            ) != 0:  # fmt: skip
+                return "rknn could not reload the model for hybrid quantisation", None
+            if pairs and rknn.hybrid_quantization_step1(dataset=dataset, custom_hybrid=pairs) != 0:
+                return "rknn.hybrid_quantization_step1 with the float layers failed (see the log)", None
+            if not pairs and rknn.hybrid_quantization_step1(dataset=dataset) != 0:
+                return "rknn.hybrid_quantization_step1 failed (see the log)", None
+            model_file, data_file, cfg_file = _hybrid_files()
+            rknn.release()
+            rknn = RKNN(verbose=True)
+            if rknn.hybrid_quantization_step2(model_input=model_file, data_input=data_file,
+                                              model_quantization_cfg=cfg_file) != 0:  # fmt: skip
+                return "rknn.hybrid_quantization_step2 failed (see the log)", None
+        elif rknn.build(do_quantization=quantize, dataset=dataset) != 0:
             return "rknn.build failed (see the log for the toolkit's reason)", None
         if rknn.export_rknn(str(rknn_path)) != 0:
             return f"rknn.export_rknn could not write {rknn_path.name}", None
@@ -129,22 +183,111 @@ def _build(onnx_path, input_names, shapes, rknn_path, feeds, options, out_dir, n
             return None, []
         if rknn.init_runtime() != 0:
             return "rknn.init_runtime (simulator) failed", None
-        arrays = [feeds[n] for n in input_names]
-        formats = ["nchw"] * len(arrays)  # ignored for inputs that are not 4-D
-        outputs = rknn.inference(inputs=arrays, data_format=formats)
-        if outputs is None:
-            return "rknn.inference (simulator) returned no outputs", None
-        return None, outputs
+        runs = [feeds, *(options.get("samples") or [])]
+        results = []
+        for sample in runs:
+            arrays = [sample[n] for n in input_names]
+            formats = ["nchw"] * len(arrays)  # ignored for inputs that are not 4-D
+            outputs = rknn.inference(inputs=arrays, data_format=formats)
+            if outputs is None:
+                return "rknn.inference (simulator) returned no outputs", None
+            results.append(outputs)
+        return None, results if options.get("samples") else results[0]
     finally:
         rknn.release()
 
 
-def _dataset_file(samples, out_dir: Path, name: str) -> str | None:
-    """rknn's dataset is a text file, one calibration sample a line, one .npy per input, space-separated."""
+def _hybrid_files() -> tuple[str, str, str]:
+    """The .model, .data and .quantization.cfg that hybrid step 1 wrote into the working directory."""
+    found = []
+    for suffix in (".model", ".data", ".quantization.cfg"):
+        matches = sorted(Path(".").glob(f"*{suffix}"))
+        if not matches:
+            raise RuntimeError(f"hybrid_quantization_step1 wrote no *{suffix} file")
+        found.append(str(matches[0]))
+    return found[0], found[1], found[2]
+
+
+def _quantized_tensors(cfg_path: str) -> set[str]:
+    """Tensor names under ``quantize_parameters:`` in the toolkit's quantisation config (YAML)."""
+    names, inside = set(), False
+    for line in Path(cfg_path).read_text().splitlines():
+        if line.startswith("quantize_parameters:"):
+            inside = True
+            continue
+        if inside and line and not line.startswith(" "):
+            break
+        match = re.match(r"^    (\S[^:]*):\s*$", line)
+        if inside and match:
+            names.add(match.group(1))
+    return names
+
+
+def _onnx_graph(path: str):
+    import onnx
+
+    return onnx.load(path, load_external_data=False).graph
+
+
+def map_hybrid(pairs: list[list[str]], known: set[str], graph) -> tuple[list[list[str]], list[list[str]]]:
+    """Our [input, output] tensor pairs as the toolkit names them: the same name, or the shortest of its
+    ``<name>_...`` renames ('wide' -> 'wide_mm'); a tensor the toolkit fused away is replaced by the nearest
+    one upstream (an input: its producer's input) or downstream (an output: its consumer's output)."""
+    producer = {out: node for node in graph.node for out in node.output}
+    consumers: dict[str, list] = {}
+    for node in graph.node:
+        for value in node.input:
+            consumers.setdefault(value, []).append(node)
+
+    def named(tensor: str) -> str | None:
+        if tensor in known:
+            return tensor
+        renamed = sorted((k for k in known if k.startswith(tensor + "_")), key=len)
+        return renamed[0] if renamed else None
+
+    def walk(tensor: str, upstream: bool) -> str | None:
+        for _ in range(len(graph.node) + 1):
+            found = named(tensor)
+            if found is not None:
+                return found
+            if upstream:
+                node = producer.get(tensor)
+                tensor = node.input[0] if node is not None and node.input else None
+            else:
+                nodes = consumers.get(tensor) or []
+                tensor = nodes[0].output[0] if len(nodes) == 1 and nodes[0].output else None
+            if tensor is None:
+                return None
+        return None
+
+    mapped, unmapped = [], []
+    for start, end in pairs:
+        first, last = walk(start, True), walk(end, False)
+        if first is None or last is None or first == last:
+            unmapped.append([start, end])
+        else:
+            mapped.append([first, last])
+    return mapped, unmapped
+
+
+def _load_samples(samples, input_names: list[str]) -> list[dict]:
+    import numpy as np
+
+    found = []
+    for sample in samples or []:
+        paths = sample if isinstance(sample, dict) else dict(zip(input_names, sample, strict=True))
+        found.append({k: np.load(v) for k, v in paths.items()})
+    return found
+
+
+def _dataset_file(samples, input_names: list[str], out_dir: Path, name: str) -> str | None:
+    """rknn's dataset is a text file, one calibration sample a line, one .npy per input (in the model's input
+    order), space-separated."""
     if not samples:
         return None
+    rows = [[s[n] for n in input_names] if isinstance(s, dict) else list(s) for s in samples]
     path = out_dir / f"{name}.dataset.txt"
-    path.write_text("".join(" ".join(sample) + "\n" for sample in samples))
+    path.write_text("".join(" ".join(row) + "\n" for row in rows))
     return str(path)
 
 

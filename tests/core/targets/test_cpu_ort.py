@@ -7,7 +7,7 @@ import onnx_ir as ir
 import onnxruntime as ort
 
 from flexdsa_core.targets import get_adapter, load_target
-from flexdsa_core.targets.cpu_ort import pin_unfused_residuals
+from flexdsa_core.targets.cpu_ort import convolution_share, pin_unfused_residuals
 from tests.core.fusions.harness import parse, run
 
 ONES = ", ".join(["1.0"] * 32)
@@ -101,11 +101,36 @@ def test_adapter_rewrites_can_be_switched_off():
     assert [n.op_type for n in legalized.model.graph] == ["Add", "LayerNormalization"]
 
 
-def test_graph_without_convolutions_stays_portable():
+def test_graph_without_convolutions_skips_the_offline_pass_and_says_why():
     target = load_target("cpu-ort")
     legalized = get_adapter(target).legalize(
         ir.serde.deserialize_model(parse(RESIDUAL_LN)), target, frozenset()
     )
-    assert legalized.applied == ["pin_residual_sum", "ort_layout"]
+    assert legalized.applied == ["pin_residual_sum"]
     assert legalized.portable is None  # no blocked layout: model.onnx itself runs on any CPU
-    assert "com.microsoft.nchwc" not in {n.domain for n in legalized.model.graph}
+    assert [n.op_type for n in legalized.model.graph] == ["Sum", "LayerNormalization"]
+    assert any("offline pass skipped: convolutions are 0% of the heavy kernels" in n for n in legalized.notes)
+
+
+def _patches_then_matmuls(matmuls: int) -> ir.Model:
+    """One Conv (a patch embedding) followed by ``matmuls`` MatMuls: a vision transformer's kernel mix."""
+    h = onnx.helper
+    nodes = [h.make_node("Conv", ["x", "w"], ["c"]), h.make_node("Flatten", ["c"], ["t0"])]
+    nodes += [h.make_node("MatMul", [f"t{i}", "m"], [f"t{i + 1}"]) for i in range(matmuls)]
+    graph = h.make_graph(
+        nodes, "g",
+        [h.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 1, 4, 4])],
+        [h.make_tensor_value_info(f"t{matmuls}", onnx.TensorProto.FLOAT, [1, 16])],
+        [h.make_tensor("w", onnx.TensorProto.FLOAT, [1, 1, 1, 1], [1.0]),
+         h.make_tensor("m", onnx.TensorProto.FLOAT, [16, 16], [0.0] * 256)],
+    )  # fmt: skip
+    return ir.serde.deserialize_model(h.make_model(graph, opset_imports=[h.make_opsetid("", 17)], ir_version=9))
+
+
+def test_the_offline_pass_runs_only_where_convolutions_are_a_tenth_of_the_heavy_kernels():
+    target = load_target("cpu-ort")
+    adapter = get_adapter(target)
+    assert convolution_share(_patches_then_matmuls(9)) == 0.1
+    assert "ort_layout" in adapter.legalize(_patches_then_matmuls(9), target, frozenset()).applied
+    mostly_matmuls = adapter.legalize(_patches_then_matmuls(10), target, frozenset())
+    assert mostly_matmuls.applied == [] and "convolutions are 9% of the heavy kernels" in mostly_matmuls.notes[0]
