@@ -244,7 +244,7 @@ class Service:
                 sys.executable,
                 "-m",
                 "uvicorn",
-                "service.app:create_app",
+                "stack:create_app",
                 "--factory",
                 "--host",
                 "127.0.0.1",

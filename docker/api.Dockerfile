@@ -23,6 +23,7 @@ COPY README.md ./
 COPY flexdsa_core ./flexdsa_core
 COPY service ./service
 COPY workers ./workers
+COPY stack ./stack
 COPY migrations ./migrations
 # Editable, so `migrations/` (not part of the wheel) sits beside the `service` package where
 # service.db.migrations_dir() looks for it, and the `flexdsa.cli` entry points are registered.

@@ -21,6 +21,7 @@ COPY README.md ./
 COPY flexdsa_core ./flexdsa_core
 COPY service ./service
 COPY workers ./workers
+COPY stack ./stack
 COPY migrations ./migrations
 RUN pip install --no-deps -e . \
     && useradd --system --uid 10001 --home-dir /data flexdsa \

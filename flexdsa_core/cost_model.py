@@ -1,8 +1,8 @@
 """The cost model: what one kernel (one ONNX node) costs on a target, in FLOPs, bytes, seconds and joules.
 
-Work per op comes from a decorator registry, one short function per op (``@op_cost("MatMul")``) that
-reads shapes, dtypes and attributes and returns a ``Cost`` holding FLOPs and bytes moved. An op nobody
-registered costs one operation per output element, and moves every input and output once.
+Work per op (FLOPs and bytes moved) comes from the registry in ``op_costs.py`` (``@op_cost("MatMul")``,
+one short function per op, each returning a ``Cost``); this module turns work into seconds and joules,
+with the timing pieces of ``kernel_timing.py`` where it measures.
 
 Seconds and joules, per kernel:
 
@@ -50,16 +50,12 @@ leading dim become 1, and any other symbolic dim becomes 128.
 
 from __future__ import annotations
 
-import functools
 import json
 import math
-import os
-import platform
 import re
 import statistics
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
@@ -67,6 +63,30 @@ import onnx_ir as ir
 import onnxruntime as ort
 
 from flexdsa_core.cache import CacheStats, KernelCache, LRUCache, kernel_key
+from flexdsa_core.kernel_timing import (  # noqa: F401 - machine_fingerprint, measure_sgemm_peak, _timed re-exported
+    _LEVELS,
+    Timer,
+    _bound_runner,
+    _empty_run_seconds,
+    _host_rates,
+    _machine_fingerprint,
+    _ProbeTooLarge,
+    _random_array,
+    _session_options,
+    _single_node_model,
+    _steady,
+    _time_runner,
+    _timed,
+    machine_fingerprint,
+    measure_sgemm_peak,
+)
+from flexdsa_core.op_costs import (  # noqa: F401 - re-exported: the cost contract
+    Cost,
+    OpView,
+    TensorInfo,
+    op_cost,
+    work,
+)
 from flexdsa_core.significance import KERNEL_MIN_EFFECT, MIN_ROUNDS, Comparison, paired, settled_early
 from flexdsa_core.targets.spec import TargetSpec, op_key
 from flexdsa_core.validate import guarded_run
@@ -83,389 +103,6 @@ _PROBE_CONSTANT_BUDGET_BYTES = 64 * 1024 * 1024
 _DEFAULT_OPSETS = {"": 21, "com.microsoft": 1}
 
 
-@dataclass(frozen=True)
-class Cost:
-    """What some kernels cost. Adds up; ``joules`` (or ``seconds``) is ``None`` when unavailable, and an
-    unavailable term makes the sum unavailable. ``measured`` counts the kernels whose seconds were
-    measured on this machine rather than estimated."""
-
-    flops: float = 0.0
-    bytes: float = 0.0
-    seconds: float | None = 0.0
-    joules: float | None = 0.0
-    kernels: int = 0
-    measured: int = 0
-
-    def __add__(self, other: Cost) -> Cost:
-        if not isinstance(other, Cost):
-            return NotImplemented
-        return Cost(
-            flops=self.flops + other.flops,
-            bytes=self.bytes + other.bytes,
-            seconds=_add_optional(self.seconds, other.seconds),
-            joules=_add_optional(self.joules, other.joules),
-            kernels=self.kernels + other.kernels,
-            measured=self.measured + other.measured,
-        )
-
-    def __radd__(self, other):  # so that sum(costs) works from 0
-        if other == 0:
-            return self
-        return NotImplemented
-
-    @property
-    def basis(self) -> str:
-        if self.kernels == 0 or self.measured == 0:
-            return "estimate"
-        return "measured" if self.measured == self.kernels else "partly measured"
-
-    def as_dict(self) -> dict:
-        return {
-            "flops": self.flops,
-            "bytes": self.bytes,
-            "seconds": self.seconds,
-            "joules": self.joules,
-            "kernels": self.kernels,
-            "measured_kernels": self.measured,
-            "basis": self.basis,
-        }
-
-
-def _add_optional(a: float | None, b: float | None) -> float | None:
-    return None if a is None or b is None else a + b
-
-
-@dataclass(frozen=True)
-class TensorInfo:
-    """One input or output of a node, with every dim concrete."""
-
-    shape: tuple[int, ...]
-    dtype: str  # numpy name: 'float32', 'int64'...
-    const: bool = False
-    value: np.ndarray | None = field(default=None, compare=False)  # small integer constants only
-
-    @property
-    def numel(self) -> int:
-        return math.prod(self.shape)
-
-    @property
-    def nbytes(self) -> int:
-        return self.numel * np.dtype(self.dtype).itemsize
-
-
-@dataclass(frozen=True)
-class OpView:
-    """What a cost function sees of a node: op, attributes, and concrete inputs/outputs (None = absent)."""
-
-    op_type: str
-    domain: str
-    attrs: Mapping[str, object]
-    inputs: tuple[TensorInfo | None, ...]
-    outputs: tuple[TensorInfo | None, ...]
-
-    def attr(self, name: str, default=None):
-        return self.attrs.get(name, default)
-
-    def input(self, index: int) -> TensorInfo | None:
-        return self.inputs[index] if index < len(self.inputs) else None
-
-    @property
-    def out_elems(self) -> int:
-        return sum(t.numel for t in self.outputs if t is not None)
-
-    @property
-    def io_bytes(self) -> int:
-        return sum(t.nbytes for t in (*self.inputs, *self.outputs) if t is not None)
-
-
-# ---------------------------------------------------------------------------------------------------
-# Per-op work: one short function per op.
-
-_OP_COSTS: dict[str, Callable[[OpView], Cost]] = {}
-
-
-def op_cost(*keys: str):
-    """Register the work function of one or more ops (``'MatMul'``, ``'com.microsoft::FusedConv'``)."""
-
-    def register(function: Callable[[OpView], Cost]):
-        for key in keys:
-            _OP_COSTS[key] = function
-        return function
-
-    return register
-
-
-def work(view: OpView) -> Cost:
-    """FLOPs and bytes of one node (seconds/joules not filled in)."""
-    function = _OP_COSTS.get(op_key(view.op_type, view.domain), _elementwise)
-    try:
-        return function(view)
-    except (TypeError, IndexError, ValueError, ZeroDivisionError, AttributeError):
-        # A formula fed shapes it did not expect (missing optional input, odd rank): count it as
-        # element-wise rather than fail the whole estimate.
-        return _elementwise(view)
-
-
-def _per_element(view: OpView, ops_per_element: float) -> Cost:
-    return Cost(flops=ops_per_element * view.out_elems, bytes=view.io_bytes)
-
-
-def _elementwise(view: OpView) -> Cost:
-    return _per_element(view, 1)
-
-
-def _per_element_op(ops: float, *keys: str) -> None:
-    op_cost(*keys)(lambda view: _per_element(view, ops))
-
-
-# Data movement and metadata: no arithmetic, only the bytes they copy.
-_per_element_op(
-    0, "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Transpose", "Concat", "Split", "Slice",
-    "Gather", "GatherElements", "GatherND", "Expand", "Tile", "Pad", "Cast", "Shape", "Size", "Dropout",
-    "DepthToSpace", "SpaceToDepth", "ScatterND", "ScatterElements", "ConstantOfShape", "Range",
-)  # fmt: skip
-_per_element_op(2, "PRelu", "com.microsoft::QuickGelu", "HardSigmoid", "Clip")
-_per_element_op(3, "HardSwish")
-_per_element_op(4, "Sigmoid", "Swish", "Silu", "Mish", "Softplus")
-_per_element_op(8, "Gelu", "com.microsoft::Gelu")
-_per_element_op(9, "com.microsoft::BiasGelu")
-_per_element_op(10, "com.microsoft::FastGelu")
-_per_element_op(5, "Softmax", "LogSoftmax")
-_per_element_op(8, "LayerNormalization")
-_per_element_op(5, "SimplifiedLayerNormalization", "RMSNormalization")
-_per_element_op(10, "com.microsoft::SkipLayerNormalization")
-_per_element_op(7, "com.microsoft::SkipSimplifiedLayerNormalization")
-_per_element_op(2, "BatchNormalization", "InstanceNormalization", "GroupNormalization")
-
-
-@op_cost("Constant")
-def _constant(view: OpView) -> Cost:
-    return Cost()  # folded into an initializer at session load: no kernel runs
-
-
-@op_cost("MatMul", "MatMulInteger", "com.microsoft::FusedMatMul")
-def _matmul(view: OpView) -> Cost:
-    """[..., M, K] x [..., K, N]: 2*M*N*K per batch (a multiply and an add per term)."""
-    a = view.inputs[0]
-    trans_a = view.attr("transA", 0)
-    k = a.shape[-2] if trans_a and len(a.shape) > 1 else a.shape[-1]
-    return Cost(flops=2 * view.out_elems * k, bytes=view.io_bytes)
-
-
-_ACTIVATION_OPS = {"Relu": 1, "LeakyRelu": 2, "Sigmoid": 4, "Tanh": 4, "HardSigmoid": 2, "Clip": 2}
-
-
-def _activation_ops(view: OpView) -> int:
-    return _ACTIVATION_OPS.get(str(view.attr("activation", "")), 1) if view.attr("activation") else 0
-
-
-@op_cost("Gemm", "com.microsoft::FusedGemm")
-def _gemm(view: OpView) -> Cost:
-    """A (M,K) x B (K,N) [+ C] [then activation]: 2*M*N*K + M*N (bias) + M*N*activation."""
-    a = view.inputs[0]
-    k = a.shape[0] if view.attr("transA", 0) else a.shape[1]
-    out = view.out_elems
-    bias = out if view.input(2) is not None else 0
-    return Cost(flops=2 * out * k + bias + out * _activation_ops(view), bytes=view.io_bytes)
-
-
-@op_cost("Conv", "com.microsoft::FusedConv", "ConvInteger")
-def _conv(view: OpView) -> Cost:
-    """W is [M, C/group, k...]: each output element takes C/group * prod(k) multiply-adds, + bias,
-    + the fused activation, + the fused residual Z."""
-    weight = view.inputs[1]
-    out = view.out_elems
-    flops = 2 * out * math.prod(weight.shape[1:])
-    flops += out if view.input(2) is not None else 0
-    flops += out if view.input(3) is not None else 0
-    flops += out * _activation_ops(view)
-    return Cost(flops=flops, bytes=view.io_bytes)
-
-
-@op_cost("ConvTranspose")
-def _conv_transpose(view: OpView) -> Cost:
-    """W is [C, M/group, k...]: each input element scatters M/group * prod(k) multiply-adds."""
-    x, weight = view.inputs[0], view.inputs[1]
-    flops = 2 * x.numel * math.prod(weight.shape[1:])
-    return Cost(flops=flops + (view.out_elems if view.input(2) is not None else 0), bytes=view.io_bytes)
-
-
-@op_cost("MaxPool", "AveragePool", "LpPool")
-def _pool(view: OpView) -> Cost:
-    kernel = view.attr("kernel_shape") or [1]
-    return Cost(flops=view.out_elems * math.prod(kernel), bytes=view.io_bytes)
-
-
-@op_cost(
-    "GlobalAveragePool", "GlobalMaxPool", "ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd",
-    "ReduceL1", "ReduceL2", "ReduceSumSquare", "ReduceLogSumExp", "ArgMax", "ArgMin",
-)  # fmt: skip
-def _reduction(view: OpView) -> Cost:
-    """One operation per element read."""
-    return Cost(flops=view.inputs[0].numel, bytes=view.io_bytes)
-
-
-def _attention_core(batch: int, heads: int, q_len: int, kv_len: int, head_size: int, v_head: int) -> float:
-    """Q K^T (2*S*L*d), softmax (5 per score), P V (2*S*L*dv), per batch and head."""
-    scores = batch * heads * q_len * kv_len
-    return 2 * scores * head_size + 5 * scores + 2 * scores * v_head
-
-
-@op_cost("com.microsoft::Attention")
-def _ms_attention(view: OpView) -> Cost:
-    """input [B,S,H] x weights [H, 3H] (the QKV projection), then attention over num_heads."""
-    x, weights = view.inputs[0], view.inputs[1]
-    batch, seq, hidden = x.shape
-    projection = 2 * batch * seq * hidden * weights.shape[1]
-    heads = int(view.attr("num_heads", 1))
-    head_size = weights.shape[1] // 3 // heads
-    core = _attention_core(batch, heads, seq, seq, head_size, head_size)
-    return Cost(flops=projection + core, bytes=view.io_bytes)
-
-
-@op_cost("com.microsoft::MultiHeadAttention")
-def _ms_multi_head_attention(view: OpView) -> Cost:
-    """query [B,S,D], key [B,L,D], value [B,L,Dv] (3-D form)."""
-    query, key = view.inputs[0], view.input(1)
-    heads = int(view.attr("num_heads", 1))
-    batch, q_len, width = query.shape[0], query.shape[1], query.shape[-1]
-    kv_len = key.shape[1] if key is not None and len(key.shape) == 3 else q_len
-    head_size = width // heads
-    return Cost(flops=_attention_core(batch, heads, q_len, kv_len, head_size, head_size), bytes=view.io_bytes)
-
-
-@op_cost("Attention")
-def _onnx_attention(view: OpView) -> Cost:
-    """ai.onnx Attention (opset 23): Q [B, heads, S, d] or [B, S, heads*d]; K [.., L, d]; V [.., L, dv]."""
-    query, key, value = view.inputs[0], view.inputs[1], view.inputs[2]
-    if len(query.shape) == 4:
-        batch, heads, q_len, head_size = query.shape
-        kv_len, v_head = key.shape[2], value.shape[3]
-    else:
-        heads = int(view.attr("q_num_heads", 1))
-        batch, q_len = query.shape[0], query.shape[1]
-        head_size = query.shape[2] // heads
-        kv_len, v_head = key.shape[1], value.shape[2] // int(view.attr("kv_num_heads", heads))
-    return Cost(flops=_attention_core(batch, heads, q_len, kv_len, head_size, v_head), bytes=view.io_bytes)
-
-
-# ---------------------------------------------------------------------------------------------------
-# Measuring ONNX Runtime kernels on this machine.
-
-
-def _session_options(level: ort.GraphOptimizationLevel) -> ort.SessionOptions:
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 1
-    options.inter_op_num_threads = 1
-    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    options.graph_optimization_level = level
-    options.log_severity_level = 4  # a probe that fails is expected (and noted); keep stderr quiet
-    return options
-
-
-_LEVELS = {
-    "disabled": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
-    "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
-    "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
-    "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
-}
-
-
-class _ProbeTooLarge(Exception):
-    """A probe input past ``_PROBE_INPUT_BUDGET_BYTES``: estimate instead of allocating it."""
-
-
-# One probe input above this is a hostile or mistyped shape (or a huge layer): it is estimated, not run.
-_PROBE_INPUT_BUDGET_BYTES = 256 * 1024 * 1024
-
-
-def _random_array(shape: Sequence[int], dtype: str, rng: np.random.Generator) -> np.ndarray:
-    np_dtype = np.dtype(dtype)
-    if math.prod(shape) * np_dtype.itemsize > _PROBE_INPUT_BUDGET_BYTES:
-        raise _ProbeTooLarge(f"probe input of shape {list(shape)} is over the budget")
-    if np_dtype.kind == "f":
-        # Positive and away from zero: no NaN from Log/Sqrt/Div, no denormals to slow anything down.
-        return _aligned(rng.uniform(0.5, 1.5, size=shape).astype(np_dtype))
-    # Integers feed indices, masks and lengths: zeros are in range for all of them.
-    return _aligned(np.zeros(shape, dtype=np_dtype))
-
-
-ALIGNMENT = 64  # bytes: a cache line, and what ONNX Runtime's own allocator gives its tensors
-
-
-def _aligned(array: np.ndarray) -> np.ndarray:
-    """A copy of ``array`` starting on a 64-byte boundary. ONNX Runtime reads bound inputs where they lie,
-    and numpy only promises 16 bytes: vector kernels then ran at one of two speeds depending on where the
-    allocator happened to put the input, and a decision could follow that (seen: SkipLayerNormalization
-    measured 1.05x or 1.5x the unfused pair in two cold runs of the same model)."""
-    buffer = np.empty(array.nbytes + ALIGNMENT, dtype=np.uint8)
-    offset = (-buffer.ctypes.data) % ALIGNMENT
-    aligned = buffer[offset : offset + array.nbytes].view(array.dtype).reshape(array.shape)
-    aligned[...] = array
-    return aligned
-
-
-def _bound_runner(session: ort.InferenceSession, feeds: Mapping[str, np.ndarray]) -> Callable[[], None]:
-    """One run of the session with inputs and outputs bound once, so that only the kernel (and ORT's
-    dispatch) is timed, never allocation or copies."""
-    binding = session.io_binding()
-    for name, array in feeds.items():
-        binding.bind_cpu_input(name, array)
-    for output in session.get_outputs():
-        binding.bind_output(output.name)
-    session.run_with_iobinding(binding)  # warm-up; ORT allocates the outputs
-    for output, value in zip(session.get_outputs(), binding.get_outputs(), strict=True):
-        binding.bind_ortvalue_output(output.name, value)  # reuse them: no allocation inside the timing
-    return lambda: session.run_with_iobinding(binding)
-
-
-def _time_session(
-    session: ort.InferenceSession, feeds: Mapping[str, np.ndarray], budget_s: float
-) -> list[float]:
-    return _time_runner(_bound_runner(session, feeds), budget_s)
-
-
-Timer = Callable[[Callable[[], object]], float]
-
-
-def _time_runner(run: Callable[[], None], budget_s: float, timer: Timer | None = None) -> list[float]:
-    """Seconds per run: at least 5 runs, as many as fit the budget (at most 50); a kernel slower than
-    the budget runs twice."""
-    timer = timer or _timed
-    warm = timer(run)
-    least = 5 if warm < budget_s / 5 else 2
-    runs: list[float] = []
-    started = time.perf_counter()
-    while len(runs) < least or (len(runs) < 50 and time.perf_counter() - started < budget_s):
-        runs.append(timer(run))
-    return runs
-
-
-def _single_node_model(
-    node_proto: onnx.NodeProto,
-    inputs: Sequence[tuple[str, TensorInfo | None, np.ndarray | None]],
-    outputs: Sequence[str],
-    opsets: Mapping[str, int],
-) -> onnx.ModelProto:
-    graph_inputs, initializers = [], []
-    for name, info, constant in inputs:
-        if info is None or not name:
-            continue
-        if constant is not None:
-            initializers.append(onnx.numpy_helper.from_array(np.asarray(constant), name))
-        else:
-            elem = onnx.helper.np_dtype_to_tensor_dtype(np.dtype(info.dtype))
-            graph_inputs.append(onnx.helper.make_tensor_value_info(name, elem, list(info.shape)))
-    graph_outputs = []
-    for name in outputs:
-        value_info = onnx.ValueInfoProto()
-        value_info.name = name
-        graph_outputs.append(value_info)
-    graph = onnx.helper.make_graph([node_proto], "kernel", graph_inputs, graph_outputs, initializers)
-    opset_ids = [onnx.helper.make_opsetid(domain, version) for domain, version in opsets.items()]
-    return onnx.helper.make_model(graph, opset_imports=opset_ids, ir_version=10)
-
-
 BORDERLINE_MAX_ROUNDS = 250
 BORDERLINE_BUDGET_FACTOR = 4
 
@@ -479,107 +116,6 @@ def _straddles(comparison: Comparison) -> bool:
     """The interval holds a verdict threshold (1 - min_effect or 1 + min_effect) inside it."""
     low, high, effect = comparison.low, comparison.high, comparison.min_effect
     return low <= 1.0 + effect < high or low < 1.0 - effect <= high
-
-
-def _steady(runs: Sequence[float]) -> float:
-    """The median of the faster half of the runs (their lower quartile)."""
-    ordered = sorted(runs)
-    return statistics.median(ordered[: max(1, (len(ordered) + 1) // 2)])
-
-
-@functools.cache
-def _empty_run_seconds(timer: Timer | None = None) -> float:
-    """Median of a run that does nothing (Identity on one float): the fixed cost of ``run`` itself."""
-    node = onnx.helper.make_node("Identity", ["x"], ["y"])
-    info = TensorInfo((1,), "float32")
-    model = _single_node_model(node, [("x", info, None)], ["y"], {"": 17})
-    session = ort.InferenceSession(
-        model.SerializeToString(), _session_options(_LEVELS["basic"]), providers=["CPUExecutionProvider"]
-    )
-    runner = _bound_runner(session, {"x": np.ones(1, np.float32)})
-    return _steady(_time_runner(runner, 0.05, timer))
-
-
-# The instruction-set extensions ONNX Runtime's CPU kernels (MLAS) pick code paths by. Two CPUs with the same
-# name and core count can differ in these (two "AMD EPYC" machines, one with AVX-512 VNNI, one AVX2 only:
-# int8 BERT-base ran 2.98x faster than fp32 on the first, 1.8x on the second), so they are part of the fingerprint; flags no kernel looks at are left out so they cannot split the cache.
-# x86 names as /proc/cpuinfo "flags" spells them; ARM as its "Features" line does (asimddp = dot product).
-_KERNEL_ISA_FLAGS = frozenset(
-    {"sse4_1", "sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512dq", "avx512vl",
-     "avx512cd", "avx512_vnni", "avx512vnni", "avx512_bf16", "avx512_fp16", "avx_vnni", "avx_vnni_int8",
-     "avx_ne_convert", "amx_tile", "amx_int8", "amx_bf16", "amx_fp16", "amx_complex",
-     "neon", "asimd", "asimdhp", "asimddp", "dotprod", "fphp", "sve", "sve2", "i8mm", "svei8mm", "bf16",
-     "svebf16", "sme"}
-)  # fmt: skip
-
-
-@functools.cache
-def _machine_fingerprint(cpuinfo: str | None = None) -> str:
-    """Measurements belong to this CPU: a shared cache must not hand them to a different machine.
-
-    ``platform/arch/model name/cores/isa=<kernel-relevant flags, sorted>``, read from ``cpuinfo`` (the text
-    of /proc/cpuinfo; read from there when None, never from the environment)."""
-    if cpuinfo is None:
-        try:
-            with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as source:
-                cpuinfo = source.read()
-        except OSError:
-            cpuinfo = ""
-    model_name, flags = "", None
-    for line in cpuinfo.splitlines():
-        key, _, value = line.partition(":")
-        key = key.strip().lower()
-        if key == "model name" and not model_name:
-            model_name = value.strip()
-        elif key in ("flags", "features") and flags is None:  # the first CPU's; x86 "flags", ARM "Features"
-            flags = set(value.split()) & _KERNEL_ISA_FLAGS
-    model_name = model_name or platform.processor() or ""
-    isa = ",".join(sorted(flags)) if flags else "unknown"
-    return f"{platform.system()}/{platform.machine()}/{model_name}/{os.cpu_count()}/isa={isa}"
-
-
-def machine_fingerprint() -> str:
-    """This machine's fingerprint (``_machine_fingerprint``): what a measurement here is only valid for."""
-    return _machine_fingerprint()
-
-
-def measure_sgemm_peak(seconds: float = 1.0, *, size: int = 1024) -> float:
-    """Single-thread fp32 GEMM throughput of this machine in FLOP/s: ONNX Runtime MatMul of two
-    ``size`` x ``size`` matrices (B constant, as a weight is), the best run within ``seconds``."""
-    rng = np.random.default_rng(0)
-    node = onnx.helper.make_node("MatMul", ["a", "b"], ["y"])
-    a_info = TensorInfo((size, size), "float32")
-    weight = rng.standard_normal((size, size)).astype(np.float32)
-    model = _single_node_model(node, [("a", a_info, None), ("b", a_info, weight)], ["y"], {"": 17})
-    session = ort.InferenceSession(
-        model.SerializeToString(), _session_options(_LEVELS["basic"]), providers=["CPUExecutionProvider"]
-    )
-    runs = _time_session(session, {"a": rng.standard_normal((size, size)).astype(np.float32)}, seconds)
-    return 2.0 * size**3 / min(runs)
-
-
-@functools.cache
-def _host_rates() -> tuple[float, float]:
-    """(FLOP/s, bytes/s) of this host on one thread, for kernels that cannot be measured alone."""
-    peak = measure_sgemm_peak(0.2, size=512)
-    source = np.ones(8 * 1024 * 1024, dtype=np.float32)
-    target = np.empty_like(source)
-    best = min(_timed(lambda: np.copyto(target, source)) for _ in range(5))
-    return peak, 2 * source.nbytes / best
-
-
-def _timed(function: Callable[[], object]) -> float:
-    """CPU seconds of this thread spent in ``function``. A one-thread ONNX Runtime session runs its
-    kernels on the calling thread, so this is the kernel's time; unlike wall time it does not include
-    the time the thread sat preempted on a busy shared machine (a 2 ms MatMul read 22 ms of wall time
-    under load, 2.1 ms of thread time)."""
-    tick = time.thread_time()
-    function()
-    return time.thread_time() - tick
-
-
-# ---------------------------------------------------------------------------------------------------
-# The cost model.
 
 
 class CostModel:

@@ -1,9 +1,11 @@
-"""The FastAPI application: ``create_app(settings=None)``.
+"""The FastAPI application: ``create_app(settings=None, *, embedded_worker=None)``.
 
 Routers are found by discovery: every module in ``service/api/`` exporting ``router`` is included, so a
 new endpoint group (the dashboard, say) is one new file. Start-up checks the database (embedded SQLite is
 migrated on the spot; any other database must already be migrated) and, in embedded mode, starts the
-in-process worker.
+in-process worker it was handed. The service never imports the workers: the composition root (``stack``)
+hands the worker in, and jobs reach it through ``service.dispatch``. Without one, jobs stay queued in the
+database (distributed mode publishes them to the broker instead).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import importlib
 import logging
 import pkgutil
 from contextlib import asynccontextmanager
+from typing import Protocol
 
 from fastapi import Depends, FastAPI
 from starlette.concurrency import run_in_threadpool
@@ -25,9 +28,16 @@ from service.errors import install_error_handlers
 from service.metrics import Metrics, MetricsMiddleware
 from service.ratelimit import RateLimiter
 from service.storage import make_store
-from workers import inprocess
 
 log = logging.getLogger("flexdsa.service")
+
+
+class EmbeddedWorker(Protocol):
+    """What embedded mode needs of an in-process worker (``workers.inprocess`` is one)."""
+
+    def start(self, settings: Settings) -> object: ...
+
+    def stop(self) -> None: ...
 
 
 def discover_routers():
@@ -47,14 +57,16 @@ async def lifespan(app: FastAPI):
     # Submits check rule names against every target's registry, which imports the compiler's rules (about a
     # second): done here, so that the first user's request does not pay for it.
     await run_in_threadpool(_warm_registries)
-    embedded_worker = settings.mode == "embedded" and settings.embedded_worker
-    if embedded_worker:
-        await run_in_threadpool(inprocess.start, settings)
+    worker: EmbeddedWorker | None = app.state.embedded_worker
+    if not (settings.mode == "embedded" and settings.embedded_worker):
+        worker = None
+    if worker is not None:
+        await run_in_threadpool(worker.start, settings)
     try:
         yield
     finally:
-        if embedded_worker:
-            await run_in_threadpool(inprocess.stop)
+        if worker is not None:
+            await run_in_threadpool(worker.stop)
         if app.state.redis is not None:
             app.state.redis.close()
         app.state.engine.dispose()
@@ -103,7 +115,7 @@ def _install_openapi(app: FastAPI) -> None:
     app.openapi = openapi
 
 
-def create_app(settings: Settings | None = None) -> FastAPI:
+def create_app(settings: Settings | None = None, *, embedded_worker: EmbeddedWorker | None = None) -> FastAPI:
     settings = settings or get_settings()
     app = FastAPI(
         title="Flex-DSA",
@@ -119,6 +131,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         dependencies=[Depends(refuse_control_characters)],
     )
     app.state.settings = settings
+    app.state.embedded_worker = embedded_worker
     app.state.engine = make_engine(settings.database_url)
     app.state.session_factory = make_session_factory(app.state.engine)
     app.state.store = make_store(settings)

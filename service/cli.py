@@ -1,5 +1,6 @@
 """Service commands for the ``flexdsa`` CLI (registered through the ``flexdsa.cli`` entry point):
-``serve``, ``db upgrade``, ``keys create``, ``keys revoke``, ``worker``."""
+``db upgrade``, ``keys create``, ``keys revoke``, ``incidents``, ``worker``. ``serve`` starts the API with
+its embedded worker, so it lives with the composition root (``stack.cli``)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ keys_app = typer.Typer(no_args_is_help=True, help="API keys of tenants.")
 incidents_app = typer.Typer(no_args_is_help=True, help="Internal errors with their tracebacks (operators).")
 
 
-def _settings():
+def settings_or_exit():
     from pydantic import ValidationError
 
     from service.config import get_settings
@@ -27,62 +28,9 @@ def _settings():
         raise typer.Exit(2) from None
 
 
-def _fail(message: str) -> typer.Exit:
+def fail(message: str) -> typer.Exit:
     typer.secho(message, fg="red", err=True)
     return typer.Exit(1)
-
-
-def serve(
-    host: Annotated[str | None, typer.Option(help="Bind address (default FLEXDSA_HOST or 127.0.0.1)")] = None,
-    port: Annotated[int | None, typer.Option(help="Port (default FLEXDSA_PORT or 8000)")] = None,
-) -> None:
-    """Start the service. Embedded (no FLEXDSA_BROKER_URL): migrates SQLite and runs the worker in-process."""
-    import uvicorn
-    from sqlalchemy.exc import OperationalError
-
-    from service.app import create_app
-    from service.auth import ensure_tenant
-    from service.db import (
-        DatabaseNotMigratedError,
-        make_engine,
-        make_session_factory,
-        prepare_database,
-        session_scope,
-    )
-
-    settings = _settings()
-    overrides = {k: v for k, v in {"host": host, "port": port}.items() if v is not None}
-    settings = settings.model_copy(update=overrides)
-    engine = make_engine(settings.database_url)
-    try:
-        prepare_database(settings, engine)
-    except DatabaseNotMigratedError as err:
-        raise _fail(str(err)) from None
-    except OperationalError as err:
-        where = engine.url.render_as_string(hide_password=True)
-        raise _fail(f"Cannot reach the database {where}: {str(err.orig).strip()}") from None
-    if settings.auth == "optional":
-        with session_scope(make_session_factory(engine)) as session:
-            ensure_tenant(session, settings.default_tenant)
-    engine.dispose()
-    if settings.auth == "optional" and settings.host not in ("127.0.0.1", "localhost", "::1"):
-        typer.secho(
-            f"Warning: listening on {settings.host} without API keys (FLEXDSA_AUTH=optional): anyone who can "
-            "reach this port acts as the default tenant. Set FLEXDSA_AUTH=required and create keys.",
-            fg="yellow",
-            err=True,
-        )
-    typer.echo(
-        f"Flex-DSA {settings.mode} mode on http://{settings.host}:{settings.port} "
-        f"(database {settings.database_url.split('@')[-1]}, artifacts {settings.artifact_dir}, auth {settings.auth})"
-    )
-    from service.logs import configure_logging
-
-    configure_logging(settings.log_format, settings.log_level)
-    # log_config=None: uvicorn keeps the handlers configured above instead of installing its own.
-    uvicorn.run(
-        create_app(settings), host=settings.host, port=settings.port, log_level=settings.log_level, log_config=None
-    )
 
 
 @db_app.command("upgrade")
@@ -90,7 +38,7 @@ def db_upgrade(revision: Annotated[str, typer.Argument(help="Target revision")] 
     """Migrate the database at FLEXDSA_DATABASE_URL to the latest schema."""
     from service.db import current_revision, make_engine, upgrade
 
-    settings = _settings()
+    settings = settings_or_exit()
     engine = make_engine(settings.database_url)
     try:
         upgrade(engine, revision)
@@ -98,7 +46,7 @@ def db_upgrade(revision: Annotated[str, typer.Argument(help="Target revision")] 
             f"Database {engine.url.render_as_string(hide_password=True)} at revision {current_revision(engine)}."
         )
     except Exception as err:
-        raise _fail(f"Migration failed: {err}") from None
+        raise fail(f"Migration failed: {err}") from None
     finally:
         engine.dispose()
 
@@ -122,8 +70,8 @@ def keys_create(
         check_tenant_name(tenant)
         check_key_label(name)
     except ValueError as err:
-        raise _fail(f"{err} Choose a plain name, e.g. --tenant acme.") from None
-    settings = _settings()
+        raise fail(f"{err} Choose a plain name, e.g. --tenant acme.") from None
+    settings = settings_or_exit()
     engine = make_engine(settings.database_url)
     try:
         prepare_database(settings, engine)
@@ -131,7 +79,7 @@ def keys_create(
             key, row = create_api_key(session, tenant, name)
             prefix = row.prefix
     except DatabaseNotMigratedError as err:
-        raise _fail(str(err)) from None
+        raise fail(str(err)) from None
     finally:
         engine.dispose()
     typer.echo(key)
@@ -146,12 +94,12 @@ def keys_revoke(
     from service.auth import revoke_api_key
     from service.db import make_engine, make_session_factory, session_scope
 
-    engine = make_engine(_settings().database_url)
+    engine = make_engine(settings_or_exit().database_url)
     with session_scope(make_session_factory(engine)) as session:
         count = revoke_api_key(session, prefix)
     engine.dispose()
     if not count:
-        raise _fail(f"No active key with prefix {prefix!r}.")
+        raise fail(f"No active key with prefix {prefix!r}.")
     typer.echo(f"Revoked {count} key(s).")
 
 
@@ -161,9 +109,9 @@ def worker(
     loglevel: Annotated[str, typer.Option(help="Celery log level")] = "INFO",
 ) -> None:
     """Run a Celery worker (distributed mode). Each process takes one job at a time."""
-    settings = _settings()
+    settings = settings_or_exit()
     if settings.mode != "distributed":
-        raise _fail(
+        raise fail(
             "`flexdsa worker` needs FLEXDSA_BROKER_URL (distributed mode); `flexdsa serve` runs "
             "an in-process worker in embedded mode."
         )
@@ -193,7 +141,7 @@ def worker(
 def _incident_rows(query):
     from service.db import make_engine, make_session_factory
 
-    settings = _settings()
+    settings = settings_or_exit()
     engine = make_engine(settings.database_url)
     try:
         with make_session_factory(engine)() as session:
@@ -225,7 +173,7 @@ def incidents_show(incident_id: Annotated[str, typer.Argument(help="The id the u
 
     row = _incident_rows(lambda s: s.get(Incident, incident_id.strip()))
     if row is None:
-        raise _fail(f"No incident {incident_id!r} in this database.")
+        raise fail(f"No incident {incident_id!r} in this database.")
     typer.echo(
         f"incident {row.id} at {row.created_at:%Y-%m-%d %H:%M:%S %Z}\njob {row.job_id} (tenant {row.tenant_id}, "
         f"attempt {row.attempt}): {row.code}\n{row.summary}\n\n{row.traceback}"
@@ -233,7 +181,6 @@ def incidents_show(incident_id: Annotated[str, typer.Argument(help="The id the u
 
 
 def register(app: typer.Typer) -> None:
-    app.command("serve")(serve)
     app.command("worker")(worker)
     app.add_typer(db_app, name="db")
     app.add_typer(keys_app, name="keys")

@@ -24,6 +24,7 @@ from flexdsa_core.calibration import check_calibration, load_calibration
 from flexdsa_core.errors import InvalidOptionsError
 from flexdsa_core.preflight import check_request
 from service.config import Settings
+from service.dispatch import enqueue as dispatch
 from service.edge import check_spec_json
 from service.errors import Conflict, InvalidRequest, QuotaExceeded
 from service.job_cache import job_cache_key, job_cache_source
@@ -279,11 +280,6 @@ def _answer_from_cache(job: Job, source: Job) -> None:
 
 def enqueue(job_id: str, settings: Settings) -> None:
     """Hand a committed job to the workers. A failure leaves it queued: the reconciler picks it up later."""
-    try:
-        from workers.dispatch import enqueue as dispatch
-    except ImportError as err:
-        log.warning("job %s left queued: workers.dispatch is not available (%s)", job_id, err)
-        return
     try:
         dispatch(job_id, settings)
     except Exception:

@@ -1,8 +1,6 @@
-"""The import graph of our three packages: no circle anywhere (a module never reaches itself through its
-imports, lazy ones inside functions included), the core imports neither the service nor the workers, and
-the service's arrows up to the workers do not grow (issue 10 removes the ones left: the job dispatch and
-the cache statistics still come from ``workers``; ``service.app`` is where the embedded worker is plugged
-in, the composition root)."""
+"""The import graph of our packages: no circle anywhere (a module never reaches itself through its imports,
+lazy ones inside functions included), and every arrow points down the layers ``flexdsa_core`` <- ``service``
+<- ``workers`` <- ``stack`` (the composition root, where the embedded worker is plugged into the API)."""
 
 from __future__ import annotations
 
@@ -10,13 +8,9 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("flexdsa_core", "service", "workers")
-# service -> workers arrows still there; each is a debt of issue 10, none may be added.
-SERVICE_TO_WORKERS = {
-    ("service.app", "workers"),
-    ("service.app", "workers.inprocess"),
-    ("service.jobs", "workers.dispatch"),
-}
+PACKAGES = ("flexdsa_core", "service", "workers", "stack")
+# The layers, lowest first: a module may import its own layer and those below it, never one above.
+LAYERS = ("flexdsa_core", "service", "workers", "stack")
 
 
 def _modules() -> dict[str, Path]:
@@ -110,15 +104,20 @@ def test_the_check_finds_a_circle():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
-def test_the_core_imports_neither_the_service_nor_the_workers():
-    graph = _graph()
-    upward = [(a, b) for a, targets in graph.items() if a.startswith("flexdsa_core") for b in targets
-              if not b.startswith("flexdsa_core")]  # fmt: skip
-    assert upward == []
+def _upward(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    def layer(module: str) -> int:
+        return LAYERS.index(module.split(".")[0])
+
+    return sorted((a, b) for a, targets in graph.items() for b in targets if layer(b) > layer(a))
 
 
-def test_the_service_reaches_up_to_the_workers_no_more_than_it_did():
-    graph = _graph()
-    upward = {(a, b) for a, targets in graph.items() if a.startswith("service") for b in targets
-              if b.startswith("workers")}  # fmt: skip
-    assert upward <= SERVICE_TO_WORKERS, sorted(upward - SERVICE_TO_WORKERS)
+def test_every_arrow_points_down_the_layers():
+    """flexdsa_core <- service <- workers <- stack: the core imports none of the others, the service never
+    the workers (jobs go out by task name, the embedded worker is handed in by the composition root)."""
+    assert _upward(_graph()) == []
+
+
+def test_the_check_finds_an_upward_arrow():
+    assert _upward({"service.jobs": {"workers.dispatch"}, "workers.app": {"service.jobs"}}) == [
+        ("service.jobs", "workers.dispatch")
+    ]

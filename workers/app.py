@@ -19,20 +19,27 @@ whose message was lost (Redis restarted) or whose worker died are published agai
 from __future__ import annotations
 
 import logging
+import os
+import socket
 
 from celery import signals
 
 from service.config import get_settings
-from workers.celery_config import QUEUE, TASK_NAME, create_celery, worker_id  # noqa: F401 - re-exported
+from service.task_queue import QUEUE, TASK_NAME, create_celery  # noqa: F401 - re-exported
 
 log = logging.getLogger(__name__)
 
 app = create_celery(get_settings())
 
 
+def worker_id() -> str:
+    """This worker process, as written in a job's lease: host and pid."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
 @app.task(name=TASK_NAME)
 def run_job(job_id: str) -> str:
-    from workers.dispatch import enqueue
+    from service.dispatch import enqueue
     from workers.execute import execute_job
 
     settings = get_settings()
@@ -74,7 +81,7 @@ def _refuse_unmigrated_database(**_kwargs) -> None:
 @signals.worker_ready.connect
 def _start_reconciler(**_kwargs) -> None:
     global _reconciler
-    from workers.dispatch import enqueue
+    from service.dispatch import enqueue
     from workers.reconciler import ReconcilerThread
 
     settings = get_settings()

@@ -2,8 +2,8 @@
 
 ``start(settings)`` starts ``settings.embedded_worker_threads`` threads (1-2 is right: each job runs in its
 own pipeline process anyway) and a reconciler that, at start and then every ``reconcile_interval_s``,
-picks up jobs left queued (e.g. submitted before a restart) or running with a lapsed lease. ``enqueue`` in
-embedded mode lands in ``submit``. ``stop()`` lets running jobs go: their pipeline process dies with the
+picks up jobs left queued (e.g. submitted before a restart) or running with a lapsed lease. While it runs,
+``service.dispatch.enqueue`` in embedded mode lands in its ``submit``. ``stop()`` lets running jobs go: their pipeline process dies with the
 thread, the lease lapses, and the next start runs them again.
 """
 
@@ -14,6 +14,8 @@ import os
 import queue
 import socket
 import threading
+
+from service.dispatch import use_local_runner
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +54,7 @@ class InProcessWorker:
         with _worker_lock:
             if _worker is self:  # stopped through its handle: the next start() builds a fresh worker
                 _worker = None
+                use_local_runner(None)
         self._reconciler.stop(timeout_s)
         for _ in self._threads:
             self._queue.put(_STOP)
@@ -79,11 +82,13 @@ _worker_lock = threading.Lock()
 
 
 def start(settings) -> InProcessWorker:
+    """Start the embedded worker (once) and make it where ``service.dispatch.enqueue`` sends jobs."""
     global _worker
     with _worker_lock:
         if _worker is None:
             _worker = InProcessWorker(settings)
             _worker.start()
+            use_local_runner(_worker.submit)
         return _worker
 
 
@@ -91,14 +96,6 @@ def stop(timeout_s: float = 5.0) -> None:
     global _worker
     with _worker_lock:
         worker, _worker = _worker, None
+        use_local_runner(None)
     if worker is not None:
         worker.stop(timeout_s)
-
-
-def submit(job_id: str, settings) -> bool:
-    """Queue a job for the embedded worker; if it is not started, the job waits for its first sweep."""
-    worker = _worker
-    if worker is None:
-        log.info("job %s: embedded worker not running; it will pick the job up when started", job_id)
-        return False
-    return worker.submit(job_id)

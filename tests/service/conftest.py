@@ -139,7 +139,7 @@ def service_env(request, tmp_path_factory):
         settings = Settings(
             data_dir=data_dir, auth="required", embedded_worker=False, operator_token=SecretStr(OPERATOR_TOKEN)
         )
-    from service.app import create_app
+    from stack import create_app
 
     app = create_app(settings)
     with TestClient(app) as client:

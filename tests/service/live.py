@@ -42,7 +42,7 @@ class LiveServer:
 
 @contextmanager
 def embedded_server(data_dir: Path, **settings: str) -> Iterator[LiveServer]:
-    """``uvicorn service.app:create_app`` on 127.0.0.1 with embedded defaults under ``data_dir``.
+    """``uvicorn stack:create_app`` on 127.0.0.1 with embedded defaults under ``data_dir``.
 
     ``settings`` become ``FLEXDSA_<NAME>`` variables (e.g. ``auth="required"``). The server is a separate
     process, as in production, so the in-process worker and its job children are really exercised.
@@ -55,7 +55,7 @@ def embedded_server(data_dir: Path, **settings: str) -> Iterator[LiveServer]:
     log_path = data_dir / "server.log"
     with log_path.open("wb") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "service.app:create_app", "--factory",
+            [sys.executable, "-m", "uvicorn", "stack:create_app", "--factory",
              "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"],
             cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
         )  # fmt: skip

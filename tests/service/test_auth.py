@@ -152,8 +152,8 @@ def test_unknown_job_is_404_like_another_tenants(env, headers):
 
 
 def test_optional_auth_acts_as_default_tenant(tmp_path):
-    from service.app import create_app
     from service.config import Settings
+    from stack import create_app
 
     settings = Settings(data_dir=tmp_path, embedded_worker=False)
     assert settings.auth == "optional"

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from service.app import create_app
 from service.auth import create_api_key
 from service.config import Settings
+from stack import create_app
 from tests.service.conftest import tiny_onnx
 
 ROOT = Path(__file__).resolve().parents[2]

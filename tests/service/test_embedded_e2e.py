@@ -9,8 +9,8 @@ import zipfile
 
 from fastapi.testclient import TestClient
 
-from service.app import create_app
 from service.config import Settings
+from stack import create_app
 from tests.service.conftest import tiny_onnx
 
 

@@ -17,9 +17,9 @@ OPERATOR_PATHS = ("/metrics", "/incidents", "/incidents/{incident_id}", "/cache/
 
 @pytest.fixture(scope="module")
 def fuzz_app(tmp_path_factory):
-    from service.app import create_app
     from service.auth import create_api_key
     from service.config import Settings
+    from stack import create_app
 
     settings_ = Settings(
         data_dir=tmp_path_factory.mktemp("fuzz"), auth="required", embedded_worker=False,

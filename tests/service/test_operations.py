@@ -7,10 +7,10 @@ from fastapi.testclient import TestClient
 from pydantic import ValidationError
 from typer.testing import CliRunner
 
-from service.app import create_app
 from service.cache_stats import record_cache_stats
 from service.config import Settings
 from service.models import KernelCacheEntry
+from stack import create_app
 from tests.service.conftest import OPERATOR_HEADERS, tiny_onnx
 
 

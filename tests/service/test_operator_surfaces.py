@@ -8,9 +8,9 @@ import pytest
 from fastapi.testclient import TestClient
 from pydantic import SecretStr, ValidationError
 
-from service.app import create_app
 from service.cache_stats import record_cache_stats
 from service.config import Settings
+from stack import create_app
 from tests.service.conftest import OPERATOR_HEADERS, OPERATOR_TOKEN
 
 

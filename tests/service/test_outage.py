@@ -20,8 +20,8 @@ pytestmark = pytest.mark.services
 
 @pytest.fixture
 def relayed_app(pg_database_url, tmp_path):
-    from service.app import create_app
     from service.config import Settings
+    from stack import create_app
 
     url = make_url(pg_database_url)
     relay = Relay((url.host or "127.0.0.1", url.port or 5432))

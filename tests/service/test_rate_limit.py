@@ -11,8 +11,8 @@ from tests.service.conftest import tiny_onnx
 
 @pytest.fixture(params=["in-process", "redis"])
 def limited(request, tmp_path, redis_url):
-    from service.app import create_app
     from service.config import Settings
+    from stack import create_app
 
     extra = {"redis_url": redis_url} if request.param == "redis" else {}
     settings = Settings(data_dir=tmp_path, auth="required", embedded_worker=False, submit_rate_per_minute=3, **extra)

@@ -35,7 +35,7 @@ def _blobs(env) -> set[str]:
 def small_limit_client(env):
     from fastapi.testclient import TestClient
 
-    from service.app import create_app
+    from stack import create_app
 
     app = create_app(env.settings.model_copy(update={"max_upload_bytes": 64}))
     return TestClient(app)  # no lifespan: the database is already prepared
@@ -196,7 +196,7 @@ def test_framework_errors_use_the_error_shape(env, headers):
 def test_unhandled_exception_is_500_in_the_error_shape(env):
     from fastapi.testclient import TestClient
 
-    from service.app import create_app
+    from stack import create_app
 
     app = create_app(env.settings)
 

@@ -19,9 +19,9 @@ OPERATOR_TOKEN = "operator-token-for-the-e2e-tests"
 
 @pytest.fixture
 def api(settings):
-    from service.app import create_app
     from service.auth import create_api_key
     from service.db import session_factory_for
+    from stack import create_app
 
     with session_factory_for(settings)() as session, session.begin():
         key, _ = create_api_key(session, "e2e")

@@ -10,10 +10,10 @@ import pytest
 from sqlalchemy import update
 
 from service.db import session_factory_for
+from service.dispatch import enqueue
 from service.models import Job, utcnow
+from service.task_queue import PRIORITY_STEPS, QUEUE
 from tests.workers.conftest import create_job, load_job, tiny_model, wait_for, wait_status
-from workers.celery_config import PRIORITY_STEPS, QUEUE
-from workers.dispatch import enqueue
 
 pytestmark = pytest.mark.services
 

@@ -9,10 +9,10 @@ from sqlalchemy import update
 
 from service.config import Settings
 from service.db import session_factory_for
+from service.dispatch import enqueue
 from service.models import Job, utcnow
 from tests.workers.conftest import STANDIN, create_job, load_job, wait_status
 from workers import inprocess
-from workers.dispatch import enqueue
 from workers.reconciler import reconcile_once
 
 

@@ -333,7 +333,7 @@ def test_internal_error_is_an_incident_with_its_traceback_for_operators_only(set
     from fastapi.testclient import TestClient
     from pydantic import SecretStr
 
-    from service.app import create_app
+    from stack import create_app
 
     job_id = create_job(settings, b"bug: not a model the core can handle")
     assert execute_job(job_id, settings=settings, worker_id="t1") == "failed"

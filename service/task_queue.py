@@ -1,10 +1,9 @@
-"""The Celery application's settings, shared by the worker (``workers.app``) and the publishers
-(``workers.dispatch``) without either importing the other. Why each setting is what it is: ``workers.app``."""
+"""The job queue's contract: the task name, the queue, the priorities and the Celery application's settings,
+shared by the API that publishes jobs (``service.dispatch``) and the workers that consume them
+(``workers.app``), so that the service never imports the workers. Why each setting is what it is:
+``workers.app``."""
 
 from __future__ import annotations
-
-import os
-import socket
 
 from celery import Celery
 
@@ -44,7 +43,3 @@ def create_celery(settings) -> Celery:
         worker_send_task_events=False,
     )
     return app
-
-
-def worker_id() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"

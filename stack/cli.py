@@ -1,0 +1,67 @@
+"""``flexdsa serve``: the API with its embedded worker (the composition root's command; registered through
+the ``flexdsa.cli`` entry point like the service's own commands)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from service.cli import fail, settings_or_exit
+
+
+def serve(
+    host: Annotated[str | None, typer.Option(help="Bind address (default FLEXDSA_HOST or 127.0.0.1)")] = None,
+    port: Annotated[int | None, typer.Option(help="Port (default FLEXDSA_PORT or 8000)")] = None,
+) -> None:
+    """Start the service. Embedded (no FLEXDSA_BROKER_URL): migrates SQLite and runs the worker in-process."""
+    import uvicorn
+    from sqlalchemy.exc import OperationalError
+
+    from service.auth import ensure_tenant
+    from service.db import (
+        DatabaseNotMigratedError,
+        make_engine,
+        make_session_factory,
+        prepare_database,
+        session_scope,
+    )
+    from stack import create_app
+
+    settings = settings_or_exit()
+    overrides = {k: v for k, v in {"host": host, "port": port}.items() if v is not None}
+    settings = settings.model_copy(update=overrides)
+    engine = make_engine(settings.database_url)
+    try:
+        prepare_database(settings, engine)
+    except DatabaseNotMigratedError as err:
+        raise fail(str(err)) from None
+    except OperationalError as err:
+        where = engine.url.render_as_string(hide_password=True)
+        raise fail(f"Cannot reach the database {where}: {str(err.orig).strip()}") from None
+    if settings.auth == "optional":
+        with session_scope(make_session_factory(engine)) as session:
+            ensure_tenant(session, settings.default_tenant)
+    engine.dispose()
+    if settings.auth == "optional" and settings.host not in ("127.0.0.1", "localhost", "::1"):
+        typer.secho(
+            f"Warning: listening on {settings.host} without API keys (FLEXDSA_AUTH=optional): anyone who can "
+            "reach this port acts as the default tenant. Set FLEXDSA_AUTH=required and create keys.",
+            fg="yellow",
+            err=True,
+        )
+    typer.echo(
+        f"Flex-DSA {settings.mode} mode on http://{settings.host}:{settings.port} "
+        f"(database {settings.database_url.split('@')[-1]}, artifacts {settings.artifact_dir}, auth {settings.auth})"
+    )
+    from service.logs import configure_logging
+
+    configure_logging(settings.log_format, settings.log_level)
+    # log_config=None: uvicorn keeps the handlers configured above instead of installing its own.
+    uvicorn.run(
+        create_app(settings), host=settings.host, port=settings.port, log_level=settings.log_level, log_config=None
+    )
+
+
+def register(app: typer.Typer) -> None:
+    app.command("serve")(serve)
