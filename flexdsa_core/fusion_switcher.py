@@ -36,6 +36,10 @@ turn until one pays; a site where none pays is recorded once.
 Refusals by a rule's own ``check`` (a failed ``MatchResult`` with a sentence) are collected through the
 matching tracer and written under the rule in the plan. The main graph and control-flow subgraphs are
 rewritten; model-local functions are not (they are inlined before this stage).
+
+Over 500 lines because enumerating candidates, costing them side by side, choosing among
+alternatives and writing every decision with its reason are one loop over one plan; the rules
+themselves live one per file in ``fusions/`` and the costs in ``cost_model``.
 """
 
 from __future__ import annotations

@@ -14,6 +14,9 @@ Path uploads are read with ``onnx_ir.load``: external-data tensors stay memory-m
 here (their sizes come from shapes), so a >2 GB model is not held in memory, let alone twice.
 ``save_model`` writes a model back, moving tensors to an external-data file when the total is too big
 for one protobuf (or when the model already keeps tensors outside).
+
+Over 500 lines because every refusal (external-data paths, sizes, opsets, domains, nesting) must
+be made here, before any other stage reads the model, and each carries its own sentence.
 """
 
 from __future__ import annotations

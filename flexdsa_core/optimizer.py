@@ -7,6 +7,10 @@ memory plan), run once per shape bucket and parameterised by the set of rewrites
 wraps it with what makes the output trustworthy: numerical validation of every bucket, accuracy bisection
 (find the rewrite that broke the numerics, switch it off, compile again), the never-slower check on
 cpu-ort (the same bisection, with latency as the predicate), and the report.
+
+Over 500 lines because it is the glue of every stage: each stage is its own module (shape_tracker,
+passes, fusion_switcher, subgraph_mapper, memory_planner, validate, precision, targets) and what
+remains here is their order, the bisections that undo a rewrite, and the report.
 """
 
 from __future__ import annotations
@@ -894,7 +898,3 @@ def _proto_without_weights(model: ir.Model) -> onnx.ModelProto:
             if axis is not None:
                 copy.attribute.append(onnx.helper.make_attribute("axis", axis.as_int()))
     return proto
-
-
-def options_hash(options: OptimizeOptions) -> str:
-    return hashlib.sha256(options.model_dump_json().encode()).hexdigest()[:16]

@@ -21,6 +21,9 @@ short evaluator per op (``@_evaluates("Gather")``). Then:
 Producers left unused are removed. Two symbolic dims are equal when their names are (the convention of
 ONNX shape inference and of the Shape Tracker: one name, one value throughout the model); a dim with no
 name equals only itself. Only the main graph is rewritten.
+
+Over 500 lines because each shape-arithmetic op (Shape, Gather, Slice, Concat, Unsqueeze, Squeeze,
+Reshape...) needs its own rule over partly known values, all sharing one value lattice.
 """
 
 from __future__ import annotations

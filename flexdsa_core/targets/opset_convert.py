@@ -24,6 +24,9 @@ that did not exist yet. So going down is done here, on the onnx_ir graph, in thr
    onnx's checker, run at the new opset, holds the model to the older schemas.
 
 The conversion works on a copy and either succeeds whole or leaves the model as it was, with the reason.
+
+Over 500 lines because each decomposition and each downgrade of a changed op (the steps above) is its own
+rewrite; they share the walk, the checker run and the all-or-nothing copy, so they stay together.
 """
 
 from __future__ import annotations
