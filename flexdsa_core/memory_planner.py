@@ -28,7 +28,6 @@ and listed in ``assumed_dims``. Dims ONNX could not relate to the inputs (``unk_
 
 from __future__ import annotations
 
-import heapq
 import math
 import re
 from collections.abc import Mapping
@@ -303,38 +302,21 @@ class _Sizer:
 
 
 def _topological_order(graph: ir.Graph) -> tuple[list[ir.Node], dict[int, ir.Node]]:
-    """The graph's nodes in a topological order (the stored order where it already is one), and for every
-    node inside a subgraph the main-graph node that holds it."""
+    """The graph's nodes in a topological order, and for every node inside a subgraph the main-graph node
+    that holds it. The order is onnx_ir's stable sort, done in place: a graph already in order (as every
+    stage leaves it) is unchanged."""
+    try:
+        graph.sort()
+    except ValueError:
+        raise InvalidModelError("The graph has a cycle; a memory plan needs a topological order.") from None
     nodes = list(graph)
-    index = {id(n): i for i, n in enumerate(nodes)}
-    owner: dict[int, int] = {}  # id(nested node) -> index of the main-graph node holding it
-    for i, node in enumerate(nodes):
+    owner: dict[int, ir.Node] = {}  # id(nested node) -> the main-graph node holding it
+    for node in nodes:
         for attr in node.attributes.values():
             for subgraph in _subgraphs(attr):
                 for inner in ir.traversal.RecursiveGraphIterator(subgraph):
-                    owner[id(inner)] = i
-    consumers: list[set[int]] = [set() for _ in nodes]
-    indegree = [0] * len(nodes)
-    for i, node in enumerate(nodes):
-        for value in node.outputs:
-            for use in value.uses():
-                j = index.get(id(use.node), owner.get(id(use.node)))
-                if j is not None and j != i and j not in consumers[i]:
-                    consumers[i].add(j)
-                    indegree[j] += 1
-    ready = [i for i, d in enumerate(indegree) if d == 0]
-    heapq.heapify(ready)
-    order = []
-    while ready:
-        i = heapq.heappop(ready)
-        order.append(nodes[i])
-        for j in consumers[i]:
-            indegree[j] -= 1
-            if indegree[j] == 0:
-                heapq.heappush(ready, j)
-    if len(order) != len(nodes):
-        raise InvalidModelError("The graph has a cycle; a memory plan needs a topological order.")
-    return order, {inner: nodes[i] for inner, i in owner.items()}
+                    owner[id(inner)] = node
+    return nodes, owner
 
 
 def _subgraphs(attr: ir.Attr) -> list[ir.Graph]:
