@@ -26,7 +26,8 @@ POISON_GRAPH = "flexdsa-poison"
 # A valid ONNX model whose graph has this name meets a bug (an incident), like a ``b"bug"`` file, but gets
 # past the API's check that an upload is ONNX.
 BUG_GRAPH = "flexdsa-bug"
-STAGES = ("ingest", "passes", "fusion", "mapping", "validate")
+# The real pipeline's stage names (tests/workers/test_standin_contract.py checks they stay a subset).
+STAGES = ("ingest", "shapes", "passes", "fusion", "validate")
 MEASURE_S = 0.02
 
 
@@ -43,8 +44,14 @@ class StandInOptimizer:
     def __init__(self, target, *, toolchain_root=None) -> None:
         self.target = target
 
-    def optimize(self, model_path, options, *, cache, progress) -> StandInResult:
-        data = Path(model_path).read_bytes()
+    def optimize(
+        self, model, options=None, *, cache=None, progress=None, workdir=None, calibration=None
+    ) -> StandInResult:
+        from flexdsa_core.cache import LRUCache
+
+        cache = LRUCache() if cache is None else cache
+        progress = progress or (lambda *_args: None)
+        data = Path(model).read_bytes()
         if data.startswith(b"bad"):
             raise InvalidModelError("not an ONNX model: the upload does not parse as protobuf")
         if data.startswith(b"bug") or _graph_name(data) == BUG_GRAPH:  # a bug in the compiler, not the user's mistake: an incident

@@ -42,7 +42,7 @@ def test_job_succeeds_with_artifacts_events_and_published_progress(settings, red
     assert kinds[:2] == ["queued", "started"] and kinds[-1] == "succeeded"
     # One progress event per stage change, not per progress call.
     stages = [e.stage for e in job.events if e.kind == "progress"]
-    assert stages == ["ingest", "passes", "fusion", "mapping", "validate", "report"]
+    assert stages == ["ingest", "shapes", "passes", "fusion", "validate", "report"]
     published = []
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline and (not published or published[-1].get("status") != "succeeded"):
