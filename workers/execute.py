@@ -9,7 +9,7 @@ embedded thread) ends here, and only a delivery that wins the claim does anythin
    jobs nobody may claim any more (attempts used up -> failed "gave up after N attempts: ...").
 2. **Whole-job cache**: a succeeded job of the same tenant with the same ``job_cache_key`` (model hash,
    spec hash, compiler version) lends its artifact rows (content-addressed blobs, so no copy) -> succeeded.
-3. **Pipeline in a child process** (``workers.child``): a model that crashes ONNX Runtime kills the child,
+3. **Pipeline in a child process** (``workers.child``, started by ``workers.pipeline_process``): a model that crashes ONNX Runtime kills the child,
    not the worker. While it runs the worker renews the lease, writes progress to the row (and an event per
    stage change), publishes it on Redis ``flexdsa:job:{id}``, stops the child on cancellation and on the
    time limits.
@@ -25,19 +25,13 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
-import queue
 import shutil
-import subprocess
-import sys
 import tempfile
-import threading
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from pathlib import Path
 
 from sqlalchemy import and_, bindparam, delete, func, insert, or_, select, update
 from sqlalchemy.exc import InterfaceError, OperationalError
@@ -45,16 +39,13 @@ from sqlalchemy.exc import InterfaceError, OperationalError
 from service.db import session_factory_for
 from service.logs import job_context
 from service.models import Artifact, Incident, Job, JobEvent, JobStatus, UTCDateTime, utcnow
+from workers.pipeline_process import PipelineProcess
 
 log = logging.getLogger(__name__)
 
 POLL_S = 0.2
 CANCEL_CHECK_S = 1.0
 PROGRESS_WRITE_S = 0.5
-KILL_GRACE_S = 5.0
-STDERR_TAIL_BYTES = 4000
-# Where this package lives on disk, so the child can import it whatever the current directory is.
-_PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
 
 
 @dataclass
@@ -266,7 +257,7 @@ class _JobRun:
             shutil.rmtree(work_dir, ignore_errors=True)  # also after a crash: nothing of a job lingers
 
     def _run_child(self, work_dir: str) -> str:
-        child = _Child.start(self._child_request(work_dir), warm=self.settings.warm_pipeline)
+        child = PipelineProcess.start(self._child_request(work_dir), warm=self.settings.warm_pipeline)
         heartbeat_s = max(1.0, min(self.settings.lease_seconds / 3, 10.0))
         started = time.monotonic()
         next_heartbeat = started + heartbeat_s
@@ -473,7 +464,7 @@ class _JobRun:
             }
         )
 
-    def _crashed(self, child: _Child) -> str:
+    def _crashed(self, child: PipelineProcess) -> str:
         code = child.returncode
         if code is not None and code < 0:
             reason = f"pipeline process crashed (signal {-code})"
@@ -590,147 +581,6 @@ def _add_event(
             at=utcnow(),
         )
     )
-
-
-# --- the child process --------------------------------------------------------------------------------
-
-
-# One pre-started pipeline process per thread (the thread matters: the child's PR_SET_PDEATHSIG follows
-# the thread that started it). Off with FLEXDSA_WARM_PIPELINE=false (Settings.warm_pipeline).
-_spares = threading.local()
-
-
-def _child_env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
-    return env
-
-
-class _Spare:
-    """A started ``python -m workers.child`` waiting for its request on stdin."""
-
-    def __init__(self, env: dict[str, str]) -> None:
-        self.env = env
-        self.stderr_file = tempfile.TemporaryFile()
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "workers.child"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self.stderr_file,
-            env=env,
-            close_fds=True,
-        )
-
-    def usable(self, env: dict[str, str]) -> bool:
-        return self.process.poll() is None and self.env == env
-
-    def discard(self) -> None:
-        for stream in (self.process.stdin, self.process.stdout, self.stderr_file):
-            with contextlib.suppress(OSError, ValueError):
-                stream.close()  # EOF on stdin: the spare exits by itself
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.process.wait(KILL_GRACE_S)
-        if self.process.poll() is None:
-            self.process.kill()
-
-
-def discard_spare() -> None:
-    """Stop this thread's warm pipeline process (tests, shutdown)."""
-    spare = getattr(_spares, "spare", None)
-    _spares.spare = None
-    if spare is not None:
-        spare.discard()
-
-
-class _Child:
-    """One ``python -m workers.child`` process and the thread that reads its JSON lines."""
-
-    def __init__(self, process: subprocess.Popen, stderr_file) -> None:
-        self.process = process
-        self._stderr_file = stderr_file
-        self._inbox: queue.Queue[dict | None] = queue.Queue()
-        self._reader_done = threading.Event()
-        self._terminated = False
-        self._stderr_tail: str | None = None
-        threading.Thread(target=self._read, name=f"child-{process.pid}-reader", daemon=True).start()
-
-    @classmethod
-    def start(cls, request: dict, *, warm: bool = True) -> _Child:
-        """Hand ``request`` to a pipeline process: this thread's warm spare when it matches the current
-        environment, else a new one; then start the next spare, which imports the compiler while this job
-        runs, so the next job skips the ~1 s of interpreter and library start-up."""
-        env = _child_env()
-        spare: _Spare | None = getattr(_spares, "spare", None)
-        _spares.spare = None
-        if spare is not None and not spare.usable(env):
-            spare.discard()
-            spare = None
-        spare = spare or _Spare(env)
-        spare.process.stdin.write((json.dumps(request, default=str) + "\n").encode())
-        spare.process.stdin.flush()  # stdin stays open: its EOF tells the child that we died
-        if warm:
-            _spares.spare = _Spare(env)
-        return cls(spare.process, spare.stderr_file)
-
-    def _read(self) -> None:
-        try:
-            for line in self.process.stdout:
-                with contextlib.suppress(ValueError):
-                    self._inbox.put(json.loads(line))
-        finally:
-            self._reader_done.set()
-            self._inbox.put(None)
-
-    def messages(self, wait_s: float) -> list[dict]:
-        out = []
-        try:
-            item = self._inbox.get(timeout=wait_s)
-            while True:
-                if item is not None:
-                    out.append(item)
-                item = self._inbox.get_nowait()
-        except queue.Empty:
-            return out
-
-    def finished(self) -> bool:
-        # Done when the process has exited and every line it wrote has been read.
-        return self.process.poll() is not None and self._reader_done.is_set() and self._inbox.empty()
-
-    @property
-    def returncode(self) -> int | None:
-        return self.process.returncode
-
-    @property
-    def terminated(self) -> bool:
-        return self._terminated
-
-    def terminate(self) -> None:
-        if not self._terminated and self.process.poll() is None:
-            self._terminated = True
-            self.process.terminate()
-
-    def kill(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.process.wait(KILL_GRACE_S)
-
-    def stderr_tail(self) -> str:
-        if self._stderr_tail is not None:
-            return self._stderr_tail
-        with contextlib.suppress(OSError, ValueError):
-            self._stderr_file.seek(0, os.SEEK_END)
-            size = self._stderr_file.tell()
-            self._stderr_file.seek(max(0, size - STDERR_TAIL_BYTES))
-            return self._stderr_file.read().decode("utf-8", "replace")
-        return ""
-
-    def close(self) -> None:
-        self.kill()
-        self._stderr_tail = self.stderr_tail()  # kept for the crash report after the file is gone
-        for stream in (self.process.stdin, self.process.stdout, self._stderr_file):
-            with contextlib.suppress(OSError, ValueError):
-                stream.close()
 
 
 # --- progress on Redis --------------------------------------------------------------------------------
