@@ -24,7 +24,7 @@ import tempfile
 import time
 import weakref
 from collections import Counter, OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -161,14 +161,35 @@ def _op_counts(model: ir.Model) -> dict[str, int]:
     return dict(sorted(Counter(op_key(node.op_type, node.domain) for node in model.graph).items()))
 
 
+@dataclass(frozen=True)
+class ModelClock:
+    """How whole models are timed against each other for the never-slower check: ``samples(models, feeds,
+    repeats=, interleave=)`` (one pass, models loaded in turn) and ``rounds(models, feeds)`` (the models
+    loaded once, ``.more(n)`` adding paired rounds). Tests hand in a fake clock here."""
+
+    samples: Callable = latency_samples
+    rounds: Callable = LatencyRounds
+
+
 class FlexDSAOptimizer:
     """``toolchain_root``: where vendor toolchains are installed (``flexdsa toolchains install``); None means
-    none is used, and accelerator bundles carry the commands to compile them on the user's side."""
+    none is used, and accelerator bundles carry the commands to compile them on the user's side. ``rules``:
+    the fusion rule library (default: every rule found in ``fusions/``); ``clock``: how whole models are
+    timed (``ModelClock``). Both are there for tests and experiments; a service never sets them."""
 
-    def __init__(self, target: TargetSpec | str, *, toolchain_root: str | Path | None = None) -> None:
+    def __init__(
+        self,
+        target: TargetSpec | str,
+        *,
+        toolchain_root: str | Path | None = None,
+        rules: Sequence | None = None,
+        clock: ModelClock | None = None,
+    ) -> None:
         self.target = load_target(target) if isinstance(target, str) else target
         self.adapter: PlatformAdapter = get_adapter(self.target)
         self.toolchain_root = Path(toolchain_root) if toolchain_root is not None else None
+        self.rules = tuple(rules) if rules is not None else tuple(discover_rules())
+        self.clock = clock or ModelClock()
 
     def switchable_rewrites(self) -> dict[str, list[str]]:
         """Every name ``disabled_rules`` accepts for this target, by kind (``preflight.switchable_names``)."""
@@ -231,7 +252,7 @@ class FlexDSAOptimizer:
             switcher = FusionSwitcher(
                 self.target, self.supports, cost_model, objective=options.objective, disabled=disabled
             )
-            plan = switcher.run(model, discover_rules())
+            plan = switcher.run(model, self.rules)
             for name in plan.applied:
                 applied(name)
             # Fusions leave dead producers and foldable leftovers behind: one more round of the passes.
@@ -509,7 +530,7 @@ class FlexDSAOptimizer:
             fp32_models = [b.model for b in recompile(frozenset(comp.disabled | {"ort_layout"})).buckets]
             # The same model without the fusions whose com.microsoft ops hold weights the QDQ quantiser
             # leaves in float: quantising before them may be faster (measured, as a candidate).
-            opaque = {r.name for r in discover_rules() if set(r.produces) & QDQ_OPAQUE_WEIGHT_OPS}
+            opaque = {r.name for r in self.rules if set(r.produces) & QDQ_OPAQUE_WEIGHT_OPS}
             if opaque & set(comp.applied):
                 unfused_models = [
                     b.model for b in recompile(frozenset(comp.disabled | opaque | {"ort_layout"})).buckets
@@ -709,7 +730,7 @@ class FlexDSAOptimizer:
             if comparison is not None:
                 reused.add(id(comparison))
             else:
-                comparison = _sequential_comparison(models, feeds, rounds, interleave)
+                comparison = _sequential_comparison(models, feeds, rounds, interleave, self.clock)
                 if comparison.verdict != "slower" and cache is not None:
                     cache.put(key, json.dumps(comparison.as_dict()).encode())
             if reference is None:
@@ -826,7 +847,7 @@ def _cached_comparison(cache, key: str) -> Comparison | None:
         return None
 
 
-def _sequential_comparison(models, feeds, rounds: int, interleave: bool) -> Comparison:
+def _sequential_comparison(models, feeds, rounds: int, interleave: bool, clock: ModelClock) -> Comparison:
     """Paired rounds of ``models['optimized']`` against ``models['original']``, each loaded once for the
     whole comparison. Stops after ``MIN_ROUNDS`` when the verdict is already plain
     (``significance.settled_early``), else runs ``rounds``; while the interval still straddles the
@@ -835,14 +856,14 @@ def _sequential_comparison(models, feeds, rounds: int, interleave: bool) -> Comp
     sessions, so that the re-measurement before a rollback is independent of the first (a session's
     memory placement can bias all of its runs alike)."""
     if not interleave:  # weights in external data: one model in memory at a time, sessions not kept
-        samples = latency_samples(models, feeds, repeats=rounds, interleave=False)
+        samples = clock.samples(models, feeds, repeats=rounds, interleave=False)
 
         def more(count: int) -> None:
-            extra = latency_samples(models, feeds, repeats=count, interleave=False)
+            extra = clock.samples(models, feeds, repeats=count, interleave=False)
             for name in samples:
                 samples[name].extend(extra[name])
     else:
-        timer = LatencyRounds(models, feeds)
+        timer = clock.rounds(models, feeds)
         samples = timer.more(MIN_ROUNDS)
         if not settled_early(samples["original"], samples["optimized"], min_effect=MODEL_MIN_EFFECT):
             timer.more(rounds - MIN_ROUNDS)

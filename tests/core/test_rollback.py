@@ -8,11 +8,11 @@ import onnx
 import pytest
 from onnxscript.rewriter import RewriteRuleClassBase
 
-import flexdsa_core.optimizer as optimizer_module
 from flexdsa_core import FlexDSAOptimizer, OptimizeOptions
 from flexdsa_core.cache import LRUCache
 from flexdsa_core.errors import ValidationFailedError
 from flexdsa_core.fusions import discover_rules, make_rule
+from flexdsa_core.optimizer import ModelClock
 from flexdsa_core.report import render_summary, report_summary
 
 
@@ -59,8 +59,6 @@ def with_broken_rule(monkeypatch):
     """The broken rule in the library, and taken by the switcher (it may well measure as a tie)."""
     import flexdsa_core.fusion_switcher as switcher_module
 
-    rules = (BROKEN_RULE, *discover_rules())
-    monkeypatch.setattr(optimizer_module, "discover_rules", lambda: rules)
     original_judge = switcher_module.FusionSwitcher._judge
 
     def judge_taking_broken_rule(self, model, rewrite_rule, delta):
@@ -70,10 +68,11 @@ def with_broken_rule(monkeypatch):
         return judgement
 
     monkeypatch.setattr(switcher_module.FusionSwitcher, "_judge", judge_taking_broken_rule)
+    return FlexDSAOptimizer("cpu-ort", rules=(BROKEN_RULE, *discover_rules()))
 
 
 def test_broken_rewrite_is_found_rolled_back_and_reported(with_broken_rule):
-    result = FlexDSAOptimizer("cpu-ort").optimize(_model(), OptimizeOptions(measure_latency=False))
+    result = with_broken_rule.optimize(_model(), OptimizeOptions(measure_latency=False))
     report = result.report
     assert [r["rewrite"] for r in report["rollbacks"]] == ["broken_for_test"]
     assert report["rollbacks"][0]["reason"] == "numerics"
@@ -84,7 +83,7 @@ def test_broken_rewrite_is_found_rolled_back_and_reported(with_broken_rule):
 
 def test_mismatch_fails_the_job_when_rollback_is_off(with_broken_rule):
     with pytest.raises(ValidationFailedError, match="differ from the original"):
-        FlexDSAOptimizer("cpu-ort").optimize(
+        with_broken_rule.optimize(
             _model(), OptimizeOptions(measure_latency=False, rollback_on_mismatch=False)
         )
 
@@ -107,8 +106,8 @@ LAYER_NORM_MODEL = onnx.parser.parse_model(
 ).SerializeToString()
 
 
-def _fake_clock(monkeypatch, seconds):
-    """Replace the model timings by ``seconds(model_proto, is_original)`` per run (paired rounds)."""
+def _fake_clock(seconds) -> FlexDSAOptimizer:
+    """An optimizer whose model timings are ``seconds(model_proto, is_original)`` per run (paired rounds)."""
 
     def one(source):
         model = onnx.load_from_string(source) if isinstance(source, bytes) else onnx.load(str(source))
@@ -127,19 +126,18 @@ def _fake_clock(monkeypatch, seconds):
                 self.samples[name].extend([value] * repeats)
             return self.samples
 
-    monkeypatch.setattr(optimizer_module, "latency_samples", fake_samples)
-    monkeypatch.setattr(optimizer_module, "LatencyRounds", FakeRounds)
+    return FlexDSAOptimizer("cpu-ort", clock=ModelClock(samples=fake_samples, rounds=FakeRounds))
 
 
 def _has_layer_norm(model: onnx.ModelProto) -> bool:
     return any(n.op_type == "LayerNormalization" for n in model.graph.node)
 
 
-def test_rewrite_that_costs_time_is_dropped(monkeypatch):
+def test_rewrite_that_costs_time_is_dropped():
     """Timings flip under load, so the clock is replaced by one that calls a LayerNormalization slow:
     what is under test is the bisection that finds and drops the rewrite, not the machine."""
-    _fake_clock(monkeypatch, lambda model, original: 2.0 if _has_layer_norm(model) else 1.0)
-    result = FlexDSAOptimizer("cpu-ort").optimize(LAYER_NORM_MODEL, OptimizeOptions(latency_repeats=3))
+    optimizer = _fake_clock(lambda model, original: 2.0 if _has_layer_norm(model) else 1.0)
+    result = optimizer.optimize(LAYER_NORM_MODEL, OptimizeOptions(latency_repeats=3))
     report = result.report
     assert {"rewrite": "layer_norm", "reason": "latency"}.items() <= report["rollbacks"][0].items()
     assert "layer_norm" not in report["fusions"]["applied"]
@@ -155,9 +153,9 @@ def _slower_whatever_happens(model, original):
     return 1.0 if original else 1.2 + 0.3 * _has_layer_norm(model)
 
 
-def test_still_slower_ships_the_fastest_verified_variant_with_a_warning(monkeypatch):
-    _fake_clock(monkeypatch, _slower_whatever_happens)
-    report = FlexDSAOptimizer("cpu-ort").optimize(LAYER_NORM_MODEL, OptimizeOptions()).report
+def test_still_slower_ships_the_fastest_verified_variant_with_a_warning():
+    optimizer = _fake_clock(_slower_whatever_happens)
+    report = optimizer.optimize(LAYER_NORM_MODEL, OptimizeOptions()).report
     assert report["rollbacks"][-1]["reason"] == "latency"
     assert "fastest verified variant" in report["rollbacks"][-1]["detail"]
     assert "layer_norm" in report["rollbacks"][-1]["rewrite"]
@@ -170,9 +168,9 @@ def test_still_slower_ships_the_fastest_verified_variant_with_a_warning(monkeypa
     assert "WARNING" in render_summary(report)
 
 
-def test_a_slower_model_ships_only_when_allowed_and_says_so(monkeypatch):
-    _fake_clock(monkeypatch, _slower_whatever_happens)
-    report = FlexDSAOptimizer("cpu-ort").optimize(LAYER_NORM_MODEL, OptimizeOptions(allow_slower=True)).report
+def test_a_slower_model_ships_only_when_allowed_and_says_so():
+    optimizer = _fake_clock(_slower_whatever_happens)
+    report = optimizer.optimize(LAYER_NORM_MODEL, OptimizeOptions(allow_slower=True)).report
     assert "layer_norm" in report["fusions"]["applied"]
     assert report["latency"]["comparison"]["ratio_median"] == pytest.approx(1.5)
     [warning] = report["warnings"]
@@ -196,27 +194,27 @@ def test_absurd_input_shape_is_a_clear_error_not_an_allocation():
         FlexDSAOptimizer("cpu-ort").optimize(huge, OptimizeOptions(measure_latency=False))
 
 
-def test_the_same_two_models_are_compared_once_and_then_read_from_the_kernel_cache(monkeypatch):
-    _fake_clock(monkeypatch, lambda model, original: 1.0)
-    opened, fake_rounds = [], optimizer_module.LatencyRounds
+def test_the_same_two_models_are_compared_once_and_then_read_from_the_kernel_cache():
+    fake = _fake_clock(lambda model, original: 1.0).clock
+    opened = []
 
     def counting_rounds(models, feeds, **kwargs):
         opened.append(sorted(models))
-        return fake_rounds(models, feeds, **kwargs)
+        return fake.rounds(models, feeds, **kwargs)
 
-    monkeypatch.setattr(optimizer_module, "LatencyRounds", counting_rounds)
+    optimizer = FlexDSAOptimizer("cpu-ort", clock=ModelClock(samples=fake.samples, rounds=counting_rounds))
     cache = LRUCache()
-    first = FlexDSAOptimizer("cpu-ort").optimize(LAYER_NORM_MODEL, OptimizeOptions(), cache=cache).report
-    second = FlexDSAOptimizer("cpu-ort").optimize(LAYER_NORM_MODEL, OptimizeOptions(), cache=cache).report
+    first = optimizer.optimize(LAYER_NORM_MODEL, OptimizeOptions(), cache=cache).report
+    second = optimizer.optimize(LAYER_NORM_MODEL, OptimizeOptions(), cache=cache).report
     assert len(opened) == 1  # the second job found the first one's comparison of the same two models
     assert first["latency"]["from_kernel_cache"] is False and second["latency"]["from_kernel_cache"] is True
     assert second["latency"]["comparison"] == first["latency"]["comparison"]
 
 
-def test_a_slower_verdict_is_never_kept_so_a_rollback_always_rests_on_fresh_timings(monkeypatch):
-    _fake_clock(monkeypatch, _slower_whatever_happens)
+def test_a_slower_verdict_is_never_kept_so_a_rollback_always_rests_on_fresh_timings():
+    optimizer = _fake_clock(_slower_whatever_happens)
     cache = LRUCache()
     for _ in range(2):
-        report = FlexDSAOptimizer("cpu-ort").optimize(LAYER_NORM_MODEL, OptimizeOptions(), cache=cache).report
+        report = optimizer.optimize(LAYER_NORM_MODEL, OptimizeOptions(), cache=cache).report
         assert report["latency"]["slower_than_original"] is True
         assert report["latency"]["from_kernel_cache"] is False
