@@ -60,7 +60,7 @@ from flexdsa_core.precision import (
 from flexdsa_core.preflight import check_buckets, check_disabled, refuse_impossible_tensors, switchable_names
 from flexdsa_core.report import build_report, render_summary, report_summary
 from flexdsa_core.serialized import kept_bytes, model_bytes, serialization_scope
-from flexdsa_core.shape_tracker import ShapeTracker
+from flexdsa_core.shape_tracker import Bucket, ShapeTracker
 from flexdsa_core.significance import MIN_ROUNDS, MODEL_MIN_EFFECT, Comparison, paired, settled_early
 from flexdsa_core.subgraph_mapper import SubgraphMapper
 from flexdsa_core.targets import BucketModel, PlatformAdapter, TargetSpec, get_adapter, load_target, op_key
@@ -101,6 +101,42 @@ class Compilation:
     stage_seconds: Counter
     legalization: dict[str, list[str]] = field(default_factory=dict)
     partition: dict[str, dict] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class _Stage:
+    """One stage of ``_compile``: its name (for timing and progress; None: untimed bookkeeping), the method
+    that runs it, the progress message, and whether the invariants are checked after it (``supported``:
+    also that every op is in the target's table)."""
+
+    name: str | None
+    run: Callable[[_BucketRun], None]
+    progress: str | None = None
+    check: bool = False
+    supported: bool = False
+
+
+@dataclass
+class _BucketRun:
+    """What the stages of one bucket hand each other: the model as it goes, and what the report keeps."""
+
+    bucket: Bucket
+    tracker: ShapeTracker
+    options: OptimizeOptions
+    disabled: frozenset[str]
+    cost_model: CostModel
+    passes: list
+    comp: Compilation
+    model: ir.Model | None = None
+    records: list = field(default_factory=list)
+    plan: object = None
+    legalized: object = None
+    mapping: object = None
+    cost_before: object = None
+
+    def applied(self, name: str) -> None:
+        if name not in self.comp.applied:
+            self.comp.applied.append(name)
 
 
 @dataclass
@@ -214,103 +250,107 @@ class FlexDSAOptimizer:
         cost_model: CostModel,
         progress: _Progress,
     ) -> Compilation:
-        debug = options.debug_invariants
-        passes = [p for p in generic_passes(options) if p.name not in disabled]
-        seconds: Counter = Counter()
-        comp = Compilation(disabled, [], [], {}, {}, {}, {}, seconds)
-
-        def applied(name: str) -> None:
-            if name not in comp.applied:
-                comp.applied.append(name)
-
-        for index, bucket in enumerate(buckets):
-            start = time.perf_counter()
+        """The pipeline, once per shape bucket: each stage below is one named method, in order. Timing,
+        progress and the invariant checks (``debug_invariants``) are applied around them by the loop."""
+        stages = (
             # Shape Tracker: fix this bucket's dims and fold the shape arithmetic they decide.
-            model = tracker.specialize(bucket)
-            seconds["shapes"] += time.perf_counter() - start
-            if debug:
-                check_invariants(model, stage=f"shapes[{bucket.name}]")
-            # Whole-graph estimates are for targets we cannot run; on a calibrated target (cpu-ort) costing every
-            # node again would cost seconds, and the measured latency in the report is the better figure.
-            estimate = not self.target.calibrated
-            cost_before = cost_model.graph_cost(model) if estimate else None
-
+            _Stage("shapes", self._specialize, check=True),
+            # Whole-graph estimate before the rewrites (targets we cannot run; cpu-ort measures instead).
+            _Stage(None, self._estimate_before),
             # Generic passes to a fixed point: folding, CSE, dead code, no-ops, algebra.
-            progress("passes", index / len(buckets), f"generic passes ({bucket.name})")
-            start = time.perf_counter()
-            records = run_passes(model, passes)
-            seconds["passes"] += time.perf_counter() - start
-            for record in records:
-                if record.modified:
-                    applied(record.name)
-            if debug:
-                check_invariants(model, stage=f"passes[{bucket.name}]")
-
+            _Stage("passes", self._generic_passes, progress="generic passes", check=True),
             # Fusion Switcher: legal fusions for this target, each taken only where the cost model says it pays.
-            progress("fusion", index / len(buckets), f"choosing fusions ({bucket.name})")
-            start = time.perf_counter()
-            switcher = FusionSwitcher(
-                self.target, self.supports, cost_model, objective=options.objective, disabled=disabled
-            )
-            plan = switcher.run(model, self.rules)
-            for name in plan.applied:
-                applied(name)
-            # Fusions leave dead producers and foldable leftovers behind: one more round of the passes.
-            records += run_passes(model, passes)
-            seconds["fusion"] += time.perf_counter() - start
-            if debug:
-                check_invariants(model, stage=f"fusion[{bucket.name}]")
-
+            _Stage("fusion", self._choose_fusions, progress="choosing fusions", check=True),
             # Platform legalisation: ops the target lacks are rewritten (or left to CPU fallback).
-            start = time.perf_counter()
-            legalized = self.adapter.legalize(model, self.target, disabled)
-            model = legalized.model
-            comp.legalization[bucket.name] = legalized.notes
-            for name in legalized.applied:
-                applied(name)
-            seconds["adapter"] += time.perf_counter() - start
-            if debug:
-                check_invariants(model, stage=f"legalize[{bucket.name}]", supported=self.adapter_supports)
-
+            _Stage("adapter", self._legalize, check=True, supported=True),
             # Memory plan: lifetimes -> static arena, reported against the naive sum of all tensors.
-            start = time.perf_counter()
-            comp.memory[bucket.name] = plan_memory(model, dims=bucket.dims or None).as_dict()
-            seconds["memory"] += time.perf_counter() - start
-
+            _Stage("memory", self._plan_memory),
             # Subgraph Mapper (accelerators): accelerator partitions vs CPU fallback, kernels against SRAM.
-            mapping = None
-            if isinstance(self.adapter, AcceleratorAdapter):
+            _Stage("mapper", self._map_subgraphs),
+            # What the report needs: the delivery check of every taken fusion, and the estimates after.
+            _Stage(None, self._record),
+        )
+        comp = Compilation(disabled, [], [], {}, {}, {}, {}, Counter())
+        passes = [p for p in generic_passes(options) if p.name not in disabled]
+        for index, bucket in enumerate(buckets):
+            run = _BucketRun(bucket, tracker, options, disabled, cost_model, passes, comp)
+            for stage in stages:
+                if stage.progress:
+                    progress(stage.name, index / len(buckets), f"{stage.progress} ({bucket.name})")
                 start = time.perf_counter()
-                mapping = SubgraphMapper(self.target, self.adapter, cost_model, cost_model.cache).map(model)
-                comp.partition[bucket.name] = mapping.as_dict()
-                seconds["mapper"] += time.perf_counter() - start
-
-            comp.pass_records[bucket.name] = [r.as_dict() for r in records]
-            comp.fusion_plans[bucket.name] = plan.to_json()
-            # Every fusion the plan calls taken must be in the file we deliver, or the report says it is not.
-            comp.fusion_plans[bucket.name]["delivery_warnings"] = check_delivery(
-                comp.fusion_plans[bucket.name], model
-            )
-            if estimate:
-                cost_after = cost_model.graph_cost(model)
-                comp.estimates[bucket.name] = {"before": cost_before.as_dict(), "after": cost_after.as_dict()}
-                if mapping is not None:
-                    comp.estimates[bucket.name]["on_target"] = target_estimate(
-                        self.target, mapping, cost_after, comp.memory[bucket.name]
-                    )
-            else:
-                comp.estimates[bucket.name] = {
-                    "note": "not estimated: this target runs here, see the measured latency",
-                    "fusion_gain_estimate_s": sum(
-                        (c.get("estimated_gain") or {}).get("seconds", 0) or 0
-                        for c in plan.to_json().get("candidates", [])
-                        if c.get("taken")
-                    ),
-                }
+                stage.run(run)
+                if stage.name:
+                    comp.stage_seconds[stage.name] += time.perf_counter() - start
+                if stage.check and options.debug_invariants:
+                    supported = self.adapter_supports if stage.supported else None
+                    check_invariants(run.model, stage=f"{stage.name}[{bucket.name}]", supported=supported)
             comp.buckets.append(
-                BucketModel(bucket.name, model, bucket.input_shapes(model), legalized.portable)
+                BucketModel(bucket.name, run.model, bucket.input_shapes(run.model), run.legalized.portable)
             )
         return comp
+
+    def _specialize(self, run: _BucketRun) -> None:
+        run.model = run.tracker.specialize(run.bucket)
+
+    def _estimate_before(self, run: _BucketRun) -> None:
+        if not self.target.calibrated:
+            run.cost_before = run.cost_model.graph_cost(run.model)
+
+    def _generic_passes(self, run: _BucketRun) -> None:
+        run.records = run_passes(run.model, run.passes)
+        for record in run.records:
+            if record.modified:
+                run.applied(record.name)
+
+    def _choose_fusions(self, run: _BucketRun) -> None:
+        switcher = FusionSwitcher(
+            self.target, self.supports, run.cost_model, objective=run.options.objective, disabled=run.disabled
+        )
+        run.plan = switcher.run(run.model, self.rules)
+        for name in run.plan.applied:
+            run.applied(name)
+        # Fusions leave dead producers and foldable leftovers behind: one more round of the passes.
+        run.records += run_passes(run.model, run.passes)
+
+    def _legalize(self, run: _BucketRun) -> None:
+        run.legalized = self.adapter.legalize(run.model, self.target, run.disabled)
+        run.model = run.legalized.model
+        run.comp.legalization[run.bucket.name] = run.legalized.notes
+        for name in run.legalized.applied:
+            run.applied(name)
+
+    def _plan_memory(self, run: _BucketRun) -> None:
+        run.comp.memory[run.bucket.name] = plan_memory(run.model, dims=run.bucket.dims or None).as_dict()
+
+    def _map_subgraphs(self, run: _BucketRun) -> None:
+        if isinstance(self.adapter, AcceleratorAdapter):
+            run.mapping = SubgraphMapper(self.target, self.adapter, run.cost_model, run.cost_model.cache).map(
+                run.model
+            )
+            run.comp.partition[run.bucket.name] = run.mapping.as_dict()
+
+    def _record(self, run: _BucketRun) -> None:
+        comp, name, plan = run.comp, run.bucket.name, run.plan.to_json()
+        comp.pass_records[name] = [r.as_dict() for r in run.records]
+        comp.fusion_plans[name] = plan
+        # Every fusion the plan calls taken must be in the file we deliver, or the report says it is not.
+        plan["delivery_warnings"] = check_delivery(plan, run.model)
+        if run.cost_before is not None:
+            cost_after = run.cost_model.graph_cost(run.model)
+            comp.estimates[name] = {"before": run.cost_before.as_dict(), "after": cost_after.as_dict()}
+            if run.mapping is not None:
+                comp.estimates[name]["on_target"] = target_estimate(
+                    self.target, run.mapping, cost_after, comp.memory[name]
+                )
+        else:
+            comp.estimates[name] = {
+                "note": "not estimated: this target runs here, see the measured latency",
+                "fusion_gain_estimate_s": sum(
+                    (c.get("estimated_gain") or {}).get("seconds", 0) or 0
+                    for c in plan.get("candidates", [])
+                    if c.get("taken")
+                ),
+            }
 
     def adapter_supports(self, op_type: str, domain: str) -> bool:
         return self.adapter.supports(self.target, op_type, domain)
