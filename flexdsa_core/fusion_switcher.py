@@ -6,8 +6,8 @@ For each rule, in ``order``:
 1. switched off by the user → refused;
 2. the target lacks an op in ``rule.produces`` → refused ("target has no X");
 3. otherwise every match is judged on its own (per-match granularity: a fusion can pay at one shape and
-   not at another). The rule's onnxscript ``RewriteRule``s are driven here, node by node, as
-   ``RewriteRuleSet`` would, but each match's replacement is built *before* anything changes
+   not at another). The rule's onnxscript ``RewriteRule``s are driven node by node, as
+   ``RewriteRuleSet`` would (by ``fusions.driver``, which the rule tests go through too), but each match's replacement is built *before* anything changes
    (``try_rewrite``) and costed as a delta::
 
        gain = cost(nodes the match removes) - cost(nodes the replacement adds)
@@ -52,16 +52,14 @@ from typing import Literal
 import onnx_ir as ir
 import onnx_ir.passes.common as ir_passes
 import onnxscript.optimizer
-from onnxscript.rewriter import RULE_NAME_TAG, MatchStatus, RewriteRule
+from onnxscript.rewriter import RewriteRule
 
 from flexdsa_core.cost_model import Cost, CostModel, TensorInfo
 from flexdsa_core.fusions import FusionRule, discover_rules
+from flexdsa_core.fusions.driver import RULE_TAG, ReasonTracer, carry_output_types, drive, removed_nodes
 from flexdsa_core.targets.spec import TargetSpec, op_key
 
 __all__ = ["RULE_TAG", "FusionPlan", "FusionSwitcher"]
-
-# Node metadata naming the fusion rule that produced the node.
-RULE_TAG = "flexdsa.fusion_rule"
 
 Objective = Literal["latency", "energy", "balanced"]
 _MAX_REASONS = 10
@@ -111,23 +109,12 @@ class _Judgement:
     significance: dict | None = None  # the side-by-side statistics, or how the decision was reached without
 
 
-class _ReasonTracer:
-    """Duck-typed onnxscript matching tracer: keeps the sentences of failed checks, counted."""
-
-    def __init__(self) -> None:
-        self.reasons: collections.Counter[str] = collections.Counter()
-
-    def log(self, rule, container, node, match_result, status) -> None:
-        if status in (MatchStatus.CONDITION_FAILED, MatchStatus.REPLACEMENT_FAILED):
-            self.reasons[match_result.reason or f"{rule}: check failed without a reason"] += 1
-
-
 @dataclass
 class _RuleRun:
     """What driving one rule over a model found."""
 
     judgements: list[_Judgement] = field(default_factory=list)
-    tracer: _ReasonTracer = field(default_factory=_ReasonTracer)
+    tracer: ReasonTracer = field(default_factory=ReasonTracer)
 
     @property
     def taken(self) -> list[_Judgement]:
@@ -318,63 +305,35 @@ class FusionSwitcher:
     # -- the per-match driver ------------------------------------------------------------------------
 
     def _drive(self, model: ir.Model, rule: FusionRule) -> _RuleRun:
-        added_domains = [d for d, _ in rule.opset_imports if d not in model.opset_imports]
-        for domain, version in rule.opset_imports:
-            model.opset_imports.setdefault(domain, version)
         run = _RuleRun()
-        self._drive_graph(model, model.graph, rule, run)
-        if not run.taken:
-            for domain in added_domains:
-                model.opset_imports.pop(domain, None)
+
+        def decide(rewrite_rule: RewriteRule, delta) -> _Judgement:
+            judgement = self._judge(model, rewrite_rule, delta)
+            if judgement.taken:
+                for earlier in (n.metadata_props.get(RULE_TAG) for n in removed_nodes(rewrite_rule, delta)):
+                    if earlier and earlier != rule.name:  # an earlier fusion's node folded into this one
+                        self._subsumed.setdefault(earlier, collections.Counter())[rule.name] += 1
+            return judgement
+
+        run.judgements = drive(
+            model,
+            rule.rewrite_rules,
+            decide,
+            rule_name=rule.name,
+            opset_imports=rule.opset_imports,
+            tracer=run.tracer,
+        )
         return run
 
-    def _drive_graph(self, model: ir.Model, graph: ir.Graph, rule: FusionRule, run: _RuleRun) -> None:
-        rewrite_rules = list(rule.rewrite_rules)
-        for rewrite_rule in rewrite_rules:
-            if rewrite_rule.graph_pre_visitor:
-                rewrite_rule.graph_pre_visitor()
-        for node in graph:
-            # One site, one judgement: variants of the rule are tried in turn until one pays; a site
-            # where none pays is recorded once, with the first variant's figures.
-            refused: _Judgement | None = None
-            for rewrite_rule in rewrite_rules:
-                delta = rewrite_rule.try_rewrite(model, graph, node, tracer=run.tracer)
-                if delta is None:
-                    continue
-                judgement = self._judge(model, rewrite_rule, delta)
-                if judgement.taken:
-                    removed = _removed_nodes(rewrite_rule, delta)
-                    for earlier in (n.metadata_props.get(RULE_TAG) for n in removed):
-                        if earlier and earlier != rule.name:  # an earlier fusion's node folded into this one
-                            by = self._subsumed.setdefault(earlier, collections.Counter())
-                            by[rule.name] += 1
-                    _apply(graph, rewrite_rule, node, delta, removed, rule.name)
-                    run.judgements.append(judgement)
-                    refused = None
-                    break
-                _discard(delta)
-                refused = refused or judgement
-            if refused is not None:
-                run.judgements.append(refused)
-            for attr in node.attributes.values():
-                if attr.type == ir.AttributeType.GRAPH:
-                    self._drive_graph(model, attr.value, rule, run)
-                elif attr.type == ir.AttributeType.GRAPHS:
-                    for subgraph in attr.value:
-                        self._drive_graph(model, subgraph, rule, run)
-        for rewrite_rule in rewrite_rules:
-            if rewrite_rule.graph_post_visitor:
-                rewrite_rule.graph_post_visitor()
-
     def _judge(self, model: ir.Model, rewrite_rule: RewriteRule, delta) -> _Judgement:
-        removed = _removed_nodes(rewrite_rule, delta)
+        removed = removed_nodes(rewrite_rule, delta)
         added = list(delta.new_nodes)
         kind = f"{_ops_text(removed)} -> {_ops_text(added)}"
         emitted = {op_key(n.op_type, n.domain) for n in added if not _is_constant(n)}
         missing = sorted(op for op in emitted if not self.supports(op))
         if missing:
             return _Judgement(False, f"refused: target {self.target.name} has no {', '.join(missing)}", kind)
-        _carry_output_types(delta, added)
+        carry_output_types(delta)
         opsets = model.opset_imports
         comparison = None
         if self.cost_model.measuring:
@@ -460,77 +419,6 @@ def _label(before: Cost, after: Cost, comparison) -> str:
     if before.measured or after.measured:
         return "partly measured (the rest estimated)"
     return "estimated"
-
-
-def _removed_nodes(rewrite_rule: RewriteRule, delta) -> list[ir.Node]:
-    """The matched nodes that go away: all of them when the rule removes its match, otherwise those left
-    with no consumer once the match's outputs are rerouted to the replacement."""
-    matched = _in_dataflow_order(delta.match.nodes)
-    if rewrite_rule.remove_nodes:
-        return matched
-    rerouted = set(delta.match.outputs)
-    dead: set[ir.Node] = set()
-    changed = True
-    while changed:
-        changed = False
-        for node in matched:
-            if node in dead:
-                continue
-            if all(
-                value in rerouted
-                or (not value.is_graph_output() and all(u.node in dead for u in value.uses()))
-                for value in node.outputs
-            ):
-                dead.add(node)
-                changed = True
-    return [n for n in matched if n in dead]
-
-
-def _in_dataflow_order(nodes: Iterable[ir.Node]) -> list[ir.Node]:
-    """Producers before consumers (a match lists its nodes from the pattern's output backwards)."""
-    remaining = list(nodes)
-    ordered: list[ir.Node] = []
-    while remaining:
-        pending = set(remaining)
-        ready = [n for n in remaining if not any(v is not None and v.producer() in pending for v in n.inputs)]
-        ready = ready or remaining[:1]  # a cycle cannot happen in a valid graph; never loop forever
-        ordered.extend(ready)
-        remaining = [n for n in remaining if n not in set(ready)]
-    return ordered
-
-
-def _apply(
-    graph: ir.Graph, rewrite_rule: RewriteRule, node: ir.Node, delta, removed: list[ir.Node], rule_name: str
-) -> None:
-    """What ``RewriteRuleSet`` does with an accepted match; new nodes are tagged with the fusion rule's name
-    (``RULE_TAG``) so that the delivered model can be checked against the plan."""
-    for initializer in delta.new_initializers:
-        if initializer.name not in graph.initializers:
-            graph.initializers[initializer.name] = initializer
-    onnxscript.optimizer.basic_constant_propagation(delta.new_nodes)
-    for new_node in delta.new_nodes:
-        if rewrite_rule.name:
-            new_node.metadata_props[RULE_NAME_TAG] = rewrite_rule.name
-        new_node.metadata_props[RULE_TAG] = rule_name
-    ir.convenience.replace_nodes_and_values(
-        graph,
-        node,
-        removed if rewrite_rule.remove_nodes else [],
-        delta.new_nodes,
-        delta.match.outputs,
-        delta.new_outputs,
-    )
-
-
-def _carry_output_types(delta, added: list[ir.Node]) -> None:
-    """The replacement's outputs take the matched outputs' type and shape (as the rewrite will)."""
-    producers = set(added)
-    for old, new in zip(delta.match.outputs, delta.new_outputs, strict=False):
-        if new.producer() in producers:
-            if new.type is None:
-                new.type = old.type
-            if new.shape is None:
-                new.shape = old.shape
 
 
 def _is_constant(node: ir.Node) -> bool:
@@ -634,10 +522,3 @@ def _by_kind(judgements: Sequence[_Judgement]) -> list[dict]:
         )
     return sorted(lines, key=lambda line: -line["count"])
 
-
-def _discard(delta) -> None:
-    """Detach a refused replacement: its nodes were built against live values and would stay listed as
-    their users (later stages, e.g. the memory planner, would then see consumers outside the graph)."""
-    for node in delta.new_nodes:
-        for index in range(len(node.inputs)):
-            node.replace_input_with(index, None)

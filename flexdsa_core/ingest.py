@@ -234,8 +234,10 @@ def _sha256_file(path: Path) -> str:
 
 
 def _external_tensor_names(proto: onnx.ModelProto) -> list[str]:
+    from flexdsa_core._libraries import onnx_tensors  # here: it loads onnxscript, which ingest needn't
+
     names = []
-    for tensor in onnx.external_data_helper._get_all_tensors(proto):
+    for tensor in onnx_tensors(proto):
         if tensor.data_location == onnx.TensorProto.EXTERNAL:
             names.append(tensor.name or "<unnamed>")
     return names

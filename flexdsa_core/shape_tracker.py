@@ -32,13 +32,13 @@ import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import onnx_ir as ir
 from onnx_ir.passes.common import RemoveUnusedNodesPass, ShapeInferencePass
 from onnxscript.optimizer import fold_constants
 
+from flexdsa_core._libraries import ort_symbolic_shapes
 from flexdsa_core.cost_model import CostModel, measure_sgemm_peak
 from flexdsa_core.dims import is_batch_dim  # noqa: F401 - re-exported for callers of the tracker
 from flexdsa_core.errors import InvalidOptionsError
@@ -193,22 +193,13 @@ def _refine_symbolically(
     if weight_bytes > _SYMBOLIC_REFINE_MAX_BYTES:
         return {}, "onnxruntime symbolic shape inference skipped: the model's weights exceed 1 GiB"
     try:
-        SymbolicShapeInference = _ort_symbolic_shape_inference()
-
         probe = model.clone()
         names = {v.name for v in unresolved}
         for node in probe.graph:
             for value in node.outputs:
                 if value.name in names and not value.is_graph_output():
                     value.shape = None  # let it infer these afresh rather than keep ONNX's unk__ names
-        # Driven step by step rather than through infer_shapes(), which on an incomplete result writes
-        # a temporary model into the working directory; a partial answer is still useful here.
-        inference = SymbolicShapeInference(2**31 - 1, True, False, 0)
-        inference._preprocess(ir.to_proto(probe))
-        while inference.run_:
-            inference._infer_impl()
-        inference._update_output_from_vi()
-        inferred = inference.out_mp_
+        inferred = ort_symbolic_shapes(ir.to_proto(probe))  # partial answers included
     except Exception as error:  # an op it has no rule for, an opset it refuses: keep ONNX's answer
         return {}, f"onnxruntime symbolic shape inference could not run ({type(error).__name__}: {error})"
     found = {vi.name: vi for vi in [*inferred.graph.value_info, *inferred.graph.output]}
@@ -862,18 +853,3 @@ def _fold_only_shape_arithmetic(node: ir.Node) -> bool | None:
     if node.op_type == "ConstantOfShape" and node.domain in ("", "ai.onnx"):
         return True
     return None
-
-
-@functools.cache
-def _ort_symbolic_shape_inference():
-    """ONNX Runtime's ``SymbolicShapeInference``, loaded from its own file: importing it the usual way runs
-    ``onnxruntime.tools.__init__``, which imports torch whenever torch is installed (seconds, for nothing)."""
-    import importlib.util
-
-    import onnxruntime
-
-    path = Path(onnxruntime.__file__).parent / "tools" / "symbolic_shape_infer.py"
-    spec = importlib.util.spec_from_file_location("flexdsa_ort_symbolic_shape_infer", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.SymbolicShapeInference

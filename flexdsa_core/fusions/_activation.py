@@ -9,7 +9,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import onnx_ir as ir
-from onnxscript.rewriter import _ir_utils
+
+from flexdsa_core._libraries import get_singleton_value
 
 # Clip with a missing bound clamps at the float range.
 _FLOAT_MAX = float(np.finfo(np.float32).max)
@@ -45,7 +46,7 @@ def read_activation(node: ir.Node) -> Activation | str:
         if bound is None:
             bounds.append(node.attributes.get_float(name, default))
             continue
-        value = _ir_utils.get_singleton_value(bound)
+        value = get_singleton_value(bound)
         if value is None:
             return f"Clip '{node.name}' {name} bound '{bound.name}' is not a constant scalar."
         bounds.append(float(value))

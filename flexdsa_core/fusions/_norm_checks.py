@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import numpy as np
 import onnx_ir as ir
-from onnxscript.rewriter import _ir_utils
+
+from flexdsa_core._libraries import get_numpy_value
 
 
 def reduce_axes(node: ir.Node) -> list[int] | None:
     """The reduced axes as a list, or None when they are not known constants (or reduce everything)."""
     if len(node.inputs) > 1 and node.inputs[1] is not None:
-        axes = _ir_utils.get_numpy_value(node.inputs[1])
+        axes = get_numpy_value(node.inputs[1])
         return None if axes is None else [int(a) for a in axes.reshape(-1)]
     attribute = node.attributes.get("axes")
     return None if attribute is None else [int(a) for a in attribute.as_ints()]

@@ -12,13 +12,13 @@ built with ``remove_nodes=False`` need in place of onnxscript's own removability
 from __future__ import annotations
 
 import onnx_ir as ir
-from onnxscript.rewriter import _ir_utils
 
+from flexdsa_core._libraries import get_numpy_value, get_singleton_value
 from flexdsa_core.fusions._norm_checks import node_label
 
 
 def const_ints(value: ir.Value | None) -> list[int] | None:
-    array = _ir_utils.get_numpy_value(value)
+    array = get_numpy_value(value)
     return None if array is None or array.ndim != 1 else [int(v) for v in array]
 
 
@@ -64,7 +64,7 @@ def scalar(value: ir.Value | None, known: dict) -> int | None:
     """An integer scalar computed from constants and known dims, or None."""
     if value is None:
         return None
-    if (constant := _ir_utils.get_singleton_value(value)) is not None:
+    if (constant := get_singleton_value(value)) is not None:
         return int(constant)
     node = value.producer()
     if node is None:

@@ -37,8 +37,9 @@ from __future__ import annotations
 
 import numpy as np
 import onnx_ir as ir
-from onnxscript.rewriter import _ir_utils, pattern
+from onnxscript.rewriter import pattern
 
+from flexdsa_core._libraries import get_numpy_value, get_singleton_value
 from flexdsa_core.fusions._shape_values import outside_use_refusal, shape_entries
 from flexdsa_core.fusions.base import make_rule
 
@@ -50,7 +51,7 @@ def _either(make, a, b):
 
 
 def _const_scalar(value: ir.Value | None) -> float | None:
-    scalar = _ir_utils.get_singleton_value(value)
+    scalar = get_singleton_value(value)
     return None if scalar is None else float(scalar)
 
 
@@ -186,7 +187,7 @@ class _AttentionBase(pattern.RewriteRuleClassBase):
             return f"The Softmax is over axis {axis}, not the key axis."
         if bindings.get("has_dropout"):
             dropout = bindings["dropped"].producer()
-            training = _ir_utils.get_singleton_value(dropout.inputs[2]) if len(dropout.inputs) > 2 else False
+            training = get_singleton_value(dropout.inputs[2]) if len(dropout.inputs) > 2 else False
             if training is None or bool(training):
                 return "The Dropout after the Softmax may be in training mode."
 
@@ -221,7 +222,7 @@ class _AttentionBase(pattern.RewriteRuleClassBase):
             fill_value = _const_scalar(fill)
             if causal.dtype != ir.DataType.BOOL or fill_value is None:
                 return "The Where before the Softmax does not select the scores by a boolean mask against a constant."
-            condition = None if causal.is_graph_input() else _ir_utils.get_numpy_value(causal)
+            condition = None if causal.is_graph_input() else get_numpy_value(causal)
             if condition is not None and condition.ndim > 4:
                 return f"The causal mask '{causal.name}' has rank {condition.ndim} > 4."
             additive = None if condition is None else np.where(condition, 0.0, fill_value).astype(np.float32)
@@ -350,7 +351,7 @@ class AttentionFusion(_AttentionBase):
             ("Wv", wv, 2),
             ("bv", bv, 1),
         ):
-            array = None if tensor.is_graph_input() else _ir_utils.get_numpy_value(tensor)
+            array = None if tensor.is_graph_input() else get_numpy_value(tensor)
             if array is None or array.ndim != rank or array.dtype != np.float32:
                 return result.fail(
                     f"{name} '{tensor.name}' is not a constant float32 {rank}-D tensor.", tensor
@@ -375,7 +376,7 @@ class AttentionFusion(_AttentionBase):
         result = pattern.MatchResult()
         arrays = []
         for name, tensor, rank in (("W", weight, 2), ("b", bias, 1)):
-            array = None if tensor.is_graph_input() else _ir_utils.get_numpy_value(tensor)
+            array = None if tensor.is_graph_input() else get_numpy_value(tensor)
             if array is None or array.ndim != rank or array.dtype != np.float32:
                 return result.fail(
                     f"{name} '{tensor.name}' is not a constant float32 {rank}-D tensor.", tensor

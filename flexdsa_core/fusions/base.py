@@ -17,7 +17,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import onnx_ir as ir
-from onnxscript.rewriter import RewriteRule, RewriteRuleSet
+import onnx_ir.passes.common as ir_passes
+import onnxscript.optimizer
+from onnxscript.rewriter import RewriteRule
+
+from flexdsa_core.fusions.driver import ReasonTracer, drive
 
 
 @dataclass(frozen=True)
@@ -31,15 +35,26 @@ class FusionRule:
     # Extra opsets the rewrite needs imported in the model (domain -> version).
     opset_imports: tuple[tuple[str, int], ...] = ()
 
-    def rule_set(self) -> RewriteRuleSet:
-        return RewriteRuleSet(list(self.rewrite_rules))
+    def apply(self, model: ir.Model, *, tracer: ReasonTracer | None = None) -> int:
+        """Take every match in ``model``, in place, through the Fusion Switcher's own driver and clean-up
+        (what the rule tests run); returns the number of rewrites. Failed checks' sentences go to ``tracer``."""
+        onnxscript.optimizer.basic_constant_propagation(model.graph)
+        verdicts = drive(
+            model, self.rewrite_rules, _take, rule_name=self.name, opset_imports=self.opset_imports, tracer=tracer
+        )
+        if verdicts and any(not rewrite_rule.remove_nodes for rewrite_rule in self.rewrite_rules):
+            onnxscript.optimizer.remove_unused_nodes(model)
+        if verdicts:
+            ir_passes.NameFixPass()(model)
+        return len(verdicts)
 
-    def apply(self, model: ir.Model, **kwargs) -> int:
-        """Apply every match in ``model`` in place; returns the number of rewrites."""
-        for domain, version in self.opset_imports:
-            model.opset_imports.setdefault(domain, version)
-        count = self.rule_set().apply_to_model(model, **kwargs)
-        return count
+
+class _Taken:
+    taken = True
+
+
+def _take(rewrite_rule: RewriteRule, delta) -> _Taken:
+    return _Taken()
 
 
 def make_rule(

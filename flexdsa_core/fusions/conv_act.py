@@ -15,10 +15,9 @@ from typing import ClassVar
 
 import numpy as np
 import onnx_ir as ir
-from onnxscript.rewriter import _ir_utils
-from onnxscript.rewriter._basics import MatchResult
-from onnxscript.rewriter._rewrite_rule import RewriteRuleClassBase
+from onnxscript.rewriter import MatchResult, RewriteRuleClassBase
 
+from flexdsa_core._libraries import get_numpy_value
 from flexdsa_core.fusions._activation import Activation, activation_pattern, read_activation
 from flexdsa_core.fusions._dtypes import FLOAT32, dtype_refusal
 from flexdsa_core.fusions._naming import fresh_name
@@ -61,13 +60,13 @@ class _ConvFusionBase(RewriteRuleClassBase):
         if weight.shape is None or not weight.shape.is_static():
             return result.fail(f"Conv weight '{weight.name}' has no static shape.")
         if self.with_bias_add:
-            bias = _ir_utils.get_numpy_value(add_bias)
+            bias = get_numpy_value(add_bias)
             if bias is None:
                 return result.fail(f"Added bias '{add_bias.name}' is not a constant.")
             if _per_channel(bias, weight.shape.rank(), weight.shape[0]) is None:
                 return result.fail(f"Added bias '{add_bias.name}' of shape {bias.shape} is not per-channel.")
             old_bias = conv.inputs[2] if len(conv.inputs) > 2 else None
-            if old_bias is not None and _ir_utils.get_numpy_value(old_bias) is None:
+            if old_bias is not None and get_numpy_value(old_bias) is None:
                 return result.fail(f"Conv bias '{old_bias.name}' is not a constant, so the Add cannot fold.")
             base = old_bias.name if old_bias is not None else f"{weight.name}_bias"
             self._bias_name = fresh_name(context.graph_or_function, f"{base}_folded")
@@ -82,9 +81,9 @@ class _ConvFusionBase(RewriteRuleClassBase):
         inputs = list(conv.inputs)
         if self.with_bias_add:
             weight = conv.inputs[1]
-            added = _per_channel(_ir_utils.get_numpy_value(add_bias), weight.shape.rank(), weight.shape[0])
+            added = _per_channel(get_numpy_value(add_bias), weight.shape.rank(), weight.shape[0])
             old_input = inputs[2] if len(inputs) > 2 else None
-            old_bias = _ir_utils.get_numpy_value(old_input) if old_input is not None else 0
+            old_bias = get_numpy_value(old_input) if old_input is not None else 0
             fused_bias = (added + old_bias).astype(added.dtype)
             inputs = [*inputs[:2], op.initializer(ir.tensor(fused_bias), name=self._bias_name)]
         attributes = {name: attr for name, attr in conv.attributes.items()}

@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import numpy as np
 import onnx_ir as ir
-from onnxscript.rewriter._basics import MatchResult
-from onnxscript.rewriter.rules.common._fuse_batchnorm import (
+from onnxscript.rewriter import MatchResult
+
+from flexdsa_core._libraries import (
     FuseBatchNormIntoConv,
     FuseBatchNormIntoConvTranspose,
     FuseBatchNormIntoGemm,
 )
-
 from flexdsa_core.fusions._naming import fresh_name
 from flexdsa_core.fusions.base import make_rule
 

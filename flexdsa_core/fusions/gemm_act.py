@@ -7,8 +7,7 @@ float32; it has no Clip, so ReLU6 after a Gemm stays two nodes.
 
 from __future__ import annotations
 
-from onnxscript.rewriter._basics import MatchResult
-from onnxscript.rewriter._rewrite_rule import RewriteRuleClassBase
+from onnxscript.rewriter import MatchResult, RewriteRuleClassBase
 
 from flexdsa_core.fusions._activation import activation_pattern, read_activation
 from flexdsa_core.fusions._dtypes import FLOAT32, dtype_refusal

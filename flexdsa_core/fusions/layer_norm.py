@@ -14,8 +14,9 @@ a normalisation followed by a Mul with a 1-D operand to the scaled one.
 from __future__ import annotations
 
 import onnx_ir as ir
-from onnxscript.rewriter import _ir_utils, pattern
+from onnxscript.rewriter import pattern
 
+from flexdsa_core._libraries import get_singleton_value
 from flexdsa_core.fusions._norm_checks import last_axis_refusal, node_label, ones_scale, vector_refusal
 from flexdsa_core.fusions._opset_upgrade import OpsetUpgrade
 from flexdsa_core.fusions.base import make_rule
@@ -56,7 +57,7 @@ class LayerNormFusion(pattern.RewriteRuleClassBase):
         for reduce in (mean, variance):
             if (reason := last_axis_refusal(reduce.producer(), x)) is not None:
                 return result.fail(reason, reduce)
-        if _ir_utils.get_singleton_value(epsilon) is None:
+        if get_singleton_value(epsilon) is None:
             return result.fail(f"Epsilon '{epsilon.name}' is not a constant scalar.", epsilon)
         if self._affine and (reason := vector_refusal("scale", scale, x)) is not None:
             return result.fail(reason, scale)
@@ -78,7 +79,7 @@ class LayerNormFusion(pattern.RewriteRuleClassBase):
             x,
             scale,
             axis=-1,
-            epsilon=float(_ir_utils.get_singleton_value(epsilon)),
+            epsilon=float(get_singleton_value(epsilon)),
             stash_type=stash_type,
         )
 

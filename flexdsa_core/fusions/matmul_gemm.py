@@ -9,14 +9,14 @@ would widen the result (``c: [B, M, N]``).
 from __future__ import annotations
 
 import onnx_ir as ir
-from onnxscript.rewriter._basics import MatchResult
-from onnxscript.rewriter.rules.common._matmul_add_to_gemm import (
+from onnxscript.rewriter import MatchResult
+
+from flexdsa_core._libraries import (
     MatMulAddToGemm,
     TransABMatMulAddToGemm,
     TransAMatMulAddToGemm,
     TransBMatMulAddToGemm,
 )
-
 from flexdsa_core.fusions._dtypes import FLOAT_TYPES, dtype_refusal
 from flexdsa_core.fusions.base import make_rule
 

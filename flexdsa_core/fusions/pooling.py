@@ -13,10 +13,9 @@ from __future__ import annotations
 from typing import ClassVar
 
 import onnx_ir as ir
-from onnxscript.rewriter import _ir_utils
-from onnxscript.rewriter._basics import MatchResult
-from onnxscript.rewriter._rewrite_rule import RewriteRuleClassBase
+from onnxscript.rewriter import MatchResult, RewriteRuleClassBase
 
+from flexdsa_core._libraries import get_numpy_value
 from flexdsa_core.fusions._dtypes import FLOAT_TYPES, dtype_refusal
 from flexdsa_core.fusions.base import make_rule
 
@@ -25,7 +24,7 @@ def _reduction(node: ir.Node, rank: int) -> tuple[list[int], bool] | str:
     """The ReduceMean's axes (non-negative) and keepdims, or a sentence saying why they are unknown."""
     axes_input = node.inputs[1] if len(node.inputs) > 1 else None
     if axes_input is not None:
-        values = _ir_utils.get_numpy_value(axes_input)
+        values = get_numpy_value(axes_input)
         if values is None:
             return f"ReduceMean '{node.name}' axes '{axes_input.name}' are not constant."
         axes = [int(a) for a in values.reshape(-1)]

@@ -11,10 +11,9 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from onnxscript.rewriter import _ir_utils
-from onnxscript.rewriter._basics import MatchResult
-from onnxscript.rewriter._rewrite_rule import RewriteRuleClassBase
+from onnxscript.rewriter import MatchResult, RewriteRuleClassBase
 
+from flexdsa_core._libraries import is_singleton_value
 from flexdsa_core.fusions._dtypes import FLOAT_TYPES, dtype_refusal
 from flexdsa_core.fusions.base import make_rule
 
@@ -36,7 +35,7 @@ def _slope_refusal(x, slope) -> str | None:
 class _PReluBase(RewriteRuleClassBase):
     def check(self, context, x, slope, zero=None, **_) -> MatchResult:
         result = MatchResult()
-        if zero is not None and not _ir_utils.is_singleton_value(zero, 0.0, rtol=0.0):
+        if zero is not None and not is_singleton_value(zero, 0.0, rtol=0.0):
             return result.fail(f"'{zero.name}' is not a constant zero.")
         refusal = dtype_refusal("PRelu", FLOAT_TYPES, x, slope) or _slope_refusal(x, slope)
         return result.fail(refusal) if refusal else result

@@ -11,8 +11,9 @@ ONNX checker; ``RMSNormalization`` passes it. The rule raises an opset 18-22 imp
 from __future__ import annotations
 
 import onnx_ir as ir
-from onnxscript.rewriter import _ir_utils, pattern
+from onnxscript.rewriter import pattern
 
+from flexdsa_core._libraries import get_singleton_value
 from flexdsa_core.fusions._norm_checks import last_axis_refusal, ones_scale, vector_refusal
 from flexdsa_core.fusions._opset_upgrade import OpsetUpgrade
 from flexdsa_core.fusions.base import make_rule
@@ -68,7 +69,7 @@ class RmsNormFusion(pattern.RewriteRuleClassBase):
             return result.fail(f"Input '{x.name}' is {x.dtype}, not a float type RMSNormalization takes.", x)
         if (reason := last_axis_refusal(mean_square.producer(), x)) is not None:
             return result.fail(reason, mean_square)
-        if _ir_utils.get_singleton_value(epsilon) is None:
+        if get_singleton_value(epsilon) is None:
             return result.fail(f"Epsilon '{epsilon.name}' is not a constant scalar.", epsilon)
         # RMSNormalization computes in stash_type and returns the input's dtype: the optional casts around
         # the computation must come back to it (a same-type Cast, as exporters write, is no cast at all).
@@ -100,7 +101,7 @@ class RmsNormFusion(pattern.RewriteRuleClassBase):
             x,
             scale,
             axis=-1,
-            epsilon=float(_ir_utils.get_singleton_value(epsilon)),
+            epsilon=float(get_singleton_value(epsilon)),
             stash_type=self._stash_type,
         )
 

@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import numpy as np
 import onnx_ir as ir
-from onnxscript.rewriter import _ir_utils, pattern
+from onnxscript.rewriter import pattern
 
+from flexdsa_core._libraries import get_numpy_value
 from flexdsa_core.fusions._shape_values import outside_use_refusal, shape_entries
 from flexdsa_core.fusions.base import make_rule
 
@@ -27,7 +28,7 @@ _LAST_AXIS = (-1, 3)
 
 
 def _const_ints(value: ir.Value | None) -> list[int] | None:
-    array = _ir_utils.get_numpy_value(value)
+    array = get_numpy_value(value)
     return None if array is None else [int(v) for v in array.reshape(-1)]
 
 
@@ -85,7 +86,7 @@ class RotaryEmbeddingFusion(pattern.RewriteRuleClassBase):
         self._caches = (cos_cache, sin_cache)
         caches = []
         for cache in (cos_cache, sin_cache):
-            array = None if cache.is_graph_input() else _ir_utils.get_numpy_value(cache)
+            array = None if cache.is_graph_input() else get_numpy_value(cache)
             if array is None or array.ndim != 2 or array.dtype != np.float32 or array.shape[1] % 2:
                 return result.fail(
                     f"The cache '{cache.name}' is not a constant float32 [P, Dh] table.", cache

@@ -10,8 +10,9 @@ over the tensor instead of two; its kernel takes float32 only, so other dtypes a
 from __future__ import annotations
 
 import onnx_ir as ir
-from onnxscript.rewriter import _ir_utils, pattern
+from onnxscript.rewriter import pattern
 
+from flexdsa_core._libraries import get_singleton_value
 from flexdsa_core.fusions.base import make_rule
 
 
@@ -44,7 +45,7 @@ class SiluFusion(pattern.RewriteRuleClassBase):
             return result.fail(f"Input '{x.name}' is {x.dtype}; ONNX Runtime's QuickGelu takes float32.", x)
         self._alpha = 1.0
         if self._scaled:
-            value = _ir_utils.get_singleton_value(alpha)
+            value = get_singleton_value(alpha)
             if value is None:
                 return result.fail(
                     f"The scale '{alpha.name}' inside the Sigmoid is not a constant scalar.", alpha

@@ -14,9 +14,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from onnxscript.rewriter import _ir_utils
-from onnxscript.rewriter._basics import MatchResult
-from onnxscript.rewriter._rewrite_rule import RewriteRuleClassBase
+from onnxscript.rewriter import MatchResult, RewriteRuleClassBase
 from onnxscript.rewriter.ort_fusions.fused_matmul_rule_sets import (
     TransposeFusedMatMul1,
     TransposeFusedMatMul2,
@@ -24,6 +22,7 @@ from onnxscript.rewriter.ort_fusions.fused_matmul_rule_sets import (
     TransposeMatMul2,
 )
 
+from flexdsa_core._libraries import get_numpy_value, has_rank
 from flexdsa_core.fusions._dtypes import FLOAT32_OR_DOUBLE, dtype_refusal
 from flexdsa_core.fusions.base import make_rule
 
@@ -42,7 +41,7 @@ class _TransposeToGemmBase(RewriteRuleClassBase):
         if context.model.opset_imports.get("", 1) < 11:
             return result.fail("Gemm without a C input needs opset 11 or later.")
         for value in (a, b):
-            if not _ir_utils.has_rank(value, 2):
+            if not has_rank(value, 2):
                 return result.fail(f"'{value.name}' is not known to be rank 2, which Gemm needs.")
         for transposed in (transposed_a, transposed_b):
             perm = transposed.producer().attributes.get_ints("perm") if transposed is not None else None
@@ -79,7 +78,7 @@ class _NotRank2:
     """Mixin over onnxscript's Transpose + MatMul → FusedMatMul: rank-2 products are Gemm's."""
 
     def check(self, context, x, y, transposed, **rest) -> MatchResult:
-        if _ir_utils.has_rank(x, 2) and _ir_utils.has_rank(y, 2):
+        if has_rank(x, 2) and has_rank(y, 2):
             return MatchResult().fail(
                 "Rank-2 operands: the Transpose folds into Gemm (transpose_matmul_gemm)."
             )
@@ -118,7 +117,7 @@ class _ScaledMatMulBase(RewriteRuleClassBase):
 
     def check(self, context, a, b, scale, product) -> MatchResult:
         result = MatchResult()
-        value = _ir_utils.get_numpy_value(scale)
+        value = get_numpy_value(scale)
         if value is None or value.size != 1:
             return result.fail(f"Scale '{scale.name}' is not a constant scalar.")
         if value.ndim > 1:
@@ -129,7 +128,7 @@ class _ScaledMatMulBase(RewriteRuleClassBase):
         return result.fail(refusal) if refusal else result
 
     def rewrite(self, op, a, b, scale, product):
-        factor = float(_ir_utils.get_numpy_value(scale).item())
+        factor = float(get_numpy_value(scale).item())
         attributes = {name: attr.value for name, attr in product.producer().attributes.items()}
         alpha = attributes.get("alpha", 1.0) if self.on_fused else 1.0
         attributes["alpha"] = alpha / factor if self.divide else alpha * factor

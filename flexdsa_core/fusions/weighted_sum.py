@@ -12,10 +12,9 @@ call to its native operator.
 from __future__ import annotations
 
 import onnx_ir as ir
-from onnxscript.rewriter import _ir_utils
-from onnxscript.rewriter._basics import MatchResult
-from onnxscript.rewriter._rewrite_rule import RewriteRuleClassBase
+from onnxscript.rewriter import MatchResult, RewriteRuleClassBase
 
+from flexdsa_core._libraries import get_numpy_value
 from flexdsa_core.fusions.base import make_rule
 
 DOMAIN = "flexdsa"
@@ -50,7 +49,7 @@ class WeightedSum(RewriteRuleClassBase):
     def check(self, context, x1, b1, x2, b2) -> MatchResult:
         result = MatchResult()
         for x, coefficient in ((x1, b1), (x2, b2)):
-            value = _ir_utils.get_numpy_value(coefficient)
+            value = get_numpy_value(coefficient)
             if value is None:
                 return result.fail(f"Coefficient '{coefficient.name}' is not a constant.")
             if value.size != 1:

@@ -1,6 +1,6 @@
 """``constant_folding`` and ``shape_folding``: onnxscript's constant folder, fenced for large models.
 
-Both wrap ``onnxscript.optimizer.FoldConstantsPass`` (node-by-node evaluation with incremental shape
+Both wrap ``onnxscript.optimizer.fold_constants`` (node-by-node evaluation with incremental shape
 inference, which also folds ``Shape``/``Size``/``Gather``-on-shape partially) and differ in what they let
 it evaluate:
 
@@ -22,7 +22,7 @@ import math
 
 import onnx_ir as ir
 import onnx_ir.passes.common as common_passes
-from onnxscript.optimizer._constant_folding import FoldConstantsPass
+import onnxscript.optimizer
 
 # Ops whose output can be much larger than their inputs: evaluate only when the output shape is known.
 _EXPANDING_OPS = frozenset(
@@ -52,11 +52,11 @@ def _tensor_bytes(value: ir.Value) -> int | None:
 class _FencedFoldPass(ir.passes.InPlacePass):
     name = ""
 
-    def __init__(self, fold: FoldConstantsPass) -> None:
-        self._fold = fold
+    def __init__(self, **fold_options) -> None:
+        self._fold_options = fold_options  # onnxscript.optimizer.fold_constants' keyword arguments
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
-        modified = self._fold(model).modified
+        modified = onnxscript.optimizer.fold_constants(model, **self._fold_options).modified
         if modified:
             common_passes.RemoveUnusedNodesPass()(model)
         return ir.passes.PassResult(model, modified)
@@ -72,12 +72,10 @@ class ConstantFoldingPass(_FencedFoldPass):
     def __init__(self, max_fold_bytes: int) -> None:
         self.max_fold_bytes = max_fold_bytes
         super().__init__(
-            FoldConstantsPass(
-                shape_inference=True,
-                input_size_limit=max(max_fold_bytes, 1),
-                output_size_limit=max(max_fold_bytes, 1),
-                should_fold=self._should_fold,
-            )
+            onnx_shape_inference=True,
+            input_size_limit=max(max_fold_bytes, 1),
+            output_size_limit=max(max_fold_bytes, 1),
+            should_fold=self._should_fold,
         )
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
@@ -107,12 +105,10 @@ class ShapeFoldingPass(_FencedFoldPass):
 
     def __init__(self) -> None:
         super().__init__(
-            FoldConstantsPass(
-                shape_inference=True,
-                input_size_limit=_SHAPE_ELEMENTS,
-                output_size_limit=_SHAPE_ELEMENTS,
-                should_fold=self._should_fold,
-            )
+            onnx_shape_inference=True,
+            input_size_limit=_SHAPE_ELEMENTS,
+            output_size_limit=_SHAPE_ELEMENTS,
+            should_fold=self._should_fold,
         )
 
     @staticmethod

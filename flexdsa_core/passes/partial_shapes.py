@@ -37,6 +37,7 @@ import numpy as np
 import onnx_ir as ir
 import onnx_ir.passes.common as common_passes
 
+from flexdsa_core._libraries import sympy_expression
 from flexdsa_core.passes._values import small_constant
 
 # A shape computation never needs more integers than this; larger integer tensors are data, not shapes.
@@ -185,7 +186,7 @@ def _parse_dim_name(dim: ir.SymbolicDim) -> Dim:
     try:
         import sympy
 
-        expression = dim._expr  # onnx_ir's own parser (no eval of the model's strings), pinned version
+        expression = sympy_expression(dim)  # onnx_ir's own parser (no eval of the model's strings)
         polynomial = sympy.Poly(expression)
         if not all(isinstance(g, sympy.Symbol) for g in polynomial.gens):
             raise ValueError("not a polynomial in dim names")

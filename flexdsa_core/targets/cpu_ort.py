@@ -22,13 +22,9 @@ from flexdsa_core.targets.spec import TargetSpec, op_key
 
 @cache
 def _ort_cpu_ops() -> frozenset[str]:
-    from onnxruntime.capi import _pybind_state
+    from flexdsa_core._libraries import ort_kernels  # here: loading targets must not load onnxruntime
 
-    return frozenset(
-        op_key(kernel.op_name, kernel.domain)
-        for kernel in _pybind_state.get_all_opkernel_def()
-        if kernel.provider == "CPUExecutionProvider"
-    )
+    return frozenset(op_key(op_type, domain) for op_type, domain in ort_kernels("CPUExecutionProvider"))
 
 
 # Normalisations whose residual Add ONNX Runtime's own optimizer fuses at load time (ORT_ENABLE_EXTENDED+).

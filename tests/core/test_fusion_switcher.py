@@ -11,8 +11,7 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 import pytest
-from onnxscript.rewriter import RewriteRule
-from onnxscript.rewriter._basics import MatchResult
+from onnxscript.rewriter import MatchResult, RewriteRule
 
 from flexdsa_core.cache import LRUCache
 from flexdsa_core.cost_model import CostModel

@@ -112,16 +112,23 @@ def test_refuses_opset_upgrade_over_an_op_that_changed_meaning():
     assert _opset(fused) == 13
 
 
-def test_a_tracing_run_leaves_the_opset_alone():
-    """A debug (tracer) run calls rewrite but changes nothing, so the import must not move either."""
+def test_a_refused_match_leaves_the_opset_alone():
+    """The Fusion Switcher builds the rewrite and then refuses it when it does not pay: nothing changed,
+    so the import must not move either."""
     import onnx_ir as ir
-    from onnxscript.rewriter._basics import MatchingTracer
 
+    from flexdsa_core.fusions.driver import drive
     from tests.core.fusions.harness import rule
 
+    class Refused:
+        taken = False
+
+    layer_norm = rule("layer_norm")
     model = ir.serde.deserialize_model(parse(ATTR_AXES))
-    rule("layer_norm").rule_set().apply_to_model(model, tracer=MatchingTracer())
+    verdicts = drive(model, layer_norm.rewrite_rules, lambda *_: Refused(), rule_name=layer_norm.name)
+    assert len(verdicts) == 1 and not verdicts[0].taken  # the match was built, then refused
     assert model.opset_imports[""] == 13
+    assert [node.op_type for node in model.graph] == [node.op_type for node in parse(ATTR_AXES).graph.node]
 
 
 def test_fuses_one_over_sqrt():

@@ -1,0 +1,138 @@
+"""The one place the core reaches past the public API of onnxscript, onnx_ir, onnx and onnxruntime.
+
+Each name here wraps a private name of one of those libraries that has no public equivalent in the
+pinned versions, and its docstring says what we rely on. ``tests/core/test_libraries.py`` pins that
+behaviour, so an upgrade that changes it fails there, naming the library function, rather than as a
+wrong fusion or a lost shape deep in a model test. No other module of ``flexdsa_core`` imports a private
+name of these libraries (``tests/test_imports.py`` checks); what they export publicly (``MatchResult``,
+``RewriteRuleClassBase``, ``MatchingTracer`` from ``onnxscript.rewriter``...) is imported from there.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+from onnxscript.rewriter import _ir_utils
+
+# onnxscript's rule classes, which our conv_bn and matmul_gemm rules subclass for the pattern and the
+# checks they already make; the library exports only instances of them (``fuse_batchnorm_into_conv_rule``).
+from onnxscript.rewriter.rules.common._fuse_batchnorm import (
+    FuseBatchNormIntoConv,
+    FuseBatchNormIntoConvTranspose,
+    FuseBatchNormIntoGemm,
+)
+from onnxscript.rewriter.rules.common._matmul_add_to_gemm import (
+    MatMulAddToGemm,
+    TransABMatMulAddToGemm,
+    TransAMatMulAddToGemm,
+    TransBMatMulAddToGemm,
+)
+
+__all__ = [
+    "FuseBatchNormIntoConv",
+    "FuseBatchNormIntoConvTranspose",
+    "FuseBatchNormIntoGemm",
+    "MatMulAddToGemm",
+    "TransABMatMulAddToGemm",
+    "TransAMatMulAddToGemm",
+    "TransBMatMulAddToGemm",
+    "get_numpy_value",
+    "get_singleton_value",
+    "has_rank",
+    "is_singleton_value",
+    "onnx_tensors",
+    "ort_kernels",
+    "ort_symbolic_shapes",
+    "sympy_expression",
+]
+
+
+# -- onnxscript: reading constants inside a rule's check ---------------------------------------------
+
+
+def get_numpy_value(value: ir.Value | None) -> np.ndarray | None:
+    """The array a value holds when it is constant: an initializer's data or a Constant node's output
+    (onnxscript propagates the Constant into ``const_value`` first); None for a graph input without data,
+    a computed value, None itself, or external data whose file is missing."""
+    return _ir_utils.get_numpy_value(value)
+
+
+def get_singleton_value(value: ir.Value | None, rank: int | Sequence[int] | None = None):
+    """The Python scalar of a one-element constant (a scalar or a ``[1]`` tensor), else None; with ``rank``
+    only when the constant has that rank (or one of those ranks)."""
+    return _ir_utils.get_singleton_value(value, rank=rank)
+
+
+def is_singleton_value(value: ir.Value | None, expected, *, rtol: float | None = None, rank=None) -> bool:
+    """Whether ``value`` is a one-element constant equal to ``expected`` (an int exactly, a float within
+    ``rtol``, or a predicate on the scalar)."""
+    return _ir_utils.is_singleton_value(value, expected, rtol=rtol, rank=rank)
+
+
+def has_rank(value: ir.Value | None, rank: int) -> bool:
+    """Whether the value's rank is statically known and equal to ``rank`` (False for None or no shape)."""
+    return _ir_utils.has_rank(value, rank)
+
+
+# -- onnx_ir / onnx ---------------------------------------------------------------------------------
+
+
+def sympy_expression(dim: ir.SymbolicDim):
+    """onnx_ir's own sympy parse of a symbolic dim's name (``16*batch``), without evaluating the model's
+    strings; None when the dim is unnamed."""
+    return dim._expr
+
+
+def onnx_tensors(proto: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
+    """Every TensorProto of a model proto: initializers of every graph, and tensors in node attributes."""
+    return onnx.external_data_helper._get_all_tensors(proto)
+
+
+# -- onnxruntime ------------------------------------------------------------------------------------
+
+
+def ort_kernels(provider: str) -> frozenset[tuple[str, str]]:
+    """(op type, domain) of every kernel the installed onnxruntime registers for ``provider``, from its
+    kernel registry (``get_all_opkernel_def``: onnxruntime's own op-documentation tool reads the same)."""
+    from onnxruntime.capi import _pybind_state
+
+    return frozenset(
+        (kernel.op_name, kernel.domain)
+        for kernel in _pybind_state.get_all_opkernel_def()
+        if kernel.provider == provider
+    )
+
+
+@functools.cache
+def _symbolic_shape_inference_class():
+    """ONNX Runtime's ``SymbolicShapeInference``, loaded from its own file: importing it the usual way runs
+    ``onnxruntime.tools.__init__``, which imports torch whenever torch is installed (seconds, for nothing)."""
+    import onnxruntime
+
+    path = Path(onnxruntime.__file__).parent / "tools" / "symbolic_shape_infer.py"
+    spec = importlib.util.spec_from_file_location("flexdsa_ort_symbolic_shape_infer", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.SymbolicShapeInference
+
+
+def ort_symbolic_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
+    """ONNX Runtime's symbolic shape inference of ``model`` (``auto_merge`` on, guessing off), as far as
+    it gets: the returned proto carries the shapes it found in ``value_info`` and the graph outputs.
+
+    Driven step by step (``_preprocess``, ``_infer_impl`` while ``run_``, ``_update_output_from_vi``,
+    ``out_mp_``) rather than through ``infer_shapes()``, which on an incomplete result writes a temporary
+    model into the working directory; a partial answer is still useful to us. Raises what it raises on
+    an op it has no rule for."""
+    inference = _symbolic_shape_inference_class()(2**31 - 1, True, False, 0)
+    inference._preprocess(model)
+    while inference.run_:
+        inference._infer_impl()
+    inference._update_output_from_vi()
+    return inference.out_mp_

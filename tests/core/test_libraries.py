@@ -1,0 +1,199 @@
+"""What the core relies on where it reaches past the public API of onnxscript, onnx_ir, onnx and
+onnxruntime (``flexdsa_core/_libraries.py``), pinned so that an upgrade changing it fails here, by name;
+and that no other core module imports a private name of those libraries."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import sympy
+from onnxscript.rewriter import MatchResult, RewriteRuleClassBase
+
+from flexdsa_core import _libraries as lib
+
+CORE = Path(__file__).resolve().parents[2] / "flexdsa_core"
+LIBRARIES = ("onnxscript", "onnx_ir", "onnx", "onnxruntime")
+
+
+def _graph() -> ir.Graph:
+    """x (input), w (initializer), c (Constant node), s/v (scalar and [1] constants), y = computed."""
+    model = onnx.parser.parse_model(
+        """
+        <ir_version: 9, opset_import: ["" : 17]>
+        g (float[N, 3] x) => (float[N, 3] y)
+        <float[3] w = {1.0, 2.0, 3.0}, float s = {0.5}, float[1] v = {2.0}>
+        {
+            c = Constant <value = float[3] {4.0, 5.0, 6.0}> ()
+            t = Mul (x, w)
+            y = Add (t, c)
+        }
+        """
+    )
+    return ir.serde.deserialize_model(model).graph
+
+
+def _values() -> dict[str, ir.Value]:
+    graph = _graph()
+    values = {v.name: v for v in graph.inputs} | dict(graph.initializers)
+    values |= {out.name: out for node in graph for out in node.outputs}
+    return values
+
+
+def test_get_numpy_value_reads_initializers_and_constant_nodes_not_inputs_or_computed_values():
+    values = _values()
+    np.testing.assert_array_equal(lib.get_numpy_value(values["w"]), [1.0, 2.0, 3.0])
+    np.testing.assert_array_equal(lib.get_numpy_value(values["c"]), [4.0, 5.0, 6.0])
+    assert lib.get_numpy_value(values["x"]) is None
+    assert lib.get_numpy_value(values["t"]) is None
+    assert lib.get_numpy_value(None) is None
+
+
+def test_get_singleton_value_takes_scalars_and_one_element_tensors_and_checks_rank():
+    values = _values()
+    assert lib.get_singleton_value(values["s"]) == 0.5
+    assert lib.get_singleton_value(values["v"]) == 2.0
+    assert lib.get_singleton_value(values["v"], rank=0) is None
+    assert lib.get_singleton_value(values["v"], rank=(0, 1)) == 2.0
+    assert lib.get_singleton_value(values["w"]) is None  # three elements
+    assert lib.get_singleton_value(values["x"]) is None
+    assert lib.is_singleton_value(values["s"], 0.5, rtol=1e-6)
+    assert not lib.is_singleton_value(values["s"], 0.6, rtol=1e-6)
+    assert lib.is_singleton_value(values["v"], lambda scalar: scalar > 1)
+
+
+def test_has_rank_only_for_a_known_rank():
+    values = _values()
+    assert lib.has_rank(values["x"], 2)
+    assert not lib.has_rank(values["x"], 3)
+    assert not lib.has_rank(values["t"], 2)  # no shape inferred: rank unknown
+    assert not lib.has_rank(None, 0)
+
+
+def test_a_failed_match_result_carries_its_sentence():
+    """Our checks answer ``MatchResult().fail(sentence)``; the switcher reads ``.reason`` and truthiness."""
+    ok = MatchResult()
+    assert ok and ok.reason == ""
+    failed = MatchResult().fail("Initializer 'w' is also used outside the pattern.")
+    assert not failed
+    assert failed.reason == "Initializer 'w' is also used outside the pattern."
+
+
+def test_onnxscript_rule_classes_we_subclass_are_rule_classes():
+    for cls in (lib.FuseBatchNormIntoConv, lib.FuseBatchNormIntoConvTranspose, lib.FuseBatchNormIntoGemm,
+                lib.MatMulAddToGemm, lib.TransAMatMulAddToGemm, lib.TransBMatMulAddToGemm,
+                lib.TransABMatMulAddToGemm):  # fmt: skip
+        assert issubclass(cls, RewriteRuleClassBase)
+        assert callable(cls.check) and callable(cls.pattern)
+    # matmul_gemm's checks read these flags of the variant they extend.
+    assert (lib.TransAMatMulAddToGemm().trans_a, lib.TransBMatMulAddToGemm().trans_b) == (True, True)
+
+
+def test_sympy_expression_of_a_symbolic_dim():
+    """partial_shapes reads ``16*batch`` as a polynomial in integer dim symbols with integer coefficients."""
+    polynomial = sympy.Poly(lib.sympy_expression(ir.SymbolicDim("16*batch")))
+    assert [generator.name for generator in polynomial.gens] == ["batch"]
+    assert polynomial.gens[0].is_integer
+    assert polynomial.terms() == [((1,), 16)]
+    assert lib.sympy_expression(ir.SymbolicDim(None)) is None
+
+
+def test_onnx_tensors_lists_initializers_and_attribute_tensors():
+    model = ir.serde.serialize_model(_graph_model())
+    names = {tensor.name for tensor in lib.onnx_tensors(model)}
+    assert {"w", "s", "v"} <= names
+    assert len(list(lib.onnx_tensors(model))) == 4  # the three initializers and the Constant's value
+
+
+def _graph_model() -> ir.Model:
+    graph = _graph()
+    return ir.Model(graph, ir_version=9)
+
+
+def test_ort_cpu_kernels_are_the_cpu_providers_registry():
+    kernels = lib.ort_kernels("CPUExecutionProvider")
+    assert {("Conv", ""), ("MatMul", ""), ("LayerNormalization", "")} <= kernels
+    assert ("SkipLayerNormalization", "com.microsoft") in kernels
+    assert lib.ort_kernels("NoSuchExecutionProvider") == frozenset()
+
+
+def test_ort_symbolic_shapes_resolve_a_dynamic_reshape():
+    """Reshape(x, Concat(Shape(x)[0], [-1])) of x: [N, 4, 8] is [N, 32], which ONNX's inference loses."""
+    model = onnx.parser.parse_model(
+        """
+        <ir_version: 9, opset_import: ["" : 17]>
+        g (float[N, 4, 8] x) => (float[?, ?] y)
+        <int64[1] rest = {-1}>
+        {
+            shape = Shape <start = 0, end = 1> (x)
+            target = Concat <axis = 0> (shape, rest)
+            r = Reshape (x, target)
+            y = Relu (r)
+        }
+        """
+    )
+    inferred = lib.ort_symbolic_shapes(model)
+    shapes = {
+        info.name: [d.dim_param or d.dim_value for d in info.type.tensor_type.shape.dim]
+        for info in [*inferred.graph.value_info, *inferred.graph.output]
+    }
+    assert shapes["r"] == ["N", 32]
+    assert shapes["y"] == ["N", 32]
+
+
+def test_ort_symbolic_shapes_leave_an_unknown_op_untyped():
+    """An op it has no rule for gets an output without a tensor type, which shape_tracker skips (ONNX's
+    answer stands), rather than a guessed shape."""
+    model = onnx.parser.parse_model(
+        """
+        <ir_version: 9, opset_import: ["" : 17, "custom.domain" : 1]>
+        g (float[N, 4] x) => (float[?, ?] y)
+        { y = custom.domain.Mystery (x) }
+        """
+    )
+    inferred = lib.ort_symbolic_shapes(model)
+    assert [info.name for info in inferred.graph.output] == ["y"]
+    assert not inferred.graph.output[0].type.HasField("tensor_type")
+
+
+def _private_imports(path: Path) -> list[str]:
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if node.module.split(".")[0] not in LIBRARIES:
+                continue
+            private_module = any(part.startswith("_") for part in node.module.split("."))
+            private_names = [alias.name for alias in node.names if alias.name.startswith("_")]
+            if private_module or private_names:
+                found.append(f"line {node.lineno}: from {node.module} import {', '.join(a.name for a in node.names)}")
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                parts = alias.name.split(".")
+                if parts[0] in LIBRARIES and any(part.startswith("_") for part in parts):
+                    found.append(f"line {node.lineno}: import {alias.name}")
+    return found
+
+
+def test_only_the_adapter_imports_private_names_of_the_libraries():
+    offenders = {
+        str(path.relative_to(CORE.parent)): found
+        for path in sorted(CORE.rglob("*.py"))
+        if path.name != "_libraries.py" and (found := _private_imports(path))
+    }
+    assert not offenders, f"import these through flexdsa_core/_libraries.py (or a public name): {offenders}"
+
+
+def test_the_private_import_check_sees_them(tmp_path):
+    """The check above catches the forms the core used before the adapter, and passes public imports."""
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        "from onnxscript.rewriter import _ir_utils\n"
+        "from onnxscript.rewriter._basics import MatchResult\n"
+        "import onnxruntime.capi._pybind_state\n"
+        "from onnx_ir import Value\n"
+        "from onnxscript.rewriter import MatchResult\n"
+    )
+    assert [line.split(":")[0] for line in _private_imports(probe)] == ["line 1", "line 2", "line 3"]
