@@ -15,7 +15,9 @@ shipped.
   weights (``QDQ_OPAQUE_WEIGHT_OPS``: the QDQ quantiser knows no com.microsoft op and leaves them, weights
   and all, in float; ONNX Runtime fuses the QDQ graph itself at ORT_ENABLE_ALL). Our other fusions
   (GELU, SkipLayerNorm, MultiHeadAttention...) stay. Which order is faster is measured, not assumed.
-* ``dynamic``: ``quantize_dynamic``, s8 per-channel weights, activations quantised per run.
+* ``dynamic``: ``quantize_dynamic``, s8 per-tensor weights, activations quantised per run, of MatMuls only, in
+  the form ONNX Runtime's ``DynamicQuantizeMatMul`` takes (``int8_forms``: our Attention back to a projection
+  MatMul + MultiHeadAttention, a tied-weight FusedMatMul to a MatMul with a transposed constant weight).
 * ``static_qdq_costed``: the static model of the graph that quantises more layers, with the ops measured
   slower in int8 than in fp32 on this CPU kept float (``int8_costing``: profiled, interleaved, paired).
 * ``static_qdq_weights``: only the weight layers (Conv, MatMul, Gemm with initializer weights) in int8;
@@ -57,6 +59,7 @@ import onnxruntime as ort
 from flexdsa_core.cost_model import _machine_fingerprint
 from flexdsa_core.errors import InvalidOptionsError, ValidationFailedError
 from flexdsa_core.int8_costing import decide, profile_int8_vs_fp32, quantised_nodes
+from flexdsa_core.int8_forms import DYNAMIC_OP_TYPES, dynamic_form
 from flexdsa_core.options import AccuracyTarget, OptimizeOptions
 from flexdsa_core.significance import KERNEL_MIN_EFFECT, MIN_ROUNDS, MODEL_MIN_EFFECT, paired
 from flexdsa_core.validate import DEFAULT_TOLERANCES, latency_samples, session
@@ -336,17 +339,17 @@ def _quantize_static(fp32: Path, out: Path, samples, cache: Path, fmt: Int8Forma
 
 
 def _quantize_dynamic(fp32: Path, out: Path, fmt: Int8Format) -> Path:
+    """Dynamic int8 of ``fp32`` in the form ONNX Runtime's fused int8 MatMul takes (``int8_forms``): every
+    MatMul with a constant weight becomes DynamicQuantizeMatMul; the rest stays fp32."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    # The dynamic quantiser splits a Gemm into MatMul + Add and then re-infers shapes: our value_info (the
-    # Gemm output's shape) contradicts the split, so it goes, and untyped new tensors are float.
-    model = onnx.load(str(fp32))
-    del model.graph.value_info[:]
+    # The form drops our value_info (the rewritten graph re-infers its shapes); untyped new tensors are float.
+    model, _ = dynamic_form(onnx.load(str(fp32)))
     bare = out.with_name(f"{out.stem}.input.onnx")
     onnx.save(model, str(bare))
     quantize_dynamic(
         str(bare), str(out), weight_type=QuantType.QInt8, per_channel=False, reduce_range=fmt.reduce_range,
-        extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
+        op_types_to_quantize=list(DYNAMIC_OP_TYPES), extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
     )  # fmt: skip
     bare.unlink(missing_ok=True)
     return out
@@ -699,7 +702,11 @@ def _int8(run: PrecisionRun, report: dict) -> ir.Model | None:
         builders.append(
             (unfused, lambda: _quantize_static(unfused_fp32, unfused.path, run.samples, cache_unfused, fmt))
         )
-    dynamic = _Candidate("dynamic", run.workdir / "dynamic.onnx", "dynamic int8 (weights s8, activations per run)")
+    dynamic = _Candidate(
+        "dynamic", run.workdir / "dynamic.onnx",
+        "dynamic int8 (weights s8, activations per run) of every MatMul with a constant weight, our Attention and "
+        "tied-weight FusedMatMul first rewritten to MatMuls the quantiser takes (int8_forms)",
+    )  # fmt: skip
     if fmt.runs_here:  # dynamic int8 is an ONNX Runtime CPU technique, not an accelerator format
         builders.append((dynamic, lambda: _quantize_dynamic(fp32, dynamic.path, fmt)))
     candidates: list[_Candidate] = []
