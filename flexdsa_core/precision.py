@@ -15,7 +15,9 @@ shipped.
   weights (``QDQ_OPAQUE_WEIGHT_OPS``: the QDQ quantiser knows no com.microsoft op and leaves them, weights
   and all, in float; ONNX Runtime fuses the QDQ graph itself at ORT_ENABLE_ALL). Our other fusions
   (GELU, SkipLayerNorm, MultiHeadAttention...) stay. Which order is faster is measured, not assumed.
-* ``dynamic``: ``quantize_dynamic``, s8 per-channel weights, activations quantised per run.
+* ``dynamic``: ``quantize_dynamic``, s8 per-tensor weights, activations quantised per run, of MatMuls only, in
+  the form ONNX Runtime's ``DynamicQuantizeMatMul`` takes (``int8_forms``: our Attention back to a projection
+  MatMul + MultiHeadAttention, a tied-weight FusedMatMul to a MatMul with a transposed constant weight).
 * ``static_qdq_costed``: the static model of the graph that quantises more layers, with the ops measured
   slower in int8 than in fp32 on this CPU kept float (``int8_costing``: profiled, interleaved, paired).
 * ``static_qdq_weights``: only the weight layers (Conv, MatMul, Gemm with initializer weights) in int8;
@@ -32,6 +34,8 @@ the model with only that layer quantised, ``1 - min over outputs of min(cosine, 
 found by bisection over ``k`` (ops measured slower in int8 are float throughout; when every other op in
 int8 misses the target, only weight layers are quantised); then the kept-float layers with the largest
 measured int8 gain are tried back one at a time. The calibration ranges are computed once and reused.
+Where dynamic int8 of every MatMul just misses the target, ``dynamic_mixed`` keeps the 1, 2, 4... (at most
+``DYNAMIC_KEEP_FLOAT_MAX``) most sensitive of them float in dynamic int8, by the same ranking.
 
 **fp16** (accelerators): float16 weights and arithmetic (ONNX Runtime's float16 converter, keeping float32
 graph inputs/outputs under ``keep_io_types``), checked element-wise with the float16 tolerances and by the
@@ -57,6 +61,7 @@ import onnxruntime as ort
 from flexdsa_core.cost_model import _machine_fingerprint
 from flexdsa_core.errors import InvalidOptionsError, ValidationFailedError
 from flexdsa_core.int8_costing import decide, profile_int8_vs_fp32, quantised_nodes
+from flexdsa_core.int8_forms import DYNAMIC_OP_TYPES, dynamic_form
 from flexdsa_core.options import AccuracyTarget, OptimizeOptions
 from flexdsa_core.significance import KERNEL_MIN_EFFECT, MIN_ROUNDS, MODEL_MIN_EFFECT, paired
 from flexdsa_core.validate import DEFAULT_TOLERANCES, latency_samples, session
@@ -79,6 +84,8 @@ WEIGHT_COMPUTE_OPS = frozenset({"Conv", "ConvTranspose", "MatMul", "Gemm"})
 # After the bisection, at most this many kept-float layers (largest measured int8 gain first) are tried
 # back in int8, one quantise-and-score each.
 READMIT_LAYERS = 8
+# Dynamic int8 with the most sensitive layers float (mixed): 1, 2, 4... of them, up to this many.
+DYNAMIC_KEEP_FLOAT_MAX = 8
 # Sensitivity ranks layers: this many samples order them as well as all would, at a fraction of the runs.
 SENSITIVITY_SAMPLES = 8
 
@@ -335,17 +342,18 @@ def _quantize_static(fp32: Path, out: Path, samples, cache: Path, fmt: Int8Forma
     return out
 
 
-def _quantize_dynamic(fp32: Path, out: Path, fmt: Int8Format) -> Path:
+def _quantize_dynamic(fp32: Path, out: Path, fmt: Int8Format, keep_float: tuple[str, ...] = ()) -> Path:
+    """Dynamic int8 of ``fp32`` in the form ONNX Runtime's fused int8 MatMul takes (``int8_forms``): every
+    MatMul with a constant weight becomes DynamicQuantizeMatMul; the rest stays fp32."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    # The dynamic quantiser splits a Gemm into MatMul + Add and then re-infers shapes: our value_info (the
-    # Gemm output's shape) contradicts the split, so it goes, and untyped new tensors are float.
-    model = onnx.load(str(fp32))
-    del model.graph.value_info[:]
+    # The form drops our value_info (the rewritten graph re-infers its shapes); untyped new tensors are float.
+    model, _ = dynamic_form(onnx.load(str(fp32)))
     bare = out.with_name(f"{out.stem}.input.onnx")
     onnx.save(model, str(bare))
     quantize_dynamic(
         str(bare), str(out), weight_type=QuantType.QInt8, per_channel=False, reduce_range=fmt.reduce_range,
+        op_types_to_quantize=list(DYNAMIC_OP_TYPES), nodes_to_exclude=list(keep_float),
         extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
     )  # fmt: skip
     bare.unlink(missing_ok=True)
@@ -611,6 +619,36 @@ def _mixed(run, fp32, layers, reference, cache, fmt, full: _Candidate, slower: f
     return candidate, sensitivity, reasons, search
 
 
+def _dynamic_mixed(run, fp32: Path, fmt: Int8Format, sensitivity: dict, reference) -> _Candidate:
+    """Dynamic int8 (``int8_forms``) with the most sensitive MatMuls kept float: the 1, 2, 4... most sensitive
+    by the static ranking (``sensitivity``, layers named alike in both graphs), the first count that meets the
+    target. Dynamic int8 loses less than static per layer (activations scaled per run), so where every
+    MatMul in dynamic int8 just misses the target, one float layer may do (ViT-B width here: the first
+    attention output projection float, top-1 1.0 on the samples; 15 of 16 MatMuls int8)."""
+    form, _ = dynamic_form(onnx.load(str(fp32)))
+    matmuls = {node.name for node in form.graph.node if node.op_type in DYNAMIC_OP_TYPES}
+    ranked = [
+        name
+        for name, entry in sorted(sensitivity.items(), key=lambda item: (-item[1]["loss"], _cosine_kept(item[1])))
+        if name in matmuls
+    ]
+    candidate = _Candidate("dynamic_mixed", run.workdir / "dynamic_mixed.onnx", "")
+    keep = 1
+    while True:
+        kept = tuple(ranked[:keep])
+        _quantize_dynamic(fp32, candidate.path, fmt, keep_float=kept)
+        candidate.accuracy = score(reference, _outputs(candidate.path, run.samples), run.options.accuracy)
+        if candidate.accuracy["ok"] or keep >= min(len(ranked), DYNAMIC_KEEP_FLOAT_MAX):
+            break
+        keep *= 2
+    candidate.how = (
+        f"dynamic int8 of {len(matmuls) - len(kept)} of {len(matmuls)} MatMuls (int8_forms), the {len(kept)} most "
+        f"sensitive by the static ranking kept float: {', '.join(kept) or 'none'}"
+    )
+    candidate.int8_nodes = frozenset(matmuls - set(kept))
+    return candidate
+
+
 def _layer_table(in_int8: frozenset[str], rows: list[tuple[str, str]], decisions: dict, sensitivity: dict,
                  kept_reasons: dict, outside: str) -> list[dict]:  # fmt: skip
     """``precision.layers``: per quantisable node, the precision the quantiser was asked to give it
@@ -676,6 +714,18 @@ def _scored(run: PrecisionRun, candidate: _Candidate, build, reference: list[dic
     return candidate
 
 
+def _scored_search(search) -> _Candidate:
+    """A candidate that scores itself while searching (``_dynamic_mixed``); a quantiser failing is its error."""
+    started = time.perf_counter()
+    try:
+        candidate = search()
+    except Exception as err:  # noqa: BLE001 - one quantiser failing leaves the others; said in the report
+        candidate = _Candidate("dynamic_mixed", Path("dynamic_mixed.onnx"), "dynamic int8, sensitive layers float")
+        candidate.error = f"{type(err).__name__}: {str(err).splitlines()[0][:300]}"
+    candidate.accuracy["seconds"] = round(time.perf_counter() - started, 3)
+    return candidate
+
+
 def _int8(run: PrecisionRun, report: dict) -> ir.Model | None:
     options = run.options
     fmt = int8_format(run.target)
@@ -699,7 +749,11 @@ def _int8(run: PrecisionRun, report: dict) -> ir.Model | None:
         builders.append(
             (unfused, lambda: _quantize_static(unfused_fp32, unfused.path, run.samples, cache_unfused, fmt))
         )
-    dynamic = _Candidate("dynamic", run.workdir / "dynamic.onnx", "dynamic int8 (weights s8, activations per run)")
+    dynamic = _Candidate(
+        "dynamic", run.workdir / "dynamic.onnx",
+        "dynamic int8 (weights s8, activations per run) of every MatMul with a constant weight, our Attention and "
+        "tied-weight FusedMatMul first rewritten to MatMuls the quantiser takes (int8_forms)",
+    )  # fmt: skip
     if fmt.runs_here:  # dynamic int8 is an ONNX Runtime CPU technique, not an accelerator format
         builders.append((dynamic, lambda: _quantize_dynamic(fp32, dynamic.path, fmt)))
     candidates: list[_Candidate] = []
@@ -762,6 +816,9 @@ def _int8(run: PrecisionRun, report: dict) -> ir.Model | None:
         mixed.how += f" (from {base.name})"
         candidates.append(mixed)
         table_model = mixed
+        if fmt.runs_here and dynamic.error is None and not dynamic.accuracy.get("ok") and sensitivity:
+            build_dynamic_mixed = lambda: _dynamic_mixed(run, fp32, fmt, sensitivity, reference)  # noqa: E731
+            candidates.append(_scored_search(build_dynamic_mixed))
 
     if measured:
         run.report(0.85, "timing the int8 candidates against fp32")

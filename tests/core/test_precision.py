@@ -220,6 +220,23 @@ def test_mixed_keeps_the_huge_range_layer_in_float_and_says_why():
         assert not any(i.endswith("_DequantizeLinear_Output") for i in nodes["sensitive"].input)
 
 
+def test_mixed_tries_dynamic_int8_with_the_most_sensitive_layer_float():
+    # Dynamic int8 of every MatMul misses the target on the huge-range layers: 'widen' (one weight column
+    # 1e4 times the others, one per-tensor weight scale) and 'sensitive' (reads that range). Keeping the one,
+    # then the two most sensitive float (the static ranking) meets it with 'first' in int8; the candidate
+    # says which layers and is scored in ONNX Runtime.
+    result = FlexDSAOptimizer("cpu-ort").optimize(
+        _sensitive_mlp(), OptimizeOptions(precision="mixed", accuracy=NOT_A_CLASSIFIER, measure_latency=False),
+        calibration=_mlp_calibration(),
+    )  # fmt: skip
+    candidates = {c["name"]: c for c in result.report["precision"]["candidates"]}
+    assert not candidates["dynamic"]["meets_target"]
+    dynamic_mixed = candidates["dynamic_mixed"]
+    assert dynamic_mixed["meets_target"], dynamic_mixed
+    assert dynamic_mixed["how"].endswith("kept float: sensitive, widen") and "1 of 3 MatMuls" in dynamic_mixed["how"]
+    assert dynamic_mixed["accuracy"]["outputs"]["y"]["cosine"] >= 0.99
+
+
 def test_mixed_keeps_every_layer_int8_when_int8_already_meets_the_target():
     result = FlexDSAOptimizer("cpu-ort").optimize(
         _sensitive_mlp(huge=1.0), OptimizeOptions(precision="mixed", accuracy=NOT_A_CLASSIFIER, measure_latency=False),
