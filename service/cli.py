@@ -28,6 +28,26 @@ def settings_or_exit():
         raise typer.Exit(2) from None
 
 
+def prepared_engine(settings):
+    """An engine on a database ready for this code (embedded SQLite migrated on the spot), or a clear exit:
+    not migrated, or not reachable."""
+    from sqlalchemy.exc import OperationalError
+
+    from service.db import DatabaseNotMigratedError, make_engine, prepare_database
+
+    engine = make_engine(settings.database_url)
+    try:
+        prepare_database(settings, engine)
+    except DatabaseNotMigratedError as err:
+        engine.dispose()
+        raise fail(str(err)) from None
+    except OperationalError as err:
+        where = engine.url.render_as_string(hide_password=True)
+        engine.dispose()
+        raise fail(f"Cannot reach the database {where}: {str(err.orig).strip()}") from None
+    return engine
+
+
 def fail(message: str) -> typer.Exit:
     typer.secho(message, fg="red", err=True)
     return typer.Exit(1)
@@ -58,28 +78,18 @@ def keys_create(
 ) -> None:
     """Create an API key and print it. It is shown once: only its hash is stored."""
     from service.auth import check_key_label, check_tenant_name, create_api_key
-    from service.db import (
-        DatabaseNotMigratedError,
-        make_engine,
-        make_session_factory,
-        prepare_database,
-        session_scope,
-    )
+    from service.db import make_session_factory, session_scope
 
     try:  # refused before the database is touched
         check_tenant_name(tenant)
         check_key_label(name)
     except ValueError as err:
         raise fail(f"{err} Choose a plain name, e.g. --tenant acme.") from None
-    settings = settings_or_exit()
-    engine = make_engine(settings.database_url)
+    engine = prepared_engine(settings_or_exit())
     try:
-        prepare_database(settings, engine)
         with session_scope(make_session_factory(engine)) as session:
             key, row = create_api_key(session, tenant, name)
             prefix = row.prefix
-    except DatabaseNotMigratedError as err:
-        raise fail(str(err)) from None
     finally:
         engine.dispose()
     typer.echo(key)

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from service.cli import fail, settings_or_exit
+from service.cli import prepared_engine, settings_or_exit
 
 
 def serve(
@@ -16,29 +16,15 @@ def serve(
 ) -> None:
     """Start the service. Embedded (no FLEXDSA_BROKER_URL): migrates SQLite and runs the worker in-process."""
     import uvicorn
-    from sqlalchemy.exc import OperationalError
 
     from service.auth import ensure_tenant
-    from service.db import (
-        DatabaseNotMigratedError,
-        make_engine,
-        make_session_factory,
-        prepare_database,
-        session_scope,
-    )
+    from service.db import make_session_factory, session_scope
     from stack import create_app
 
     settings = settings_or_exit()
     overrides = {k: v for k, v in {"host": host, "port": port}.items() if v is not None}
     settings = settings.model_copy(update=overrides)
-    engine = make_engine(settings.database_url)
-    try:
-        prepare_database(settings, engine)
-    except DatabaseNotMigratedError as err:
-        raise fail(str(err)) from None
-    except OperationalError as err:
-        where = engine.url.render_as_string(hide_password=True)
-        raise fail(f"Cannot reach the database {where}: {str(err.orig).strip()}") from None
+    engine = prepared_engine(settings)
     if settings.auth == "optional":
         with session_scope(make_session_factory(engine)) as session:
             ensure_tenant(session, settings.default_tenant)

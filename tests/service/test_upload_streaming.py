@@ -26,7 +26,8 @@ def large_onnx(size_bytes: int) -> bytes:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9).SerializeToString()
 
 
-def test_large_upload_is_hashed_on_the_upload_threads_and_stored_whole(env, headers, monkeypatch):
+def _threads_feeding_the_parser(monkeypatch) -> list[str]:
+    """The names of the threads that feed the upload's parser, in order, as the test's request goes on."""
     fed_on: list[str] = []
     feed = service.upload._feed
 
@@ -35,6 +36,11 @@ def test_large_upload_is_hashed_on_the_upload_threads_and_stored_whole(env, head
         return feed(parser, pieces)
 
     monkeypatch.setattr(service.upload, "_feed", recording_feed)
+    return fed_on
+
+
+def test_large_upload_is_hashed_on_the_upload_threads_and_stored_whole(env, headers, monkeypatch):
+    fed_on = _threads_feeding_the_parser(monkeypatch)
     model = large_onnx(5 * HANDOFF_BYTES + 12345)  # several pieces and a tail that is not a whole piece
     response = env.submit(headers, model=model)
     assert response.status_code == 202, response.text
@@ -50,14 +56,7 @@ def test_large_upload_is_hashed_on_the_upload_threads_and_stored_whole(env, head
 
 
 def test_small_upload_is_parsed_in_one_request_thread_call(env, headers, monkeypatch):
-    fed_on: list[str] = []
-    feed = service.upload._feed
-
-    def recording_feed(parser, pieces):
-        fed_on.append(threading.current_thread().name)
-        return feed(parser, pieces)
-
-    monkeypatch.setattr(service.upload, "_feed", recording_feed)
+    fed_on = _threads_feeding_the_parser(monkeypatch)
     response = env.submit(headers)
     assert response.status_code == 202, response.text
     # One parse call, off the event loop and off the upload threads (it shares the call that records the job).
