@@ -21,7 +21,7 @@ test: $(VENV)/.installed-test
 # the loop to run while changing code (the whole suite still runs in CI).
 test-fast: $(VENV)/.installed-test
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q -m "not models and not services and not browser" --durations=10 \
+	FLEXDSA_TEST_TOOLCHAINS=skip $(BIN)/python -m pytest -q -n 2 -m "not models and not services and not browser" --durations=10 \
 		--ignore=tests/workers -k "not postgres"
 
 # Vendor compilers that install here, each in its own environment under ~/.cache/flexdsa/toolchains (minutes

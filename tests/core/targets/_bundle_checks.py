@@ -4,6 +4,7 @@ driver or a fixture optimised with it."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -61,7 +62,10 @@ def cosine(want, got) -> float:
 
 
 def toolchain_or_skip(name: str, package: str) -> Toolchain:
-    """The named toolchain, or skip the test (saying how to install it) where it is not ready here."""
+    """The named toolchain, or skip the test (saying how to install it) where it is not ready here, or where
+    ``FLEXDSA_TEST_TOOLCHAINS=skip`` (``make test-fast``: vendor compilers take seconds per test)."""
+    if os.environ.get("FLEXDSA_TEST_TOOLCHAINS") == "skip":
+        pytest.skip("vendor toolchains skipped (FLEXDSA_TEST_TOOLCHAINS=skip)")
     toolchain = get_toolchain(name)
     status = toolchain.status(TOOLCHAIN_ROOT)
     if not status.ready:
