@@ -355,6 +355,18 @@ class CostModel:
             small = value.const_value.numpy()
         return TensorInfo(dims, dtype, const, small)
 
+    def input_dims(self, model: ir.Model) -> dict[str, int]:
+        """The value each named symbolic dim of ``model``'s inputs is costed at (a bucket's ``dims`` where
+        it names one, else the batch/other rule, with ``representative_dim`` as lowered so far): the one
+        shape the rest of the pipeline plans memory, validates and times at (``BucketModel.at``)."""
+        found: dict[str, int] = {}
+        for value in model.graph.inputs:
+            for axis, dim in enumerate(value.shape or ()):
+                name = getattr(dim, "value", None)
+                if not isinstance(dim, int) and name is not None:
+                    found.setdefault(str(name), self._dim(dim, axis))
+        return found
+
     def _dim(self, dim: object, axis: int) -> int:
         if isinstance(dim, int):
             return dim

@@ -49,6 +49,28 @@ def _fusion_lines(plans: dict[str, dict]) -> list[dict]:
     return lines
 
 
+def _shapes_at(buckets, notes: dict[str, str]) -> dict[str, dict]:
+    """Per bucket, the one shape its dims that stay symbolic were costed, memory-planned, validated and timed
+    at (``BucketModel.at``), as input shapes; a note where the model refused the costed shape."""
+    found = {}
+    for bucket in buckets:
+        shapes = {
+            name: [bucket.at.get(d, d) if isinstance(d, str) else d for d in dims]
+            for name, dims in bucket.input_shapes.items()
+        }
+        entry = {
+            "dims": dict(bucket.at),
+            "input_shapes": shapes,
+            "used_for": ["fusion costing", "memory plan", "validation", "latency check"]
+            if bucket.at
+            else ["every stage (no dim is symbolic)"],
+        }
+        if bucket.name in notes:
+            entry["note"] = notes[bucket.name]
+        found[bucket.name] = entry
+    return found
+
+
 def build_report(
     *,
     target,
@@ -64,6 +86,7 @@ def build_report(
     cache_stats: dict,
     stage_seconds: dict[str, float],
     total_seconds: float,
+    shape_notes: dict[str, str] | None = None,
 ) -> dict:
     after = {bucket.name: op_counts(bucket.model) for bucket in comp.buckets}
     fusion_names = {c["rule"] for plan in comp.fusion_plans.values() for c in plan.get("candidates", [])}
@@ -94,7 +117,12 @@ def build_report(
         "legalization": comp.legalization,
         # Subgraph Mapper (accelerators): placement, fallback reasons, partitions, kernels explored vs cached.
         "partition": comp.partition,
-        "shapes": {**shape_report, "buckets": [b.name for b in comp.buckets], "manifest": shape_manifest},
+        "shapes": {
+            **shape_report,
+            "buckets": [b.name for b in comp.buckets],
+            "manifest": shape_manifest,
+            "at": _shapes_at(comp.buckets, shape_notes or {}),
+        },
         "memory": comp.memory,
         "estimates": {
             "label": "estimate from the cost model"

@@ -122,21 +122,32 @@ class ValidationResult:
     ok: bool
     outputs: list[OutputCheck] = field(default_factory=list)
     input_shapes: dict[str, list[int]] = field(default_factory=dict)
+    # Dims left symbolic are checked at a second, small shape too: that check (its ``ok`` is in this one's).
+    second_shape: ValidationResult | None = None
 
     def as_dict(self) -> dict:
-        return {
+        found = {
             "bucket": self.bucket,
             "ok": self.ok,
             "input_shapes": self.input_shapes,
             "outputs": [o.as_dict() for o in self.outputs],
         }
+        if self.second_shape is not None:
+            second = self.second_shape.as_dict()
+            del second["bucket"]
+            found["second_shape"] = second
+        return found
 
     def describe_failure(self) -> str:
         bad = [o for o in self.outputs if not o.ok]
-        return "; ".join(
+        text = "; ".join(
             f"output {o.name!r}: {o.detail or f'max abs err {o.max_abs:.3g} (atol {o.atol:g}), max rel err {o.max_rel:.3g} (rtol {o.rtol:g})'}"
             for o in bad
         )
+        if self.second_shape is not None and not self.second_shape.ok:
+            second = f"at the second shape {self.second_shape.input_shapes}: {self.second_shape.describe_failure()}"
+            text = f"{text}; {second}" if text else second
+        return text
 
 
 def session(model: ModelSource, *, level=ort.GraphOptimizationLevel.ORT_DISABLE_ALL, threads: int = 1):

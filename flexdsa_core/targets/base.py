@@ -26,6 +26,9 @@ class BucketModel:
     input_shapes: dict[str, list[int | str]] = field(default_factory=dict)
     # A hardware-independent variant shipped beside ``model`` when the adapter tuned it for this machine.
     portable: ir.Model | None = None
+    # The value of each symbolic dim the model still has, as the cost model costed it: the one shape its
+    # memory is planned, its outputs validated and its latency timed at (``report.json`` -> ``shapes.at``).
+    at: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass

@@ -4,9 +4,14 @@ why, the fusion list holds fusions only, and bucket notes name no file that is n
 
 from __future__ import annotations
 
+import json
+
+import pytest
+
 from flexdsa_core import FlexDSAOptimizer, OptimizeOptions
 from flexdsa_core.cache import LRUCache, StatsCache
 from flexdsa_core.cost_model import Cost, CostModel
+from flexdsa_core.dims import is_batch_dim
 from flexdsa_core.fusion_switcher import _label
 from flexdsa_core.fusions import make_rule
 from flexdsa_core.report import _explain_gain_beyond_measurement
@@ -14,6 +19,7 @@ from flexdsa_core.targets import load_target
 from tests.core.test_fusion_switcher import DEDUPE_RELU, _entry, _npu_switcher, _relu_model
 from tests.core.test_preflight import positions_model
 from tests.core.test_rollback import LAYER_NORM_MODEL
+from tests.models import fixture
 
 
 def test_measured_only_when_both_sides_were_timed_here():
@@ -81,3 +87,27 @@ def test_the_fusion_list_holds_fusions_and_bucket_notes_name_no_missing_file():
     written = set(result.artifacts)
     assert "model.onnx" not in written and notes
     assert not any("model.onnx" in note or "model.portable.onnx" in note for note in notes)
+
+
+@pytest.mark.models
+@pytest.mark.parametrize("name", ["bert", "resnet"])
+def test_one_shape_per_bucket_across_costing_memory_validation_and_timing(name):
+    """The dims that stay symbolic take one value per bucket: the fusions are costed, the memory planned,
+    the outputs validated and the latency timed at it, and the report names it (``shapes.at``). The BERT
+    fixture's 64-row position table refuses the default 128, so its shape is the lowered one everywhere."""
+    result = FlexDSAOptimizer("cpu-ort").optimize(fixture(name), OptimizeOptions(latency_repeats=3))
+    report, plans = result.report, json.loads(result.artifacts["fusion_plan.json"])
+    [bucket] = report["shapes"]["buckets"]
+    at = report["shapes"]["at"][bucket]
+    assert at["dims"] and "latency check" in at["used_for"]
+    costed = plans[bucket]["cost_model"]["representative_dims"]
+    for dim, value in at["dims"].items():
+        assert value == (costed["batch"] if is_batch_dim(dim) else costed["other"]), (dim, at, costed)
+    assert report["memory"][bucket]["dims"] == at["dims"] and not report["memory"][bucket]["assumed_dims"]
+    [validation] = report["validation"]["buckets"]
+    assert validation["input_shapes"] == at["input_shapes"] == report["latency"]["input_shapes"]
+    # A second, small shape is validated too, and named as such.
+    second = validation["second_shape"]
+    assert second["ok"] and second["input_shapes"] != at["input_shapes"]
+    if name == "bert":
+        assert at["dims"] == {"batch": 1, "seq": 64}
