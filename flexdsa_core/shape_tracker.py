@@ -194,6 +194,7 @@ def _refine_symbolically(
         return {}, "onnxruntime symbolic shape inference skipped: the model's weights exceed 1 GiB"
     try:
         probe = model.clone()
+        _weights_as_inputs(probe)
         names = {v.name for v in unresolved}
         for node in probe.graph:
             for value in node.outputs:
@@ -220,6 +221,28 @@ def _refine_symbolically(
             value.shape = shape
             refined[value.name] = shape
     return refined, None
+
+
+# Initializers the symbolic inference may read as values (shapes, axes, indices): integer tensors up to this
+# many elements, any tensor up to ``_VALUE_FLOAT_ELEMENTS``. Bigger ones are weights: only their shapes count.
+_VALUE_INT_ELEMENTS = 4096
+_VALUE_FLOAT_ELEMENTS = 64
+
+
+def _weights_as_inputs(model: ir.Model) -> None:
+    """Turn ``model``'s weight initializers into graph inputs of the same type and shape (in place; a
+    clone's), so the symbolic inference gets their shapes without serialising and copying their bytes (on
+    a BERT-base-width model: ~1.5 s of a 2.2 s refinement were copies of weights it never reads)."""
+    for name, value in list(model.graph.initializers.items()):
+        tensor = value.const_value
+        if tensor is None or value.shape is None or value.type is None:
+            continue
+        size = math.prod(tensor.shape.numpy())
+        if size <= (_VALUE_INT_ELEMENTS if tensor.dtype.is_integer() else _VALUE_FLOAT_ELEMENTS):
+            continue
+        model.graph.initializers.pop(name)
+        value.const_value = None
+        model.graph.inputs.append(value)
 
 
 def _infer_shapes(model: ir.Model) -> None:
