@@ -20,7 +20,13 @@ import pprint
 
 import onnx_ir as ir
 
-from flexdsa_core.targets._vitis_ai import QDQ_OPS, VitisAIAdapter, quantize_entries, quantize_script
+from flexdsa_core.targets._vitis_ai import (
+    QDQ_OPS,
+    VitisAIAdapter,
+    float_note,
+    quantize_entries,
+    quantize_script,
+)
 from flexdsa_core.targets.base import BucketModel
 from flexdsa_core.targets.spec import TargetSpec, op_key
 
@@ -44,7 +50,7 @@ class AmdAdapter(VitisAIAdapter):
     # ---- the bundle ---------------------------------------------------------------------------------
     def vendor_files(self, buckets: list[BucketModel], target: TargetSpec, report: dict) -> dict[str, bytes]:
         quantize = quantize_script(
-            self, buckets, script="quantize_quark.py", what="the Ryzen AI XDNA 2 NPU (Vitis AI EP)",
+            self, buckets, report, script="quantize_quark.py", what="the Ryzen AI XDNA 2 NPU (Vitis AI EP)",
             quantizers=["quark"],
         )  # fmt: skip
         run = _RUN_SCRIPT.format(
@@ -65,8 +71,8 @@ class AmdAdapter(VitisAIAdapter):
                 "Quantise (any x86 machine): `pip install amd-quark onnxruntime` (with a CPU build of torch, which "
                 "Quark imports), then `python quantize_quark.py --dataset ds.txt` (one calibration sample a line, "
                 f"one .npy per input; 100-1000 samples). It writes {qdq} with Quark's XINT8 preset for a CNN, "
-                "A8W8 for a transformer (A8). When the amd toolchain ran here, those files are in the bundle "
-                "already, calibrated on the request's samples only."
+                f"A8W8 for a transformer (A8){float_note(self, buckets, report)}. When the amd toolchain ran here, "
+                "those files are in the bundle already, calibrated on the request's samples only."
             )
         steps += [
             "On a Ryzen AI 300 laptop (Windows, NPU driver and the Ryzen AI Software installed, whose conda "

@@ -32,6 +32,7 @@ import onnx_ir as ir
 
 from flexdsa_core.targets.accelerator import AcceleratorAdapter, is_constant, runtime_input_of
 from flexdsa_core.targets.base import BucketModel, Legalized
+from flexdsa_core.targets.bundle_inputs import mixed_sections
 from flexdsa_core.targets.spec import TargetSpec
 
 # Ops rknn-toolkit2 2.5.0 takes but runs on its CPU runtime for the RK3588, each alone in a graph: all are
@@ -104,10 +105,9 @@ class RockchipAdapter(AcceleratorAdapter):
             return options
         options.update(dtype="int8", **_QUANT_CONFIG)
         if plan["requested"] == "mixed":
-            sections = plan.get("buckets") or {plan.get("bucket"): plan}
             options["custom_hybrid"] = {
                 name: [pair for _, pair in sorted((s.get("float_layer_tensors") or {}).items())]
-                for name, s in sections.items()
+                for name, s in mixed_sections(report).items()
             }
         return options
 
@@ -129,19 +129,29 @@ class RockchipAdapter(AcceleratorAdapter):
                 {"target_platform": "rk3588", **_config_switches(target, report)}, sort_dicts=False
             ),
             quant=pprint.pformat(_QUANT_CONFIG, sort_dicts=False),
-            hybrid=pprint.pformat(self.toolchain_options(target, report).get("custom_hybrid") or {}, width=110),
+            hybrid=pprint.pformat(
+                self.toolchain_options(target, report).get("custom_hybrid") or {}, width=110
+            ),
         )
         return {"convert_rknn.py": script.encode()}
 
     def deploy_steps(self, buckets: list[BucketModel], target: TargetSpec, report: dict) -> list[str]:
         rknn_files = ", ".join(f"`{self.model_filename(b).removesuffix('.onnx')}.rknn`" for b in buckets)
+        kept = {name: s.get("float_layers") or [] for name, s in mixed_sections(report).items()}
+        hybrid = (
+            "; precision mixed: the script keeps the mixed plan's float layers ("
+            + "; ".join(f"{name}: {', '.join(layers)}" for name, layers in kept.items() if layers)
+            + ") float16 through the toolkit's hybrid quantisation, as the toolchain here did (`HYBRID`)"
+            if any(kept.values())
+            else ""
+        )
         return [
             "On an x86_64 or arm64 Linux host: `pip install rknn-toolkit2` (install a CPU build of torch first, or "
             "pip fetches a CUDA one; `flexdsa toolchains install rockchip` does this in an environment of its own).",
             "In this folder: `python convert_rknn.py` compiles every bucket for the RK3588 in float16 "
             f"({rknn_files}); `python convert_rknn.py --check` also runs each in the toolkit's simulator. For "
             "int8, `python convert_rknn.py --int8 --dataset dataset.txt` (one calibration sample a line, one .npy "
-            "or image per input, space-separated; 20-100 samples).",
+            f"or image per input, space-separated; 20-100 samples){hybrid}.",
             "Copy the .rknn file(s) and `manifest.json` to the RK3588 board (the NPU driver and librknnrt.so "
             "come with the board's Rockchip image).",
             "On the board, Python: `pip install rknn-toolkit-lite2`, then `from rknnlite.api import RKNNLite; "
@@ -312,6 +322,7 @@ Table" says which layer went where.
 """
 
 import argparse
+import re
 import sys
 
 import numpy as np
@@ -326,24 +337,100 @@ CONFIG = {config}
 QUANTIZATION = {quant}
 
 # precision "mixed": per bucket, the [input, output] tensors of the layers Flex-DSA's sensitivity search keeps
-# in float; with --int8 they stay float16 through the toolkit's hybrid quantisation.
+# in float (ONNX names); with --int8 they stay float16 through the toolkit's hybrid quantisation, mapped onto
+# the names the toolkit gives those tensors (map_hybrid), as Flex-DSA's own run of the toolkit does.
 HYBRID = {hybrid}
 
 
-def convert(bucket, int8=False, dataset=None, check=False, verbose=False):
+def quantized_tensors(cfg_path):
+    """Tensor names under quantize_parameters: in the toolkit's .quantization.cfg (YAML)."""
+    names, inside = set(), False
+    with open(cfg_path) as handle:
+        for line in handle.read().splitlines():
+            if line.startswith("quantize_parameters:"):
+                inside = True
+                continue
+            if inside and line and not line.startswith(" "):
+                break
+            match = re.match(r"^    (\\S[^:]*):\\s*$", line)
+            if inside and match:
+                names.add(match.group(1))
+    return names
+
+
+def map_hybrid(pairs, known, graph):
+    """Our [input, output] pairs as the toolkit names the tensors: the same name, or the shortest of its
+    <name>_... renames ('wide' -> 'wide_mm'); a tensor the toolkit fused away is replaced by the nearest one
+    upstream (an input: its producer's input) or downstream (an output: its consumer's output)."""
+    producer = {{out: node for node in graph.node for out in node.output}}
+    consumers = {{}}
+    for node in graph.node:
+        for value in node.input:
+            consumers.setdefault(value, []).append(node)
+
+    def named(tensor):
+        if tensor in known:
+            return tensor
+        renamed = sorted((k for k in known if k.startswith(tensor + "_")), key=len)
+        return renamed[0] if renamed else None
+
+    def walk(tensor, upstream):
+        for _ in range(len(graph.node) + 1):
+            found = named(tensor)
+            if found is not None:
+                return found
+            if upstream:
+                node = producer.get(tensor)
+                tensor = node.input[0] if node is not None and node.input else None
+            else:
+                nodes = consumers.get(tensor) or []
+                tensor = nodes[0].output[0] if len(nodes) == 1 and nodes[0].output else None
+            if tensor is None:
+                return None
+        return None
+
+    mapped, unmapped = [], []
+    for start, end in pairs:
+        first, last = walk(start, True), walk(end, False)
+        if first is None or last is None or first == last:
+            unmapped.append([start, end])
+        else:
+            mapped.append([first, last])
+    return mapped, unmapped
+
+
+def loaded(bucket, config, verbose):
     rknn = RKNN(verbose=verbose)
+    if rknn.config(**config) != 0:
+        raise RuntimeError("rknn.config failed")
+    if rknn.load_onnx(model=bucket["onnx"], inputs=bucket["inputs"], input_size_list=bucket["input_size_list"]) != 0:
+        raise RuntimeError("load_onnx failed for " + bucket["onnx"])
+    return rknn
+
+
+def convert(bucket, int8=False, dataset=None, check=False, verbose=False):
+    config = dict(CONFIG, **(QUANTIZATION if int8 else {{}}))
+    rknn = loaded(bucket, config, verbose)
     try:
-        config = dict(CONFIG, **(QUANTIZATION if int8 else {{}}))
-        if rknn.config(**config) != 0:
-            raise RuntimeError("rknn.config failed")
-        if rknn.load_onnx(model=bucket["onnx"], inputs=bucket["inputs"], input_size_list=bucket["input_size_list"]) != 0:
-            raise RuntimeError("load_onnx failed for " + bucket["onnx"])
         hybrid = HYBRID.get(bucket["name"]) if int8 else None
         if hybrid:
-            if rknn.hybrid_quantization_step1(dataset=dataset, custom_hybrid=hybrid) != 0:
+            # A first step 1 lists the toolkit's tensor names (it renames as it rewrites); ours are mapped onto
+            # them, and a second step 1 on a fresh load keeps those subgraphs float16.
+            stem = bucket["onnx"].removesuffix(".onnx")
+            if rknn.hybrid_quantization_step1(dataset=dataset) != 0:
+                raise RuntimeError("hybrid_quantization_step1 failed for " + bucket["onnx"])
+            import onnx
+
+            graph = onnx.load(bucket["onnx"], load_external_data=False).graph
+            pairs, unmapped = map_hybrid(hybrid, quantized_tensors(stem + ".quantization.cfg"), graph)
+            if unmapped:
+                print("not found in the toolkit's graph, left quantised:", unmapped)
+            print("kept float16 (hybrid quantisation):", pairs)
+            rknn.release()
+            rknn = loaded(bucket, config, verbose)
+            if rknn.hybrid_quantization_step1(dataset=dataset, **({{"custom_hybrid": pairs}} if pairs else {{}})) != 0:
                 raise RuntimeError("hybrid_quantization_step1 failed for " + bucket["onnx"])
             rknn.release()
-            stem = bucket["onnx"].removesuffix(".onnx")
             rknn = RKNN(verbose=verbose)
             if rknn.hybrid_quantization_step2(
                 model_input=stem + ".model", data_input=stem + ".data", model_quantization_cfg=stem + ".quantization.cfg"

@@ -28,7 +28,7 @@ import shlex
 
 import onnx_ir as ir
 
-from flexdsa_core.targets._vitis_ai import VitisAIAdapter, quantize_script
+from flexdsa_core.targets._vitis_ai import VitisAIAdapter, float_note, quantize_script
 from flexdsa_core.targets.base import BucketModel
 from flexdsa_core.targets.spec import TargetSpec, op_key
 
@@ -74,7 +74,7 @@ class XilinxAdapter(VitisAIAdapter):
     # ---- the bundle ---------------------------------------------------------------------------------
     def vendor_files(self, buckets: list[BucketModel], target: TargetSpec, report: dict) -> dict[str, bytes]:
         quantize = quantize_script(
-            self, buckets, script="quantize_kv260.py", what="the KV260 DPU (DPUCZDX8G B4096)",
+            self, buckets, report, script="quantize_kv260.py", what="the KV260 DPU (DPUCZDX8G B4096)",
             quantizers=["quark", "vai_q_onnx"],
         )  # fmt: skip
         return {"quantize_kv260.py": quantize.encode(), "compile_kv260.sh": self.compile_script(buckets).encode()}
@@ -125,8 +125,8 @@ class XilinxAdapter(VitisAIAdapter):
             "The DPU runs int8 only (X4): every bucket must be quantised first. `python quantize_kv260.py "
             "--dataset ds.txt` (AMD Quark XINT8: symmetric int8, power-of-two scales, per tensor; or "
             "`--quantizer vai_q_onnx`, X8) writes model.<bucket>.qdq.onnx; 100-1000 calibration samples is usual "
-            "(X8). When the amd toolchain ran here, those files are in the bundle already, calibrated on the "
-            "request's samples only.",
+            f"(X8){float_note(self, buckets, report)}. When the amd toolchain ran here, those files are in the "
+            "bundle already, calibrated on the request's samples only.",
             "In the Vitis AI docker: `bash compile_kv260.sh ds.txt` quantises and runs `vai_c_xir -x <net>_int.xmodel "
             f"-a {ARCH_JSON} -o compiled/<bucket> -n <net>` per bucket (X10), writing {nets}. Set `ARCH` "
             "to your overlay's arch.json if it is not the KV260 B4096 one (fingerprint "

@@ -5,6 +5,7 @@ driver or a fixture optimised with it."""
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -98,3 +99,62 @@ def optimized_with_toolchain(target: str, name: str, **options):
     toolchain = result.report["toolchain"]
     assert toolchain["ran"], toolchain
     return result, toolchain
+
+
+# ---- a bundle from a mixed plan, and its vendor script run ---------------------------------------------
+
+
+def mixed_bundle(target: str, folder: Path) -> dict:
+    """The sensitive MLP (``tests.core.test_precision``: the stand-in search keeps 'widen' and 'sensitive' out of
+    int8) optimised for ``target`` with ``precision: mixed`` on its calibration samples, the vendor toolchain not
+    run; its bundle written under ``folder``. Returns the report."""
+    from tests.core.test_precision import _mlp_calibration, _sensitive_mlp
+
+    request = RequestSpec.model_validate(
+        {"target": target, "measure_latency": False, "precision": "mixed", "accuracy": {"top1_outputs": []}}
+    )
+    result = FlexDSAOptimizer(request.target_spec()).optimize(
+        _sensitive_mlp(), request.options(), calibration=_mlp_calibration()
+    )
+    for name, content in result.artifacts.items():
+        path = folder / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(content.read_bytes() if isinstance(content, Path) else content)
+    precision = result.report["precision"]
+    assert precision["float_layers"] == ["widen", "sensitive"], precision.get("float_layers")
+    return result.report
+
+
+def run_script(toolchain: Toolchain, folder: Path, *args: str, timeout: float = 300) -> str:
+    """A bundle's vendor script run in the toolchain's environment, in the bundle's folder; its output."""
+    done = subprocess.run(
+        [str(toolchain.python(TOOLCHAIN_ROOT)), *args],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    return done.stdout
+
+
+def quantize_types(path: Path) -> dict[str, int]:
+    """In a QDQ model, each quantised tensor -> its zero point's ONNX dtype (``onnx.TensorProto``): an activation
+    under its QuantizeLinear's input (a graph output, which the quantiser renames, under its own name), a weight
+    under its initializer's name."""
+    model = onnx.load(str(path))
+    zero_points = {init.name: init.data_type for init in model.graph.initializer}
+    outputs = {value.name for value in model.graph.output}
+    dequantized = {
+        node.input[0]: node.output[0] for node in model.graph.node if node.op_type == "DequantizeLinear"
+    }
+    found = {}
+    for node in model.graph.node:
+        if len(node.input) < 3:
+            continue
+        if node.op_type == "QuantizeLinear":
+            output = dequantized.get(node.output[0])
+            found[output if output in outputs else node.input[0]] = zero_points.get(node.input[2])
+        elif node.op_type == "DequantizeLinear" and node.input[0] in zero_points:
+            found[node.input[0].removesuffix("_quantized")] = zero_points.get(node.input[2])
+    return found

@@ -123,6 +123,16 @@ def test_quantize_script_picks_quarks_preset_per_bucket():
     assert namespace["QUANTIZERS"] == ["quark"]
 
 
+def test_mixed_bundle_quantize_script_carries_the_float_layers(tmp_path):
+    report = checks.mixed_bundle("amd-xdna2", tmp_path)
+    script = (tmp_path / "quantize_quark.py").read_text()
+    [bucket] = checks.script_constants(script, "\nBUCKETS = ", "class Samples")["BUCKETS"]
+    assert bucket["float_layers"] == ADAPTER.toolchain_options(TARGET, report)["float_layers"]["batch1"]
+    assert bucket["float_layers"] == ["widen", "sensitive"]
+    assert bucket["keep_float"] == []  # on the NPU the EP places the CPU nodes itself
+    assert "keeps the mixed plan's float layers out of int8" in (tmp_path / "README.md").read_text()
+
+
 def test_run_script_sets_the_vitis_ai_ep_provider_options():
     script = ADAPTER.vendor_files(_buckets(), TARGET, {})["run_npu.py"].decode()
     compile(script, "run_npu.py", "exec")
@@ -214,3 +224,19 @@ def test_bundle_quantize_script_runs_with_quark(tmp_path):
     for bucket in buckets:
         quantized = onnx.load(tmp_path / ADAPTER.qdq_filename(bucket))
         assert "QuantizeLinear" in {n.op_type for n in quantized.graph.node}
+
+
+def test_mixed_bundle_quantize_script_keeps_the_float_layers_float_with_quark(tmp_path):
+    """quantize_quark.py from a mixed bundle, run with Quark on the bundle's calibration samples: the layers the
+    search kept out of int8 read float weights and tensors in the QDQ model, the others dequantised int8 ones."""
+    toolchain = _toolchain_or_skip()
+    checks.mixed_bundle("amd-xdna2", tmp_path)
+    out = checks.run_script(toolchain, tmp_path, "quantize_quark.py", "--dataset", "dataset.txt", timeout=600)
+    assert "wrote model.batch1.qdq.onnx with quark XINT8 (2 node(s) left in float)" in out
+    quantized = onnx.load(tmp_path / "model.batch1.qdq.onnx")
+    dequantized = {o for n in quantized.graph.node if n.op_type == "DequantizeLinear" for o in n.output}
+    nodes = {n.name: n for n in quantized.graph.node}
+    assert all(i in dequantized for i in nodes["first"].input)
+    for layer in ("widen", "sensitive"):
+        assert nodes[layer].input[1] in {i.name for i in quantized.graph.initializer}  # its float weight
+    assert nodes["sensitive"].input[0] == "wide"  # its input not quantised either

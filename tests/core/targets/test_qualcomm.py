@@ -207,6 +207,7 @@ def test_scripts_parse_and_carry_each_bucket(tmp_path):
     assert constants["BUCKETS"] == [{
         "name": "batch1", "onnx": "model.batch1.onnx", "qdq": "model.batch1.qdq.onnx",
         "context": "model.batch1.qnn_ctx.onnx", "inputs": ["x"], "shapes": [[1, 8, 16, 16]], "dtypes": ["float32"],
+        "act": "uint8", "uint16_tensors": [],
     }]  # fmt: skip
     assert constants["PROVIDER"] == {"backend_type": "htp", "htp_arch": "75", "soc_model": "57"}
     shell = tmp_path / "convert_qnn.sh"
@@ -237,6 +238,30 @@ def test_toolchain_options_ask_for_the_sm8650_htp():
         "activation_type": "auto",
         "provider": {"backend_type": "htp", "htp_arch": "75", "soc_model": "57"},
     }
+
+
+def test_mixed_bundle_script_carries_the_plans_uint16_tensors(tmp_path):
+    """A bundle made under precision mixed: compile_qnn.py's bucket lists the tensors of the layers the search
+    kept out of int8, and quantises them at uint16 by default, as the toolchain run here would."""
+    report = checks.mixed_bundle("qualcomm-sm8650", tmp_path)
+    [bucket] = checks.script_constants(
+        (tmp_path / "compile_qnn.py").read_text(), "BUCKETS =", "def qnn_devices"
+    )["BUCKETS"]
+    assert bucket["act"] == "mixed" and bucket["uint16_tensors"] == ["r", "wide", "y"]
+    assert ADAPTER.toolchain_options(TARGET, report)["uint16_tensors"] == {"batch1": bucket["uint16_tensors"]}
+    readme = (tmp_path / "README.md").read_text()
+    assert (
+        "the mixed plan's float layers kept out of it, their tensors at uint16 (3 in bucket batch1)" in readme
+    )
+    # Where the toolchain here had to go a16w8 everywhere, that is the script's default.
+    ran = {**report, "toolchain": {"buckets": {"batch1": {"quantization": "QDQ: uint16 activations, ..."}}}}
+    files = ADAPTER.vendor_files(
+        [BucketModel("batch1", ir.load(tmp_path / "model.batch1.onnx"), {})], TARGET, ran
+    )
+    [bucket] = checks.script_constants(files["compile_qnn.py"].decode(), "BUCKETS =", "def qnn_devices")[
+        "BUCKETS"
+    ]
+    assert bucket["act"] == "uint16"
 
 
 # ---- the driver's reading of QNN's verbose log -------------------------------------------------------
@@ -394,8 +419,12 @@ def test_fixture_with_cpu_fallbacks_agrees_node_for_node():
     partition puts them on the CPU, and QNN refuses them with its own reason."""
     _toolchain_or_skip()
     result, toolchain = checks.optimized_with_toolchain(
-        "qualcomm-sm8650", "bert", shape_buckets={"batch": [1], "seq": [16]}, disabled_rules=["gelu_erf"],
-        precision="int8", accuracy={"top1_outputs": []},
+        "qualcomm-sm8650",
+        "bert",
+        shape_buckets={"batch": [1], "seq": [16]},
+        disabled_rules=["gelu_erf"],
+        precision="int8",
+        accuracy={"top1_outputs": []},
     )
     [(bucket, entry)] = toolchain["buckets"].items()
     part = result.report["partition"][bucket]
@@ -404,6 +433,23 @@ def test_fixture_with_cpu_fallbacks_agrees_node_for_node():
     assert entry["placement_agreement"]["compared"] == part["nodes"]
     assert "`Erf` are not supported by QNN EP" in entry["reasons"]["/layers.0/Erf"]
     assert min(o["cosine"] for o in entry["numerics"]) >= 0.99
+
+
+def test_mixed_bundle_script_quantises_the_float_layers_tensors_at_uint16(tmp_path):
+    """compile_qnn.py from a mixed bundle, run with onnxruntime-qnn on the bundle's calibration samples: the
+    float layers' tensors come out uint16 in its QDQ model, the rest uint8, and it compiles for the HTP; with
+    --act uint8 everything is uint8."""
+    toolchain = _toolchain_or_skip()
+    checks.mixed_bundle("qualcomm-sm8650", tmp_path)
+    out = checks.run_script(toolchain, tmp_path, "compile_qnn.py", "--dataset", "dataset.txt")
+    assert "activations mixed (3 tensor(s) at uint16)" in out and "wrote model.batch1.qnn_ctx.onnx" in out
+    assert (tmp_path / "model.batch1.qnn_ctx.onnx").is_file()
+    types = checks.quantize_types(tmp_path / "model.batch1.qdq.onnx")
+    uint8, uint16 = onnx.TensorProto.UINT8, onnx.TensorProto.UINT16
+    assert {t: types[t] for t in ("r", "wide", "y")} == {"r": uint16, "wide": uint16, "y": uint16}
+    assert types["x"] == types["h"] == uint8
+    checks.run_script(toolchain, tmp_path, "compile_qnn.py", "--dataset", "dataset.txt", "--act", "uint8")
+    assert set(checks.quantize_types(tmp_path / "model.batch1.qdq.onnx").values()) == {uint8}
 
 
 def test_fp16_runs_the_float_graph_on_the_htp(tmp_path):

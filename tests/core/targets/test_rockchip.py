@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import onnx
 import onnx_ir as ir
 import pytest
 
@@ -222,6 +223,27 @@ def test_convert_script_compiles_and_carries_each_bucket():
     )
 
 
+def test_mixed_bundle_convert_script_carries_the_hybrid_list_and_maps_it_as_the_driver_does(tmp_path):
+    """Under precision mixed convert_rknn.py lists the float layers' [input, output] tensors (HYBRID) and maps
+    them onto the toolkit's tensor names with the driver's rule before hybrid quantisation: rknn-toolkit2 2.5.0
+    refuses our ONNX names ("The input name wide is not exists")."""
+    report = checks.mixed_bundle("rockchip-rk3588", tmp_path)
+    script = (tmp_path / "convert_rknn.py").read_text()
+    compile(script, "convert_rknn.py", "exec")
+    namespace: dict = {"re": __import__("re")}
+    exec(script[script.index("BUCKETS") : script.index("def loaded")], namespace)
+    assert namespace["HYBRID"] == {"batch1": [["wide", "y"], ["r", "wide"]]}
+    assert namespace["HYBRID"] == ADAPTER.toolchain_options(TARGET, report)["custom_hybrid"]
+    graph = onnx.load(tmp_path / "model.batch1.onnx").graph
+    # As rknn-toolkit2 2.5.0 names the MLP's tensors: MatMul outputs get '_mm', the Relu is fused away.
+    known = {"x", "x_tp-rs", "h_mm", "h_rs_sw", "wide_mm", "y_mm", "y", "x_int8", "y_int8"}
+    pairs = [*namespace["HYBRID"]["batch1"], ["nowhere", "gone"]]
+    assert namespace["map_hybrid"](pairs, known, graph) == _driver().map_hybrid(pairs, known, graph)
+    assert namespace["map_hybrid"](pairs, known, graph)[0] == [["wide_mm", "y"], ["h_mm", "wide_mm"]]
+    readme = (tmp_path / "README.md").read_text()
+    assert "the script keeps the mixed plan's float layers (batch1: widen, sensitive) float16" in readme
+
+
 # ---- the driver's reading of the toolkit's log -------------------------------------------------------
 
 
@@ -309,3 +331,17 @@ def test_fixture_compiles_and_simulates_within_tolerance(name, buckets):
             assert output["cosine"] >= 0.9999, (name, output)
         # Our partition and rknn-toolkit2's agree on all but the Conv over a sourced limit it splits itself.
         assert entry["placement_agreement"]["share"] >= 0.98, json.dumps(entry["placement_agreement"])
+
+
+def test_mixed_bundle_convert_script_keeps_the_float_layers_float16(tmp_path):
+    """convert_rknn.py from a mixed bundle, run with rknn-toolkit2 on the bundle's calibration samples: hybrid
+    quantisation keeps the float layers' tensors (as the toolkit names them) float16, the rest int8."""
+    toolchain = _toolchain_or_skip()
+    checks.mixed_bundle("rockchip-rk3588", tmp_path)
+    out = checks.run_script(toolchain, tmp_path, "convert_rknn.py", "--int8", "--dataset", "dataset.txt")
+    assert "kept float16 (hybrid quantisation): [['wide_mm', 'y'], ['h_mm', 'wide_mm']]" in out
+    assert "wrote model.batch1.rknn" in out and (tmp_path / "model.batch1.rknn").is_file()
+    config = (tmp_path / "model.batch1.quantization.cfg").read_text()
+    custom = config[: config.index("quantize_parameters:")]
+    assert "    wide_mm: float16" in custom and "    y_mm: float16" in custom
+    assert "h_mm:" not in custom  # the first layer's output stays int8

@@ -162,9 +162,32 @@ def test_quantize_script_carries_each_bucket_and_the_dpu_scheme():
     assert namespace["QUANTIZERS"] == ["quark", "vai_q_onnx"]
     assert namespace["BUCKETS"][1] == {
         "name": "batch4", "onnx": "model.batch4.onnx", "qdq": "model.batch4.qdq.onnx", "inputs": ["x"],
-        "shapes": [[4, 3, 16, 16]], "dtypes": ["float32"], "preset": "XINT8",
+        "shapes": [[4, 3, 16, 16]], "dtypes": ["float32"], "preset": "XINT8", "float_layers": [], "keep_float": [],
     }  # fmt: skip
     assert "PowerOfTwoMethod.MinMSE" in script and "per_channel=False" in script
+
+
+def test_quantize_script_leaves_the_mixed_plans_layers_and_the_cpu_nodes_float(tmp_path):
+    """Under precision mixed the bundle's quantise step excludes the layers the search kept out of int8, and on
+    the DPU the nodes the partition puts on the CPU, as the toolchain run here does (its options)."""
+    report = checks.mixed_bundle("xilinx-kv260", tmp_path)
+    script = (tmp_path / "quantize_kv260.py").read_text()
+    namespace = checks.script_constants(script, "\nBUCKETS = ", "class Samples")
+    [bucket] = namespace["BUCKETS"]
+    options = ADAPTER.toolchain_options(TARGET, report)
+    assert bucket["float_layers"] == ["widen", "sensitive"] == options["float_layers"]["batch1"]
+    assert namespace["float_nodes"](bucket) == ["sensitive", "widen"]
+    assert "config.exclude = float_nodes(bucket)" in script  # Quark
+    assert "nodes_to_exclude=float_nodes(bucket)" in script  # vai_q_onnx
+    readme = (tmp_path / "README.md").read_text()
+    assert "keeps the mixed plan's float layers out of int8 (batch1: widen, sensitive)" in readme
+    # A node the partition put on the CPU: left float too (the DPU compiler makes a CPU subgraph of it).
+    buckets = _buckets(1)
+    relu = next(n.name for n in buckets[0].model.graph if n.op_type == "Relu")
+    on_cpu = {"partition": {"batch1": {"placement": {relu: "cpu"}}}}
+    script = ADAPTER.vendor_files(buckets, TARGET, on_cpu)["quantize_kv260.py"].decode()
+    [bucket] = checks.script_constants(script, "\nBUCKETS = ", "class Samples")["BUCKETS"]
+    assert bucket["keep_float"] == ADAPTER.toolchain_options(TARGET, on_cpu)["keep_float"]["batch1"] == [relu]
 
 
 def test_compile_script_runs_vai_c_xir_per_bucket_with_the_kv260_arch(tmp_path):
