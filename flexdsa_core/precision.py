@@ -19,7 +19,9 @@ shipped.
   the form ONNX Runtime's ``DynamicQuantizeMatMul`` takes (``int8_forms``: our Attention back to a projection
   MatMul + MultiHeadAttention, a tied-weight FusedMatMul to a MatMul with a transposed constant weight).
 * ``static_qdq_costed``: the static model of the graph that quantises more layers, with the ops measured
-  slower in int8 than in fp32 on this CPU kept float (``int8_costing``: profiled, interleaved, paired).
+  slower in int8 than in fp32 on this CPU kept float (``int8_costing``: profiled, interleaved, paired). The
+  per-op figures are kept in the kernel cache (``int8_cache``): a compile whose ops were all measured before
+  on this machine, in this format, does not profile again; ``layers[].timing_source`` says which were.
 * ``static_qdq_weights``: only the weight layers (Conv, MatMul, Gemm with initializer weights) in int8;
   residual Adds, LayerNorm, Softmax and attention-score MatMuls float (ViT's residual stream does not fit
   one per-tensor int8 scale: ONNX Runtime's static QDQ of every op keeps a cosine of 0.33 there).
@@ -58,13 +60,16 @@ import onnx
 import onnx_ir as ir
 import onnxruntime as ort
 
+from flexdsa_core.cache import KernelCache
 from flexdsa_core.cost_model import _machine_fingerprint
 from flexdsa_core.errors import InvalidOptionsError, ValidationFailedError
+from flexdsa_core.int8_cache import CACHED, CostingScope, cached_profile
 from flexdsa_core.int8_costing import decide, profile_int8_vs_fp32, quantised_nodes
 from flexdsa_core.int8_forms import DYNAMIC_OP_TYPES, dynamic_form
 from flexdsa_core.options import AccuracyTarget, OptimizeOptions
 from flexdsa_core.significance import KERNEL_MIN_EFFECT, MIN_ROUNDS, MODEL_MIN_EFFECT, paired
 from flexdsa_core.validate import DEFAULT_TOLERANCES, latency_samples, session
+from flexdsa_core.version import __version__
 
 __all__ = [
     "apply_precision", "check_precision_request", "cpu_int8_features", "int8_format", "samples_dataset", "samples_npz",
@@ -88,6 +93,8 @@ READMIT_LAYERS = 8
 DYNAMIC_KEEP_FLOAT_MAX = 8
 # Sensitivity ranks layers: this many samples order them as well as all would, at a fraction of the runs.
 SENSITIVITY_SAMPLES = 8
+# Runs of each model before the per-op profile's rounds count (caches, ORT's first-run allocations).
+PROFILE_WARMUP = 3
 
 
 def cpu_int8_features() -> dict:
@@ -440,6 +447,8 @@ class PrecisionRun:
     unfused_model: ir.Model | None = None
     # The optimizer's progress callback (stage, fraction, message): also where a cancel request lands.
     progress: object = None
+    # The job's kernel cache: per-op int8/fp32 timings are kept there as kernel measurements are (``int8_cache``).
+    cache: KernelCache | None = None
 
     def report(self, fraction: float, message: str) -> None:
         if self.progress is not None:
@@ -681,14 +690,21 @@ def _layer_table(in_int8: frozenset[str], rows: list[tuple[str, str]], decisions
     return table
 
 
-def _op_costing(run: PrecisionRun, fp32: Path, static: _Candidate, report: dict) -> tuple[dict, frozenset[str]]:
-    """Each quantisable node's int8 kernel against its fp32 kernel on this CPU (``int8_costing``)."""
+def _op_costing(run: PrecisionRun, fp32: Path, static: _Candidate, report: dict, fmt: Int8Format):
+    """Each quantisable node's int8 kernel against its fp32 kernel on this CPU (``int8_costing``), from the
+    kernel cache where every node's figures are there (``int8_cache``): the decisions, the nodes measured
+    slower, and per node where its figures came from."""
     nodes = quantised_nodes(onnx.load(str(static.path)))
     rounds = max(run.options.latency_repeats, MIN_ROUNDS)
-    timings = profile_int8_vs_fp32(fp32, static.path, [n for n, _ in nodes], run.samples[0], run.workdir,
-                                   rounds=rounds)  # fmt: skip
+    target = (str(getattr(run.target, "name", "")), str(getattr(run.target, "version", "")))
+    scope = CostingScope(fmt.as_dict(), rounds, PROFILE_WARMUP, target, __version__)
+    timings, sources = cached_profile(
+        fp32, static.path, [n for n, _ in nodes], run.samples[0], run.workdir,
+        cache=run.cache, scope=scope, profile=profile_int8_vs_fp32,
+    )  # fmt: skip
     decisions = decide(timings)
     slower = frozenset(name for name, d in decisions.items() if d.precision == "float32")
+    origins = Counter("kernel cache" if source == CACHED else "measured" for source in sources.values())
     report["op_costing"] = {
         "engine": "onnxruntime CPUExecutionProvider profiler, ORT_ENABLE_ALL, 1 thread, interleaved rounds",
         "rounds": rounds,
@@ -698,8 +714,11 @@ def _op_costing(run: PrecisionRun, fp32: Path, static: _Candidate, report: dict)
         "measured_slower": len(slower),
         "fp32_ms": round(sum(d.fp32_ms or 0.0 for d in decisions.values()), 3),
         "int8_ms": round(sum(d.int8_ms or 0.0 for d in decisions.values()), 3),
+        # Whether this compile ran the profile, and per source how many nodes' figures came from it.
+        "profiled": origins["measured"] > 0,
+        "figures": {"measured": origins["measured"], "kernel_cache": origins["kernel cache"]},
     }
-    return decisions, slower
+    return decisions, slower, sources
 
 
 def _scored(run: PrecisionRun, candidate: _Candidate, build, reference: list[dict]) -> _Candidate:
@@ -773,11 +792,11 @@ def _int8(run: PrecisionRun, report: dict) -> ir.Model | None:
     weight_layers = [(name, op) for name, op in layers if op in WEIGHT_COMPUTE_OPS]
 
     measured = options.measure_latency and fmt.runs_here
-    decisions, slower = {}, frozenset()
+    decisions, slower, sources = {}, frozenset(), {}
     if measured and base.error is None:
         run.report(0.3, "timing every quantisable op in int8 against fp32")
         try:
-            decisions, slower = _op_costing(run, base_fp32, base, report)
+            decisions, slower, sources = _op_costing(run, base_fp32, base, report, fmt)
         except Exception as err:  # noqa: BLE001 - without per-op times the candidates are still timed whole
             report["op_costing"] = {"error": f"{type(err).__name__}: {str(err).splitlines()[0][:300]}"}
     full = base
@@ -844,6 +863,8 @@ def _int8(run: PrecisionRun, report: dict) -> ir.Model | None:
         shares = _time_shares(base_fp32, run.samples[0], 5, run.workdir)
         for row in table:
             row["time_share"] = round(shares.get(row["layer"], 0.0), 4)
+            if row["layer"] in sources:  # measured in this compile, or read from the kernel cache
+                row["timing_source"] = sources[row["layer"]]
         report["layers"] = table
         report["layers_model"] = table_model.name
         if search is not None:
