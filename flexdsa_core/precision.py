@@ -47,6 +47,7 @@ accuracy target.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
 import math
@@ -60,11 +61,11 @@ import onnx
 import onnx_ir as ir
 import onnxruntime as ort
 
-from flexdsa_core.cache import KernelCache
+from flexdsa_core.cache import KernelCache, kernel_key
 from flexdsa_core.cost_model import _machine_fingerprint
 from flexdsa_core.errors import InvalidOptionsError, ValidationFailedError
 from flexdsa_core.int8_cache import CACHED, CostingScope, cached_profile
-from flexdsa_core.int8_costing import decide, profile_int8_vs_fp32, quantised_nodes
+from flexdsa_core.int8_costing import PROFILES, decide, profile_int8_vs_fp32, quantised_nodes
 from flexdsa_core.int8_forms import DYNAMIC_OP_TYPES, dynamic_form
 from flexdsa_core.options import AccuracyTarget, OptimizeOptions
 from flexdsa_core.significance import KERNEL_MIN_EFFECT, MIN_ROUNDS, MODEL_MIN_EFFECT, paired
@@ -386,6 +387,7 @@ def _weight_layers(quantized: onnx.ModelProto) -> list[tuple[str, str]]:
 
 def _time_shares(source, feed: dict, runs: int, workdir: Path) -> dict[str, float]:
     """Each node's share of the fp32 model's kernel time (ONNX Runtime's profiler, graph as written)."""
+    PROFILES["time_shares"] += 1
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     options.intra_op_num_threads = 1
@@ -404,6 +406,38 @@ def _time_shares(source, feed: dict, runs: int, workdir: Path) -> dict[str, floa
     profile.unlink(missing_ok=True)
     whole = sum(totals.values()) or 1
     return {name: value / whole for name, value in totals.items()}
+
+
+def _cached_time_shares(run: PrecisionRun, fp32: Path, runs: int = 5) -> dict[str, float]:
+    """``_time_shares`` of ``fp32``, kept in the kernel cache under the model's bytes (sha256), the input
+    shapes, the runs, ONNX Runtime's version and this machine: a compile of the same model again does not
+    profile it again (the shares are a column of the report, no decision rests on them)."""
+    digest = hashlib.sha256()
+    with open(fp32, "rb") as handle:
+        while block := handle.read(1 << 20):
+            digest.update(block)
+    canonical = {
+        "fp32_time_shares": digest.hexdigest(),
+        "feed": {name: [list(np.shape(a)), np.asarray(a).dtype.name] for name, a in sorted(run.samples[0].items())},
+        "runs": runs,
+        "runtime": {"ort": ort.__version__, "level": "disabled", "threads": 1},
+        "machine": _machine_fingerprint(),
+    }
+    target = run.target
+    key = kernel_key(canonical, str(getattr(target, "name", "")), str(getattr(target, "version", "")), __version__)
+    try:
+        raw = run.cache.get(key) if run.cache is not None else None
+        if raw is not None:
+            return {str(name): float(share) for name, share in json.loads(raw).items()}
+    except Exception:  # noqa: BLE001 - a broken cache (or entry) is a cache that misses
+        pass
+    shares = _time_shares(fp32, run.samples[0], runs, run.workdir)
+    if run.cache is not None:
+        try:
+            run.cache.put(key, json.dumps(shares).encode())
+        except Exception:  # noqa: BLE001 - a cache that cannot write is a cache that misses next time
+            pass
+    return shares
 
 
 @dataclass
@@ -698,6 +732,7 @@ def _op_costing(run: PrecisionRun, fp32: Path, static: _Candidate, report: dict,
     rounds = max(run.options.latency_repeats, MIN_ROUNDS)
     target = (str(getattr(run.target, "name", "")), str(getattr(run.target, "version", "")))
     scope = CostingScope(fmt.as_dict(), rounds, PROFILE_WARMUP, target, __version__)
+    started = time.perf_counter()
     timings, sources = cached_profile(
         fp32, static.path, [n for n, _ in nodes], run.samples[0], run.workdir,
         cache=run.cache, scope=scope, profile=profile_int8_vs_fp32,
@@ -717,6 +752,7 @@ def _op_costing(run: PrecisionRun, fp32: Path, static: _Candidate, report: dict,
         # Whether this compile ran the profile, and per source how many nodes' figures came from it.
         "profiled": origins["measured"] > 0,
         "figures": {"measured": origins["measured"], "kernel_cache": origins["kernel cache"]},
+        "seconds": round(time.perf_counter() - started, 3),
     }
     return decisions, slower, sources
 
@@ -860,7 +896,7 @@ def _int8(run: PrecisionRun, report: dict) -> ir.Model | None:
             frozenset(n for n, _ in rows) if in_int8 is None else in_int8, rows, decisions, sensitivity,
             kept_reasons, outside,
         )  # fmt: skip
-        shares = _time_shares(base_fp32, run.samples[0], 5, run.workdir)
+        shares = _cached_time_shares(run, base_fp32)
         for row in table:
             row["time_share"] = round(shares.get(row["layer"], 0.0), 4)
             if row["layer"] in sources:  # measured in this compile, or read from the kernel cache

@@ -173,13 +173,19 @@ def test_a_second_int8_compile_with_the_same_cache_does_not_profile_and_decides_
     cache = LRUCache()
     sections, costed = [], []
     for attempt in ("cold", "warm"):
-        before = PROFILES["int8_vs_fp32"]
+        before = dict(PROFILES)
         (tmp_path / attempt).mkdir()
         result = FlexDSAOptimizer("cpu-ort").optimize(
             fixture("resnet"), options, calibration=calibration, cache=cache, workdir=tmp_path / attempt
         )
         section = result.report["precision"]
-        assert PROFILES["int8_vs_fp32"] - before == (1 if attempt == "cold" else 0)
+        # Cold: the per-op profile and the fp32 time shares, once each; warm: no ONNX Runtime profile at all.
+        profiled = {what: PROFILES[what] - before.get(what, 0) for what in ("int8_vs_fp32", "time_shares")}
+        assert profiled == (
+            {"int8_vs_fp32": 1, "time_shares": 1}
+            if attempt == "cold"
+            else {"int8_vs_fp32": 0, "time_shares": 0}
+        )
         sections.append(section)
         costed.append(
             [path.read_bytes() for path in (tmp_path / attempt).glob("precision-0-*/static_costed.onnx")]
@@ -189,7 +195,7 @@ def test_a_second_int8_compile_with_the_same_cache_does_not_profile_and_decides_
     assert warm["op_costing"]["figures"] == {"measured": 0, "kernel_cache": cold["op_costing"]["quantisable"]}
     assert {row.get("timing_source", "").split(":")[0] for row in cold["layers"]} == {MEASURED}
     assert {row.get("timing_source") for row in warm["layers"]} == {CACHED}
-    columns = ("layer", "precision", "fp32_ms", "int8_ms", "measured", "reason")
+    columns = ("layer", "precision", "fp32_ms", "int8_ms", "measured", "reason", "time_share")
     assert [[row.get(c) for c in columns] for row in warm["layers"]] == [
         [row.get(c) for c in columns] for row in cold["layers"]
     ]
