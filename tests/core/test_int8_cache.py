@@ -200,3 +200,43 @@ def test_a_second_int8_compile_with_the_same_cache_does_not_profile_and_decides_
         [row.get(c) for c in columns] for row in cold["layers"]
     ]
     assert costed[0] == costed[1]  # the model with the ops measured slower kept float: the same bytes
+
+
+def test_a_layer_whose_shapes_are_not_known_is_measured_every_time_and_says_why(tmp_path):
+    """A MatMul reading a com.microsoft Gelu without value_info: ONNX shape inference cannot see through the
+    contrib op, so the MatMul has no signature; it is measured on every run and labelled so, never cached."""
+    rng = np.random.default_rng(0)
+    weights = [
+        onnx.numpy_helper.from_array((rng.standard_normal((WIDTH, WIDTH)) / 8).astype(np.float32), f"w{i}")
+        for i in range(2)
+    ]
+    graph = onnx.helper.make_graph(
+        [
+            onnx.helper.make_node("MatMul", ["x", "w0"], ["h"], name="known"),
+            onnx.helper.make_node("Gelu", ["h"], ["g"], name="gelu", domain="com.microsoft"),
+            onnx.helper.make_node("MatMul", ["g", "w1"], ["y"], name="unknown"),
+        ],
+        "contrib",
+        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["batch", WIDTH])],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)],
+        weights,
+    )
+    opsets = [onnx.helper.make_opsetid("", 17), onnx.helper.make_opsetid("com.microsoft", 1)]
+    fp32 = tmp_path / "fp32.onnx"
+    onnx.save(onnx.helper.make_model(graph, opset_imports=opsets, ir_version=9), fp32)
+    int8 = _quantize_static(fp32, tmp_path / "int8.onnx", _feed(), tmp_path / "ranges.json", _cpu_format())
+    layers = [n for n, _ in quantised_nodes(onnx.load(int8))]
+    assert {"known", "unknown"} <= set(layers)
+    signatures = layer_signatures(onnx.load(fp32), onnx.load(int8), layers, _feed()[0])
+    assert isinstance(signatures["known"], dict)
+    assert signatures["unknown"] == "the shape of 'g' is not known at the profiled inputs"
+
+    cache, scope = LRUCache(), _scope(_cpu_format())
+    _costed(fp32, int8, layers, tmp_path, cache, scope)
+    before = PROFILES["int8_vs_fp32"]
+    _, sources = _costed(fp32, int8, layers, tmp_path, cache, scope)
+    assert PROFILES["int8_vs_fp32"] == before + 1  # one layer without a key: the model is profiled again
+    assert sources["known"] == CACHED
+    assert (
+        sources["unknown"] == f"{MEASURED} (not cached: the shape of 'g' is not known at the profiled inputs)"
+    )
