@@ -412,32 +412,51 @@ def _cached_time_shares(run: PrecisionRun, fp32: Path, runs: int = 5) -> dict[st
     """``_time_shares`` of ``fp32``, kept in the kernel cache under the model's bytes (sha256), the input
     shapes, the runs, ONNX Runtime's version and this machine: a compile of the same model again does not
     profile it again (the shares are a column of the report, no decision rests on them)."""
-    digest = hashlib.sha256()
-    with open(fp32, "rb") as handle:
-        while block := handle.read(1 << 20):
-            digest.update(block)
     canonical = {
-        "fp32_time_shares": digest.hexdigest(),
+        "fp32_time_shares": _digest(fp32),
         "feed": {name: [list(np.shape(a)), np.asarray(a).dtype.name] for name, a in sorted(run.samples[0].items())},
         "runs": runs,
         "runtime": {"ort": ort.__version__, "level": "disabled", "threads": 1},
         "machine": _machine_fingerprint(),
     }
+    key = _key(run, canonical)
+    cached = _cache_read(run, key)
+    if isinstance(cached, dict):
+        return {str(name): float(share) for name, share in cached.items()}
+    shares = _time_shares(fp32, run.samples[0], runs, run.workdir)
+    _cache_write(run, key, shares)
+    return shares
+
+
+def _digest(source: bytes | Path) -> str:
+    if not isinstance(source, Path):
+        return hashlib.sha256(source).hexdigest()
+    digest = hashlib.sha256()
+    with open(source, "rb") as handle:
+        while block := handle.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _key(run: PrecisionRun, canonical: dict) -> str:
     target = run.target
-    key = kernel_key(canonical, str(getattr(target, "name", "")), str(getattr(target, "version", "")), __version__)
+    return kernel_key(canonical, str(getattr(target, "name", "")), str(getattr(target, "version", "")), __version__)
+
+
+def _cache_read(run: PrecisionRun, key: str):
     try:
         raw = run.cache.get(key) if run.cache is not None else None
-        if raw is not None:
-            return {str(name): float(share) for name, share in json.loads(raw).items()}
+        return json.loads(raw) if raw is not None else None
     except Exception:  # noqa: BLE001 - a broken cache (or entry) is a cache that misses
-        pass
-    shares = _time_shares(fp32, run.samples[0], runs, run.workdir)
+        return None
+
+
+def _cache_write(run: PrecisionRun, key: str, entry) -> None:
     if run.cache is not None:
         try:
-            run.cache.put(key, json.dumps(shares).encode())
+            run.cache.put(key, json.dumps(entry).encode())
         except Exception:  # noqa: BLE001 - a cache that cannot write is a cache that misses next time
             pass
-    return shares
 
 
 @dataclass
@@ -501,7 +520,19 @@ def _time_against_fp32(run: PrecisionRun, fp32: Path, candidates: list[_Candidat
     models: dict = {"original": run.original, "fp32": fp32}
     models.update({c.name: c.path for c in candidates})
     rounds = max(run.options.latency_repeats, MIN_ROUNDS)
-    samples = latency_samples(models, run.samples[0], repeats=rounds)
+    feed = run.samples[0]
+    key = _key(run, {
+        "int8_candidates_vs_fp32": {name: _digest(source) for name, source in sorted(models.items())},
+        "feed": {name: [list(np.shape(a)), np.asarray(a).dtype.name, _digest(np.ascontiguousarray(a).tobytes())]
+                 for name, a in sorted(feed.items())},
+        "rounds": rounds,
+        "min_effect": MODEL_MIN_EFFECT,
+        "runtime": {"ort": ort.__version__, "level": "all", "threads": 1},
+        "machine": _machine_fingerprint(),
+    })  # fmt: skip
+    cached = _cache_read(run, key)
+    from_cache = isinstance(cached, dict) and set(cached) == set(models)
+    samples = cached if from_cache else latency_samples(models, feed, repeats=rounds)
     for candidate in candidates:
         comparison = paired(samples["fp32"], samples[candidate.name], min_effect=MODEL_MIN_EFFECT)
         candidate.timing = comparison.as_dict()
@@ -509,8 +540,14 @@ def _time_against_fp32(run: PrecisionRun, fp32: Path, candidates: list[_Candidat
         versus_original = paired(samples["original"], samples[candidate.name], min_effect=MODEL_MIN_EFFECT)
         candidate.timing["speedup_vs_original"] = round(1.0 / versus_original.ratio, 4)
     fp32_vs_original = paired(samples["original"], samples["fp32"], min_effect=MODEL_MIN_EFFECT)
+    # Kept only when a candidate may ship (one not slower than fp32): these same models are then picked alike
+    # by the next compile; "nothing is as fast as fp32" is never kept, so that fallback rests on fresh timings.
+    if not from_cache and any(c.verdict != "slower" for c in candidates):
+        _cache_write(run, key, samples)
     return {
         "engine": "onnxruntime CPUExecutionProvider, ORT_ENABLE_ALL, 1 thread",
+        # These models' rounds on this machine read from the kernel cache (timed by an earlier compile).
+        "from_kernel_cache": from_cache,
         "interleaved": True,
         "rounds": fp32_vs_original.rounds,
         "input_shapes": {k: list(v.shape) for k, v in run.samples[0].items()},

@@ -171,7 +171,7 @@ def test_a_second_int8_compile_with_the_same_cache_does_not_profile_and_decides_
     calibration = _npz(pixel_values=_clear_images(16))
     options = OptimizeOptions(precision="int8")
     cache = LRUCache()
-    sections, costed = [], []
+    sections, costed, shipped = [], [], []
     for attempt in ("cold", "warm"):
         before = dict(PROFILES)
         (tmp_path / attempt).mkdir()
@@ -187,6 +187,7 @@ def test_a_second_int8_compile_with_the_same_cache_does_not_profile_and_decides_
             else {"int8_vs_fp32": 0, "time_shares": 0}
         )
         sections.append(section)
+        shipped.append(result.model_bytes())
         costed.append(
             [path.read_bytes() for path in (tmp_path / attempt).glob("precision-0-*/static_costed.onnx")]
         )
@@ -200,6 +201,15 @@ def test_a_second_int8_compile_with_the_same_cache_does_not_profile_and_decides_
         [row.get(c) for c in columns] for row in cold["layers"]
     ]
     assert costed[0] == costed[1]  # the model with the ops measured slower kept float: the same bytes
+    # The candidates are the same models, so their whole-model rounds are read back and the same one ships;
+    # where none was as fast as fp32 nothing was kept, and the fallback is timed afresh.
+    int8_shipped = cold["shipped"] != "fp32"
+    assert not cold["timing"]["from_kernel_cache"] and warm["timing"]["from_kernel_cache"] == int8_shipped
+    if int8_shipped:
+        assert warm["shipped"] == cold["shipped"] and shipped[0] == shipped[1]
+        assert [c["time_ratio_vs_fp32"] for c in warm["candidates"]] == [
+            c["time_ratio_vs_fp32"] for c in cold["candidates"]
+        ]
 
 
 def test_a_layer_whose_shapes_are_not_known_is_measured_every_time_and_says_why(tmp_path):
