@@ -12,7 +12,8 @@ ReorderInput) to its nearest mapped neighbour in ORT's optimised graph. Per node
 time is significantly more than its fp32 time stays float ("measured slower"); a tie keeps int8.
 
 ``decide`` is a pure function of those timings, so the same measurements always give the same decisions
-(tests inject them). The whole model chosen is then timed against fp32 like every candidate: a per-op
+(tests inject them); the timings are kept in the kernel cache per node (``int8_cache``), so a second compile
+decides from the same figures without profiling. The whole model chosen is then timed against fp32 like every candidate: a per-op
 decision cannot see every Q/DQ its neighbours' choices add, the never-slower guard does.
 """
 
@@ -21,7 +22,7 @@ from __future__ import annotations
 import json
 import re
 import statistics
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +32,11 @@ import onnxruntime as ort
 
 from flexdsa_core.significance import KERNEL_MIN_EFFECT, Comparison, paired
 
-__all__ = ["OpDecision", "attribute", "decide", "profile_int8_vs_fp32", "quantised_nodes"]
+__all__ = ["PROFILES", "OpDecision", "attribute", "decide", "profile_int8_vs_fp32", "quantised_nodes"]
+
+# Model pairs this process has profiled (``profile_int8_vs_fp32``), by what: a compile whose per-op figures all
+# come from the kernel cache adds nothing here.
+PROFILES: Counter = Counter()
 
 _QDQ = ("QuantizeLinear", "DequantizeLinear")
 # Suffixes ONNX Runtime adds to a node's name when it rewrites it (layout transformers, fusions, copies).
@@ -161,6 +166,7 @@ def _per_run(profile: Path, skip: int) -> list[dict[str, float]]:
 def profile_int8_vs_fp32(fp32: Path, int8: Path, layers: Sequence[str], feed: Mapping, workdir: Path, *,
                          rounds: int, warmup: int = 3) -> dict[str, tuple[list[float], list[float]]]:  # fmt: skip
     """Per layer, its seconds in each round: (fp32 side, int8 side), from interleaved profiled runs."""
+    PROFILES["int8_vs_fp32"] += 1
     sessions = {}
     for side, path in (("fp32", fp32), ("int8", int8)):
         optimized = workdir / f"ort_{side}_optimized.onnx"

@@ -481,7 +481,7 @@ class FlexDSAOptimizer:
             report_progress("precision", 0.0, f"{options.precision}: calibrating, scoring and timing")
             start = time.perf_counter()
             comp, precision, precision_samples, precision_runs = self._precision(
-                comp, original_source, options, samples, recompile, report_progress
+                comp, original_source, options, samples, recompile, report_progress, cache
             )
             stage_seconds["precision"] = time.perf_counter() - start
 
@@ -566,7 +566,7 @@ class FlexDSAOptimizer:
         arrays = calibration if isinstance(calibration, dict) else load_calibration(calibration)
         return check_calibration(inputs, arrays)
 
-    def _precision(self, comp, original_source, options, samples, recompile, progress):
+    def _precision(self, comp, original_source, options, samples, recompile, progress, cache=None):
         """Every shape bucket at the requested precision, each calibrated and judged at its own shapes: on the
         user's samples where they fit the bucket, else on synthetic inputs with a warning naming the bucket
         (samples that fit no bucket are refused). The report's ``precision`` section is the first bucket's,
@@ -592,7 +592,7 @@ class FlexDSAOptimizer:
             folder = Path(tempfile.mkdtemp(prefix=f"precision-{index}-", dir=self._scratch))
             run = PrecisionRun(
                 options, self.target, original_source, fp32_models[index], bucket_samples, synthetic, folder,
-                unfused_models[index], progress,
+                unfused_models[index], progress, cache,
             )  # fmt: skip
             model, section = apply_precision(run)
             section["bucket"] = bucket.name

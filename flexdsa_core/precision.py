@@ -19,7 +19,9 @@ shipped.
   the form ONNX Runtime's ``DynamicQuantizeMatMul`` takes (``int8_forms``: our Attention back to a projection
   MatMul + MultiHeadAttention, a tied-weight FusedMatMul to a MatMul with a transposed constant weight).
 * ``static_qdq_costed``: the static model of the graph that quantises more layers, with the ops measured
-  slower in int8 than in fp32 on this CPU kept float (``int8_costing``: profiled, interleaved, paired).
+  slower in int8 than in fp32 on this CPU kept float (``int8_costing``: profiled, interleaved, paired). The
+  per-op figures are kept in the kernel cache (``int8_cache``): a compile whose ops were all measured before
+  on this machine, in this format, does not profile again; ``layers[].timing_source`` says which were.
 * ``static_qdq_weights``: only the weight layers (Conv, MatMul, Gemm with initializer weights) in int8;
   residual Adds, LayerNorm, Softmax and attention-score MatMuls float (ViT's residual stream does not fit
   one per-tensor int8 scale: ONNX Runtime's static QDQ of every op keeps a cosine of 0.33 there).
@@ -45,6 +47,7 @@ accuracy target.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
 import math
@@ -58,13 +61,16 @@ import onnx
 import onnx_ir as ir
 import onnxruntime as ort
 
+from flexdsa_core.cache import KernelCache, kernel_key
 from flexdsa_core.cost_model import _machine_fingerprint
 from flexdsa_core.errors import InvalidOptionsError, ValidationFailedError
-from flexdsa_core.int8_costing import decide, profile_int8_vs_fp32, quantised_nodes
+from flexdsa_core.int8_cache import CACHED, CostingScope, cached_profile
+from flexdsa_core.int8_costing import PROFILES, decide, profile_int8_vs_fp32, quantised_nodes
 from flexdsa_core.int8_forms import DYNAMIC_OP_TYPES, dynamic_form
 from flexdsa_core.options import AccuracyTarget, OptimizeOptions
 from flexdsa_core.significance import KERNEL_MIN_EFFECT, MIN_ROUNDS, MODEL_MIN_EFFECT, paired
 from flexdsa_core.validate import DEFAULT_TOLERANCES, latency_samples, session
+from flexdsa_core.version import __version__
 
 __all__ = [
     "apply_precision", "check_precision_request", "cpu_int8_features", "int8_format", "samples_dataset", "samples_npz",
@@ -88,6 +94,8 @@ READMIT_LAYERS = 8
 DYNAMIC_KEEP_FLOAT_MAX = 8
 # Sensitivity ranks layers: this many samples order them as well as all would, at a fraction of the runs.
 SENSITIVITY_SAMPLES = 8
+# Runs of each model before the per-op profile's rounds count (caches, ORT's first-run allocations).
+PROFILE_WARMUP = 3
 
 
 def cpu_int8_features() -> dict:
@@ -379,6 +387,7 @@ def _weight_layers(quantized: onnx.ModelProto) -> list[tuple[str, str]]:
 
 def _time_shares(source, feed: dict, runs: int, workdir: Path) -> dict[str, float]:
     """Each node's share of the fp32 model's kernel time (ONNX Runtime's profiler, graph as written)."""
+    PROFILES["time_shares"] += 1
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     options.intra_op_num_threads = 1
@@ -397,6 +406,57 @@ def _time_shares(source, feed: dict, runs: int, workdir: Path) -> dict[str, floa
     profile.unlink(missing_ok=True)
     whole = sum(totals.values()) or 1
     return {name: value / whole for name, value in totals.items()}
+
+
+def _cached_time_shares(run: PrecisionRun, fp32: Path, runs: int = 5) -> dict[str, float]:
+    """``_time_shares`` of ``fp32``, kept in the kernel cache under the model's bytes (sha256), the input
+    shapes, the runs, ONNX Runtime's version and this machine: a compile of the same model again does not
+    profile it again (the shares are a column of the report, no decision rests on them)."""
+    canonical = {
+        "fp32_time_shares": _digest(fp32),
+        "feed": {name: [list(np.shape(a)), np.asarray(a).dtype.name] for name, a in sorted(run.samples[0].items())},
+        "runs": runs,
+        "runtime": {"ort": ort.__version__, "level": "disabled", "threads": 1},
+        "machine": _machine_fingerprint(),
+    }
+    key = _key(run, canonical)
+    cached = _cache_read(run, key)
+    if isinstance(cached, dict):
+        return {str(name): float(share) for name, share in cached.items()}
+    shares = _time_shares(fp32, run.samples[0], runs, run.workdir)
+    _cache_write(run, key, shares)
+    return shares
+
+
+def _digest(source: bytes | Path) -> str:
+    if not isinstance(source, Path):
+        return hashlib.sha256(source).hexdigest()
+    digest = hashlib.sha256()
+    with open(source, "rb") as handle:
+        while block := handle.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _key(run: PrecisionRun, canonical: dict) -> str:
+    target = run.target
+    return kernel_key(canonical, str(getattr(target, "name", "")), str(getattr(target, "version", "")), __version__)
+
+
+def _cache_read(run: PrecisionRun, key: str):
+    try:
+        raw = run.cache.get(key) if run.cache is not None else None
+        return json.loads(raw) if raw is not None else None
+    except Exception:  # noqa: BLE001 - a broken cache (or entry) is a cache that misses
+        return None
+
+
+def _cache_write(run: PrecisionRun, key: str, entry) -> None:
+    if run.cache is not None:
+        try:
+            run.cache.put(key, json.dumps(entry).encode())
+        except Exception:  # noqa: BLE001 - a cache that cannot write is a cache that misses next time
+            pass
 
 
 @dataclass
@@ -440,6 +500,8 @@ class PrecisionRun:
     unfused_model: ir.Model | None = None
     # The optimizer's progress callback (stage, fraction, message): also where a cancel request lands.
     progress: object = None
+    # The job's kernel cache: per-op int8/fp32 timings are kept there as kernel measurements are (``int8_cache``).
+    cache: KernelCache | None = None
 
     def report(self, fraction: float, message: str) -> None:
         if self.progress is not None:
@@ -471,7 +533,19 @@ def _time_against_fp32(run: PrecisionRun, fp32: Path, candidates: list[_Candidat
     models: dict = {"original": run.original, "fp32": fp32}
     models.update({c.name: c.path for c in candidates})
     rounds = max(run.options.latency_repeats, MIN_ROUNDS)
-    samples = latency_samples(models, run.samples[0], repeats=rounds)
+    feed = run.samples[0]
+    key = _key(run, {
+        "int8_candidates_vs_fp32": {name: _digest(source) for name, source in sorted(models.items())},
+        "feed": {name: [list(np.shape(a)), np.asarray(a).dtype.name, _digest(np.ascontiguousarray(a).tobytes())]
+                 for name, a in sorted(feed.items())},
+        "rounds": rounds,
+        "min_effect": MODEL_MIN_EFFECT,
+        "runtime": {"ort": ort.__version__, "level": "all", "threads": 1},
+        "machine": _machine_fingerprint(),
+    })  # fmt: skip
+    cached = _cache_read(run, key)
+    from_cache = isinstance(cached, dict) and set(cached) == set(models)
+    samples = cached if from_cache else latency_samples(models, feed, repeats=rounds)
     for candidate in candidates:
         comparison = paired(samples["fp32"], samples[candidate.name], min_effect=MODEL_MIN_EFFECT)
         candidate.timing = comparison.as_dict()
@@ -479,8 +553,14 @@ def _time_against_fp32(run: PrecisionRun, fp32: Path, candidates: list[_Candidat
         versus_original = paired(samples["original"], samples[candidate.name], min_effect=MODEL_MIN_EFFECT)
         candidate.timing["speedup_vs_original"] = round(1.0 / versus_original.ratio, 4)
     fp32_vs_original = paired(samples["original"], samples["fp32"], min_effect=MODEL_MIN_EFFECT)
+    # Kept only when a candidate may ship (one not slower than fp32): these same models are then picked alike
+    # by the next compile; "nothing is as fast as fp32" is never kept, so that fallback rests on fresh timings.
+    if not from_cache and any(c.verdict != "slower" for c in candidates):
+        _cache_write(run, key, samples)
     return {
         "engine": "onnxruntime CPUExecutionProvider, ORT_ENABLE_ALL, 1 thread",
+        # These models' rounds on this machine read from the kernel cache (timed by an earlier compile).
+        "from_kernel_cache": from_cache,
         "interleaved": True,
         "rounds": fp32_vs_original.rounds,
         "input_shapes": {k: list(v.shape) for k, v in run.samples[0].items()},
@@ -694,14 +774,22 @@ def _layer_table(in_int8: frozenset[str], rows: list[tuple[str, str]], decisions
     return table
 
 
-def _op_costing(run: PrecisionRun, fp32: Path, static: _Candidate, report: dict) -> tuple[dict, frozenset[str]]:
-    """Each quantisable node's int8 kernel against its fp32 kernel on this CPU (``int8_costing``)."""
+def _op_costing(run: PrecisionRun, fp32: Path, static: _Candidate, report: dict, fmt: Int8Format):
+    """Each quantisable node's int8 kernel against its fp32 kernel on this CPU (``int8_costing``), from the
+    kernel cache where every node's figures are there (``int8_cache``): the decisions, the nodes measured
+    slower, and per node where its figures came from."""
     nodes = quantised_nodes(onnx.load(str(static.path)))
     rounds = max(run.options.latency_repeats, MIN_ROUNDS)
-    timings = profile_int8_vs_fp32(fp32, static.path, [n for n, _ in nodes], run.samples[0], run.workdir,
-                                   rounds=rounds)  # fmt: skip
+    target = (str(getattr(run.target, "name", "")), str(getattr(run.target, "version", "")))
+    scope = CostingScope(fmt.as_dict(), rounds, PROFILE_WARMUP, target, __version__)
+    started = time.perf_counter()
+    timings, sources = cached_profile(
+        fp32, static.path, [n for n, _ in nodes], run.samples[0], run.workdir,
+        cache=run.cache, scope=scope, profile=profile_int8_vs_fp32,
+    )  # fmt: skip
     decisions = decide(timings)
     slower = frozenset(name for name, d in decisions.items() if d.precision == "float32")
+    origins = Counter("kernel cache" if source == CACHED else "measured" for source in sources.values())
     report["op_costing"] = {
         "engine": "onnxruntime CPUExecutionProvider profiler, ORT_ENABLE_ALL, 1 thread, interleaved rounds",
         "rounds": rounds,
@@ -711,8 +799,12 @@ def _op_costing(run: PrecisionRun, fp32: Path, static: _Candidate, report: dict)
         "measured_slower": len(slower),
         "fp32_ms": round(sum(d.fp32_ms or 0.0 for d in decisions.values()), 3),
         "int8_ms": round(sum(d.int8_ms or 0.0 for d in decisions.values()), 3),
+        # Whether this compile ran the profile, and per source how many nodes' figures came from it.
+        "profiled": origins["measured"] > 0,
+        "figures": {"measured": origins["measured"], "kernel_cache": origins["kernel cache"]},
+        "seconds": round(time.perf_counter() - started, 3),
     }
-    return decisions, slower
+    return decisions, slower, sources
 
 
 def _scored(run: PrecisionRun, candidate: _Candidate, build, reference: list[dict]) -> _Candidate:
@@ -786,11 +878,11 @@ def _int8(run: PrecisionRun, report: dict) -> ir.Model | None:
     weight_layers = [(name, op) for name, op in layers if op in WEIGHT_COMPUTE_OPS]
 
     measured = options.measure_latency and fmt.runs_here
-    decisions, slower = {}, frozenset()
+    decisions, slower, sources = {}, frozenset(), {}
     if measured and base.error is None:
         run.report(0.3, "timing every quantisable op in int8 against fp32")
         try:
-            decisions, slower = _op_costing(run, base_fp32, base, report)
+            decisions, slower, sources = _op_costing(run, base_fp32, base, report, fmt)
         except Exception as err:  # noqa: BLE001 - without per-op times the candidates are still timed whole
             report["op_costing"] = {"error": f"{type(err).__name__}: {str(err).splitlines()[0][:300]}"}
     full = base
@@ -854,9 +946,11 @@ def _int8(run: PrecisionRun, report: dict) -> ir.Model | None:
             frozenset(n for n, _ in rows) if in_int8 is None else in_int8, rows, decisions, sensitivity,
             kept_reasons, outside,
         )  # fmt: skip
-        shares = _time_shares(base_fp32, run.samples[0], 5, run.workdir)
+        shares = _cached_time_shares(run, base_fp32)
         for row in table:
             row["time_share"] = round(shares.get(row["layer"], 0.0), 4)
+            if row["layer"] in sources:  # measured in this compile, or read from the kernel cache
+                row["timing_source"] = sources[row["layer"]]
         report["layers"] = table
         report["layers_model"] = table_model.name
         if search is not None:
