@@ -48,6 +48,7 @@ __all__ = [
     "is_singleton_value",
     "onnx_tensors",
     "ort_kernels",
+    "rule_root_op_type",
     "ort_symbolic_shapes",
     "sympy_expression",
 ]
@@ -81,6 +82,20 @@ def has_rank(value: ir.Value | None, rank: int) -> bool:
 
 
 # -- onnx_ir / onnx ---------------------------------------------------------------------------------
+
+
+def rule_root_op_type(rule) -> str | None:
+    """The op type of the node an onnxscript ``RewriteRule``'s pattern ends at (the node ``try_rewrite`` is
+    handed; the first output node of a multi-output pattern), or None when the pattern leaves it open.
+    Reads ``RewriteRule._target_pattern.output_nodes[0].op_identifier()``: a node of another op type fails
+    that rule's match at its first check (``NodePattern.matches`` compares the op type before anything), so
+    the driver need not try it."""
+    pattern = getattr(rule, "_target_pattern", None)
+    nodes = getattr(pattern, "output_nodes", None)
+    if not nodes:
+        return None
+    identifier = nodes[0].op_identifier()
+    return None if identifier is None else identifier[1]
 
 
 def sympy_expression(dim: ir.SymbolicDim):

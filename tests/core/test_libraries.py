@@ -197,3 +197,22 @@ def test_the_private_import_check_sees_them(tmp_path):
         "from onnxscript.rewriter import MatchResult\n"
     )
     assert [line.split(":")[0] for line in _private_imports(probe)] == ["line 1", "line 2", "line 3"]
+
+
+def test_a_rules_root_op_type_is_the_op_its_pattern_ends_at():
+    """The fusion driver skips nodes of another op type than a rule variant's root: that root must be the
+    pattern's output node, for single- and multi-output patterns alike."""
+    from onnxscript.rewriter import RewriteRule
+
+    def relu_of_add(op, x, y):
+        return op.Relu(op.Add(x, y))
+
+    def replacement(op, x, y):
+        return op.Relu(op.Add(y, x))
+
+    assert lib.rule_root_op_type(RewriteRule(relu_of_add, replacement)) == "Relu"
+    from flexdsa_core.fusions import discover_rules
+
+    roots = {rule.name: {lib.rule_root_op_type(r) for r in rule.rewrite_rules} for rule in discover_rules()}
+    assert roots["skip_layer_norm"] == {"LayerNormalization"} and roots["conv_bn_fold"] == {"BatchNormalization"}
+    assert "Mul" in roots["layer_norm"]
