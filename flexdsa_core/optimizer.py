@@ -75,6 +75,7 @@ from flexdsa_core.validate import (
     make_inputs,
     run,
     run_budget,
+    session,
 )
 from flexdsa_core.version import __version__
 
@@ -676,6 +677,11 @@ class FlexDSAOptimizer:
         for bucket in comp.buckets:
             shapes = self._validation_inputs(comp, bucket, original_source, options, references)
             optimized = self._model_source(bucket.model)
+            if len(shapes) > 1:  # one load for both shapes (a load fails like a run: in compare, as before)
+                try:
+                    optimized = session(optimized)
+                except Exception:  # noqa: BLE001 - compare reports ORT's refusal with its words
+                    pass
             checked = [
                 compare(original_source, optimized, feeds, bucket=bucket.name, tolerances=tolerances, reference=reference)
                 for feeds, reference in shapes
@@ -697,7 +703,7 @@ class FlexDSAOptimizer:
         proto = _proto_without_weights(bucket.model)
         key = (bucket.name, tuple(sorted(bucket.at.items())))
         if key not in references:
-            at, error = dict(bucket.at), None
+            at, error, original = dict(bucket.at), None, None
             for lowered in (None, 64, 32, 16, 8):
                 if lowered is not None:
                     at = {k: (v if is_batch_dim(k) else min(v, lowered)) for k, v in bucket.at.items()}
@@ -705,7 +711,8 @@ class FlexDSAOptimizer:
                         continue
                 feeds = make_inputs(proto, seed=options.seed, dims=at)
                 try:
-                    shapes = [(feeds, run(original_source, feeds))]
+                    original = session(original_source) if original is None else original
+                    shapes = [(feeds, run(original, feeds))]
                     break
                 except Exception as err:  # noqa: BLE001 - ORT raises many types; the smallest shape re-raises
                     error = err
@@ -720,7 +727,7 @@ class FlexDSAOptimizer:
             if bucket.at and {k: list(v.shape) for k, v in small.items()} != {
                 k: list(v.shape) for k, v in feeds.items()
             }:
-                shapes.append((small, run(original_source, small)))
+                shapes.append((small, run(original, small)))
             references[key] = (at, shapes)
         at, shapes = references[key]
         if at != bucket.at:

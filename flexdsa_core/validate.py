@@ -252,15 +252,19 @@ def _check_output(name, want: np.ndarray, got: np.ndarray, tolerances) -> Output
     return result(max_abs, max_rel, atol, rtol, bool(np.all(diff <= atol + rtol * np.abs(w[finite]))))
 
 
-def run(model: ModelSource, feeds: dict[str, np.ndarray], *, what: str = "validation") -> dict[str, np.ndarray]:
-    sess = session(model)
+def run(
+    model: ModelSource | ort.InferenceSession, feeds: dict[str, np.ndarray], *, what: str = "validation"
+) -> dict[str, np.ndarray]:
+    """``model``'s outputs on ``feeds`` at ORT_DISABLE_ALL; a session already made for it (``session``) is
+    used as it is, so that one model checked at two shapes is loaded once."""
+    sess = model if isinstance(model, ort.InferenceSession) else session(model)
     names = [o.name for o in sess.get_outputs()]
     return dict(zip(names, guarded_run(sess, names, feeds, what=what), strict=True))
 
 
 def compare(
-    original: ModelSource,
-    optimized: ModelSource,
+    original: ModelSource | ort.InferenceSession,
+    optimized: ModelSource | ort.InferenceSession,
     feeds: dict[str, np.ndarray],
     *,
     bucket: str = "dynamic",
