@@ -146,9 +146,9 @@ def _steady(runs: Sequence[float]) -> float:
     return statistics.median(ordered[: max(1, (len(ordered) + 1) // 2)])
 
 
-@functools.cache
 def _empty_runner() -> Callable[[], None]:
-    """A run that does nothing (Identity on one float), bound and warmed up: the fixed cost of ``run``."""
+    """A run that does nothing (Identity on one float), bound and warmed up: the fixed cost of ``run``.
+    A fresh one each call (a few ms), so that no two threads share one binding."""
     node = onnx.helper.make_node("Identity", ["x"], ["y"])
     info = TensorInfo((1,), "float32")
     model = _single_node_model(node, [("x", info, None)], ["y"], {"": 17})
