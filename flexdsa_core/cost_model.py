@@ -27,8 +27,9 @@ Seconds and joules, per kernel:
   the median of the faster half (the lower quartile), less the same figure for an empty run (the
   Python and session overhead a real graph does not pay per node), plus ``launch_overhead_s`` (what a
   real graph does pay per node). The plain median is cached alongside. A choice between two node sets
-  is timed side by side (``compare_paired``), both sets interleaved round by round, and judged with a
-  confidence bound (``significance.py``). The clock is injectable (``timer``): tests hand in a noisy one.
+  is timed side by side (``compare_paired``), both sets and the empty run interleaved round by round (the
+  empty run's cost moves with the machine's state, so it is taken from the same rounds), and judged with
+  a confidence bound (``significance.py``). The clock is injectable (``timer``): tests hand in a noisy one.
   Fused kernels are the reason to measure: at [1,128,768] ONNX Runtime 1.31's CPU
   SkipLayerNormalization is several times slower than Add + LayerNormalization, while BiasGelu and
   SimplifiedLayerNormalization are faster than their unfused forms, whatever a roofline says.
@@ -72,6 +73,7 @@ from flexdsa_core.kernel_timing import (  # noqa: F401 - machine_fingerprint, me
     Timer,
     _bound_runner,
     _empty_run_seconds,
+    _empty_runner,
     _host_rates,
     _machine_fingerprint,
     _ProbeTooLarge,
@@ -277,36 +279,54 @@ class CostModel:
                 return None
             runners.append((side, run))
         timer = self.timer or _timed
-        empty = _empty_run_seconds(self.timer)
-        per_round: tuple[list[float], list[float]] = ([], [])
-        order = list(range(len(runners)))
+        empty_run = _empty_runner()
+        # Per round: each kernel's seconds, and the empty run's at both ends of the round (alternating order).
+        # The empty run's figure comes from the same rounds (``_local_empty``): the fixed cost of a run moves
+        # with the machine's state (seen: 5 us, then 10 us), and a figure from another time, taken off three
+        # kernels on one side and one on the other, moved this ratio from ~1.8 to ~0.7 (issue 8).
+        samples: list[tuple[list[float], list[float]]] = []
+        order = [None, *range(len(runners)), None]
         budget = 4 * self.measure_budget_s
         timing_started = time.perf_counter()
 
         def one_round() -> None:
-            totals = [0.0, 0.0]
-            for index in order if len(per_round[0]) % 2 == 0 else reversed(order):
-                side, run = runners[index]
-                totals[side] += max(timer(run) - empty, 0.0) + self.target.launch_overhead_s
-            per_round[0].append(totals[0])
-            per_round[1].append(totals[1])
+            seconds, empty_s = [0.0] * len(runners), []
+            for index in order if len(samples) % 2 == 0 else reversed(order):
+                if index is None:
+                    empty_s.append(timer(empty_run))
+                else:
+                    seconds[index] = timer(runners[index][1])
+            samples.append((seconds, empty_s))
 
-        while len(per_round[0]) < MIN_ROUNDS or (
-            len(per_round[0]) < 50 and time.perf_counter() - timing_started < budget
+        def per_round() -> tuple[list[float], list[float]]:
+            empties = _local_empty([empty_s for _, empty_s in samples])
+            sides: tuple[list[float], list[float]] = ([], [])
+            for (seconds, _), empty in zip(samples, empties, strict=True):
+                totals = [0.0, 0.0]
+                for (side, _), kernel_s in zip(runners, seconds, strict=True):
+                    totals[side] += max(kernel_s - empty, 0.0) + self.target.launch_overhead_s
+                sides[0].append(totals[0])
+                sides[1].append(totals[1])
+            return sides
+
+        while len(samples) < MIN_ROUNDS or (
+            len(samples) < 50 and time.perf_counter() - timing_started < budget
         ):
             one_round()
-            if len(per_round[0]) in EARLY_LOOKS and settled_early(*per_round, min_effect=min_effect):
+            if len(samples) in EARLY_LOOKS and settled_early(*per_round(), min_effect=min_effect):
                 break
-        comparison = paired(per_round[0], per_round[1], min_effect=min_effect)
+        comparison = paired(*per_round(), min_effect=min_effect)
         # An interval that straddles a threshold would let the verdict follow noise from one cold run to the
         # next (seen: SkipLayerNormalization at 1.2-1.3x, its bound either side of 1.1). More rounds narrow it
         # onto one side unless the effect really sits on the threshold; bounded by rounds and time.
-        while _straddles(comparison) and len(per_round[0]) < BORDERLINE_MAX_ROUNDS and (
-            time.perf_counter() - timing_started < BORDERLINE_BUDGET_FACTOR * budget
+        while (
+            _straddles(comparison)
+            and len(samples) < BORDERLINE_MAX_ROUNDS
+            and time.perf_counter() - timing_started < BORDERLINE_BUDGET_FACTOR * budget
         ):
             for _ in range(10):
                 one_round()
-            comparison = paired(per_round[0], per_round[1], min_effect=min_effect)
+            comparison = paired(*per_round(), min_effect=min_effect)
         elapsed = time.perf_counter() - started
         self.measure_seconds += elapsed
         self._cache_put(key, {**comparison.as_dict(), "measure_s": elapsed})
@@ -317,8 +337,11 @@ class CostModel:
     ) -> str:
         """The cache key of a side-by-side comparison of two sets of kernels (their ``kernel_key``s)."""
         pair = [[0, key] for key in first] + [[1, key] for key in second]
+        # "empty": where the fixed cost of a run comes from; a comparison cached before it was timed in the
+        # same rounds (issue 8) may hold a verdict that followed the machine's state, so it is not reused.
+        paired_how = {"min_effect": min_effect, "min_rounds": MIN_ROUNDS, "empty": "in_round"}
         return kernel_key(
-            {"compare": pair, "paired": {"min_effect": min_effect, "min_rounds": MIN_ROUNDS}},
+            {"compare": pair, "paired": paired_how},
             self.target.name, self.target.version, self.compiler_version,
         )  # fmt: skip
 
@@ -764,6 +787,21 @@ def _dim_proto(dim: object) -> int | str | None:
     if isinstance(dim, int):
         return dim
     return getattr(dim, "value", None)
+
+
+# Rounds either side of a round whose empty runs give its fixed cost (``_local_empty``).
+_EMPTY_RADIUS = 2
+
+
+def _local_empty(per_round: Sequence[Sequence[float]]) -> list[float]:
+    """The fixed cost of a run at each round: the median of the empty runs timed in that round and the
+    ``_EMPTY_RADIUS`` rounds either side. Local, because that cost moves with the machine's state within one
+    comparison too; a median of several, because one empty run is as noisy as any other run."""
+    empties = []
+    for index in range(len(per_round)):
+        near = per_round[max(0, index - _EMPTY_RADIUS) : index + _EMPTY_RADIUS + 1]
+        empties.append(statistics.median(seconds for round_ in near for seconds in round_))
+    return empties
 
 
 def _is_static(value: ir.Value) -> bool:

@@ -4,7 +4,8 @@ A kernel is one node cut out into a one-node model (``_single_node_model``), run
 with its inputs and outputs bound once (``_bound_runner``: only the kernel and ORT's dispatch are timed)
 on random inputs placed on a 64-byte boundary (``_aligned``). A run is timed in CPU time of the calling
 thread (``_timed``); a figure is the median of the faster half of the runs (``_steady``), less the same
-figure for an empty run (``_empty_run_seconds``). Measurements are keyed by ``machine_fingerprint`` (the CPU
+figure for an empty run (``_empty_run_seconds``; a side-by-side comparison times ``_empty_runner`` in its
+own rounds instead). Measurements are keyed by ``machine_fingerprint`` (the CPU
 and the vector extensions ONNX Runtime's kernels choose code paths by) and rooflines of unmeasurable
 kernels use this host's SGEMM peak and copy bandwidth (``measure_sgemm_peak``, ``_host_rates``).
 """
@@ -145,17 +146,27 @@ def _steady(runs: Sequence[float]) -> float:
     return statistics.median(ordered[: max(1, (len(ordered) + 1) // 2)])
 
 
-@functools.cache
-def _empty_run_seconds(timer: Timer | None = None) -> float:
-    """Median of a run that does nothing (Identity on one float): the fixed cost of ``run`` itself."""
+def _empty_runner() -> Callable[[], None]:
+    """A run that does nothing (Identity on one float), bound and warmed up: the fixed cost of ``run``.
+    A fresh one each call (a few ms), so that no two threads share one binding."""
     node = onnx.helper.make_node("Identity", ["x"], ["y"])
     info = TensorInfo((1,), "float32")
     model = _single_node_model(node, [("x", info, None)], ["y"], {"": 17})
     session = ort.InferenceSession(
         model.SerializeToString(), _session_options(_LEVELS["basic"]), providers=["CPUExecutionProvider"]
     )
-    runner = _bound_runner(session, {"x": np.ones(1, np.float32)})
-    return _steady(_time_runner(runner, 0.05, timer))
+    return _bound_runner(session, {"x": np.ones(1, np.float32)})
+
+
+@functools.cache
+def _empty_run_seconds(timer: Timer | None = None) -> float:
+    """Steady seconds of the empty run (``_empty_runner``), timed once per process and timer.
+
+    Only for figures taken alone; a side-by-side comparison times the empty run in its own rounds, since
+    this fixed cost moves with the machine's state (seen: 4.9 us, then 10 us some minutes later on the same
+    host), and one figure from another time, taken off each kernel, moves a ratio of three kernels against
+    one (issue 8)."""
+    return _steady(_time_runner(_empty_runner(), 0.05, timer))
 
 
 # The instruction-set extensions ONNX Runtime's CPU kernels (MLAS) pick code paths by. Two CPUs with the same

@@ -57,11 +57,6 @@ def test_fixture_optimises_and_validates(cpu_ort, name, tmp_path):
     assert all("reason" in c for bucket in plan.values() for c in bucket["candidates"])
 
 
-@pytest.mark.xfail(
-    reason="known open (issue 8): the side-by-side timing of SkipLayerNormalization lands either side of "
-    "its threshold in different cold runs; refused in most, taken by rule in some",
-    strict=False,
-)
 def test_skip_layer_norm_is_refused_where_measured_slower(cpu_ort):
     """The switcher takes LayerNorm but, on ORT's CPU kernels, not SkipLayerNorm (measured 4-6x slower)."""
     result = cpu_ort.optimize(fixture("bert"), OptimizeOptions(measure_latency=False))

@@ -55,16 +55,8 @@ def _switcher_decisions(model: ir.Model, timer) -> tuple[dict[str, int], list[st
     return taken, sorted(f"{n.domain}::{n.op_type}" for n in model.graph)
 
 
-# Known open (issue 8): BERT's SkipLayerNormalization comparison itself lands either side of its threshold in
-# different cold runs (the measured state changes, not only the noise), so the quiet run this test compares
-# with is not a fixed reference there; it fails about 2 runs in 5 on a quiet machine, before and after the
-# noisy clock. MobileNetV2 must hold.
 @pytest.mark.models
-@pytest.mark.parametrize(
-    "name",
-    [pytest.param("bert", marks=pytest.mark.xfail(reason="skip_layer_norm timing state (issue 8)", strict=False)),
-     "mobilenetv2"],
-)
+@pytest.mark.parametrize("name", ["bert", "mobilenetv2"])
 def test_a_noisy_clock_changes_no_decision(name):
     """Every sample of the injected clock is the kernel's CPU time off by up to 25% either way, and one in
     twenty is 2-5x too long (a preempted run): what was significant stays so, what was not is decided by
