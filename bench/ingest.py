@@ -12,7 +12,8 @@ In one run, on loopback:
    a 1 KB model every 100 ms; it prints the probe's latency (p50/p95/p99, and the same probe on the idle
    service first) and the aggregate ingest rate beside the limit from step 1;
 3. **the disk's floor**: a 1 KB file fsync plus a SQLite WAL commit (what a submit waits for to be durable)
-   every 100 ms while two threads write + fsync big files, with no service at all.
+   every 100 ms while two threads write + fsync big files the way the service does (fdatasync every
+   ``service.upload.SYNC_EVERY_BYTES``), with no service at all.
 
 Goals (issue 12): probe p99 <= 100 ms under the load, aggregate >= 80% of the limit. Bounded in count and
 time; everything is torn down at the end. Results also go to ``bench/results/ingest.json``.
@@ -82,6 +83,8 @@ def durable_write_floor(bodies: list[bytes], folder: Path, seconds: float = 8.0)
     write + fsync the clients' bodies without pause. No service, no network: the disk's own floor (ms)."""
     import sqlite3
 
+    from service.upload import SYNC_EVERY_BYTES
+
     stop = threading.Event()
 
     def writer(index: int) -> None:
@@ -94,6 +97,9 @@ def durable_write_floor(bodies: list[bytes], folder: Path, seconds: float = 8.0)
                     if stop.is_set():
                         break
                     handle.write(body[offset : offset + (1 << 20)])
+                    if (offset + (1 << 20)) % SYNC_EVERY_BYTES == 0:  # the service's write policy
+                        handle.flush()
+                        os.fdatasync(handle.fileno())
                 handle.flush()
                 os.fsync(handle.fileno())
             path.unlink()

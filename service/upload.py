@@ -5,7 +5,7 @@ Streaming (rather than letting the framework spool the whole form first) lets th
 oversized upload as soon as it crosses ``max_upload_bytes``, before anything reaches the artifact store,
 and reads the model bytes exactly once. Only the receiving happens on the event loop. A large body is
 parsed, hashed and written in one pass per 1 MiB piece (python-multipart finds the boundary with
-``bytes.find``; hashlib and ``write`` release the GIL), and fsynced once at the end, on a small pool of
+``bytes.find``; hashlib and ``write`` release the GIL), made durable every ``SYNC_EVERY_BYTES`` and fsynced at the end, on a small pool of
 upload threads of their own (``UPLOAD_THREADS``, run at a lower CPU priority). That pool is what keeps a
 small request fast while twenty large ones stream in: the uploads never take the request thread pool's
 places, at most ``UPLOAD_THREADS`` of them use the CPU at once (the rest wait with their sockets paused,
@@ -67,6 +67,13 @@ UPLOAD_THREADS = max(1, min(4, os.cpu_count() or 1))
 # share when both want it, all of it when nothing else does), so a short request is never queued behind
 # hashing; Linux applies a thread's nice value to that thread only.
 UPLOAD_THREAD_NICE = 10
+# A big upload's bytes are made durable as they arrive, every this many bytes (fdatasync), not all at the
+# end: what one upload leaves dirty stays bounded, so a small submit's own fsync and database commit (an ext4
+# journal commit) does not wait behind hundreds of MB of other uploads' writeback. Measured on this
+# project's 2-vCPU VM (ext4 on virtio), two writers of 51 MB files beside a 1 KB fsync + SQLite commit every
+# 100 ms: p50 165-168 / p99 262-448 ms with one fsync at the end, 29-31 / 68-74 ms syncing every 4 MiB, at
+# 8-15% less write rate (315-349 against 373-397 MB/s).
+SYNC_EVERY_BYTES = 4 * 1024 * 1024
 
 log = logging.getLogger("flexdsa.service")
 _executor: ThreadPoolExecutor | None = None
@@ -149,6 +156,15 @@ def check_content_length(request: Request, limit: int) -> None:
         raise too_large(limit)
 
 
+def _sync_every(handle, unsynced: int) -> int:
+    """fdatasync ``handle`` once ``unsynced`` bytes reach ``SYNC_EVERY_BYTES``; the bytes still unsynced."""
+    if unsynced < SYNC_EVERY_BYTES:
+        return unsynced
+    handle.flush()
+    os.fdatasync(handle.fileno())
+    return 0
+
+
 class _FormReceiver:
     """Callbacks for python-multipart: the ``model`` part goes to a temp file, small fields to memory."""
 
@@ -168,6 +184,8 @@ class _FormReceiver:
         self._field_bytes = 0
         self._calibration_handle = None
         self._calibration_digest = hashlib.sha256()
+        self._unsynced = 0  # bytes written since the last fdatasync (``SYNC_EVERY_BYTES``)
+        self._calibration_unsynced = 0
 
     def on_part_begin(self) -> None:
         self._headers = {}
@@ -232,6 +250,7 @@ class _FormReceiver:
                 raise too_large(self.limit)
             self._digest.update(chunk)
             self._handle.write(chunk)
+            self._unsynced = _sync_every(self._handle, self._unsynced + len(chunk))
         elif self._part == "calibration":
             # Model and calibration together stay under the one upload limit.
             self.result.calibration.size += len(chunk)
@@ -239,6 +258,7 @@ class _FormReceiver:
                 raise too_large(self.limit)
             self._calibration_digest.update(chunk)
             self._calibration_handle.write(chunk)
+            self._calibration_unsynced = _sync_every(self._calibration_handle, self._calibration_unsynced + len(chunk))
         else:
             self._buffer += chunk
             self._field_bytes += len(chunk)

@@ -62,3 +62,30 @@ def test_small_upload_is_parsed_in_one_request_thread_call(env, headers, monkeyp
     # One parse call, off the event loop and off the upload threads (it shares the call that records the job).
     assert len(fed_on) == 1
     assert fed_on[0] != "MainThread" and not fed_on[0].startswith("flexdsa-upload"), fed_on
+
+
+def test_a_large_upload_is_made_durable_as_it_arrives_not_only_at_the_end(tmp_path, monkeypatch):
+    """Fed in the API's 1 MiB pieces, a big upload is fdatasynced every ``SYNC_EVERY_BYTES`` on the way (so a
+    small submit's own fsync never waits behind all of it), and the file is still whole."""
+    from python_multipart.multipart import MultipartParser
+
+    synced: list[int] = []
+    fdatasync = service.upload.os.fdatasync
+
+    def counting(fd):
+        synced.append(fd)
+        return fdatasync(fd)
+
+    monkeypatch.setattr(service.upload.os, "fdatasync", counting)
+    model = large_onnx(3 * service.upload.SYNC_EVERY_BYTES + 4321)
+    boundary = b"flexdsa-test-boundary"
+    body = (
+        b"--" + boundary + b'\r\nContent-Disposition: form-data; name="model"; filename="m.onnx"\r\n\r\n'
+        + model + b"\r\n--" + boundary + b"--\r\n"
+    )
+    receiver = service.upload._FormReceiver(tmp_path, limit=len(body))
+    parser = MultipartParser(boundary, receiver.callbacks())
+    service.upload._feed(parser, [body[i : i + HANDOFF_BYTES] for i in range(0, len(body), HANDOFF_BYTES)])
+    result = receiver.finish()
+    assert len(synced) >= 2, synced  # about one per SYNC_EVERY_BYTES (the final fsync is apart)
+    assert result.path.read_bytes() == model and result.sha256 == hashlib.sha256(model).hexdigest()
