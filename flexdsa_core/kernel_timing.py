@@ -4,8 +4,9 @@ A kernel is one node cut out into a one-node model (``_single_node_model``), run
 with its inputs and outputs bound once (``_bound_runner``: only the kernel and ORT's dispatch are timed)
 on random inputs placed on a 64-byte boundary (``_aligned``). A run is timed in CPU time of the calling
 thread (``_timed``); a figure is the median of the faster half of the runs (``_steady``), less the same
-figure for an empty run (``_empty_run_seconds``; a side-by-side comparison times ``_empty_runner`` in its
-own rounds instead). Measurements are keyed by ``machine_fingerprint`` (the CPU
+figure for an empty run (``_empty_runner``) timed beside it: a kernel alone with ``_time_beside_empty``,
+a side-by-side comparison in its own rounds (the fixed cost of a run moves with the machine's state, so a
+figure of it from another time is not taken off). Measurements are keyed by ``machine_fingerprint`` (the CPU
 and the vector extensions ONNX Runtime's kernels choose code paths by) and rooflines of unmeasurable
 kernels use this host's SGEMM peak and copy bandwidth (``measure_sgemm_peak``, ``_host_rates``).
 """
@@ -17,6 +18,7 @@ import math
 import os
 import platform
 import statistics
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 
@@ -115,6 +117,40 @@ def _time_runner(run: Callable[[], None], budget_s: float, timer: Timer | None =
     return runs
 
 
+def _time_beside_empty(
+    run: Callable[[], None], empty: Callable[[], None], budget_s: float, timer: Timer | None = None
+) -> tuple[list[float], list[float]]:
+    """``_time_runner`` with the empty run timed beside every run (alternating which goes first): the
+    kernel's seconds and the fixed cost of a run from the same moments, since that cost moves with the
+    machine's state (issue 8)."""
+    timer = timer or _timed
+    warm = timer(run)
+    timer(empty)
+    least = 5 if warm < budget_s / 5 else 2
+    runs: list[float] = []
+    empties: list[float] = []
+    started = time.perf_counter()
+    while len(runs) < least or (len(runs) < 50 and time.perf_counter() - started < budget_s):
+        if len(runs) % 2:
+            empties.append(timer(empty))
+            runs.append(timer(run))
+        else:
+            runs.append(timer(run))
+            empties.append(timer(empty))
+    return runs, empties
+
+
+_per_thread = threading.local()
+
+
+def _thread_empty_runner() -> Callable[[], None]:
+    """This thread's empty runner (``_empty_runner``), made once per thread: no binding is shared."""
+    runner = getattr(_per_thread, "empty", None)
+    if runner is None:
+        runner = _per_thread.empty = _empty_runner()
+    return runner
+
+
 def _single_node_model(
     node_proto: onnx.NodeProto,
     inputs: Sequence[tuple[str, TensorInfo | None, np.ndarray | None]],
@@ -156,17 +192,6 @@ def _empty_runner() -> Callable[[], None]:
         model.SerializeToString(), _session_options(_LEVELS["basic"]), providers=["CPUExecutionProvider"]
     )
     return _bound_runner(session, {"x": np.ones(1, np.float32)})
-
-
-@functools.cache
-def _empty_run_seconds(timer: Timer | None = None) -> float:
-    """Steady seconds of the empty run (``_empty_runner``), timed once per process and timer.
-
-    Only for figures taken alone; a side-by-side comparison times the empty run in its own rounds, since
-    this fixed cost moves with the machine's state (seen: 4.9 us, then 10 us some minutes later on the same
-    host), and one figure from another time, taken off each kernel, moves a ratio of three kernels against
-    one (issue 8)."""
-    return _steady(_time_runner(_empty_runner(), 0.05, timer))
 
 
 # The instruction-set extensions ONNX Runtime's CPU kernels (MLAS) pick code paths by. Two CPUs with the same
