@@ -103,3 +103,15 @@ def captured(prefix: str):
 def safe(name: str) -> str:
     """A tensor name made safe for a file name."""
     return "".join(c if c.isalnum() or c in "-_" else "_" for c in name)[:64]
+
+
+def load_samples(samples, input_names: list[str]) -> list[dict]:
+    """Samples as the request gives them: lists of .npy paths in graph-input order, or dicts input name ->
+    path; loaded as arrays."""
+    import numpy as np
+
+    found = []
+    for sample in samples or []:
+        paths = sample if isinstance(sample, dict) else dict(zip(input_names, sample, strict=True))
+        found.append({k: np.load(v) for k, v in paths.items()})
+    return found

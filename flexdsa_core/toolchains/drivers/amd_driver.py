@@ -73,13 +73,13 @@ def quantize_bucket(bucket: dict, out_dir: Path, options: dict) -> dict:
     model = onnx.load(source)
     feeds = {key: np.load(path) for key, path in bucket.get("inputs", {}).items()}
     input_names = [i.name for i in ort.InferenceSession(source, providers=["CPUExecutionProvider"]).get_inputs()]
-    samples = _load(bucket.get("dataset"), input_names)
+    samples = common.load_samples(bucket.get("dataset"), input_names)
     if not samples:
-        samples = ([feeds] if feeds else []) + _load(options.get("dataset"), input_names)
+        samples = ([feeds] if feeds else []) + common.load_samples(options.get("dataset"), input_names)
     if not samples:
         entry["error"] = "no sample inputs to calibrate on (give the bucket's inputs or options.dataset)"
         return entry
-    checks = _load(bucket.get("samples"), input_names) or ([feeds] if feeds else [])
+    checks = common.load_samples(bucket.get("samples"), input_names) or ([feeds] if feeds else [])
 
     precision = options.get("precision", "int8")
     kind = "transformer" if is_transformer(model.graph) else "cnn"
@@ -132,7 +132,7 @@ def quantize_bucket(bucket: dict, out_dir: Path, options: dict) -> dict:
     if feeds:
         common.save_outputs(entry, out_dir, name, _run(str(out_dir / artifact), feeds).items())
     entry["sample_outputs"] = []
-    for index, sample in enumerate(_load(bucket.get("samples"), input_names)):
+    for index, sample in enumerate(common.load_samples(bucket.get("samples"), input_names)):
         saved = {"outputs": {}}
         common.save_outputs(saved, out_dir, f"{name}.sample{index:03d}", _run(str(out_dir / artifact), sample).items())
         entry["sample_outputs"].append(saved["outputs"])
@@ -215,17 +215,6 @@ def quantize(source: str, output: Path, preset: str, samples: list[dict], step: 
     ModelQuantizer(config).quantize_model(source, str(output), Samples())
     if not output.is_file():
         raise RuntimeError("Quark wrote no model (see the log)")
-
-
-def _load(samples, input_names: list[str]) -> list[dict]:
-    """Samples given as lists of .npy paths (graph-input order) or dicts input name -> path, loaded."""
-    import numpy as np
-
-    found = []
-    for sample in samples or []:
-        paths = sample if isinstance(sample, dict) else dict(zip(input_names, sample, strict=True))
-        found.append({k: np.load(v) for k, v in paths.items()})
-    return found
 
 
 def _run(path: str, feeds: dict) -> dict:

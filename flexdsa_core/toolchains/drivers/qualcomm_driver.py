@@ -88,7 +88,7 @@ def compile_bucket(bucket: dict, out_dir: Path, options: dict) -> dict:
         return entry
     precision = options.get("precision", "int8")
     activation = options.get("activation_type", "uint8")
-    samples = _samples(bucket.get("samples"), list(feeds))
+    samples = common.load_samples(bucket.get("samples"), list(feeds))
     checks = samples or [feeds]
     reference = [_run_cpu(model_path, sample) for sample in checks] if activation == "auto" else None
     first = "mixed" if precision == "mixed" else activation if activation != "auto" else "uint8"
@@ -237,7 +237,7 @@ def _quantize(model_path, qdq_path: Path, feeds: dict, options: dict, activation
     from onnxruntime.quantization import CalibrationDataReader, QuantType, quantize
     from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
 
-    samples = _samples(options.get("dataset"), list(feeds)) or [feeds]
+    samples = common.load_samples(options.get("dataset"), list(feeds)) or [feeds]
 
     class Samples(CalibrationDataReader):
         def __init__(self):
@@ -260,18 +260,6 @@ def _quantize(model_path, qdq_path: Path, feeds: dict, options: dict, activation
         init_overrides=overrides or None,
     )
     quantize(model_path, str(qdq_path), config)
-
-
-def _samples(dataset, input_names: list[str]) -> list[dict]:
-    import numpy as np
-
-    found = []
-    for sample in dataset or []:
-        if isinstance(sample, dict):
-            found.append({k: np.load(v) for k, v in sample.items()})
-        else:
-            found.append({k: np.load(v) for k, v in zip(input_names, sample, strict=True)})
-    return found
 
 
 def _describe(options: dict, activation_type: str, uint16_tensors: int = 0) -> str:

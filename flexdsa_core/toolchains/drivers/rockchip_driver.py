@@ -83,7 +83,7 @@ def compile_bucket(bucket: dict, out_dir: Path, options: dict) -> dict:
         try:
             options = {**options, "dataset": bucket.get("dataset") or options.get("dataset"),
                        "custom_hybrid": (options.get("custom_hybrid") or {}).get(name),
-                       "samples": _load_samples(bucket.get("samples"), input_names)}  # fmt: skip
+                       "samples": common.load_samples(bucket.get("samples"), input_names)}  # fmt: skip
             error, outputs = _build(bucket["onnx"], input_names, shapes, out_dir / rknn_name, feeds, options,
                                     out_dir, name)  # fmt: skip
         except Exception as err:  # the toolkit raises on some parser failures instead of returning -1
@@ -268,16 +268,6 @@ def map_hybrid(pairs: list[list[str]], known: set[str], graph) -> tuple[list[lis
         else:
             mapped.append([first, last])
     return mapped, unmapped
-
-
-def _load_samples(samples, input_names: list[str]) -> list[dict]:
-    import numpy as np
-
-    found = []
-    for sample in samples or []:
-        paths = sample if isinstance(sample, dict) else dict(zip(input_names, sample, strict=True))
-        found.append({k: np.load(v) for k, v in paths.items()})
-    return found
 
 
 def _dataset_file(samples, input_names: list[str], out_dir: Path, name: str) -> str | None:
