@@ -107,35 +107,29 @@ Timer = Callable[[Callable[[], object]], float]
 def _time_runner(run: Callable[[], None], budget_s: float, timer: Timer | None = None) -> list[float]:
     """Seconds per run: at least 5 runs, as many as fit the budget (at most 50); a kernel slower than
     the budget runs twice."""
-    timer = timer or _timed
-    warm = timer(run)
-    least = 5 if warm < budget_s / 5 else 2
-    runs: list[float] = []
-    started = time.perf_counter()
-    while len(runs) < least or (len(runs) < 50 and time.perf_counter() - started < budget_s):
-        runs.append(timer(run))
-    return runs
+    return _time_beside_empty(run, None, budget_s, timer)[0]
 
 
 def _time_beside_empty(
-    run: Callable[[], None], empty: Callable[[], None], budget_s: float, timer: Timer | None = None
+    run: Callable[[], None], empty: Callable[[], None] | None, budget_s: float, timer: Timer | None = None
 ) -> tuple[list[float], list[float]]:
-    """``_time_runner`` with the empty run timed beside every run (alternating which goes first): the
-    kernel's seconds and the fixed cost of a run from the same moments, since that cost moves with the
-    machine's state (issue 8)."""
+    """``_time_runner``'s runs and, when ``empty`` is given, the empty run timed beside every run
+    (alternating which goes first): the kernel's seconds and the fixed cost of a run from the same moments,
+    since that cost moves with the machine's state (issue 8)."""
     timer = timer or _timed
     warm = timer(run)
-    timer(empty)
+    if empty is not None:
+        timer(empty)
     least = 5 if warm < budget_s / 5 else 2
     runs: list[float] = []
     empties: list[float] = []
     started = time.perf_counter()
     while len(runs) < least or (len(runs) < 50 and time.perf_counter() - started < budget_s):
-        if len(runs) % 2:
+        empty_first = empty is not None and len(runs) % 2 == 1
+        if empty_first:
             empties.append(timer(empty))
-            runs.append(timer(run))
-        else:
-            runs.append(timer(run))
+        runs.append(timer(run))
+        if empty is not None and not empty_first:
             empties.append(timer(empty))
     return runs, empties
 
