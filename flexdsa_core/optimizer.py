@@ -210,6 +210,80 @@ class ModelClock:
     rounds: Callable = LatencyRounds
 
 
+class _References:
+    """The inputs validation and the latency check use, and the original model's outputs on them, per bucket
+    shape: made once per job (every re-validation of a bisection reads them again). The original is loaded
+    for the runs of one call and let go (a large model's weights are not held a second time meanwhile)."""
+
+    def __init__(self, original_source: bytes | Path, seed: int) -> None:
+        self.original_source = original_source
+        self.seed = seed
+        # (bucket, costed dims) -> (dims the original runs at, feeds, its outputs)
+        self._main: dict[tuple, tuple[dict[str, int], dict, dict]] = {}
+        self._second: dict[str, tuple[dict, dict] | None] = {}  # bucket -> the second shape's, or None
+        self.notes: dict[str, str] = {}  # bucket -> why its shape is not the costed one
+
+    def inputs(self, bucket: BucketModel, *, second: bool) -> tuple[dict[str, int], list[tuple[dict, dict]]]:
+        """(the dims used, [(feeds, outputs)] at ``bucket.at`` and, with ``second`` and symbolic dims, at the
+        small second shape). Where the original itself cannot run at the costed shape (a position table
+        shorter than the default 128 that no probe met), its free dims are lowered until it runs, with a note."""
+        original = None
+
+        def outputs(feeds: dict) -> dict:
+            nonlocal original
+            if original is None:
+                original = session(self.original_source)
+            return run(original, feeds)
+
+        key = (bucket.name, tuple(sorted(bucket.at.items())))
+        if key not in self._main:
+            proto, error = _proto_without_weights(bucket.model), None
+            for lowered in (None, 64, 32, 16, 8):
+                dims = bucket.at if lowered is None else {
+                    k: (v if is_batch_dim(k) else min(v, lowered)) for k, v in bucket.at.items()
+                }  # fmt: skip
+                if lowered is not None and dims == bucket.at:
+                    continue
+                feeds = make_inputs(proto, seed=self.seed, dims=dims)
+                try:
+                    found = (dict(dims), feeds, outputs(feeds))
+                    break
+                except Exception as err:  # noqa: BLE001 - ORT raises many types; the smallest shape re-raises
+                    error = err
+            else:
+                raise error
+            if dims != bucket.at:
+                self.notes[bucket.name] = (
+                    f"costed at {bucket.at}, but the original model does not run there "
+                    f"({str(error).splitlines()[0][:160]}): validated, timed and memory-planned at {dims}"
+                )
+            self._main[key] = self._main[(bucket.name, tuple(sorted(dims.items())))] = found
+        dims, feeds, reference = self._main[key]
+        shapes = [(feeds, reference)]
+        if second and bucket.at:
+            if bucket.name not in self._second:
+                small = make_inputs(_proto_without_weights(bucket.model), seed=self.seed)
+                same = {k: v.shape for k, v in small.items()} == {k: v.shape for k, v in feeds.items()}
+                self._second[bucket.name] = None if same else self._second_shape(bucket, small, outputs)
+            if self._second[bucket.name] is not None:
+                shapes.append(self._second[bucket.name])
+        return dims, shapes
+
+    def _second_shape(self, bucket: BucketModel, small: dict, outputs) -> tuple[dict, dict] | None:
+        """The second shape's (feeds, outputs); None, with a note, where the original itself does not run
+        there (a model that takes one sequence length only): nothing to compare the optimised model with."""
+        try:
+            return small, outputs(small)
+        except Exception as err:  # noqa: BLE001 - ORT raises many types
+            shapes = {k: list(v.shape) for k, v in small.items()}
+            note = (
+                f"not validated at a second shape: the original model does not run at {shapes} "
+                f"({str(err).splitlines()[0][:160]})"
+            )
+            self.notes[bucket.name] = f"{self.notes[bucket.name]}; {note}" if bucket.name in self.notes else note
+            return None
+
+
 class FlexDSAOptimizer:
     """``toolchain_root``: where vendor toolchains are installed (``flexdsa toolchains install``); None means
     none is used, and accelerator bundles carry the commands to compile them on the user's side. ``rules``:
@@ -457,7 +531,7 @@ class FlexDSAOptimizer:
         # Stage 8, validate: every bucket against the original; on a mismatch, bisect and roll back.
         rollbacks: list[dict] = []
         validation: list[dict] = []
-        reference_cache: dict[tuple, object] = {}  # validation inputs and outputs per bucket shape
+        reference_cache = _References(original_source, options.seed)
         if options.validate_outputs:
             comp, validation = self._validated(
                 comp, original_source, options, rollbacks, reference_cache, recompile, report_progress
@@ -521,7 +595,7 @@ class FlexDSAOptimizer:
             cache_stats=cache.stats.as_dict(),
             stage_seconds=dict(stage_seconds),
             total_seconds=time.perf_counter() - started,
-            shape_notes={key[1]: note for key, note in reference_cache.items() if key[0] == "note"},
+            shape_notes=reference_cache.notes,
         )
         for bucket_name, plan in comp.fusion_plans.items():
             report["warnings"].extend(f"[{bucket_name}] {w}" for w in plan.get("delivery_warnings", []))
@@ -675,7 +749,7 @@ class FlexDSAOptimizer:
         tolerances = {k: (v.atol, v.rtol) for k, v in (options.tolerances or {}).items()}
         results = []
         for bucket in comp.buckets:
-            shapes = self._validation_inputs(comp, bucket, original_source, options, references)
+            shapes = self._bucket_inputs(comp, bucket, references, second=True)
             optimized = self._model_source(bucket.model)
             if len(shapes) > 1:  # one load for both shapes (a load fails like a run: in compare, as before)
                 try:
@@ -693,46 +767,14 @@ class FlexDSAOptimizer:
             results.append(first)
         return results
 
-    def _validation_inputs(
-        self, comp, bucket, original_source, options, references
-    ) -> list[tuple[dict, dict]]:
-        """(feeds, the original's outputs) at the bucket's shape and, for symbolic dims, the second shape;
-        computed once per bucket and shape. Where the original itself cannot run at the costed shape (a
-        position table shorter than the default 128 that no probe met), the free dims are lowered until it
-        runs, and the bucket's shape and memory plan follow, with a note."""
-        proto = _proto_without_weights(bucket.model)
-        key = (bucket.name, tuple(sorted(bucket.at.items())))
-        if key not in references:
-            at, error, original = dict(bucket.at), None, None
-            for lowered in (None, 64, 32, 16, 8):
-                if lowered is not None:
-                    at = {k: (v if is_batch_dim(k) else min(v, lowered)) for k, v in bucket.at.items()}
-                    if at == bucket.at:
-                        continue
-                feeds = make_inputs(proto, seed=options.seed, dims=at)
-                try:
-                    original = session(original_source) if original is None else original
-                    shapes = [(feeds, run(original, feeds))]
-                    break
-                except Exception as err:  # noqa: BLE001 - ORT raises many types; the smallest shape re-raises
-                    error = err
-            else:
-                raise error
-            if at != bucket.at:
-                references[("note", bucket.name)] = (
-                    f"costed at {bucket.at}, but the original model does not run there "
-                    f"({str(error).splitlines()[0][:160]}): validated, timed and memory-planned at {at}"
-                )
-            small = make_inputs(proto, seed=options.seed)
-            if bucket.at and {k: list(v.shape) for k, v in small.items()} != {
-                k: list(v.shape) for k, v in feeds.items()
-            }:
-                shapes.append((small, run(original, small)))
-            references[key] = (at, shapes)
-        at, shapes = references[key]
-        if at != bucket.at:
-            bucket.at = at
-            comp.memory[bucket.name] = plan_memory(bucket.model, dims=at).as_dict()
+    @staticmethod
+    def _bucket_inputs(comp, bucket, references: _References, *, second: bool) -> list[tuple[dict, dict]]:
+        """``references.inputs`` for ``bucket``; where the original refused the costed shape and ran at a
+        lower one, the bucket's shape and memory plan follow it."""
+        dims, shapes = references.inputs(bucket, second=second)
+        if dims != bucket.at:
+            bucket.at = dims
+            comp.memory[bucket.name] = plan_memory(bucket.model, dims=dims).as_dict()
         return shapes
 
     def _validated(self, comp, original_source, options, rollbacks, references, recompile, progress):
@@ -801,7 +843,7 @@ class FlexDSAOptimizer:
         bucket = comp.buckets[0]
         # The bucket's one shape (``BucketModel.at``), the inputs validation used: the shape its fusions were
         # costed at, not a toy size.
-        feeds = self._validation_inputs(comp, bucket, original_source, options, references)[0][0]
+        feeds = self._bucket_inputs(comp, bucket, references, second=False)[0][0]
         # Weights in external data: one session at a time, or the measurement holds the model in memory twice.
         interleave = not needs_external_data(bucket.model)
         rounds = max(options.latency_repeats, MIN_ROUNDS)

@@ -111,3 +111,27 @@ def test_one_shape_per_bucket_across_costing_memory_validation_and_timing(name):
     assert second["ok"] and second["input_shapes"] != at["input_shapes"]
     if name == "bert":
         assert at["dims"] == {"batch": 1, "seq": 64}
+
+
+def test_a_model_that_runs_at_one_length_only_is_validated_there_and_says_so():
+    """A positional table of 64 rows added as is: the model runs at seq 64 only. Its one shape is seq 64
+    (costed, planned, validated, timed); the second, small shape is skipped with a note, not a failed job."""
+    import numpy as np
+    import onnx
+
+    table = onnx.numpy_helper.from_array(np.random.default_rng(0).random((100, 8), dtype=np.float32), "table")
+    positions = onnx.numpy_helper.from_array(np.random.default_rng(1).random((1, 64, 8), dtype=np.float32), "pos")
+    graph = onnx.helper.make_graph(
+        [onnx.helper.make_node("Gather", ["table", "ids"], ["e"]), onnx.helper.make_node("Add", ["e", "pos"], ["y"])],
+        "one_length",
+        [onnx.helper.make_tensor_value_info("ids", onnx.TensorProto.INT64, ["batch", "seq"])],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["batch", "seq", 8])],
+        [table, positions],
+    )
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)], ir_version=9)
+    report = FlexDSAOptimizer("cpu-ort").optimize(model.SerializeToString(), OptimizeOptions(latency_repeats=3)).report
+    at = report["shapes"]["at"]["dynamic"]
+    assert at["dims"] == {"batch": 1, "seq": 64}
+    assert report["validation"]["ok"] and "second_shape" not in report["validation"]["buckets"][0]
+    assert report["validation"]["buckets"][0]["input_shapes"] == report["latency"]["input_shapes"] == {"ids": [1, 64]}
+    assert "not validated at a second shape" in at["note"]
