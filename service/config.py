@@ -99,6 +99,14 @@ class Settings(BaseSettings):
 
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=1, le=65535)
+    api_workers: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="API processes behind the one port (`flexdsa serve --workers`). Uploads are received, "
+        "hashed and written in the process that accepted them, so several processes take big uploads "
+        "on several cores; in embedded mode each also runs its own in-process worker.",
+    )
     sse_poll_interval_s: float = Field(0.5, gt=0)
     log_level: str = "info"
     log_format: Literal["json", "text"] = Field(

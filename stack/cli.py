@@ -3,6 +3,7 @@ the ``flexdsa.cli`` entry point like the service's own commands)."""
 
 from __future__ import annotations
 
+import os
 from typing import Annotated
 
 import typer
@@ -13,6 +14,15 @@ from service.cli import prepared_engine, settings_or_exit
 def serve(
     host: Annotated[str | None, typer.Option(help="Bind address (default FLEXDSA_HOST or 127.0.0.1)")] = None,
     port: Annotated[int | None, typer.Option(help="Port (default FLEXDSA_PORT or 8000)")] = None,
+    workers: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            max=64,
+            help="API processes sharing the port (default FLEXDSA_API_WORKERS or 1): big uploads are received, "
+            "hashed and written on as many cores. In embedded mode each process runs its own worker.",
+        ),
+    ] = None,
 ) -> None:
     """Start the service. Embedded (no FLEXDSA_BROKER_URL): migrates SQLite and runs the worker in-process."""
     import uvicorn
@@ -22,7 +32,7 @@ def serve(
     from stack import create_app
 
     settings = settings_or_exit()
-    overrides = {k: v for k, v in {"host": host, "port": port}.items() if v is not None}
+    overrides = {k: v for k, v in {"host": host, "port": port, "api_workers": workers}.items() if v is not None}
     settings = settings.model_copy(update=overrides)
     engine = prepared_engine(settings)
     if settings.auth == "optional":
@@ -36,17 +46,47 @@ def serve(
             fg="yellow",
             err=True,
         )
+    processes = f", {settings.api_workers} API processes" if settings.api_workers > 1 else ""
     typer.echo(
         f"Flex-DSA {settings.mode} mode on http://{settings.host}:{settings.port} "
-        f"(database {settings.database_url.split('@')[-1]}, artifacts {settings.artifact_dir}, auth {settings.auth})"
+        f"(database {settings.database_url.split('@')[-1]}, artifacts {settings.artifact_dir}, auth {settings.auth}"
+        f"{processes})"
     )
     from service.logs import configure_logging
 
     configure_logging(settings.log_format, settings.log_level)
     # log_config=None: uvicorn keeps the handlers configured above instead of installing its own.
+    if settings.api_workers == 1:
+        uvicorn.run(
+            create_app(settings), host=settings.host, port=settings.port, log_level=settings.log_level,
+            log_config=None,
+        )
+        return
+    # Several processes: uvicorn starts each from an import string, and each reads its settings from the
+    # environment, so this command's own overrides travel there first (the database is migrated above, once).
+    os.environ.update(_settings_environment(settings))
     uvicorn.run(
-        create_app(settings), host=settings.host, port=settings.port, log_level=settings.log_level, log_config=None
+        "stack.cli:process_app", factory=True, workers=settings.api_workers, host=settings.host,
+        port=settings.port, log_level=settings.log_level, log_config=None,
     )
+
+
+def _settings_environment(settings) -> dict[str, str]:
+    """The settings this command chose (beyond the environment's own) as FLEXDSA_ variables."""
+    return {"FLEXDSA_HOST": settings.host, "FLEXDSA_PORT": str(settings.port),
+            "FLEXDSA_API_WORKERS": str(settings.api_workers)}
+
+
+def process_app():
+    """One API process of ``flexdsa serve --workers N``: its logging, then the app (settings from the
+    environment, as the parent process set it)."""
+    from service.config import get_settings
+    from service.logs import configure_logging
+    from stack import create_app
+
+    settings = get_settings()
+    configure_logging(settings.log_format, settings.log_level)
+    return create_app(settings)
 
 
 def register(app: typer.Typer) -> None:

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Annotated
-
-from fastapi import APIRouter, Header, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
 from service import jobs
-from service.api.deps import CurrentTenant, SessionDep, SettingsDep, StoreDep
+from service.api.deps import AdmittedSubmit, SessionDep, SettingsDep, StoreDep
 from service.models import Job
 from service.schemas import ERROR_RESPONSES, ErrorResponse, JobCreated
 from service.upload import check_content_length, complete_on_upload_thread, receive_model_upload
@@ -77,26 +75,15 @@ def _created(request: Request, job: Job, *, replayed: bool) -> JSONResponse:
 )
 async def optimize(
     request: Request,
-    tenant: CurrentTenant,
+    admission: AdmittedSubmit,
     session: SessionDep,
     settings: SettingsDep,
     store: StoreDep,
-    idempotency_key: Annotated[
-        str | None,
-        Header(
-            alias="Idempotency-Key",
-            max_length=255,
-            description="Retries with the same key return the same job",
-        ),
-    ] = None,
 ) -> JSONResponse:
-    # One hand-off decides everything that depends only on the key, before a byte of the body is read: an
+    # The admission decided everything that depends only on the key before a byte of the body was read: an
     # Idempotency-Key retry gets the first request's job, an over-limit tenant its 429.
-    existing = await run_in_threadpool(
-        jobs.admit_submit, session, settings, tenant, request.app.state.rate_limiter, idempotency_key
-    )
-    if existing is not None:
-        return _created(request, existing, replayed=True)
+    if admission.replayed is not None:
+        return _created(request, admission.replayed, replayed=True)
 
     check_content_length(request, settings.max_upload_bytes)
     pending = await receive_model_upload(request, store.staging_dir(), settings.max_upload_bytes)
@@ -106,7 +93,7 @@ async def optimize(
     else:
         received = pending  # completed inside accept_upload: a small submit costs one hand-off from here
     job, replayed, size = await run_in_threadpool(
-        jobs.accept_upload, session, settings, store, tenant, received, idempotency_key
+        jobs.accept_upload, session, settings, store, admission.tenant, received, admission.idempotency_key
     )
 
     metrics = request.app.state.metrics

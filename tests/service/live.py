@@ -41,8 +41,9 @@ class LiveServer:
 
 
 @contextmanager
-def embedded_server(data_dir: Path, **settings: str) -> Iterator[LiveServer]:
-    """``uvicorn stack:create_app`` on 127.0.0.1 with embedded defaults under ``data_dir``.
+def embedded_server(data_dir: Path, *, workers: int = 1, **settings: str) -> Iterator[LiveServer]:
+    """``uvicorn stack:create_app`` on 127.0.0.1 with embedded defaults under ``data_dir``; with ``workers``
+    over 1, ``flexdsa serve --workers N`` (its API processes behind one port).
 
     ``settings`` become ``FLEXDSA_<NAME>`` variables (e.g. ``auth="required"``). The server is a separate
     process, as in production, so the in-process worker and its job children are really exercised.
@@ -54,9 +55,14 @@ def embedded_server(data_dir: Path, **settings: str) -> Iterator[LiveServer]:
     )
     log_path = data_dir / "server.log"
     with log_path.open("wb") as log:
-        process = subprocess.Popen(
+        command = (
             [sys.executable, "-m", "uvicorn", "stack:create_app", "--factory",
-             "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"],
+             "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
+            if workers == 1
+            else [sys.executable, "-m", "flexdsa_core.cli", "serve", "--port", str(port), "--workers", str(workers)]
+        )  # fmt: skip
+        process = subprocess.Popen(
+            command,
             cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
         )  # fmt: skip
     url = f"http://127.0.0.1:{port}"

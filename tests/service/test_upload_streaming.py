@@ -7,6 +7,7 @@ import hashlib
 import threading
 
 import numpy as np
+import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import service.upload
@@ -64,11 +65,76 @@ def test_small_upload_is_parsed_in_one_request_thread_call(env, headers, monkeyp
     assert fed_on[0] != "MainThread" and not fed_on[0].startswith("flexdsa-upload"), fed_on
 
 
-def test_a_large_upload_is_made_durable_as_it_arrives_not_only_at_the_end(tmp_path, monkeypatch):
-    """Fed in the API's 1 MiB pieces, a big upload is fdatasynced every ``SYNC_EVERY_BYTES`` on the way (so a
-    small submit's own fsync never waits behind all of it), and the file is still whole."""
+def _multipart(model: bytes, boundary: bytes = b"flexdsa-test-boundary") -> tuple[bytes, bytes]:
+    body = (
+        b"--" + boundary + b'\r\nContent-Disposition: form-data; name="model"; filename="m.onnx"\r\n\r\n'
+        + model + b"\r\n--" + boundary + b"--\r\n"
+    )
+    return boundary, body
+
+
+def _receive(tmp_path, body: bytes, boundary: bytes, on_piece=None):
+    """Feed ``body`` to a receiver the way the API does (HANDOFF_BYTES pieces); ``on_piece(receiver)``
+    after each. Returns the ``ReceivedUpload``."""
     from python_multipart.multipart import MultipartParser
 
+    receiver = service.upload._FormReceiver(tmp_path, limit=len(body))
+    parser = MultipartParser(boundary, receiver.callbacks())
+    for offset in range(0, len(body), HANDOFF_BYTES):
+        service.upload._feed(parser, [body[offset : offset + HANDOFF_BYTES]])
+        if on_piece is not None:
+            on_piece(receiver)
+    return receiver.finish()
+
+
+def test_a_large_upload_goes_to_disk_as_it_arrives_bypassing_the_page_cache(tmp_path):
+    """Where the filesystem takes O_DIRECT (this one does: it is checked first), the model's bytes are written
+    to the disk as they arrive, from the aligned buffer, with no copy in the page cache and nothing dirty
+    left behind for a small submit's fsync to wait on; the file is whole, tail included."""
+    import fcntl
+    import os
+
+    probe = service.upload.StagedFile(os.open(tmp_path / "probe", os.O_WRONLY | os.O_CREAT, 0o600))
+    direct = probe._direct
+    probe.close()
+    if not direct:
+        pytest.skip("this filesystem refuses O_DIRECT (the buffered path is tested below)")
+    model = large_onnx(3 * service.upload.DIRECT_WRITE_BYTES + 4321)  # whole buffers and a ragged tail
+    boundary, body = _multipart(model)
+    seen: list[tuple[bool, int]] = []
+
+    def on_piece(receiver):
+        handle = receiver._handle
+        flags = fcntl.fcntl(handle.fd, fcntl.F_GETFL)
+        seen.append((bool(flags & os.O_DIRECT), os.fstat(handle.fd).st_size))
+
+    result = _receive(tmp_path, body, boundary, on_piece)
+    assert all(is_direct for is_direct, _ in seen), seen
+    # The file grows by whole buffers while the body is still arriving (not all at the end).
+    sizes = [size for _, size in seen]
+    assert sizes[len(sizes) // 2] >= service.upload.DIRECT_WRITE_BYTES, sizes
+    assert result.path.read_bytes() == model and result.sha256 == hashlib.sha256(model).hexdigest()
+
+
+@pytest.mark.parametrize("size", [0, 1, 4095, 4096, 4097, 1024 * 1024, 1024 * 1024 + 1, 3 * 1024 * 1024 - 7])
+def test_staged_file_writes_every_size_whole(tmp_path, size):
+    """Empty, under one block, one block, one buffer, a buffer and a byte: the bytes on disk are the bytes
+    written, whatever part of them went through O_DIRECT."""
+    import os
+
+    data = np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8).tobytes()
+    path = tmp_path / "staged"
+    staged = service.upload.StagedFile(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))
+    view = memoryview(data)
+    for offset in range(0, size, 65_521):  # pieces that never line up with a block
+        staged.write(view[offset : offset + 65_521])
+    staged.commit()
+    assert path.read_bytes() == data
+
+
+def test_without_o_direct_a_large_upload_is_made_durable_every_few_mib(tmp_path, monkeypatch):
+    """Where O_DIRECT is refused, the upload is written through the page cache and fdatasynced every
+    ``SYNC_EVERY_BYTES`` on the way (so a small submit's own fsync never waits behind all of it)."""
     synced: list[int] = []
     fdatasync = service.upload.os.fdatasync
 
@@ -76,16 +142,37 @@ def test_a_large_upload_is_made_durable_as_it_arrives_not_only_at_the_end(tmp_pa
         synced.append(fd)
         return fdatasync(fd)
 
+    monkeypatch.setattr(service.upload, "_try_direct", lambda fd: False)
     monkeypatch.setattr(service.upload.os, "fdatasync", counting)
     model = large_onnx(3 * service.upload.SYNC_EVERY_BYTES + 4321)
-    boundary = b"flexdsa-test-boundary"
-    body = (
-        b"--" + boundary + b'\r\nContent-Disposition: form-data; name="model"; filename="m.onnx"\r\n\r\n'
-        + model + b"\r\n--" + boundary + b"--\r\n"
-    )
-    receiver = service.upload._FormReceiver(tmp_path, limit=len(body))
-    parser = MultipartParser(boundary, receiver.callbacks())
-    service.upload._feed(parser, [body[i : i + HANDOFF_BYTES] for i in range(0, len(body), HANDOFF_BYTES)])
-    result = receiver.finish()
+    boundary, body = _multipart(model)
+    result = _receive(tmp_path, body, boundary)
     assert len(synced) >= 2, synced  # about one per SYNC_EVERY_BYTES (the final fsync is apart)
     assert result.path.read_bytes() == model and result.sha256 == hashlib.sha256(model).hexdigest()
+
+
+def test_a_write_o_direct_refuses_falls_back_to_the_page_cache(tmp_path, monkeypatch):
+    """Some filesystems let O_DIRECT be set and refuse the write itself (EINVAL): the first buffer is written
+    again through the page cache and the upload goes on."""
+    import errno
+    import os
+
+    calls = {"n": 0}
+    write = os.write
+
+    def refusing_once(fd, data):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return write(fd, data)
+
+    monkeypatch.setattr(service.upload.os, "write", refusing_once)
+    data = np.random.default_rng(3).integers(0, 256, 2 * service.upload.DIRECT_WRITE_BYTES + 99, dtype=np.uint8).tobytes()
+    path = tmp_path / "staged"
+    staged = service.upload.StagedFile(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))
+    if not staged._direct:
+        staged.close()
+        pytest.skip("this filesystem refuses O_DIRECT outright")
+    staged.write(memoryview(data))
+    staged.commit()
+    assert path.read_bytes() == data and not staged._direct
