@@ -8,8 +8,8 @@ In one run, on loopback:
    on a shared machine moves it);
 2. **the load generator's own ceiling**: the same uploads, sent the same way, into sockets that discard
    them (the most this harness could show of any server);
-3. **the service**: ``uvicorn service.app:create_app`` on embedded defaults with the worker switched off
-   (``FLEXDSA_EMBEDDED_WORKER=false``: only the API works, as in the issue's measurement). From a second
+3. **the service**: ``flexdsa serve --workers 2`` (``--workers N``) on embedded defaults with the worker
+   switched off (``FLEXDSA_EMBEDDED_WORKER=false``: only the API works, as in the issue's measurement). From a second
    process, ``--clients`` clients each upload a distinct ``--model-mb`` model at once (pre-encoded requests
    sent with ``sendall``, each on its own connection) while a third process, an httpx client, submits a 1 KB
    model every 100 ms; it prints the probe's latency (p50/p95/p99, and the same probe on the idle service
@@ -387,7 +387,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-seconds", type=float, default=300)
     parser.add_argument(
-        "--workers", type=int, default=1, help="API processes (`flexdsa serve --workers N`), default 1"
+        "--workers", type=int, default=2,
+        help="API processes (`flexdsa serve --workers N`); default 2, as docker-compose.yml runs it",
     )
     parser.add_argument(
         "--no-floor", dest="floor", action="store_false",
