@@ -93,7 +93,15 @@ from flexdsa_core.op_costs import (  # noqa: F401 - re-exported: the cost contra
     op_cost,
     work,
 )
-from flexdsa_core.significance import KERNEL_MIN_EFFECT, MIN_ROUNDS, Comparison, paired, settled_early
+from flexdsa_core.significance import (
+    KERNEL_MIN_EFFECT,
+    MIN_ROUNDS,
+    Comparison,
+    Question,
+    paired,
+    settled_early,
+    straddles,
+)
 from flexdsa_core.targets.spec import TargetSpec, op_key
 from flexdsa_core.validate import guarded_run
 from flexdsa_core.version import __version__
@@ -116,12 +124,6 @@ BORDERLINE_BUDGET_FACTOR = 4
 # Rounds after which a side-by-side timing may stop before its budget, when its verdict is already plain
 # (``significance.settled_early``): few looks, each at a stricter confidence than the verdict's.
 EARLY_LOOKS = frozenset({MIN_ROUNDS, 19, 29})
-
-
-def _straddles(comparison: Comparison) -> bool:
-    """The interval holds a verdict threshold (1 - min_effect or 1 + min_effect) inside it."""
-    low, high, effect = comparison.low, comparison.high, comparison.min_effect
-    return low <= 1.0 + effect < high or low < 1.0 - effect <= high
 
 
 class CostModel:
@@ -241,6 +243,7 @@ class CostModel:
         opsets: Mapping[str, int] | None = None,
         shapes: Mapping[ir.Value, TensorInfo] | None = None,
         min_effect: float = KERNEL_MIN_EFFECT,
+        question: Question = "both",
     ) -> Comparison | None:
         """Two node sets timed side by side and compared with a confidence bound (``significance.paired``):
         each round runs every kernel of both sets once (in alternating order), so that load on a shared
@@ -248,7 +251,8 @@ class CostModel:
         budgets. Per kernel and round the same figure as a measurement (run time less the empty run, plus
         ``launch_overhead_s``). None when not measuring or a kernel cannot be run alone. Cached like a
         measurement, under the pair of kernel keys: the same choice at twelve identical layers, or in the
-        next job, is timed once and decided the same way."""
+        next job, is timed once and decided the same way. ``question``: the threshold that can change the
+        caller's decision (``significance``); timing stops once that one is settled."""
         if not self.measuring:
             return None
         started = time.perf_counter()
@@ -267,7 +271,7 @@ class CostModel:
         keys = ([], [])
         for side, node, view, opset, _ in kernels:
             keys[side].append(self._key(node, view, opset))
-        key = self.pair_key(*keys, min_effect=min_effect)
+        key = self.pair_key(*keys, min_effect=min_effect, question=question)
         entry = self._cache_get(key)
         if entry is not None:
             return Comparison.from_dict(entry)
@@ -313,14 +317,17 @@ class CostModel:
             len(samples) < 50 and time.perf_counter() - timing_started < budget
         ):
             one_round()
-            if len(samples) in EARLY_LOOKS and settled_early(*per_round(), min_effect=min_effect):
+            if len(samples) in EARLY_LOOKS and settled_early(
+                *per_round(), min_effect=min_effect, question=question
+            ):
                 break
         comparison = paired(*per_round(), min_effect=min_effect)
         # An interval that straddles a threshold would let the verdict follow noise from one cold run to the
         # next (seen: SkipLayerNormalization at 1.2-1.3x, its bound either side of 1.1). More rounds narrow it
-        # onto one side unless the effect really sits on the threshold; bounded by rounds and time.
+        # onto one side unless the effect really sits on the threshold; bounded by rounds and time. Only the
+        # threshold the caller's decision turns on counts (``question``).
         while (
-            _straddles(comparison)
+            straddles(comparison, question)
             and len(samples) < BORDERLINE_MAX_ROUNDS
             and time.perf_counter() - timing_started < BORDERLINE_BUDGET_FACTOR * budget
         ):
@@ -333,13 +340,24 @@ class CostModel:
         return comparison
 
     def pair_key(
-        self, first: Sequence[str], second: Sequence[str], *, min_effect: float = KERNEL_MIN_EFFECT
+        self,
+        first: Sequence[str],
+        second: Sequence[str],
+        *,
+        min_effect: float = KERNEL_MIN_EFFECT,
+        question: Question = "both",
     ) -> str:
         """The cache key of a side-by-side comparison of two sets of kernels (their ``kernel_key``s)."""
         pair = [[0, key] for key in first] + [[1, key] for key in second]
         # "empty": where the fixed cost of a run comes from; a comparison cached before it was timed in the
         # same rounds (issue 8) may hold a verdict that followed the machine's state, so it is not reused.
-        paired_how = {"min_effect": min_effect, "min_rounds": MIN_ROUNDS, "empty": "in_round"}
+        # "question": a comparison stopped once one threshold was settled does not answer the other.
+        paired_how = {
+            "min_effect": min_effect,
+            "min_rounds": MIN_ROUNDS,
+            "empty": "in_round",
+            "question": question,
+        }
         return kernel_key(
             {"compare": pair, "paired": paired_how},
             self.target.name, self.target.version, self.compiler_version,

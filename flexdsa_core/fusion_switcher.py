@@ -307,8 +307,11 @@ class FusionSwitcher:
     def _drive(self, model: ir.Model, rule: FusionRule) -> _RuleRun:
         run = _RuleRun()
 
+        # Alternatives are ranked by their significant gains (``_score``): both thresholds count there.
+        both = rule.alternatives is not None
+
         def decide(rewrite_rule: RewriteRule, delta) -> _Judgement:
-            judgement = self._judge(model, rewrite_rule, delta)
+            judgement = self._judge(model, rewrite_rule, delta, both_thresholds=both)
             if judgement.taken:
                 for earlier in (n.metadata_props.get(RULE_TAG) for n in removed_nodes(rewrite_rule, delta)):
                     if earlier and earlier != rule.name:  # an earlier fusion's node folded into this one
@@ -325,7 +328,9 @@ class FusionSwitcher:
         )
         return run
 
-    def _judge(self, model: ir.Model, rewrite_rule: RewriteRule, delta) -> _Judgement:
+    def _judge(
+        self, model: ir.Model, rewrite_rule: RewriteRule, delta, *, both_thresholds: bool = True
+    ) -> _Judgement:
         removed = removed_nodes(rewrite_rule, delta)
         added = list(delta.new_nodes)
         kind = f"{_ops_text(removed)} -> {_ops_text(added)}"
@@ -335,17 +340,28 @@ class FusionSwitcher:
             return _Judgement(False, f"refused: target {self.target.name} has no {', '.join(missing)}", kind)
         carry_output_types(delta)
         opsets = model.opset_imports
+        # The work (FLOPs, bytes, kernels) from the shapes; the seconds below from the side-by-side timing, or,
+        # where the two sides cannot be timed together, from each kernel alone.
+        before = self.cost_model.nodes_cost(
+            removed, opsets=opsets, shapes=self._known_shapes(removed), measure=False
+        )
+        after = self.cost_model.nodes_cost(
+            added, opsets=opsets, shapes=self._known_shapes(added), measure=False
+        )
         comparison = None
         if self.cost_model.measuring:
             shapes = {**self._known_shapes(removed), **self._known_shapes(added)}
-            comparison = self.cost_model.compare_paired(removed, added, opsets=opsets, shapes=shapes)
-        # Timed side by side, each kernel alone need not be timed as well: the two sides' seconds come from
-        # the comparison, the work (FLOPs, bytes, kernels) from the shapes.
-        measure = comparison is None
-        before = self.cost_model.nodes_cost(
-            removed, opsets=opsets, shapes=self._known_shapes(removed), measure=measure
-        )
-        after = self.cost_model.nodes_cost(added, opsets=opsets, shapes=self._known_shapes(added), measure=measure)
+            # The one threshold this decision turns on (``_pays``): a rewrite that leaves fewer kernels is taken
+            # unless significantly slower, any other only when significantly faster.
+            question = "both" if both_thresholds else "slower" if after.kernels < before.kernels else "faster"
+            comparison = self.cost_model.compare_paired(
+                removed, added, opsets=opsets, shapes=shapes, question=question
+            )
+            if comparison is None:
+                before = self.cost_model.nodes_cost(
+                    removed, opsets=opsets, shapes=self._known_shapes(removed)
+                )
+                after = self.cost_model.nodes_cost(added, opsets=opsets, shapes=self._known_shapes(added))
         if comparison is not None:
             before = replace(before, seconds=comparison.first_s, measured=before.kernels)
             after = replace(after, seconds=comparison.second_s, measured=after.kernels)
@@ -521,4 +537,3 @@ def _by_kind(judgements: Sequence[_Judgement]) -> list[dict]:
             }
         )
     return sorted(lines, key=lambda line: -line["count"])
-

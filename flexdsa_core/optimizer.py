@@ -62,7 +62,14 @@ from flexdsa_core.preflight import check_buckets, check_disabled, refuse_impossi
 from flexdsa_core.report import build_report, render_summary, report_summary
 from flexdsa_core.serialized import kept_bytes, model_bytes, serialization_scope
 from flexdsa_core.shape_tracker import Bucket, ShapeTracker
-from flexdsa_core.significance import MIN_ROUNDS, MODEL_MIN_EFFECT, Comparison, paired, settled_early
+from flexdsa_core.significance import (
+    MIN_ROUNDS,
+    MODEL_MIN_EFFECT,
+    Comparison,
+    Question,
+    paired,
+    settled_early,
+)
 from flexdsa_core.subgraph_mapper import SubgraphMapper
 from flexdsa_core.targets import BucketModel, PlatformAdapter, TargetSpec, get_adapter, load_target, op_key
 from flexdsa_core.targets.accelerator import AcceleratorAdapter
@@ -867,12 +874,14 @@ class FlexDSAOptimizer:
                 "optimized": self._model_source(candidate.buckets[0].model),
             }
             digests = {name: digest(source) for name, source in models.items()}
-            key = _comparison_key(self.target, digests, feeds, rounds, interleave)
+            # Against the original only "slower?" decides anything; the fastest-variant switch needs "faster".
+            question = "slower" if reference is None else "both"
+            key = _comparison_key(self.target, digests, feeds, rounds, interleave, question)
             comparison = _cached_comparison(cache, key)
             if comparison is not None:
                 reused.add(id(comparison))
             else:
-                comparison = _sequential_comparison(models, feeds, rounds, interleave, self.clock)
+                comparison = _sequential_comparison(models, feeds, rounds, interleave, self.clock, question)
                 if comparison.verdict != "slower" and cache is not None:
                     cache.put(key, json.dumps(comparison.as_dict()).encode())
             if reference is None:
@@ -963,9 +972,17 @@ def _sha256(source: bytes | Path) -> str:
     return hashlib.sha256(source).hexdigest()
 
 
-def _comparison_key(target: TargetSpec, digests: dict, feeds: dict, rounds: int, interleave: bool) -> str:
+def _comparison_key(
+    target: TargetSpec,
+    digests: dict,
+    feeds: dict,
+    rounds: int,
+    interleave: bool,
+    question: Question = "slower",
+) -> str:
     """What a whole-model comparison's verdict rests on: both models' bytes (``digests``: name -> sha256),
-    the inputs' shapes and values, the rounds asked for, the runtime and this machine."""
+    the inputs' shapes and values, the rounds asked for, the question its early stop answered, the runtime
+    and this machine."""
     canonical = {
         "model_comparison": dict(sorted(digests.items())),
         "feeds": {name: [list(a.shape), a.dtype.name, hashlib.sha256(a.tobytes()).hexdigest()]
@@ -973,6 +990,7 @@ def _comparison_key(target: TargetSpec, digests: dict, feeds: dict, rounds: int,
         "rounds": rounds,
         "min_effect": MODEL_MIN_EFFECT,
         "interleave": interleave,
+        "question": question,
         "runtime": {"ort": ort.__version__, "level": "all", "threads": 1},
         "machine": machine_fingerprint(),
     }
@@ -989,10 +1007,17 @@ def _cached_comparison(cache, key: str) -> Comparison | None:
         return None
 
 
-def _sequential_comparison(models, feeds, rounds: int, interleave: bool, clock: ModelClock) -> Comparison:
+# Rounds at which a whole-model comparison may stop before ``rounds`` (``significance.settled_early``, 99%).
+MODEL_EARLY_LOOKS = (MIN_ROUNDS, 14)
+
+
+def _sequential_comparison(
+    models, feeds, rounds: int, interleave: bool, clock: ModelClock, question: Question = "slower"
+) -> Comparison:
     """Paired rounds of ``models['optimized']`` against ``models['original']``, each loaded once for the
-    whole comparison. Stops after ``MIN_ROUNDS`` when the verdict is already plain
-    (``significance.settled_early``), else runs ``rounds``; while the interval still straddles the
+    whole comparison. Stops at a look of ``MODEL_EARLY_LOOKS`` when the answer to ``question`` is already
+    plain (``significance.settled_early``: "slower?" for the never-slower check, where a model at 0.98x
+    need not be timed until "faster" is settled too), else runs ``rounds``; while the interval still straddles the
     slower-threshold, more rounds in the same sessions (up to 8x, ~3 s): a verdict near the threshold settles
     on the truth instead of following the noise of one short measurement. Each comparison opens its own
     sessions, so that the re-measurement before a rollback is independent of the first (a session's
@@ -1007,8 +1032,14 @@ def _sequential_comparison(models, feeds, rounds: int, interleave: bool, clock: 
     else:
         timer = clock.rounds(models, feeds)
         samples = timer.more(MIN_ROUNDS)
-        if not settled_early(samples["original"], samples["optimized"], min_effect=MODEL_MIN_EFFECT):
-            timer.more(rounds - MIN_ROUNDS)
+        for look in (*MODEL_EARLY_LOOKS[1:], rounds):
+            done = len(samples["original"])
+            settled = settled_early(
+                samples["original"], samples["optimized"], min_effect=MODEL_MIN_EFFECT, question=question
+            )
+            if settled or done >= rounds:
+                break
+            samples = timer.more(min(look, rounds) - done)
 
         def more(count: int) -> None:
             timer.more(count)
