@@ -67,6 +67,7 @@ import onnx
 import onnx_ir as ir
 import onnxruntime as ort
 
+from flexdsa_core import in_memory
 from flexdsa_core.cache import CacheStats, KernelCache, LRUCache, kernel_key
 from flexdsa_core.kernel_timing import (  # noqa: F401 - machine_fingerprint, measure_sgemm_peak, _timed re-exported
     _LEVELS,
@@ -79,6 +80,7 @@ from flexdsa_core.kernel_timing import (  # noqa: F401 - machine_fingerprint, me
     _random_array,
     _session_options,
     _single_node_model,
+    _single_node_session,
     _steady,
     _thread_empty_runner,
     _time_beside_empty,
@@ -218,6 +220,32 @@ class CostModel:
         known = dict(shapes or {})
         known.update(self.infer_shapes(nodes, opsets=opsets, known=known))
         return sum((self.node_cost(n, opsets=opsets, shapes=known, measure=measure) for n in nodes), Cost())
+
+    def nodes_work(
+        self,
+        nodes: Iterable[ir.Node],
+        *,
+        opsets: Mapping[str, int] | None = None,
+        shapes: Mapping[ir.Value, TensorInfo] | None = None,
+    ) -> Cost:
+        """The work of a set of nodes (FLOPs, bytes, kernels; shapes found as ``nodes_cost`` finds them) with no
+        seconds or joules: for a caller that timed the nodes itself (the Fusion Switcher's side-by-side
+        comparisons), so nothing is measured or costed by a roofline (whose host rates take 0.25 s to measure)."""
+        nodes = list(nodes)
+        known = dict(shapes or {})
+        known.update(self.infer_shapes(nodes, opsets=opsets, known=known))
+        total = Cost(seconds=None, joules=None)
+        for node in nodes:
+            if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
+                continue
+            view = self._view(node, known)
+            if view is None:
+                self._note(f"{node.op_type}: input shapes unknown; costed as one launch")
+                total += Cost(seconds=None, joules=None, kernels=1)
+                continue
+            base = work(view)
+            total += Cost(base.flops, base.bytes, seconds=None, joules=None, kernels=1)
+        return total
 
     def graph_cost(self, model: ir.Model) -> Cost:
         """Cost of the model's main graph (subgraphs of control-flow nodes are not descended into)."""
@@ -474,9 +502,14 @@ class CostModel:
         started = time.perf_counter()
         dim_before = self.representative_dim
         proto_nodes, graph_inputs, initializers, fed = [], [], [], []
+        weights: dict[str, ir.TensorProtocol] = {}  # large constants, handed to ONNX Runtime from memory
         for value in external:
             info = infos[value]
-            if value.const_value is not None:
+            if value.const_value is not None and value.const_value.nbytes >= in_memory.EXTERNAL_MIN_BYTES:
+                weights[names[value]] = value.const_value
+                tensor = value.const_value
+                initializers.append(in_memory.declare(names[value], tensor.dtype.numpy(), tensor.shape.numpy()))
+            elif value.const_value is not None:
                 initializers.append(onnx.numpy_helper.from_array(value.const_value.numpy(), names[value]))
             else:
                 elem = onnx.helper.np_dtype_to_tensor_dtype(np.dtype(info.dtype))
@@ -496,7 +529,7 @@ class CostModel:
         model = onnx.helper.make_model(
             graph, opset_imports=[onnx.helper.make_opsetid(d, v) for d, v in opsets.items()], ir_version=10
         )
-        arrays = self._probe(model, outputs, fed, names, known, nodes)
+        arrays = self._probe(model, outputs, fed, names, known, nodes, weights)
         self.probe_stats["run"] += 1
         results = None if arrays is None else [_probed(array) for array in arrays]
         if key is not None:
@@ -531,7 +564,7 @@ class CostModel:
         except Exception:  # noqa: BLE001 - a broken cache is a cache that misses
             self._note("kernel cache refused a write; measurements are not shared")
 
-    def _probe(self, model, outputs, fed, names, known, nodes) -> list | None:
+    def _probe(self, model, outputs, fed, names, known, nodes, weights=None) -> list | None:
         """Run the probe model; where symbolic dims are fed, retry with smaller representative values
         if the model refuses the current one (keeping the first that works for all later costing)."""
         symbolic = any(v not in known and not _is_static(v) for v in fed)
@@ -539,11 +572,7 @@ class CostModel:
         if symbolic:
             candidates += [d for d in (64, 32, 16, 8) if d < self.representative_dim]
         try:
-            session = ort.InferenceSession(
-                model.SerializeToString(),
-                _session_options(_LEVELS["disabled"]),
-                providers=["CPUExecutionProvider"],
-            )
+            session = in_memory.session_with(model, weights or {}, _session_options(_LEVELS["disabled"]))
         except Exception as error:  # noqa: BLE001 - ORT raises many types; an unknown shape is not fatal
             self._note(f"could not infer shapes: {str(error).splitlines()[0][:160]}")
             return None
@@ -731,7 +760,7 @@ class CostModel:
             name = f"i{index}" if value is not None else ""
             constant = None
             if value is not None and value.const_value is not None:
-                constant = value.const_value.numpy()
+                constant = value.const_value  # handed to ONNX Runtime from memory when large (``in_memory``)
             elif value is not None and info is not None:
                 known = info.value is not None
                 try:
@@ -744,12 +773,9 @@ class CostModel:
         outputs = [f"o{index}" if live else "" for index, live in enumerate(_live_outputs(node))]
         proto = _node_proto(node, [name for name, _, _ in inputs], outputs)
         domains = {"": opsets.get("", _DEFAULT_OPSETS[""]), node.domain: opset}
-        model = _single_node_model(proto, inputs, [o for o in outputs if o], domains)
         try:
-            session = ort.InferenceSession(
-                model.SerializeToString(),
-                _session_options(_LEVELS[self.ort_level]),
-                providers=["CPUExecutionProvider"],
+            session = _single_node_session(
+                proto, inputs, [o for o in outputs if o], domains, _LEVELS[self.ort_level]
             )
             return _bound_runner(session, feeds)
         except Exception as error:  # noqa: BLE001 - any ORT failure means "not measurable alone"

@@ -340,28 +340,24 @@ class FusionSwitcher:
             return _Judgement(False, f"refused: target {self.target.name} has no {', '.join(missing)}", kind)
         carry_output_types(delta)
         opsets = model.opset_imports
-        # The work (FLOPs, bytes, kernels) from the shapes; the seconds below from the side-by-side timing, or,
-        # where the two sides cannot be timed together, from each kernel alone.
-        before = self.cost_model.nodes_cost(
-            removed, opsets=opsets, shapes=self._known_shapes(removed), measure=False
-        )
-        after = self.cost_model.nodes_cost(
-            added, opsets=opsets, shapes=self._known_shapes(added), measure=False
-        )
         comparison = None
         if self.cost_model.measuring:
             shapes = {**self._known_shapes(removed), **self._known_shapes(added)}
             # The one threshold this decision turns on (``_pays``): a rewrite that leaves fewer kernels is taken
             # unless significantly slower, any other only when significantly faster.
-            question = "both" if both_thresholds else "slower" if after.kernels < before.kernels else "faster"
+            fewer = _kernels(added) < _kernels(removed)
+            question = "both" if both_thresholds else "slower" if fewer else "faster"
             comparison = self.cost_model.compare_paired(
                 removed, added, opsets=opsets, shapes=shapes, question=question
             )
-            if comparison is None:
-                before = self.cost_model.nodes_cost(
-                    removed, opsets=opsets, shapes=self._known_shapes(removed)
-                )
-                after = self.cost_model.nodes_cost(added, opsets=opsets, shapes=self._known_shapes(added))
+        if comparison is not None:
+            # Timed side by side, each kernel alone need not be timed as well, nor costed by a roofline: the
+            # two sides' seconds come from the comparison, the work (FLOPs, bytes, kernels) from the shapes.
+            before = self.cost_model.nodes_work(removed, opsets=opsets, shapes=self._known_shapes(removed))
+            after = self.cost_model.nodes_work(added, opsets=opsets, shapes=self._known_shapes(added))
+        else:
+            before = self.cost_model.nodes_cost(removed, opsets=opsets, shapes=self._known_shapes(removed))
+            after = self.cost_model.nodes_cost(added, opsets=opsets, shapes=self._known_shapes(added))
         if comparison is not None:
             before = replace(before, seconds=comparison.first_s, measured=before.kernels)
             after = replace(after, seconds=comparison.second_s, measured=after.kernels)
@@ -439,6 +435,11 @@ def _label(before: Cost, after: Cost, comparison) -> str:
 
 def _is_constant(node: ir.Node) -> bool:
     return node.op_type == "Constant" and node.domain in ("", "ai.onnx")
+
+
+def _kernels(nodes: Sequence[ir.Node]) -> int:
+    """Kernels a node set runs, as ``CostModel`` counts them: every node but a Constant."""
+    return sum(1 for node in nodes if not _is_constant(node))
 
 
 def _ops_text(nodes: Sequence[ir.Node]) -> str:
