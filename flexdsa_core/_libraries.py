@@ -19,6 +19,7 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 from onnxscript.rewriter import _ir_utils
+from onnxscript.rewriter._pattern_ir import StringConstantPattern
 
 # onnxscript's rule classes, which our conv_bn and matmul_gemm rules subclass for the pattern and the
 # checks they already make; the library exports only instances of them (``fuse_batchnorm_into_conv_rule``).
@@ -87,15 +88,20 @@ def has_rank(value: ir.Value | None, rank: int) -> bool:
 def rule_root_op_type(rule) -> str | None:
     """The op type of the node an onnxscript ``RewriteRule``'s pattern ends at (the node ``try_rewrite`` is
     handed; the first output node of a multi-output pattern), or None when the pattern leaves it open.
-    Reads ``RewriteRule._target_pattern.output_nodes[0].op_identifier()``: a node of another op type fails
-    that rule's match at its first check (``NodePattern.matches`` compares the op type before anything), so
-    the driver need not try it."""
+    Reads ``RewriteRule._target_pattern.output_nodes[0]``: its ``op_identifier()``, or where that is None
+    (the variants ``commute=True`` clones, whose op is kept as a ``StringConstantPattern``; half the
+    variants in our library) its ``op`` pattern's fixed value. A node of another op type fails that rule's
+    match at its first check (``NodePattern.matches`` compares the op type before anything), so the driver
+    need not try it."""
     pattern = getattr(rule, "_target_pattern", None)
     nodes = getattr(pattern, "output_nodes", None)
     if not nodes:
         return None
     identifier = nodes[0].op_identifier()
-    return None if identifier is None else identifier[1]
+    if identifier is not None:
+        return identifier[1]
+    op = getattr(nodes[0], "op", None)
+    return op.value() if isinstance(op, StringConstantPattern) else None
 
 
 def sympy_expression(dim: ir.SymbolicDim):

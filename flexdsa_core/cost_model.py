@@ -365,7 +365,9 @@ class CostModel:
         elapsed = time.perf_counter() - started
         self.measure_seconds += elapsed
         self._cache_put(key, {**comparison.as_dict(), "measure_s": elapsed})
-        return comparison
+        # Decided on what the cache holds (ratios rounded to 4 places), so that the next job reading it decides
+        # the same even where a bound sits within rounding of a threshold.
+        return Comparison.from_dict(comparison.as_dict())
 
     def pair_key(
         self,

@@ -114,11 +114,12 @@ class InMemoryModel:
     weights: Mapping[str, ir.TensorProtocol | np.ndarray]
 
     @staticmethod
-    def from_ir(model: ir.Model) -> InMemoryModel:
+    def from_ir(model: ir.Model, *, finished: bool = True) -> InMemoryModel:
         """``model`` with its large main-graph initializers in memory. While it is serialised those
-        initializers stand as external declarations (put back before this returns). Within ``arrays_scope``
-        made once per model (validation and the latency check load the same finished model)."""
-        kept = _arrays.get()
+        initializers stand as external declarations (put back before this returns). A ``finished`` model
+        (nothing changes it any more) is made once within ``arrays_scope``: validation and the latency check
+        load the same one."""
+        kept = _arrays.get() if finished else None
         entry = kept.models.get(id(model)) if kept is not None else None
         if entry is not None and entry[0] is model:
             return entry[1]

@@ -926,6 +926,8 @@ class FlexDSAOptimizer:
                 comparison = _sequential_comparison(
                     models, feeds, rounds, interleave, self.clock, question, in_memory=loaded
                 )
+                # As the kernel cache will hold it (rounded): a later job reading it decides the same.
+                comparison = Comparison.from_dict(comparison.as_dict())
                 if comparison.verdict != "slower" and cache is not None:
                     cache.put(key, json.dumps(comparison.as_dict()).encode())
             if against is None:

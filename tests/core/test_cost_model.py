@@ -390,3 +390,14 @@ def test_a_comparison_stops_once_the_threshold_its_caller_asks_about_is_settled(
     both, slower = answers["both"], answers["slower"]
     assert both.verdict == slower.verdict == "tie"
     assert slower.rounds == MIN_ROUNDS < both.rounds, (slower, both)
+
+
+def test_a_fresh_comparison_is_the_one_the_next_job_reads_from_the_cache():
+    """The cache keeps ratios to 4 places; a bound within rounding of a threshold must not decide one way in
+    the job that timed it and the other in the next one that reads it."""
+    unfused, fused = _add_layer_norm_and_its_fusion()
+    opsets = {"": 17, "com.microsoft": 1}
+    cache = LRUCache()
+    fresh = CostModel(load_target("cpu-ort"), cache=cache).compare_paired(unfused, fused, opsets=opsets)
+    read = CostModel(load_target("cpu-ort"), cache=cache).compare_paired(unfused, fused, opsets=opsets)
+    assert fresh == read and fresh.low == round(fresh.low, 4)
