@@ -67,8 +67,8 @@ import onnx
 import onnx_ir as ir
 import onnxruntime as ort
 
-from flexdsa_core import in_memory
 from flexdsa_core.cache import CacheStats, KernelCache, LRUCache, kernel_key
+from flexdsa_core.in_memory import EXTERNAL_MIN_BYTES, declare, session_with
 from flexdsa_core.kernel_timing import (  # noqa: F401 - machine_fingerprint, measure_sgemm_peak, _timed re-exported
     _LEVELS,
     Timer,
@@ -507,10 +507,10 @@ class CostModel:
         weights: dict[str, ir.TensorProtocol] = {}  # large constants, handed to ONNX Runtime from memory
         for value in external:
             info = infos[value]
-            if value.const_value is not None and value.const_value.nbytes >= in_memory.EXTERNAL_MIN_BYTES:
+            if value.const_value is not None and value.const_value.nbytes >= EXTERNAL_MIN_BYTES:
                 weights[names[value]] = value.const_value
                 tensor = value.const_value
-                initializers.append(in_memory.declare(names[value], tensor.dtype.numpy(), tensor.shape.numpy()))
+                initializers.append(declare(names[value], tensor.dtype.numpy(), tensor.shape.numpy()))
             elif value.const_value is not None:
                 initializers.append(onnx.numpy_helper.from_array(value.const_value.numpy(), names[value]))
             else:
@@ -574,7 +574,7 @@ class CostModel:
         if symbolic:
             candidates += [d for d in (64, 32, 16, 8) if d < self.representative_dim]
         try:
-            session = in_memory.session_with(model, weights or {}, _session_options(_LEVELS["disabled"]))
+            session = session_with(model, weights or {}, _session_options(_LEVELS["disabled"]))
         except Exception as error:  # noqa: BLE001 - ORT raises many types; an unknown shape is not fatal
             self._note(f"could not infer shapes: {str(error).splitlines()[0][:160]}")
             return None
@@ -889,6 +889,8 @@ def _attr_value(attr: ir.Attr) -> object:
 
 
 def _canonical_attr(value: object) -> object:
+    if isinstance(value, int | str | bytes) or value is None:
+        return value  # the common case, settled before the Protocol check below (slow: 0.1 s a compile)
     if isinstance(value, ir.TensorProtocol):
         array = value.numpy()
         described = {"tensor": array.dtype.name, "shape": list(array.shape)}

@@ -27,7 +27,7 @@ import onnx
 import onnx_ir as ir
 import onnxruntime as ort
 
-from flexdsa_core import in_memory
+from flexdsa_core.in_memory import EXTERNAL_MIN_BYTES, declare, session_with
 from flexdsa_core.op_costs import TensorInfo
 
 
@@ -175,9 +175,9 @@ def _single_node_model(
     for name, info, constant in inputs:
         if info is None or not name:
             continue
-        if constant is not None and weights is not None and _nbytes(constant) >= in_memory.EXTERNAL_MIN_BYTES:
+        if constant is not None and weights is not None and _nbytes(constant) >= EXTERNAL_MIN_BYTES:
             weights[name] = constant
-            initializers.append(in_memory.declare(name, _dtype_of(constant), constant.shape))
+            initializers.append(declare(name, _dtype_of(constant), constant.shape))
         elif constant is not None:
             array = constant if isinstance(constant, np.ndarray) else constant.numpy()
             initializers.append(onnx.numpy_helper.from_array(np.asarray(array), name))
@@ -205,7 +205,7 @@ def _single_node_session(
     through a protobuf a 154 MB weight cost 1.1-1.3 s a session (several copies), in memory one."""
     weights: dict = {}
     model = _single_node_model(node_proto, inputs, outputs, opsets, weights)
-    return in_memory.session_with(model, weights, _session_options(level))
+    return session_with(model, weights, _session_options(level))
 
 
 def _nbytes(constant) -> int:
