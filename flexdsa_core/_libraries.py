@@ -18,7 +18,9 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnx_ir as ir
+from onnxscript.optimizer import _constant_folding
 from onnxscript.rewriter import _ir_utils
+from onnxscript.rewriter._pattern_ir import StringConstantPattern
 
 # onnxscript's rule classes, which our conv_bn and matmul_gemm rules subclass for the pattern and the
 # checks they already make; the library exports only instances of them (``fuse_batchnorm_into_conv_rule``).
@@ -38,6 +40,7 @@ __all__ = [
     "FuseBatchNormIntoConv",
     "FuseBatchNormIntoConvTranspose",
     "FuseBatchNormIntoGemm",
+    "KnownShapesFoldConstantsPass",
     "MatMulAddToGemm",
     "TransABMatMulAddToGemm",
     "TransAMatMulAddToGemm",
@@ -87,15 +90,46 @@ def has_rank(value: ir.Value | None, rank: int) -> bool:
 def rule_root_op_type(rule) -> str | None:
     """The op type of the node an onnxscript ``RewriteRule``'s pattern ends at (the node ``try_rewrite`` is
     handed; the first output node of a multi-output pattern), or None when the pattern leaves it open.
-    Reads ``RewriteRule._target_pattern.output_nodes[0].op_identifier()``: a node of another op type fails
-    that rule's match at its first check (``NodePattern.matches`` compares the op type before anything), so
-    the driver need not try it."""
+    Reads ``RewriteRule._target_pattern.output_nodes[0]``: its ``op_identifier()``, or where that is None
+    (the variants ``commute=True`` clones, whose op is kept as a ``StringConstantPattern``; half the
+    variants in our library) its ``op`` pattern's fixed value. A node of another op type fails that rule's
+    match at its first check (``NodePattern.matches`` compares the op type before anything), so the driver
+    need not try it."""
     pattern = getattr(rule, "_target_pattern", None)
     nodes = getattr(pattern, "output_nodes", None)
     if not nodes:
         return None
     identifier = nodes[0].op_identifier()
-    return None if identifier is None else identifier[1]
+    if identifier is not None:
+        return identifier[1]
+    op = getattr(nodes[0], "op", None)
+    return op.value() if isinstance(op, StringConstantPattern) else None
+
+
+def _shape_known(value: ir.Value) -> bool:
+    """A type, and a shape whose every dim is a number or a named symbol (``unk__N``: ONNX's "don't know")."""
+    shape = value.shape
+    return (
+        value.type is not None
+        and shape is not None
+        and all(
+            isinstance(dim, int) or (dim.value is not None and not str(dim.value).startswith("unk__")) for dim in shape
+        )
+    )
+
+
+class KnownShapesFoldConstantsPass(_constant_folding.FoldConstantsPass):
+    """onnxscript's constant folder (``fold_constants(onnx_shape_inference=True)``) whose incremental ONNX shape
+    inference skips a node whose outputs all have a type and a known shape (``_shape_known``). Overrides
+    ``FoldConstantsPass._do_inference(node)``, which infers one node's outputs and merges the answer into
+    shapes already there: where every dim is known it has nothing to add. The generic passes run the folder up
+    to 8 sweeps over a graph the Shape Tracker has already inferred; most of the per-node inference (serialising
+    the node and its input types for ``onnx.shape_inference.infer_node_outputs``) repeated what was known."""
+
+    def _do_inference(self, node: ir.Node) -> None:
+        if node.outputs and all(_shape_known(value) for value in node.outputs):
+            return
+        super()._do_inference(node)
 
 
 def sympy_expression(dim: ir.SymbolicDim):

@@ -68,6 +68,7 @@ import onnx_ir as ir
 import onnxruntime as ort
 
 from flexdsa_core.cache import CacheStats, KernelCache, LRUCache, kernel_key
+from flexdsa_core.in_memory import EXTERNAL_MIN_BYTES, declare, session_with
 from flexdsa_core.kernel_timing import (  # noqa: F401 - machine_fingerprint, measure_sgemm_peak, _timed re-exported
     _LEVELS,
     Timer,
@@ -79,6 +80,7 @@ from flexdsa_core.kernel_timing import (  # noqa: F401 - machine_fingerprint, me
     _random_array,
     _session_options,
     _single_node_model,
+    _single_node_session,
     _steady,
     _thread_empty_runner,
     _time_beside_empty,
@@ -93,7 +95,15 @@ from flexdsa_core.op_costs import (  # noqa: F401 - re-exported: the cost contra
     op_cost,
     work,
 )
-from flexdsa_core.significance import KERNEL_MIN_EFFECT, MIN_ROUNDS, Comparison, paired, settled_early
+from flexdsa_core.significance import (
+    KERNEL_MIN_EFFECT,
+    MIN_ROUNDS,
+    Comparison,
+    Question,
+    paired,
+    settled_early,
+    straddles,
+)
 from flexdsa_core.targets.spec import TargetSpec, op_key
 from flexdsa_core.validate import guarded_run
 from flexdsa_core.version import __version__
@@ -116,12 +126,6 @@ BORDERLINE_BUDGET_FACTOR = 4
 # Rounds after which a side-by-side timing may stop before its budget, when its verdict is already plain
 # (``significance.settled_early``): few looks, each at a stricter confidence than the verdict's.
 EARLY_LOOKS = frozenset({MIN_ROUNDS, 19, 29})
-
-
-def _straddles(comparison: Comparison) -> bool:
-    """The interval holds a verdict threshold (1 - min_effect or 1 + min_effect) inside it."""
-    low, high, effect = comparison.low, comparison.high, comparison.min_effect
-    return low <= 1.0 + effect < high or low < 1.0 - effect <= high
 
 
 class CostModel:
@@ -217,6 +221,32 @@ class CostModel:
         known.update(self.infer_shapes(nodes, opsets=opsets, known=known))
         return sum((self.node_cost(n, opsets=opsets, shapes=known, measure=measure) for n in nodes), Cost())
 
+    def nodes_work(
+        self,
+        nodes: Iterable[ir.Node],
+        *,
+        opsets: Mapping[str, int] | None = None,
+        shapes: Mapping[ir.Value, TensorInfo] | None = None,
+    ) -> Cost:
+        """The work of a set of nodes (FLOPs, bytes, kernels; shapes found as ``nodes_cost`` finds them) with no
+        seconds or joules: for a caller that timed the nodes itself (the Fusion Switcher's side-by-side
+        comparisons), so nothing is measured or costed by a roofline (whose host rates take 0.25 s to measure)."""
+        nodes = list(nodes)
+        known = dict(shapes or {})
+        known.update(self.infer_shapes(nodes, opsets=opsets, known=known))
+        total = Cost(seconds=None, joules=None)
+        for node in nodes:
+            if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
+                continue
+            view = self._view(node, known)
+            if view is None:
+                self._note(f"{node.op_type}: input shapes unknown; costed as one launch")
+                total += Cost(seconds=None, joules=None, kernels=1)
+                continue
+            base = work(view)
+            total += Cost(base.flops, base.bytes, seconds=None, joules=None, kernels=1)
+        return total
+
     def graph_cost(self, model: ir.Model) -> Cost:
         """Cost of the model's main graph (subgraphs of control-flow nodes are not descended into)."""
         return self.nodes_cost(list(model.graph), opsets=model.opset_imports)
@@ -241,6 +271,7 @@ class CostModel:
         opsets: Mapping[str, int] | None = None,
         shapes: Mapping[ir.Value, TensorInfo] | None = None,
         min_effect: float = KERNEL_MIN_EFFECT,
+        question: Question = "both",
     ) -> Comparison | None:
         """Two node sets timed side by side and compared with a confidence bound (``significance.paired``):
         each round runs every kernel of both sets once (in alternating order), so that load on a shared
@@ -248,7 +279,8 @@ class CostModel:
         budgets. Per kernel and round the same figure as a measurement (run time less the empty run, plus
         ``launch_overhead_s``). None when not measuring or a kernel cannot be run alone. Cached like a
         measurement, under the pair of kernel keys: the same choice at twelve identical layers, or in the
-        next job, is timed once and decided the same way."""
+        next job, is timed once and decided the same way. ``question``: the threshold that can change the
+        caller's decision (``significance``); timing stops once that one is settled."""
         if not self.measuring:
             return None
         started = time.perf_counter()
@@ -267,7 +299,7 @@ class CostModel:
         keys = ([], [])
         for side, node, view, opset, _ in kernels:
             keys[side].append(self._key(node, view, opset))
-        key = self.pair_key(*keys, min_effect=min_effect)
+        key = self.pair_key(*keys, min_effect=min_effect, question=question)
         entry = self._cache_get(key)
         if entry is not None:
             return Comparison.from_dict(entry)
@@ -313,14 +345,17 @@ class CostModel:
             len(samples) < 50 and time.perf_counter() - timing_started < budget
         ):
             one_round()
-            if len(samples) in EARLY_LOOKS and settled_early(*per_round(), min_effect=min_effect):
+            if len(samples) in EARLY_LOOKS and settled_early(
+                *per_round(), min_effect=min_effect, question=question
+            ):
                 break
         comparison = paired(*per_round(), min_effect=min_effect)
         # An interval that straddles a threshold would let the verdict follow noise from one cold run to the
         # next (seen: SkipLayerNormalization at 1.2-1.3x, its bound either side of 1.1). More rounds narrow it
-        # onto one side unless the effect really sits on the threshold; bounded by rounds and time.
+        # onto one side unless the effect really sits on the threshold; bounded by rounds and time. Only the
+        # threshold the caller's decision turns on counts (``question``).
         while (
-            _straddles(comparison)
+            straddles(comparison, question)
             and len(samples) < BORDERLINE_MAX_ROUNDS
             and time.perf_counter() - timing_started < BORDERLINE_BUDGET_FACTOR * budget
         ):
@@ -330,16 +365,29 @@ class CostModel:
         elapsed = time.perf_counter() - started
         self.measure_seconds += elapsed
         self._cache_put(key, {**comparison.as_dict(), "measure_s": elapsed})
-        return comparison
+        # Decided on what the cache holds (ratios rounded to 4 places), so that the next job reading it decides
+        # the same even where a bound sits within rounding of a threshold.
+        return Comparison.from_dict(comparison.as_dict())
 
     def pair_key(
-        self, first: Sequence[str], second: Sequence[str], *, min_effect: float = KERNEL_MIN_EFFECT
+        self,
+        first: Sequence[str],
+        second: Sequence[str],
+        *,
+        min_effect: float = KERNEL_MIN_EFFECT,
+        question: Question = "both",
     ) -> str:
         """The cache key of a side-by-side comparison of two sets of kernels (their ``kernel_key``s)."""
         pair = [[0, key] for key in first] + [[1, key] for key in second]
         # "empty": where the fixed cost of a run comes from; a comparison cached before it was timed in the
         # same rounds (issue 8) may hold a verdict that followed the machine's state, so it is not reused.
-        paired_how = {"min_effect": min_effect, "min_rounds": MIN_ROUNDS, "empty": "in_round"}
+        # "question": a comparison stopped once one threshold was settled does not answer the other.
+        paired_how = {
+            "min_effect": min_effect,
+            "min_rounds": MIN_ROUNDS,
+            "empty": "in_round",
+            "question": question,
+        }
         return kernel_key(
             {"compare": pair, "paired": paired_how},
             self.target.name, self.target.version, self.compiler_version,
@@ -456,9 +504,14 @@ class CostModel:
         started = time.perf_counter()
         dim_before = self.representative_dim
         proto_nodes, graph_inputs, initializers, fed = [], [], [], []
+        weights: dict[str, ir.TensorProtocol] = {}  # large constants, handed to ONNX Runtime from memory
         for value in external:
             info = infos[value]
-            if value.const_value is not None:
+            if value.const_value is not None and value.const_value.nbytes >= EXTERNAL_MIN_BYTES:
+                weights[names[value]] = value.const_value
+                tensor = value.const_value
+                initializers.append(declare(names[value], tensor.dtype.numpy(), tensor.shape.numpy()))
+            elif value.const_value is not None:
                 initializers.append(onnx.numpy_helper.from_array(value.const_value.numpy(), names[value]))
             else:
                 elem = onnx.helper.np_dtype_to_tensor_dtype(np.dtype(info.dtype))
@@ -478,7 +531,7 @@ class CostModel:
         model = onnx.helper.make_model(
             graph, opset_imports=[onnx.helper.make_opsetid(d, v) for d, v in opsets.items()], ir_version=10
         )
-        arrays = self._probe(model, outputs, fed, names, known, nodes)
+        arrays = self._probe(model, outputs, fed, names, known, nodes, weights)
         self.probe_stats["run"] += 1
         results = None if arrays is None else [_probed(array) for array in arrays]
         if key is not None:
@@ -513,7 +566,7 @@ class CostModel:
         except Exception:  # noqa: BLE001 - a broken cache is a cache that misses
             self._note("kernel cache refused a write; measurements are not shared")
 
-    def _probe(self, model, outputs, fed, names, known, nodes) -> list | None:
+    def _probe(self, model, outputs, fed, names, known, nodes, weights=None) -> list | None:
         """Run the probe model; where symbolic dims are fed, retry with smaller representative values
         if the model refuses the current one (keeping the first that works for all later costing)."""
         symbolic = any(v not in known and not _is_static(v) for v in fed)
@@ -521,11 +574,7 @@ class CostModel:
         if symbolic:
             candidates += [d for d in (64, 32, 16, 8) if d < self.representative_dim]
         try:
-            session = ort.InferenceSession(
-                model.SerializeToString(),
-                _session_options(_LEVELS["disabled"]),
-                providers=["CPUExecutionProvider"],
-            )
+            session = session_with(model, weights or {}, _session_options(_LEVELS["disabled"]))
         except Exception as error:  # noqa: BLE001 - ORT raises many types; an unknown shape is not fatal
             self._note(f"could not infer shapes: {str(error).splitlines()[0][:160]}")
             return None
@@ -713,7 +762,7 @@ class CostModel:
             name = f"i{index}" if value is not None else ""
             constant = None
             if value is not None and value.const_value is not None:
-                constant = value.const_value.numpy()
+                constant = value.const_value  # handed to ONNX Runtime from memory when large (``in_memory``)
             elif value is not None and info is not None:
                 known = info.value is not None
                 try:
@@ -726,12 +775,9 @@ class CostModel:
         outputs = [f"o{index}" if live else "" for index, live in enumerate(_live_outputs(node))]
         proto = _node_proto(node, [name for name, _, _ in inputs], outputs)
         domains = {"": opsets.get("", _DEFAULT_OPSETS[""]), node.domain: opset}
-        model = _single_node_model(proto, inputs, [o for o in outputs if o], domains)
         try:
-            session = ort.InferenceSession(
-                model.SerializeToString(),
-                _session_options(_LEVELS[self.ort_level]),
-                providers=["CPUExecutionProvider"],
+            session = _single_node_session(
+                proto, inputs, [o for o in outputs if o], domains, _LEVELS[self.ort_level]
             )
             return _bound_runner(session, feeds)
         except Exception as error:  # noqa: BLE001 - any ORT failure means "not measurable alone"
@@ -843,6 +889,8 @@ def _attr_value(attr: ir.Attr) -> object:
 
 
 def _canonical_attr(value: object) -> object:
+    if isinstance(value, int | str | bytes) or value is None:
+        return value  # the common case, settled before the Protocol check below (slow: 0.1 s a compile)
     if isinstance(value, ir.TensorProtocol):
         array = value.numpy()
         described = {"tensor": array.dtype.name, "shape": list(array.shape)}

@@ -307,8 +307,11 @@ class FusionSwitcher:
     def _drive(self, model: ir.Model, rule: FusionRule) -> _RuleRun:
         run = _RuleRun()
 
+        # Alternatives are ranked by their significant gains (``_score``): both thresholds count there.
+        both = rule.alternatives is not None
+
         def decide(rewrite_rule: RewriteRule, delta) -> _Judgement:
-            judgement = self._judge(model, rewrite_rule, delta)
+            judgement = self._judge(model, rewrite_rule, delta, both_thresholds=both)
             if judgement.taken:
                 for earlier in (n.metadata_props.get(RULE_TAG) for n in removed_nodes(rewrite_rule, delta)):
                     if earlier and earlier != rule.name:  # an earlier fusion's node folded into this one
@@ -325,7 +328,9 @@ class FusionSwitcher:
         )
         return run
 
-    def _judge(self, model: ir.Model, rewrite_rule: RewriteRule, delta) -> _Judgement:
+    def _judge(
+        self, model: ir.Model, rewrite_rule: RewriteRule, delta, *, both_thresholds: bool = True
+    ) -> _Judgement:
         removed = removed_nodes(rewrite_rule, delta)
         added = list(delta.new_nodes)
         kind = f"{_ops_text(removed)} -> {_ops_text(added)}"
@@ -338,14 +343,21 @@ class FusionSwitcher:
         comparison = None
         if self.cost_model.measuring:
             shapes = {**self._known_shapes(removed), **self._known_shapes(added)}
-            comparison = self.cost_model.compare_paired(removed, added, opsets=opsets, shapes=shapes)
-        # Timed side by side, each kernel alone need not be timed as well: the two sides' seconds come from
-        # the comparison, the work (FLOPs, bytes, kernels) from the shapes.
-        measure = comparison is None
-        before = self.cost_model.nodes_cost(
-            removed, opsets=opsets, shapes=self._known_shapes(removed), measure=measure
-        )
-        after = self.cost_model.nodes_cost(added, opsets=opsets, shapes=self._known_shapes(added), measure=measure)
+            # The one threshold this decision turns on (``_pays``): a rewrite that leaves fewer kernels is taken
+            # unless significantly slower, any other only when significantly faster.
+            fewer = _kernels(added) < _kernels(removed)
+            question = "both" if both_thresholds else "slower" if fewer else "faster"
+            comparison = self.cost_model.compare_paired(
+                removed, added, opsets=opsets, shapes=shapes, question=question
+            )
+        if comparison is not None:
+            # Timed side by side, each kernel alone need not be timed as well, nor costed by a roofline: the
+            # two sides' seconds come from the comparison, the work (FLOPs, bytes, kernels) from the shapes.
+            before = self.cost_model.nodes_work(removed, opsets=opsets, shapes=self._known_shapes(removed))
+            after = self.cost_model.nodes_work(added, opsets=opsets, shapes=self._known_shapes(added))
+        else:
+            before = self.cost_model.nodes_cost(removed, opsets=opsets, shapes=self._known_shapes(removed))
+            after = self.cost_model.nodes_cost(added, opsets=opsets, shapes=self._known_shapes(added))
         if comparison is not None:
             before = replace(before, seconds=comparison.first_s, measured=before.kernels)
             after = replace(after, seconds=comparison.second_s, measured=after.kernels)
@@ -423,6 +435,11 @@ def _label(before: Cost, after: Cost, comparison) -> str:
 
 def _is_constant(node: ir.Node) -> bool:
     return node.op_type == "Constant" and node.domain in ("", "ai.onnx")
+
+
+def _kernels(nodes: Sequence[ir.Node]) -> int:
+    """Kernels a node set runs, as ``CostModel`` counts them: every node but a Constant."""
+    return sum(1 for node in nodes if not _is_constant(node))
 
 
 def _ops_text(nodes: Sequence[ir.Node]) -> str:
@@ -521,4 +538,3 @@ def _by_kind(judgements: Sequence[_Judgement]) -> list[dict]:
             }
         )
     return sorted(lines, key=lambda line: -line["count"])
-

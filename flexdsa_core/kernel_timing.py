@@ -24,8 +24,10 @@ from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 import onnx
+import onnx_ir as ir
 import onnxruntime as ort
 
+from flexdsa_core.in_memory import EXTERNAL_MIN_BYTES, declare, session_with
 from flexdsa_core.op_costs import TensorInfo
 
 
@@ -55,18 +57,35 @@ class _ProbeTooLarge(Exception):
 _PROBE_INPUT_BUDGET_BYTES = 256 * 1024 * 1024
 
 
+# Random values drawn per probe input at most; a larger input repeats them (a 154 MB LM-head operand took
+# 0.4 s to draw whole). Kernel time does not depend on which positive values a float tensor holds.
+_RANDOM_BLOCK = 1 << 16
+
+
 def _random_array(shape: Sequence[int], dtype: str, rng: np.random.Generator) -> np.ndarray:
     np_dtype = np.dtype(dtype)
     if math.prod(shape) * np_dtype.itemsize > _PROBE_INPUT_BUDGET_BYTES:
         raise _ProbeTooLarge(f"probe input of shape {list(shape)} is over the budget")
+    out = _aligned_empty(tuple(shape), np_dtype)
     if np_dtype.kind == "f":
         # Positive and away from zero: no NaN from Log/Sqrt/Div, no denormals to slow anything down.
-        return _aligned(rng.uniform(0.5, 1.5, size=shape).astype(np_dtype))
-    # Integers feed indices, masks and lengths: zeros are in range for all of them.
-    return _aligned(np.zeros(shape, dtype=np_dtype))
+        flat = out.reshape(-1)
+        block = rng.uniform(0.5, 1.5, size=min(flat.size, _RANDOM_BLOCK)).astype(np_dtype)
+        for start in range(0, flat.size, block.size):
+            flat[start : start + block.size] = block[: flat.size - start]
+    else:
+        # Integers feed indices, masks and lengths: zeros are in range for all of them.
+        out[...] = 0
+    return out
 
 
 ALIGNMENT = 64  # bytes: a cache line, and what ONNX Runtime's own allocator gives its tensors
+
+
+def _aligned_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    buffer = np.empty(math.prod(shape) * dtype.itemsize + ALIGNMENT, dtype=np.uint8)
+    offset = (-buffer.ctypes.data) % ALIGNMENT
+    return buffer[offset : offset + math.prod(shape) * dtype.itemsize].view(dtype).reshape(shape)
 
 
 def _aligned(array: np.ndarray) -> np.ndarray:
@@ -74,9 +93,7 @@ def _aligned(array: np.ndarray) -> np.ndarray:
     and numpy only promises 16 bytes: vector kernels then ran at one of two speeds depending on where the
     allocator happened to put the input, and a decision could follow that (seen: SkipLayerNormalization
     measured 1.05x or 1.5x the unfused pair in two cold runs of the same model)."""
-    buffer = np.empty(array.nbytes + ALIGNMENT, dtype=np.uint8)
-    offset = (-buffer.ctypes.data) % ALIGNMENT
-    aligned = buffer[offset : offset + array.nbytes].view(array.dtype).reshape(array.shape)
+    aligned = _aligned_empty(array.shape, array.dtype)
     aligned[...] = array
     return aligned
 
@@ -147,16 +164,23 @@ def _thread_empty_runner() -> Callable[[], None]:
 
 def _single_node_model(
     node_proto: onnx.NodeProto,
-    inputs: Sequence[tuple[str, TensorInfo | None, np.ndarray | None]],
+    inputs: Sequence[tuple[str, TensorInfo | None, np.ndarray | ir.TensorProtocol | None]],
     outputs: Sequence[str],
     opsets: Mapping[str, int],
+    weights: dict | None = None,
 ) -> onnx.ModelProto:
+    """The node as a model, its constant inputs as initializers; with ``weights`` given, the large ones are
+    declared in memory and put there (``in_memory.session_with`` hands them to ONNX Runtime)."""
     graph_inputs, initializers = [], []
     for name, info, constant in inputs:
         if info is None or not name:
             continue
-        if constant is not None:
-            initializers.append(onnx.numpy_helper.from_array(np.asarray(constant), name))
+        if constant is not None and weights is not None and _nbytes(constant) >= EXTERNAL_MIN_BYTES:
+            weights[name] = constant
+            initializers.append(declare(name, _dtype_of(constant), constant.shape))
+        elif constant is not None:
+            array = constant if isinstance(constant, np.ndarray) else constant.numpy()
+            initializers.append(onnx.numpy_helper.from_array(np.asarray(array), name))
         else:
             elem = onnx.helper.np_dtype_to_tensor_dtype(np.dtype(info.dtype))
             graph_inputs.append(onnx.helper.make_tensor_value_info(name, elem, list(info.shape)))
@@ -170,6 +194,28 @@ def _single_node_model(
     return onnx.helper.make_model(graph, opset_imports=opset_ids, ir_version=10)
 
 
+def _single_node_session(
+    node_proto: onnx.NodeProto,
+    inputs: Sequence[tuple[str, TensorInfo | None, np.ndarray | ir.TensorProtocol | None]],
+    outputs: Sequence[str],
+    opsets: Mapping[str, int],
+    level: ort.GraphOptimizationLevel,
+) -> ort.InferenceSession:
+    """A one-thread session of the node alone (``_single_node_model``), its large constants read from memory:
+    through a protobuf a 154 MB weight cost 1.1-1.3 s a session (several copies), in memory one."""
+    weights: dict = {}
+    model = _single_node_model(node_proto, inputs, outputs, opsets, weights)
+    return session_with(model, weights, _session_options(level))
+
+
+def _nbytes(constant) -> int:
+    return int(constant.nbytes)
+
+
+def _dtype_of(constant) -> np.dtype:
+    return constant.dtype if isinstance(constant, np.ndarray) else constant.dtype.numpy()
+
+
 def _steady(runs: Sequence[float]) -> float:
     """The median of the faster half of the runs (their lower quartile)."""
     ordered = sorted(runs)
@@ -181,10 +227,7 @@ def _empty_runner() -> Callable[[], None]:
     A fresh one each call (a few ms), so that no two threads share one binding."""
     node = onnx.helper.make_node("Identity", ["x"], ["y"])
     info = TensorInfo((1,), "float32")
-    model = _single_node_model(node, [("x", info, None)], ["y"], {"": 17})
-    session = ort.InferenceSession(
-        model.SerializeToString(), _session_options(_LEVELS["basic"]), providers=["CPUExecutionProvider"]
-    )
+    session = _single_node_session(node, [("x", info, None)], ["y"], {"": 17}, _LEVELS["basic"])
     return _bound_runner(session, {"x": np.ones(1, np.float32)})
 
 
@@ -238,9 +281,8 @@ def measure_sgemm_peak(seconds: float = 1.0, *, size: int = 1024) -> float:
     node = onnx.helper.make_node("MatMul", ["a", "b"], ["y"])
     a_info = TensorInfo((size, size), "float32")
     weight = rng.standard_normal((size, size)).astype(np.float32)
-    model = _single_node_model(node, [("a", a_info, None), ("b", a_info, weight)], ["y"], {"": 17})
-    session = ort.InferenceSession(
-        model.SerializeToString(), _session_options(_LEVELS["basic"]), providers=["CPUExecutionProvider"]
+    session = _single_node_session(
+        node, [("a", a_info, None), ("b", a_info, weight)], ["y"], {"": 17}, _LEVELS["basic"]
     )
     runs = _time_session(session, {"a": rng.standard_normal((size, size)).astype(np.float32)}, seconds)
     return 2.0 * size**3 / min(runs)

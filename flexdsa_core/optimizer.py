@@ -41,6 +41,7 @@ from flexdsa_core.dims import is_batch_dim
 from flexdsa_core.errors import ValidationFailedError
 from flexdsa_core.fusion_switcher import FusionSwitcher
 from flexdsa_core.fusions import discover_rules
+from flexdsa_core.in_memory import InMemoryModel, arrays_scope
 from flexdsa_core.ingest import Ingested, ingest, needs_external_data, save_model
 from flexdsa_core.invariants import check_invariants
 from flexdsa_core.memory_planner import plan_memory
@@ -62,7 +63,14 @@ from flexdsa_core.preflight import check_buckets, check_disabled, refuse_impossi
 from flexdsa_core.report import build_report, render_summary, report_summary
 from flexdsa_core.serialized import kept_bytes, model_bytes, serialization_scope
 from flexdsa_core.shape_tracker import Bucket, ShapeTracker
-from flexdsa_core.significance import MIN_ROUNDS, MODEL_MIN_EFFECT, Comparison, paired, settled_early
+from flexdsa_core.significance import (
+    MIN_ROUNDS,
+    MODEL_MIN_EFFECT,
+    Comparison,
+    Question,
+    paired,
+    settled_early,
+)
 from flexdsa_core.subgraph_mapper import SubgraphMapper
 from flexdsa_core.targets import BucketModel, PlatformAdapter, TargetSpec, get_adapter, load_target, op_key
 from flexdsa_core.targets.accelerator import AcceleratorAdapter
@@ -215,13 +223,28 @@ class _References:
     shape: made once per job (every re-validation of a bisection reads them again). The original is loaded
     for the runs of one call and let go (a large model's weights are not held a second time meanwhile)."""
 
-    def __init__(self, original_source: bytes | Path, seed: int) -> None:
+    def __init__(
+        self,
+        original_source: bytes | Path,
+        seed: int,
+        digest: str | None = None,
+        in_memory: InMemoryModel | None = None,
+    ) -> None:
         self.original_source = original_source
         self.seed = seed
+        # sha256 of ``original_source`` where ingest already took it (a 200 MB model is not hashed twice).
+        self.digest = digest
+        # The same model for ONNX Runtime with its weights read from memory (``in_memory``), where it can be.
+        self.in_memory = in_memory
         # (bucket, costed dims) -> (dims the original runs at, feeds, its outputs)
         self._main: dict[tuple, tuple[dict[str, int], dict, dict]] = {}
         self._second: dict[str, tuple[dict, dict] | None] = {}  # bucket -> the second shape's, or None
         self.notes: dict[str, str] = {}  # bucket -> why its shape is not the costed one
+
+    @property
+    def runtime(self) -> bytes | Path | InMemoryModel:
+        """What ONNX Runtime loads the original from."""
+        return self.in_memory if self.in_memory is not None else self.original_source
 
     def inputs(self, bucket: BucketModel, *, second: bool) -> tuple[dict[str, int], list[tuple[dict, dict]]]:
         """(the dims used, [(feeds, outputs)] at ``bucket.at`` and, with ``second`` and symbolic dims, at the
@@ -232,7 +255,7 @@ class _References:
         def outputs(feeds: dict) -> dict:
             nonlocal original
             if original is None:
-                original = session(self.original_source)
+                original = session(self.runtime)
             return run(original, feeds)
 
         key = (bucket.name, tuple(sorted(bucket.at.items())))
@@ -462,8 +485,9 @@ class FlexDSAOptimizer:
         budget_s = (options or OptimizeOptions()).run_budget_s
         try:
             # Every ONNX Runtime run below (validation, latency, shape probes) stops at this budget; a finished
-            # model is serialised once for all of them and the artifacts (no stage changes a finished model).
-            with run_budget(budget_s), serialization_scope():
+            # model is serialised once for all of them and the artifacts (no stage changes a finished model),
+            # and a weight ONNX Runtime reads from memory is made an array once (``in_memory``).
+            with run_budget(budget_s), serialization_scope(), arrays_scope():
                 result = run._optimize(model, options, cache, progress, scratch, calibration)
         except BaseException:
             if owned:
@@ -492,8 +516,14 @@ class FlexDSAOptimizer:
             model = model.SerializeToString()
         ingested: Ingested = ingest(model)
         original_source = Path(model) if isinstance(model, (str, Path)) else model
+        original_digest = ingested.info.get("sha256")  # of exactly these bytes (the file, or the upload)
+        # The upload for ONNX Runtime with its weights read from memory (no second parse, no copies).
+        original_in_memory = None
+        if ingested.proto is not None and (options.validate_outputs or options.measure_latency):
+            original_in_memory = InMemoryModel.from_proto(ingested.proto, ingested.model)
         if ingested.info.get("ir_version_lowered_from"):  # ONNX Runtime refuses the file as uploaded
-            original_source = self._model_source(ingested.model)
+            original_source, original_digest = self._model_source(ingested.model), None
+            original_in_memory = None
         stage_seconds["ingest"] = time.perf_counter() - start
         nodes_before = _op_counts(ingested.model)
         # Calibration samples are the user's to fix: refused here, before any compiling, when they do not fit.
@@ -531,11 +561,13 @@ class FlexDSAOptimizer:
         # Stage 8, validate: every bucket against the original; on a mismatch, bisect and roll back.
         rollbacks: list[dict] = []
         validation: list[dict] = []
-        reference_cache = _References(original_source, options.seed)
+        reference_cache = _References(original_source, options.seed, original_digest, original_in_memory)
         if options.validate_outputs:
+            start = time.perf_counter()
             comp, validation = self._validated(
                 comp, original_source, options, rollbacks, reference_cache, recompile, report_progress
             )
+            stage_seconds["validate"] = time.perf_counter() - start  # a bisection's recompiles included
         report_progress.finish("validate")
 
         # Never slower (cpu-ort, where the output runs here): time both, drop rewrites that cost time.
@@ -735,6 +767,13 @@ class FlexDSAOptimizer:
             ) from None
         return found
 
+    def _runtime(self, model: ir.Model) -> bytes | Path | InMemoryModel:
+        """What ONNX Runtime loads a finished model from: its weights read from memory, or for models with
+        external data a file written with its data."""
+        if not needs_external_data(model):
+            return InMemoryModel.from_ir(model)
+        return self._model_source(model)
+
     def _model_source(self, model: ir.Model) -> bytes | Path:
         """What ONNX Runtime loads: bytes, or for models with external data a file written with its data."""
         if not needs_external_data(model):
@@ -750,7 +789,7 @@ class FlexDSAOptimizer:
         results = []
         for bucket in comp.buckets:
             shapes = self._bucket_inputs(comp, bucket, references, second=True)
-            optimized = self._model_source(bucket.model)
+            optimized = self._runtime(bucket.model)
             if len(shapes) > 1:  # one load for both shapes (a load fails like a run: in compare, as before)
                 try:
                     optimized = session(optimized)
@@ -853,6 +892,8 @@ class FlexDSAOptimizer:
         reused: set[int] = set()  # ids of comparisons read from the cache, for the report
         # Each model's bytes hashed once; the latest few held (so their ids stay theirs), as ``serialized`` does.
         hashed: OrderedDict[int, tuple[bytes | Path, str]] = OrderedDict()
+        if references.digest is not None and references.original_source is original_source:
+            hashed[id(original_source)] = (original_source, references.digest)
 
         def digest(source: bytes | Path) -> str:
             if id(source) not in hashed or hashed[id(source)][0] is not source:
@@ -861,21 +902,35 @@ class FlexDSAOptimizer:
                     hashed.popitem(last=False)
             return hashed[id(source)][1]
 
-        def timings(candidate: Compilation, reference: bytes | Path | None = None) -> Comparison:
+        def timings(candidate: Compilation, against: Compilation | None = None) -> Comparison:
+            """``candidate`` timed against the original, or against another variant (``against``)."""
             models = {
-                "original": reference or original_source,
+                "original": self._model_source(against.buckets[0].model) if against else original_source,
                 "optimized": self._model_source(candidate.buckets[0].model),
             }
             digests = {name: digest(source) for name, source in models.items()}
-            key = _comparison_key(self.target, digests, feeds, rounds, interleave)
+            # Against the original only "slower?" decides anything; the fastest-variant switch needs "faster".
+            question = "slower" if against is None else "both"
+            key = _comparison_key(self.target, digests, feeds, rounds, interleave, question)
             comparison = _cached_comparison(cache, key)
             if comparison is not None:
                 reused.add(id(comparison))
             else:
-                comparison = _sequential_comparison(models, feeds, rounds, interleave, self.clock)
+                loaded = None
+                if interleave:  # both loaded with their weights read from memory, where they can be
+                    loaded = {
+                        "original": InMemoryModel.from_ir(against.buckets[0].model) if against else references.in_memory,
+                        "optimized": InMemoryModel.from_ir(candidate.buckets[0].model),
+                    }
+                    loaded = {name: model for name, model in loaded.items() if model is not None}
+                comparison = _sequential_comparison(
+                    models, feeds, rounds, interleave, self.clock, question, in_memory=loaded
+                )
+                # As the kernel cache will hold it (rounded): a later job reading it decides the same.
+                comparison = Comparison.from_dict(comparison.as_dict())
                 if comparison.verdict != "slower" and cache is not None:
                     cache.put(key, json.dumps(comparison.as_dict()).encode())
-            if reference is None:
+            if against is None:
                 tried.append((comparison, candidate))
             return comparison
 
@@ -938,7 +993,7 @@ class FlexDSAOptimizer:
         if not others:
             return comp, measured
         comparison, candidate = min(others, key=lambda pair: pair[0].ratio)
-        against_current = timings(candidate, reference=self._model_source(comp.buckets[0].model))
+        against_current = timings(candidate, against=comp)
         if against_current.verdict != "faster" or not verified(candidate):
             return comp, measured
         switched_off = sorted(set(candidate.disabled) - set(comp.disabled))
@@ -963,9 +1018,17 @@ def _sha256(source: bytes | Path) -> str:
     return hashlib.sha256(source).hexdigest()
 
 
-def _comparison_key(target: TargetSpec, digests: dict, feeds: dict, rounds: int, interleave: bool) -> str:
+def _comparison_key(
+    target: TargetSpec,
+    digests: dict,
+    feeds: dict,
+    rounds: int,
+    interleave: bool,
+    question: Question = "slower",
+) -> str:
     """What a whole-model comparison's verdict rests on: both models' bytes (``digests``: name -> sha256),
-    the inputs' shapes and values, the rounds asked for, the runtime and this machine."""
+    the inputs' shapes and values, the rounds asked for, the question its early stop answered, the runtime
+    and this machine."""
     canonical = {
         "model_comparison": dict(sorted(digests.items())),
         "feeds": {name: [list(a.shape), a.dtype.name, hashlib.sha256(a.tobytes()).hexdigest()]
@@ -973,6 +1036,7 @@ def _comparison_key(target: TargetSpec, digests: dict, feeds: dict, rounds: int,
         "rounds": rounds,
         "min_effect": MODEL_MIN_EFFECT,
         "interleave": interleave,
+        "question": question,
         "runtime": {"ort": ort.__version__, "level": "all", "threads": 1},
         "machine": machine_fingerprint(),
     }
@@ -989,10 +1053,24 @@ def _cached_comparison(cache, key: str) -> Comparison | None:
         return None
 
 
-def _sequential_comparison(models, feeds, rounds: int, interleave: bool, clock: ModelClock) -> Comparison:
+# Rounds at which a whole-model comparison may stop before ``rounds`` (``significance.settled_early``, 99%).
+MODEL_EARLY_LOOKS = (MIN_ROUNDS, 14)
+
+
+def _sequential_comparison(
+    models,
+    feeds,
+    rounds: int,
+    interleave: bool,
+    clock: ModelClock,
+    question: Question = "slower",
+    *,
+    in_memory: dict | None = None,
+) -> Comparison:
     """Paired rounds of ``models['optimized']`` against ``models['original']``, each loaded once for the
-    whole comparison. Stops after ``MIN_ROUNDS`` when the verdict is already plain
-    (``significance.settled_early``), else runs ``rounds``; while the interval still straddles the
+    whole comparison. Stops at a look of ``MODEL_EARLY_LOOKS`` when the answer to ``question`` is already
+    plain (``significance.settled_early``: "slower?" for the never-slower check, where a model at 0.98x
+    need not be timed until "faster" is settled too), else runs ``rounds``; while the interval still straddles the
     slower-threshold, more rounds in the same sessions (up to 8x, ~3 s): a verdict near the threshold settles
     on the truth instead of following the noise of one short measurement. Each comparison opens its own
     sessions, so that the re-measurement before a rollback is independent of the first (a session's
@@ -1005,10 +1083,16 @@ def _sequential_comparison(models, feeds, rounds: int, interleave: bool, clock: 
             for name in samples:
                 samples[name].extend(extra[name])
     else:
-        timer = clock.rounds(models, feeds)
+        timer = clock.rounds(models, feeds, in_memory=in_memory) if in_memory else clock.rounds(models, feeds)
         samples = timer.more(MIN_ROUNDS)
-        if not settled_early(samples["original"], samples["optimized"], min_effect=MODEL_MIN_EFFECT):
-            timer.more(rounds - MIN_ROUNDS)
+        for look in (*MODEL_EARLY_LOOKS[1:], rounds):
+            done = len(samples["original"])
+            settled = settled_early(
+                samples["original"], samples["optimized"], min_effect=MODEL_MIN_EFFECT, question=question
+            )
+            if settled or done >= rounds:
+                break
+            samples = timer.more(min(look, rounds) - done)
 
         def more(count: int) -> None:
             timer.more(count)

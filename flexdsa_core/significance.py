@@ -14,6 +14,14 @@ A measurement may stop before its planned rounds when the answer is already plai
 few fixed looks, the interval at a stricter confidence (99%) holds neither threshold. The final interval
 at 95% lies inside that one, so its verdict is the same; the few looks at the stricter level keep the
 chance that noise stops a measurement on the wrong side small (a group-sequential design).
+
+Most callers ask one question, not both: a fusion that leaves fewer kernels is taken unless significantly
+slower (only ``1 + min_effect`` can change the decision), one that does not is taken only when significantly
+faster (only ``1 - min_effect``), and the never-slower check asks "slower?" alone. ``question`` names the
+threshold that can change the caller's decision; an early look and a borderline extension then look at that
+one only. Whether the other side would have been significant changes no decision, and timing until it is
+settled cost most rounds (Conv+BatchNorm pairs at a ratio near 0.9, the threshold a taken fold no longer
+cares about, ran to the 250-round limit).
 """
 
 from __future__ import annotations
@@ -37,6 +45,9 @@ MIN_ROUNDS = 9
 EARLY_CONFIDENCE = 0.99
 
 Verdict = Literal["faster", "slower", "tie"]
+# Which threshold can change the caller's decision (module docstring): "slower" (1 + min_effect), "faster"
+# (1 - min_effect), or "both".
+Question = Literal["both", "slower", "faster"]
 
 
 @dataclass(frozen=True)
@@ -117,10 +128,29 @@ def paired(
     )  # fmt: skip
 
 
-def settled_early(first: Sequence[float], second: Sequence[float], *, min_effect: float) -> bool:
-    """Whether the interval at ``EARLY_CONFIDENCE`` holds neither threshold (``1 - min_effect``,
-    ``1 + min_effect``): the verdict is then plain (faster, slower, or within the minimum effect) and more
-    rounds would not change it. At 9 rounds that interval is the whole range: every round on one side."""
+def thresholds(min_effect: float, question: Question = "both") -> tuple[float, ...]:
+    """The ratios at which the answer to ``question`` changes."""
+    if question not in ("both", "slower", "faster"):
+        raise ValueError(f"question must be 'both', 'slower' or 'faster', not {question!r}")
+    return {
+        "both": (1.0 - min_effect, 1.0 + min_effect),
+        "slower": (1.0 + min_effect,),
+        "faster": (1.0 - min_effect,),
+    }[question]
+
+
+def settled_early(
+    first: Sequence[float], second: Sequence[float], *, min_effect: float, question: Question = "both"
+) -> bool:
+    """Whether the interval at ``EARLY_CONFIDENCE`` holds none of ``question``'s thresholds (``1 - min_effect``,
+    ``1 + min_effect``, or one of them): the answer is then plain and more rounds would not change it. At 9
+    rounds that interval is the whole range: every round on one side."""
     strict = paired(first, second, min_effect=min_effect, confidence=EARLY_CONFIDENCE)
-    low, high = strict.low, strict.high
-    return not (low <= 1.0 + min_effect <= high or low <= 1.0 - min_effect <= high)
+    return not straddles(strict, question)
+
+
+def straddles(comparison: Comparison, question: Question = "both") -> bool:
+    """The interval holds one of ``question``'s thresholds (module docstring): more rounds may still change
+    the answer."""
+    low, high = comparison.low, comparison.high
+    return any(low <= threshold <= high for threshold in thresholds(comparison.min_effect, question))

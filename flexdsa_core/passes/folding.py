@@ -24,6 +24,8 @@ import onnx_ir as ir
 import onnx_ir.passes.common as common_passes
 import onnxscript.optimizer
 
+from flexdsa_core._libraries import KnownShapesFoldConstantsPass
+
 # Ops whose output can be much larger than their inputs: evaluate only when the output shape is known.
 _EXPANDING_OPS = frozenset(
     {"Expand", "Tile", "ConstantOfShape", "Range", "Resize", "Upsample", "Pad", "OneHot", "MatMul", "Gemm",
@@ -56,7 +58,13 @@ class _FencedFoldPass(ir.passes.InPlacePass):
         self._fold_options = fold_options  # onnxscript.optimizer.fold_constants' keyword arguments
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
-        modified = onnxscript.optimizer.fold_constants(model, **self._fold_options).modified
+        options = dict(self._fold_options)
+        if options.pop("onnx_shape_inference", False):
+            # The Shape Tracker inferred the graph before this runs, and the passes sweep it up to 8 times: only
+            # a node with an output of unknown shape is inferred again (same graph, about half the time).
+            modified = KnownShapesFoldConstantsPass(shape_inference=True, **options)(model).modified
+        else:
+            modified = onnxscript.optimizer.fold_constants(model, **options).modified
         if modified:
             common_passes.RemoveUnusedNodesPass()(model)
         return ir.passes.PassResult(model, modified)

@@ -10,6 +10,7 @@ import pytest
 from flexdsa_core.cache import LRUCache
 from flexdsa_core.cost_model import Cost, CostModel, OpView, TensorInfo, _timed, measure_sgemm_peak, op_cost
 from flexdsa_core.cost_model import work as op_work
+from flexdsa_core.significance import MIN_ROUNDS
 from flexdsa_core.targets import TargetSpec, load_target
 
 NPU = TargetSpec(
@@ -353,3 +354,50 @@ def test_a_kernel_alone_takes_the_fixed_cost_of_a_run_from_its_own_moments():
     busy = CostModel(load_target("cpu-ort"), cache=LRUCache(), timer=timer).node_cost(node).seconds
     assert quiet and busy
     assert busy == pytest.approx(quiet, rel=0.5, abs=10e-6), (quiet, busy)
+
+
+def _fixed_timer(seconds_in_order: list[float], jitter: list[float]):
+    """A clock that gives each distinct function it times (in the order first seen: the empty run, then the
+    kernels) a fixed figure, the second side's kernel scaled by ``jitter`` round after round."""
+    seen: dict[int, int] = {}
+    calls = [0]
+
+    def timer(function) -> float:
+        index = seen.setdefault(id(function), len(seen))
+        calls[0] += 1
+        seconds = seconds_in_order[index]
+        if index == len(seconds_in_order) - 1:
+            seconds *= jitter[calls[0] % len(jitter)]
+        return seconds
+
+    return timer
+
+
+def test_a_comparison_stops_once_the_threshold_its_caller_asks_about_is_settled():
+    """A fused kernel at 0.88-0.92 of the unfused pair: whether it is significantly *faster* sits on the 0.9
+    threshold and keeps the timing going; whether it is significantly *slower* (all a rewrite that leaves
+    fewer kernels turns on) is plain after the first look."""
+    unfused, fused = _add_layer_norm_and_its_fusion()
+    opsets = {"": 17, "com.microsoft": 1}
+    # empty run 1 us; Add 40 us, LayerNormalization 60 us; SkipLayerNormalization 91 us * 0.97-1.03
+    figures = [1e-6, 41e-6, 61e-6, 91e-6]
+    answers = {}
+    for question in ("both", "slower"):
+        cost_model = CostModel(
+            load_target("cpu-ort"), cache=LRUCache(), timer=_fixed_timer(figures, [0.967, 1.033])
+        )
+        answers[question] = cost_model.compare_paired(unfused, fused, opsets=opsets, question=question)
+    both, slower = answers["both"], answers["slower"]
+    assert both.verdict == slower.verdict == "tie"
+    assert slower.rounds == MIN_ROUNDS < both.rounds, (slower, both)
+
+
+def test_a_fresh_comparison_is_the_one_the_next_job_reads_from_the_cache():
+    """The cache keeps ratios to 4 places; a bound within rounding of a threshold must not decide one way in
+    the job that timed it and the other in the next one that reads it."""
+    unfused, fused = _add_layer_norm_and_its_fusion()
+    opsets = {"": 17, "com.microsoft": 1}
+    cache = LRUCache()
+    fresh = CostModel(load_target("cpu-ort"), cache=cache).compare_paired(unfused, fused, opsets=opsets)
+    read = CostModel(load_target("cpu-ort"), cache=cache).compare_paired(unfused, fused, opsets=opsets)
+    assert fresh == read and fresh.low == round(fresh.low, 4)

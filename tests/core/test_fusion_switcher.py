@@ -157,7 +157,8 @@ def _seed(cost_model: CostModel, node: ir.Node, seconds: float) -> None:
 
 def _seed_pair(cost_model: CostModel, first: list[ir.Node], second: list[ir.Node], ratio: float) -> None:
     """A side-by-side comparison in the cache, as if timed here: the per-kernel seeds' sums, with a tight
-    interval around ``ratio`` (second / first)."""
+    interval around ``ratio`` (second / first), under the question the switcher asks of it (a rewrite that
+    leaves fewer kernels: "slower?")."""
     first_keys = [cost_model.kernel_key(n) for n in first]
     second_keys = [cost_model.kernel_key(n) for n in second]
     seconds = [
@@ -168,7 +169,10 @@ def _seed_pair(cost_model: CostModel, first: list[ir.Node], second: list[ir.Node
         "verdict": None, "ratio_median": ratio, "ratio_ci": [ratio * 0.98, ratio * 1.02], "confidence": 0.95,
         "min_effect": 0.1, "rounds": 20, "first_s": seconds[0], "second_s": seconds[1], "measure_s": 0.0,
     }  # fmt: skip
-    cost_model.cache.put(cost_model.pair_key(first_keys, second_keys), json.dumps(entry).encode())
+    question = "slower" if len(second) < len(first) else "faster"
+    cost_model.cache.put(
+        cost_model.pair_key(first_keys, second_keys, question=question), json.dumps(entry).encode()
+    )
 
 
 def _cpu_switcher(**kwargs) -> FusionSwitcher:
@@ -387,3 +391,16 @@ def test_plan_json_lists_every_candidate_with_labels():
     assert "measurements" in doc["label"] and "estimates" in doc["label"]
     assert doc["cost_model"]["target"] == "cpu-ort"
     assert {c["decision"] for c in doc["candidates"]} == {"refused", "taken", "no match"}
+
+
+def test_each_match_is_timed_for_the_one_threshold_its_decision_turns_on():
+    """A rewrite that leaves no fewer kernels is taken only when significantly faster: its comparison is
+    cached under the "faster?" question; one that leaves fewer, under "slower?"."""
+    model = _relu_model()
+    switcher = _cpu_switcher()
+    switcher.run(model, [SAME])
+    first, second = list(model.graph)
+    cost_model = switcher.cost_model
+    keys = [cost_model.kernel_key(first)]
+    assert cost_model.cache.get(cost_model.pair_key(keys, keys, question="faster")) is not None
+    assert cost_model.cache.get(cost_model.pair_key(keys, keys, question="both")) is None

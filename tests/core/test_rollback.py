@@ -61,8 +61,8 @@ def with_broken_rule(monkeypatch):
 
     original_judge = switcher_module.FusionSwitcher._judge
 
-    def judge_taking_broken_rule(self, model, rewrite_rule, delta):
-        judgement = original_judge(self, model, rewrite_rule, delta)
+    def judge_taking_broken_rule(self, model, rewrite_rule, delta, **how):
+        judgement = original_judge(self, model, rewrite_rule, delta, **how)
         if rewrite_rule.name and "ShiftedRelu" in rewrite_rule.name:
             judgement.taken = True
         return judgement
@@ -218,3 +218,28 @@ def test_a_slower_verdict_is_never_kept_so_a_rollback_always_rests_on_fresh_timi
         report = optimizer.optimize(LAYER_NORM_MODEL, OptimizeOptions(), cache=cache).report
         assert report["latency"]["slower_than_original"] is True
         assert report["latency"]["from_kernel_cache"] is False
+
+
+def test_the_never_slower_check_stops_once_slower_is_plainly_ruled_out():
+    """An optimised model at 0.955-0.985 of the original: "slower?" is plainly no after the first look; whether
+    it is also significantly faster (the 0.97 threshold) is no question the check asks, and is timed on only
+    where it is (the fastest-variant switch)."""
+    from flexdsa_core.optimizer import _sequential_comparison
+
+    class AlternatingRounds:  # validate.LatencyRounds with fixed per-round times
+        def __init__(self, models, feeds, **_):
+            self.samples = {name: [] for name in models}
+
+        def more(self, repeats, **_):
+            for _ in range(repeats):
+                ratio = 0.955 if len(self.samples["original"]) % 2 else 0.985
+                self.samples["original"].append(1.0)
+                self.samples["optimized"].append(ratio)
+            return self.samples
+
+    clock = ModelClock(rounds=AlternatingRounds)
+    models = {"original": b"", "optimized": b""}
+    slower = _sequential_comparison(models, {}, 20, True, clock, "slower")
+    both = _sequential_comparison(models, {}, 20, True, clock, "both")
+    assert slower.verdict == both.verdict == "tie"
+    assert (slower.rounds, both.rounds) == (9, 20)

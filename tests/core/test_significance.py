@@ -16,7 +16,7 @@ from flexdsa_core.ingest import ingest
 from flexdsa_core.options import OptimizeOptions
 from flexdsa_core.passes import generic_passes, run_passes
 from flexdsa_core.shape_tracker import ShapeTracker
-from flexdsa_core.significance import median_interval_rank, paired
+from flexdsa_core.significance import median_interval_rank, paired, settled_early, straddles, thresholds
 from flexdsa_core.targets import load_target
 from tests.models import fixture
 
@@ -76,3 +76,16 @@ def test_a_noisy_clock_changes_no_decision(name):
     quiet = _switcher_decisions(base.clone(), None)
     loud = _switcher_decisions(base.clone(), noisy)
     assert loud == quiet
+
+
+def test_an_early_look_settles_only_the_threshold_the_caller_asks_about():
+    """Ratios at 0.88-0.92 straddle 1 - 10%: "faster?" (and both) stay open, "slower?" is plainly no."""
+    first = [1e-3] * 9
+    second = [1e-3 * (0.88 if i % 2 else 0.92) for i in range(9)]
+    assert not settled_early(first, second, min_effect=0.1)
+    assert not settled_early(first, second, min_effect=0.1, question="faster")
+    assert settled_early(first, second, min_effect=0.1, question="slower")
+    comparison = paired(first, second, min_effect=0.1)
+    assert straddles(comparison) and straddles(comparison, "faster") and not straddles(comparison, "slower")
+    with pytest.raises(ValueError, match="question"):
+        thresholds(0.1, "sooner")

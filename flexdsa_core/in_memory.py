@@ -1,0 +1,203 @@
+"""ONNX Runtime sessions that read large weights where they already are in memory.
+
+ONNX Runtime takes an initializer either inside the model's protobuf or, declared as external data, from an
+``OrtValue`` handed to it (``SessionOptions.add_external_initializers``), which it then reads in place.
+Inside the protobuf a weight is copied several times before the first run: into a TensorProto, into the
+graph and model messages, into the serialised bytes, and into ONNX Runtime's own buffer. Timing GPT-2's
+tied 154 MB LM head alone took 1.1-1.3 s per single-node session that way, and a BERT-base-width model's
+validation session 0.37 s against 0.13 s. Here the protobuf carries the graph with each large initializer
+declared external (name, type, shape; no data), and the arrays go to the session beside it, each copied
+once onto a 64-byte boundary: what ONNX Runtime's own allocator gives its copy, so kernels read a weight at
+the alignment they would read it at anyway.
+
+An ``InMemoryModel`` is such a pair: ``from_ir`` makes one of an onnx_ir model (a finished model: nothing may
+change it while a session made from it lives), ``from_proto`` of a parsed upload as it was read, and
+``session`` opens it. Within ``arrays_scope`` each tensor becomes an array once: the original and the
+optimised model share most of their weights, and each is loaded at two optimisation levels (validation at
+ORT_DISABLE_ALL, then the never-slower check at ORT_ENABLE_ALL).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import onnxruntime as ort
+
+# Tensors under this many bytes stay inside the protobuf: copying them costs less than an OrtValue.
+EXTERNAL_MIN_BYTES = 4096
+ALIGNMENT = 64  # bytes: a cache line, and what ONNX Runtime's own allocator gives its tensors
+# Where an in-memory initializer is declared to live; ONNX Runtime never opens it (the OrtValue stands in).
+IN_MEMORY_LOCATION = "flexdsa-in-memory"
+
+# Arrays a scope keeps at most (bytes): past it, an array is made for each session and not kept.
+SCOPE_MAX_BYTES = 1 << 30
+_KEPT_MODELS = 4  # the bisections compile several variants; the latest few are kept (as ``serialized`` does)
+
+
+class _Kept(dict):
+    """id(tensor) -> (tensor, its array); the tensor is held so that its id stays its own. ``models``:
+    id(model) -> (model, its ``InMemoryModel``), the latest few."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.nbytes = 0
+        self.models: dict[int, tuple[ir.Model, InMemoryModel]] = {}
+
+
+_arrays: contextvars.ContextVar[_Kept | None] = contextvars.ContextVar("in_memory_arrays", default=None)
+
+
+@contextlib.contextmanager
+def arrays_scope() -> Iterator[None]:
+    """Within this block each tensor handed to ONNX Runtime from memory becomes an array once (up to
+    ``SCOPE_MAX_BYTES`` of them; tensors in external data files are never kept: they are memory-mapped)."""
+    token = _arrays.set(_Kept())
+    try:
+        yield
+    finally:
+        _arrays.reset(token)
+
+
+def aligned(array: np.ndarray) -> np.ndarray:
+    """A C-contiguous copy of ``array`` starting on an ``ALIGNMENT``-byte boundary."""
+    buffer = np.empty(array.nbytes + ALIGNMENT, dtype=np.uint8)
+    offset = (-buffer.ctypes.data) % ALIGNMENT
+    copy = buffer[offset : offset + array.nbytes].view(array.dtype).reshape(array.shape)
+    copy[...] = array
+    return copy
+
+
+def _array_of(tensor: ir.TensorProtocol | np.ndarray) -> np.ndarray:
+    kept = _arrays.get()
+    if kept is not None:
+        entry = kept.get(id(tensor))
+        if entry is not None and entry[0] is tensor:  # held, so the id is still this tensor's
+            return entry[1]
+    array = aligned(np.asarray(tensor if isinstance(tensor, np.ndarray) else tensor.numpy()))
+    if kept is not None and not isinstance(tensor, ir.ExternalTensor) and kept.nbytes + array.nbytes <= SCOPE_MAX_BYTES:
+        kept[id(tensor)] = (tensor, array)
+        kept.nbytes += array.nbytes
+    return array
+
+
+def _declared(name: str, data_type: int, dims) -> onnx.TensorProto:
+    """A TensorProto naming an initializer whose data ONNX Runtime gets as an OrtValue."""
+    tensor = onnx.TensorProto(name=name, data_type=data_type, dims=[int(d) for d in dims])
+    tensor.data_location = onnx.TensorProto.EXTERNAL
+    entry = tensor.external_data.add()
+    entry.key, entry.value = "location", IN_MEMORY_LOCATION
+    return tensor
+
+
+def _in_memory(tensor: ir.TensorProtocol | None) -> bool:
+    """Large enough to hand over as an array, and in memory (not a tensor in an external data file)."""
+    return (
+        tensor is not None
+        and not isinstance(tensor, ir.ExternalTensor)
+        and tensor.dtype not in (ir.DataType.STRING, ir.DataType.UNDEFINED)
+        and tensor.nbytes >= EXTERNAL_MIN_BYTES
+    )
+
+
+@dataclass(frozen=True)
+class InMemoryModel:
+    """A model as ONNX Runtime loads it here: the protobuf without its large initializers' data, and those
+    initializers' tensors by name."""
+
+    proto: bytes
+    weights: Mapping[str, ir.TensorProtocol | np.ndarray]
+
+    @staticmethod
+    def from_ir(model: ir.Model, *, finished: bool = True) -> InMemoryModel:
+        """``model`` with its large main-graph initializers in memory. While it is serialised those
+        initializers stand as external declarations (put back before this returns). A ``finished`` model
+        (nothing changes it any more) is made once within ``arrays_scope``: validation and the latency check
+        load the same one."""
+        kept = _arrays.get() if finished else None
+        entry = kept.models.get(id(model)) if kept is not None else None
+        if entry is not None and entry[0] is model:
+            return entry[1]
+        made = InMemoryModel._from_ir(model)
+        if kept is not None:
+            kept.models[id(model)] = (model, made)
+            while len(kept.models) > _KEPT_MODELS:
+                kept.models.pop(next(iter(kept.models)))
+        return made
+
+    @staticmethod
+    def _from_ir(model: ir.Model) -> InMemoryModel:
+        weights = {
+            name: value.const_value for name, value in model.graph.initializers.items() if _in_memory(value.const_value)
+        }
+        values = {name: model.graph.initializers[name] for name in weights}
+        try:
+            for name, value in values.items():
+                tensor = value.const_value
+                value.const_value = ir.ExternalTensor(
+                    IN_MEMORY_LOCATION, None, None, tensor.dtype, shape=tensor.shape, name=name
+                )
+            proto = ir.to_proto(model).SerializeToString()
+        finally:
+            for name, value in values.items():
+                value.const_value = weights[name]
+        return InMemoryModel(proto, weights)
+
+    @staticmethod
+    def from_proto(proto: onnx.ModelProto, model: ir.Model) -> InMemoryModel:
+        """``proto`` as parsed, its large main-graph initializers in memory; their tensors are ``model``'s (the
+        onnx_ir model deserialised from ``proto``, whose tensors read the same messages). Every other field is
+        copied as it is: this is the upload, not a re-serialisation of it."""
+        light = onnx.ModelProto()
+        _copy_fields(light, proto, skip="graph")
+        _copy_fields(light.graph, proto.graph, skip="initializer")
+        weights = {}
+        for initializer in proto.graph.initializer:
+            value = model.graph.initializers.get(initializer.name)
+            tensor = value.const_value if value is not None else None
+            if _in_memory(tensor) and initializer.data_location != onnx.TensorProto.EXTERNAL:
+                light.graph.initializer.append(_declared(initializer.name, initializer.data_type, initializer.dims))
+                weights[initializer.name] = tensor
+            else:
+                light.graph.initializer.append(initializer)
+        return InMemoryModel(light.SerializeToString(), weights)
+
+    def session(self, options: ort.SessionOptions) -> ort.InferenceSession:
+        """A CPU session of this model. The arrays stay referenced by the session: ONNX Runtime reads them in
+        place for as long as it lives."""
+        names = list(self.weights)
+        arrays = [_array_of(self.weights[name]) for name in names]
+        values = [ort.OrtValue.ortvalue_from_numpy(array) for array in arrays]
+        if names:
+            options.add_external_initializers(names, values)
+        session = ort.InferenceSession(self.proto, options, providers=["CPUExecutionProvider"])
+        session.flexdsa_weights = (arrays, values)
+        return session
+
+
+def session_with(proto: onnx.ModelProto, weights: Mapping[str, np.ndarray], options: ort.SessionOptions):
+    """A session of ``proto`` whose initializers ``weights`` (already declared with ``declare``) come from
+    memory: the single-node models of the cost model."""
+    return InMemoryModel(proto.SerializeToString(), weights).session(options)
+
+
+def declare(name: str, dtype: np.dtype, shape) -> onnx.TensorProto:
+    """The declaration of an in-memory initializer named ``name`` (its data goes to ``session_with``)."""
+    return _declared(name, onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dtype)), shape)
+
+
+def _copy_fields(target, source, *, skip: str) -> None:
+    for field, content in source.ListFields():
+        if field.name == skip:
+            continue
+        if field.is_repeated:
+            getattr(target, field.name).extend(content)
+        elif field.message_type is not None:
+            getattr(target, field.name).CopyFrom(content)
+        else:
+            setattr(target, field.name, content)

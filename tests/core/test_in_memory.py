@@ -1,0 +1,91 @@
+"""ONNX Runtime sessions with the weights read from memory give the same outputs as from the protobuf, carry
+no weight data in the protobuf, and leave the model as it was."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import onnxruntime as ort
+
+from flexdsa_core import in_memory
+from flexdsa_core.in_memory import InMemoryModel, arrays_scope
+from flexdsa_core.ingest import ingest
+from flexdsa_core.kernel_timing import _single_node_session
+from flexdsa_core.op_costs import TensorInfo
+from flexdsa_core.validate import session
+
+MLP = """
+<ir_version: 10, opset_import: ["" : 17]>
+mlp (float[N,256] x) => (float[N,8] y) {
+    h = MatMul(x, w1)
+    r = Relu(h)
+    z = MatMul(r, w2)
+    y = Add(z, b)
+}
+"""
+
+
+def _mlp_proto() -> onnx.ModelProto:
+    rng = np.random.default_rng(0)
+    proto = onnx.parser.parse_model(MLP)
+    for name, shape in (("w1", (256, 512)), ("w2", (512, 8)), ("b", (8,))):
+        proto.graph.initializer.append(
+            onnx.numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32), name)
+        )
+    proto.doc_string = "kept as uploaded"
+    return proto
+
+
+def _outputs(source, feeds):
+    sess = session(source)
+    return sess.run(None, feeds)[0]
+
+
+def test_a_model_from_ir_runs_as_its_bytes_do_without_its_weights_in_the_protobuf():
+    proto = _mlp_proto()
+    model = ir.serde.deserialize_model(proto)
+    before = {name: value.const_value for name, value in model.graph.initializers.items()}
+    feeds = {"x": np.random.default_rng(1).standard_normal((3, 256)).astype(np.float32)}
+    loaded = InMemoryModel.from_ir(model)
+    assert sorted(loaded.weights) == ["w1", "w2"]  # the 32-byte bias stays in the protobuf
+    assert len(loaded.proto) < 2048 < proto.ByteSize()
+    np.testing.assert_array_equal(_outputs(loaded, feeds), _outputs(proto.SerializeToString(), feeds))
+    after = {name: value.const_value for name, value in model.graph.initializers.items()}
+    assert all(after[name] is tensor for name, tensor in before.items())  # put back, not copies
+
+
+def test_an_upload_from_its_parsed_proto_keeps_every_other_field():
+    proto = _mlp_proto()
+    ingested = ingest(proto.SerializeToString())
+    assert ingested.proto is not None
+    loaded = InMemoryModel.from_proto(ingested.proto, ingested.model)
+    light = onnx.ModelProto.FromString(loaded.proto)
+    assert light.doc_string == "kept as uploaded" and [n.op_type for n in light.graph.node] == [
+        "MatMul", "Relu", "MatMul", "Add",
+    ]  # fmt: skip
+    assert [t.data_location for t in light.graph.initializer] == [onnx.TensorProto.EXTERNAL] * 2 + [0]
+    feeds = {"x": np.ones((2, 256), np.float32)}
+    np.testing.assert_array_equal(_outputs(loaded, feeds), _outputs(proto.SerializeToString(), feeds))
+
+
+def test_a_weight_becomes_an_array_once_per_scope_on_a_64_byte_boundary():
+    model = ir.serde.deserialize_model(_mlp_proto())
+    with arrays_scope():
+        first = session(InMemoryModel.from_ir(model), level=ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
+        second = session(InMemoryModel.from_ir(model), level=ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
+    arrays = first.flexdsa_weights[0]
+    assert [a is b for a, b in zip(arrays, second.flexdsa_weights[0], strict=True)] == [True, True]
+    assert all(a.ctypes.data % in_memory.ALIGNMENT == 0 for a in arrays)
+    outside = session(InMemoryModel.from_ir(model))  # no scope: made afresh
+    assert outside.flexdsa_weights[0][0] is not arrays[0]
+
+
+def test_a_kernel_with_a_large_constant_is_timed_from_memory():
+    weight = np.random.default_rng(2).standard_normal((512, 256)).astype(np.float32)
+    node = onnx.helper.make_node("MatMul", ["a", "b"], ["y"])
+    inputs = [("a", TensorInfo((4, 512), "float32"), None), ("b", TensorInfo((512, 256), "float32"), weight)]
+    sess = _single_node_session(node, inputs, ["y"], {"": 17}, ort.GraphOptimizationLevel.ORT_ENABLE_BASIC)
+    a = np.ones((4, 512), np.float32)
+    np.testing.assert_allclose(sess.run(None, {"a": a})[0], a @ weight, rtol=1e-5, atol=1e-4)
+    assert sess.flexdsa_weights[0][0].ctypes.data % in_memory.ALIGNMENT == 0
