@@ -740,7 +740,7 @@ def _dynamic_mixed(run, fp32: Path, fmt: Int8Format, sensitivity: dict, referenc
     """Dynamic int8 (``int8_forms``) with the fewest most sensitive MatMuls kept float that meets the target,
     ranked by the static sensitivity (``sensitivity``, layers named alike in both graphs): the most sensitive
     one float first (dynamic int8 loses less than static per layer, activations scaled per run: on ViT-B
-    width one float attention projection gave top-1 1.0 on the samples, 15 of 16 MatMuls int8), then a
+    width one float MatMul gave top-1 1.0 on the samples, 15 of 16 int8), then a
     bisection over how many. A classifier head (``head``) stays int8 with its top candidates re-scored exactly
     (``exact_top_k``) and is not ranked: with every other MatMul float it is the last int8 layer standing
     (GPT-2's LM head, 53% of its fp32 time). Without one, every ranked MatMul float is the fp32 model."""
