@@ -36,8 +36,14 @@ the model with only that layer quantised, ``1 - min over outputs of min(cosine, 
 found by bisection over ``k`` (ops measured slower in int8 are float throughout; when every other op in
 int8 misses the target, only weight layers are quantised); then the kept-float layers with the largest
 measured int8 gain are tried back one at a time. The calibration ranges are computed once and reused.
-Where dynamic int8 of every MatMul just misses the target, ``dynamic_mixed`` keeps the 1, 2, 4... (at most
-``DYNAMIC_KEEP_FLOAT_MAX``) most sensitive of them float in dynamic int8, by the same ranking.
+Where dynamic int8 of every MatMul misses the target, ``dynamic_mixed`` keeps the most sensitive of them float
+in dynamic int8, by the same ranking: the one most sensitive, then the fewest found by bisection.
+
+**A classifier head** (a MatMul with a constant [D, V] weight, V >= 2048, writing a top-1-judged output: an
+LM head) gets its top 8 candidates per row re-scored exactly in fp32 after int8 (``int8_forms.exact_top_k``):
+its top-1 is then the fp32 head's, and the int8 GEMM still does the bulk. ``dynamic_exact_head`` (dynamic
+int8 of every MatMul so) is a candidate where plain ``dynamic`` misses the target; ``dynamic_mixed`` keeps
+such a head int8 and ranks only the other MatMuls.
 
 **fp16** (accelerators): float16 weights and arithmetic (ONNX Runtime's float16 converter, keeping float32
 graph inputs/outputs under ``keep_io_types``), checked element-wise with the float16 tolerances and by the
@@ -66,7 +72,14 @@ from flexdsa_core.cost_model import _machine_fingerprint
 from flexdsa_core.errors import InvalidOptionsError, ValidationFailedError
 from flexdsa_core.int8_cache import CACHED, CostingScope, cached_profile
 from flexdsa_core.int8_costing import PROFILES, decide, profile_int8_vs_fp32, quantised_nodes
-from flexdsa_core.int8_forms import DYNAMIC_OP_TYPES, dynamic_form
+from flexdsa_core.int8_forms import (
+    DYNAMIC_OP_TYPES,
+    EXACT_TOP_K,
+    ClassifierHead,
+    classifier_head,
+    dynamic_form,
+    exact_top_k,
+)
 from flexdsa_core.options import AccuracyTarget, OptimizeOptions
 from flexdsa_core.significance import KERNEL_MIN_EFFECT, MIN_ROUNDS, MODEL_MIN_EFFECT, paired
 from flexdsa_core.validate import DEFAULT_TOLERANCES, latency_samples, session
@@ -90,8 +103,6 @@ WEIGHT_COMPUTE_OPS = frozenset({"Conv", "ConvTranspose", "MatMul", "Gemm"})
 # After the bisection, at most this many kept-float layers (largest measured int8 gain first) are tried
 # back in int8, one quantise-and-score each.
 READMIT_LAYERS = 8
-# Dynamic int8 with the most sensitive layers float (mixed): 1, 2, 4... of them, up to this many.
-DYNAMIC_KEEP_FLOAT_MAX = 8
 # Sensitivity ranks layers: this many samples order them as well as all would, at a fraction of the runs.
 SENSITIVITY_SAMPLES = 8
 # Runs of each model before the per-op profile's rounds count (caches, ORT's first-run allocations).
@@ -350,22 +361,34 @@ def _quantize_static(fp32: Path, out: Path, samples, cache: Path, fmt: Int8Forma
     return out
 
 
-def _quantize_dynamic(fp32: Path, out: Path, fmt: Int8Format, keep_float: tuple[str, ...] = ()) -> Path:
+def _quantize_dynamic(fp32: Path, out: Path, fmt: Int8Format, keep_float: tuple[str, ...] = (),
+                      head: ClassifierHead | None = None) -> Path:  # fmt: skip
     """Dynamic int8 of ``fp32`` in the form ONNX Runtime's fused int8 MatMul takes (``int8_forms``): every
-    MatMul with a constant weight becomes DynamicQuantizeMatMul; the rest stays fp32."""
+    MatMul with a constant weight becomes DynamicQuantizeMatMul; the rest stays fp32. With ``head`` (found by
+    ``_classifier_head``), that head's top candidates per row are re-scored exactly in fp32 (``exact_top_k``)."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     # The form drops our value_info (the rewritten graph re-infers its shapes); untyped new tensors are float.
     model, _ = dynamic_form(onnx.load(str(fp32)))
     bare = out.with_name(f"{out.stem}.input.onnx")
     onnx.save(model, str(bare))
+    del model
     quantize_dynamic(
         str(bare), str(out), weight_type=QuantType.QInt8, per_channel=False, reduce_range=fmt.reduce_range,
         op_types_to_quantize=list(DYNAMIC_OP_TYPES), nodes_to_exclude=list(keep_float),
         extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
     )  # fmt: skip
     bare.unlink(missing_ok=True)
+    if head is not None and head.node not in keep_float:
+        onnx.save(exact_top_k(onnx.load(str(out)), head), str(out))
     return out
+
+
+def _classifier_head(fp32: Path, top1_outputs: list[str]) -> tuple[ClassifierHead | None, str]:
+    """The classifier head of ``fp32``'s dynamic form whose top-k ``exact_top_k`` re-scores, or None and why."""
+    if not top1_outputs:
+        return None, "no output is judged by top-1"
+    return classifier_head(dynamic_form(onnx.load(str(fp32)))[0], top1_outputs)
 
 
 def _weight_layers(quantized: onnx.ModelProto) -> list[tuple[str, str]]:
@@ -712,33 +735,67 @@ def _mixed(run, fp32, layers, reference, cache, fmt, full: _Candidate, slower: f
     return candidate, sensitivity, reasons, search
 
 
-def _dynamic_mixed(run, fp32: Path, fmt: Int8Format, sensitivity: dict, reference) -> _Candidate:
-    """Dynamic int8 (``int8_forms``) with the most sensitive MatMuls kept float: the 1, 2, 4... most sensitive
-    by the static ranking (``sensitivity``, layers named alike in both graphs), the first count that meets the
-    target. Dynamic int8 loses less than static per layer (activations scaled per run), so where every
-    MatMul in dynamic int8 just misses the target, one float layer may do (ViT-B width here: the first
-    attention output projection float, top-1 1.0 on the samples; 15 of 16 MatMuls int8)."""
+def _dynamic_mixed(run, fp32: Path, fmt: Int8Format, sensitivity: dict, reference,
+                   head: ClassifierHead | None = None) -> _Candidate:  # fmt: skip
+    """Dynamic int8 (``int8_forms``) with the fewest most sensitive MatMuls kept float that meets the target,
+    ranked by the static sensitivity (``sensitivity``, layers named alike in both graphs): the most sensitive
+    one float first (dynamic int8 loses less than static per layer, activations scaled per run: on ViT-B
+    width one float MatMul gave top-1 1.0 on the samples, 15 of 16 int8), then a
+    bisection over how many. A classifier head (``head``) stays int8 with its top candidates re-scored exactly
+    (``exact_top_k``) and is not ranked: with every other MatMul float it is the last int8 layer standing
+    (GPT-2's LM head, 53% of its fp32 time). Without one, every ranked MatMul float is the fp32 model."""
     form, _ = dynamic_form(onnx.load(str(fp32)))
     matmuls = {node.name for node in form.graph.node if node.op_type in DYNAMIC_OP_TYPES}
+    del form
     ranked = [
         name
         for name, entry in sorted(sensitivity.items(), key=lambda item: (-item[1]["loss"], _cosine_kept(item[1])))
-        if name in matmuls
+        if name in matmuls and (head is None or name != head.node)
     ]
     candidate = _Candidate("dynamic_mixed", run.workdir / "dynamic_mixed.onnx", "")
-    keep = 1
-    while True:
-        kept = tuple(ranked[:keep])
-        _quantize_dynamic(fp32, candidate.path, fmt, keep_float=kept)
-        candidate.accuracy = score(reference, _outputs(candidate.path, run.samples, level=run.judge_level), run.options.accuracy)
-        if candidate.accuracy["ok"] or keep >= min(len(ranked), DYNAMIC_KEEP_FLOAT_MAX):
-            break
-        keep *= 2
+    tried: dict[int, dict] = {}
+
+    def attempt(keep: int) -> dict:
+        if keep not in tried:
+            out = run.workdir / f"dynamic_mixed_{keep}.onnx"
+            _quantize_dynamic(fp32, out, fmt, keep_float=tuple(ranked[:keep]), head=head)
+            tried[keep] = score(reference, _outputs(out, run.samples, level=run.judge_level), run.options.accuracy)
+            if not tried[keep]["ok"]:
+                out.unlink(missing_ok=True)
+        return tried[keep]
+
+    keep = min(1, len(ranked))
+    if keep and not attempt(keep)["ok"]:
+        low, keep = keep, len(ranked)  # invariant: low misses the target; keep meets it (or is the last tried)
+        if keep > low and not matmuls - set(ranked):
+            tried[keep] = {"ok": True, "loss": 0.0, "outputs": {}}  # every MatMul float: the fp32 model
+        elif keep > low and not attempt(keep)["ok"]:
+            low = keep  # even with every ranked MatMul float it misses: nothing to bisect
+        while keep - low > 1:
+            middle = (low + keep) // 2
+            if attempt(middle)["ok"]:
+                keep = middle
+            else:
+                low = middle
+    kept = tuple(ranked[:keep])
+    result = run.workdir / f"dynamic_mixed_{keep}.onnx"
+    candidate.accuracy = tried.get(keep) or attempt(keep)
+    int8 = matmuls - set(kept)
+    if result.exists():
+        result.replace(candidate.path)
+    elif not candidate.accuracy.get("outputs"):
+        candidate.error = "no MatMul can be int8 within the accuracy target: every one would be float (the fp32 model)"
+    exact = (
+        f"; the classifier head {head.node!r} int8 with its top {EXACT_TOP_K} per row re-scored exactly in fp32"
+        if head is not None else ""
+    )  # fmt: skip
     candidate.how = (
-        f"dynamic int8 of {len(matmuls) - len(kept)} of {len(matmuls)} MatMuls (int8_forms), the {len(kept)} most "
-        f"sensitive by the static ranking kept float: {', '.join(kept) or 'none'}"
+        f"dynamic int8 of {len(int8)} of {len(matmuls)} MatMuls (int8_forms), the {len(kept)} most "
+        f"sensitive by the static ranking kept float: {', '.join(kept) or 'none'}{exact}"
     )
-    candidate.int8_nodes = frozenset(matmuls - set(kept))
+    candidate.int8_nodes = frozenset(int8)
+    for other in run.workdir.glob("dynamic_mixed_*.onnx"):
+        other.unlink(missing_ok=True)
     return candidate
 
 
@@ -865,6 +922,22 @@ def _int8(run: PrecisionRun, report: dict) -> ir.Model | None:
     for index, (candidate, build) in enumerate(builders):
         run.report(0.3 * index / len(builders), f"int8 candidate {candidate.name}")
         candidates.append(_scored(run, candidate, build, reference))
+    head = None
+    if fmt.runs_here:  # a big classifier head (an LM's) whose top-1 int8 would flip: its top-k re-scored exactly
+        head, why = _classifier_head(fp32, _classifier_outputs(reference[0], options.accuracy))
+        report["classifier_head"] = (
+            {"node": head.node, "output": head.output, "classes": head.classes, "exact_top_k": EXACT_TOP_K}
+            if head is not None else {"node": None, "why": why}
+        )  # fmt: skip
+    exact_head = _Candidate(
+        "dynamic_exact_head", run.workdir / "dynamic_exact_head.onnx",
+        f"dynamic int8 of every MatMul (as 'dynamic'), the classifier head's top {EXACT_TOP_K} per row re-scored "
+        "exactly in fp32 (int8_forms.exact_top_k)",
+    )  # fmt: skip
+    if head is not None and dynamic.error is None and not dynamic.accuracy.get("ok"):
+        run.report(0.3, f"int8 candidate {exact_head.name}")
+        build = lambda: _quantize_dynamic(fp32, exact_head.path, fmt, head=head)  # noqa: E731
+        candidates.append(_scored(run, exact_head, build, reference))
 
     layers = _weight_layers(onnx.load(str(static.path))) if static.error is None else []
     # The static model that quantises more layers is the base of the per-op costing and of mixed: ONNX
@@ -921,8 +994,9 @@ def _int8(run: PrecisionRun, report: dict) -> ir.Model | None:
         mixed.how += f" (from {base.name})"
         candidates.append(mixed)
         table_model = mixed
-        if fmt.runs_here and dynamic.error is None and not dynamic.accuracy.get("ok") and sensitivity:
-            build_dynamic_mixed = lambda: _dynamic_mixed(run, fp32, fmt, sensitivity, reference)  # noqa: E731
+        dynamic_ok = dynamic.accuracy.get("ok") or (exact_head.error is None and exact_head.accuracy.get("ok"))
+        if fmt.runs_here and dynamic.error is None and not dynamic_ok and sensitivity:
+            build_dynamic_mixed = lambda: _dynamic_mixed(run, fp32, fmt, sensitivity, reference, head)  # noqa: E731
             candidates.append(_scored_search(build_dynamic_mixed))
 
     if measured:

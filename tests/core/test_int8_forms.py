@@ -1,6 +1,7 @@
 """int8_forms: our Attention and tied-weight FusedMatMul rewritten into the MatMuls ONNX Runtime's dynamic int8
 quantiser takes. Exact in fp32 (checked in ONNX Runtime), quantised to int8 MatMuls, and left alone where
-the rewrite would change what the op computes."""
+the rewrite would change what the op computes. A quantised classifier head with its top-k re-scored in fp32
+keeps the fp32 head's top-1 where plain int8 flips it."""
 
 from __future__ import annotations
 
@@ -9,11 +10,13 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from flexdsa_core.int8_forms import dynamic_form
+from flexdsa_core.int8_forms import EXACT_TOP_K, classifier_head, dynamic_form
 from flexdsa_core.precision import Int8Format, _quantize_dynamic
 from flexdsa_core.validate import run
+from tests.models.language_model import language_model
 
 HIDDEN, HEADS, SEQ, VOCAB = 32, 4, 6, 50
 
@@ -119,3 +122,72 @@ def test_ops_the_rewrite_would_change_are_left_alone():
     np.testing.assert_array_equal(
         run(form.SerializeToString(), feed)["logits"], run(original.SerializeToString(), feed)["logits"]
     )
+
+
+# ------------------------------------------------------------------------------------------ exact top-k head
+LM_SEQ = 32
+
+
+def _token_feeds(vocab: int, count: int = 8) -> list[dict[str, np.ndarray]]:
+    rng = np.random.default_rng(5)
+    return [{"ids": rng.integers(0, vocab, (1, LM_SEQ)).astype(np.int64)} for _ in range(count)]
+
+
+def _quantised_pair(tmp_path: Path, model: onnx.ModelProto) -> tuple[Path, Path, object]:
+    """(plain dynamic int8, dynamic int8 with the head's top-k re-scored, the head found)."""
+    fp32 = tmp_path / "fp32.onnx"
+    onnx.save(model, fp32)
+    head, why = classifier_head(dynamic_form(model)[0], ["logits"])
+    assert head is not None, why
+    fmt = Int8Format("u8s8", "uint8", False, False, True)
+    plain = _quantize_dynamic(fp32, tmp_path / "plain.onnx", fmt)
+    exact = _quantize_dynamic(fp32, tmp_path / "exact.onnx", fmt, head=head)
+    return plain, exact, head
+
+
+def _top1(want: np.ndarray, got: np.ndarray) -> float:
+    return float(np.mean(want.argmax(-1) == got.argmax(-1)))
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_exact_top_k_gives_the_fp32_heads_top1_where_int8_flips_it(tmp_path: Path, tied: bool):
+    vocab = 4096  # a divisor of it in the block range: no pad
+    original = language_model(vocab, tied=tied)
+    plain, exact, head = _quantised_pair(tmp_path, original)
+    assert head.added_rows is None if tied else head.added_rows is not None  # tied: the embedding is the rows
+    ops = _ops(onnx.load(exact))
+    assert ops["TopK"] == 2 and ops["ScatterElements"] == 1 and ops["MatMulInteger"] == 1 and "Pad" not in ops, ops
+    onnx.checker.check_model(onnx.load(exact))
+    flipped = 0
+    for feed in _token_feeds(vocab):
+        want = run(original.SerializeToString(), feed)["logits"]
+        approx, got = run(plain, feed)["logits"], run(exact, feed)["logits"]
+        flipped += int(np.sum(want.argmax(-1) != approx.argmax(-1)))
+        assert _top1(want, got) == 1.0
+        # The re-scored classes carry the fp32 head's values, every other class the int8 head's, unchanged.
+        rescored = got != approx
+        assert rescored.sum(-1).max() <= EXACT_TOP_K
+        np.testing.assert_allclose(got[rescored], want[rescored], rtol=1e-4, atol=1e-5)
+        winners = np.take_along_axis(got, want.argmax(-1)[..., None], -1)
+        np.testing.assert_allclose(winners, np.take_along_axis(want, want.argmax(-1)[..., None], -1), rtol=1e-4, atol=1e-5)
+        assert _cosine(want, got) >= _cosine(want, approx)
+    assert flipped > 0  # plain int8 does flip top-1s on these near-tied logits: the test means something
+
+
+def test_exact_top_k_pads_a_vocabulary_no_block_divides(tmp_path: Path):
+    vocab = 2053  # prime: the blocks need a pad of -inf past the last class
+    original = language_model(vocab, tied=False)
+    _, exact, _ = _quantised_pair(tmp_path, original)
+    assert _ops(onnx.load(exact))["Pad"] == 1
+    for feed in _token_feeds(vocab, 3):
+        want, got = run(original.SerializeToString(), feed)["logits"], run(exact, feed)["logits"]
+        assert got.shape == want.shape and np.isfinite(got).all()
+        assert _top1(want, got) == 1.0
+
+
+def test_classifier_head_says_why_it_leaves_a_head_alone():
+    small = language_model(1000, tied=False)
+    head, why = classifier_head(dynamic_form(small)[0], ["logits"])
+    assert head is None and "1000 classes: cheap in fp32" in why
+    head, why = classifier_head(dynamic_form(language_model(4096, tied=False))[0], [])
+    assert head is None and "top-1 output" in why

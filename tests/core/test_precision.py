@@ -18,6 +18,7 @@ from flexdsa_core.options import AccuracyTarget
 from flexdsa_core.precision import _quantize_static, int8_format, score
 from flexdsa_core.validate import run
 from tests.models import fixture
+from tests.models.language_model import language_model
 
 
 def _npz(**arrays) -> bytes:
@@ -235,6 +236,48 @@ def test_mixed_tries_dynamic_int8_with_the_most_sensitive_layer_float():
     assert dynamic_mixed["meets_target"], dynamic_mixed
     assert dynamic_mixed["how"].endswith("kept float: sensitive, widen") and "1 of 3 MatMuls" in dynamic_mixed["how"]
     assert dynamic_mixed["accuracy"]["outputs"]["y"]["cosine"] >= 0.99
+
+
+def test_int8_re_scores_a_language_model_head_whose_top1_int8_flips():
+    # A 4096-token head over near-tied logits: dynamic int8 of it flips a few percent of the rows' top-1s; the
+    # candidate with its top 8 re-scored in fp32 keeps every one, and the report says which head and why.
+    vocab = 4096
+    ids = np.random.default_rng(2).integers(0, vocab, (16, 32)).astype(np.int64)
+    result = FlexDSAOptimizer("cpu-ort").optimize(
+        language_model(vocab, tied=True).SerializeToString(),
+        OptimizeOptions(precision="int8", measure_latency=False), calibration=_npz(ids=ids),
+    )  # fmt: skip
+    precision = result.report["precision"]
+    assert precision["classifier_head"]["classes"] == vocab and precision["classifier_head"]["exact_top_k"] == 8
+    candidates = {c["name"]: c for c in precision["candidates"]}
+    assert candidates["dynamic"]["accuracy"]["outputs"]["logits"]["top1_agreement"] < 0.99
+    exact = candidates["dynamic_exact_head"]
+    assert exact["meets_target"] and exact["accuracy"]["outputs"]["logits"]["top1_agreement"] == 1.0, exact
+    assert precision["shipped"] in {name for name, c in candidates.items() if c["meets_target"]}
+
+
+def test_mixed_keeps_the_body_float_and_the_re_scored_head_int8_when_that_is_what_holds():
+    # With a body MatMul in int8 too the top-1s flip even with the head re-scored; dynamic_mixed keeps the body
+    # float and the head int8 (re-scored): top-1 1.0 on the samples.
+    vocab = 4096
+    ids = np.random.default_rng(2).integers(0, vocab, (16, 32)).astype(np.int64)
+    result = FlexDSAOptimizer("cpu-ort").optimize(
+        language_model(vocab, tied=False, body=True).SerializeToString(),
+        OptimizeOptions(precision="mixed", measure_latency=False), calibration=_npz(ids=ids),
+    )  # fmt: skip
+    candidates = {c["name"]: c for c in result.report["precision"]["candidates"]}
+    assert not candidates["dynamic_exact_head"]["meets_target"]
+    mixed = candidates["dynamic_mixed"]
+    assert mixed["meets_target"] and mixed["accuracy"]["outputs"]["logits"]["top1_agreement"] == 1.0, mixed
+    assert "kept float: body" in mixed["how"] and "'lm_head' int8 with its top 8 per row re-scored" in mixed["how"]
+
+
+def test_a_model_without_a_top1_output_has_no_head_to_re_score():
+    result = FlexDSAOptimizer("cpu-ort").optimize(
+        _sensitive_mlp(huge=1.0), OptimizeOptions(precision="int8", accuracy=NOT_A_CLASSIFIER, measure_latency=False),
+        calibration=_mlp_calibration(),
+    )  # fmt: skip
+    assert result.report["precision"]["classifier_head"] == {"node": None, "why": "no output is judged by top-1"}
 
 
 def test_mixed_keeps_every_layer_int8_when_int8_already_meets_the_target():
