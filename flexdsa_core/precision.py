@@ -674,12 +674,7 @@ def _mixed(run, fp32, layers, reference, cache, fmt, full: _Candidate, slower: f
         tried[0], path_of[0], chosen_of[0] = full.accuracy, full.path, full.int8_nodes
     elif not attempt(0)["ok"]:
         tried[hi] = {"ok": True, "loss": 0.0, "outputs": {}}  # every weight layer float: the fp32 model
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if attempt(mid)["ok"]:
-                hi = mid
-            else:
-                lo = mid
+        hi = _bisect_float_layers(attempt, lo, hi)
     else:
         hi = 0
     keep = hi
@@ -771,12 +766,7 @@ def _dynamic_mixed(run, fp32: Path, fmt: Int8Format, sensitivity: dict, referenc
             tried[keep] = {"ok": True, "loss": 0.0, "outputs": {}}  # every MatMul float: the fp32 model
         elif keep > low and not attempt(keep)["ok"]:
             low = keep  # even with every ranked MatMul float it misses: nothing to bisect
-        while keep - low > 1:
-            middle = (low + keep) // 2
-            if attempt(middle)["ok"]:
-                keep = middle
-            else:
-                low = middle
+        keep = _bisect_float_layers(attempt, low, keep)
     kept = tuple(ranked[:keep])
     result = run.workdir / f"dynamic_mixed_{keep}.onnx"
     candidate.accuracy = tried.get(keep) or attempt(keep)
@@ -1303,3 +1293,15 @@ def samples_dataset(samples: list[dict], bucket: str | None = None) -> dict[str,
 
 def _safe_name(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+
+
+def _bisect_float_layers(attempt, misses: int, meets: int) -> int:
+    """The fewest most-sensitive layers kept float that meet the target, between ``misses`` (a count known to
+    miss it) and ``meets`` (one known to meet it): ``attempt(count)["ok"]`` is monotone in the count."""
+    while meets - misses > 1:
+        middle = (misses + meets) // 2
+        if attempt(middle)["ok"]:
+            meets = middle
+        else:
+            misses = middle
+    return meets
