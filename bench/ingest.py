@@ -219,9 +219,10 @@ def load(base_url: str, clients: int, model_bytes: int, seed: int, start_at: flo
     })
 
 
-def sender_ceiling(clients: int, model_bytes: int, seed: int) -> float:
+def sender_ceiling(bodies: list[bytes]) -> float:
     """MB/s at which ``load``'s way of sending pushes the same uploads into sockets that discard them (a
     thread per connection reading into one buffer): the most the load generator could show of any server."""
+    clients = len(bodies)
     listener = socket.create_server(("127.0.0.1", 0), backlog=clients)
     address = listener.getsockname()
 
@@ -245,7 +246,7 @@ def sender_ceiling(clients: int, model_bytes: int, seed: int) -> float:
             connection, _ = listener.accept()
             threading.Thread(target=discard, args=(connection,), daemon=True).start()
 
-    requests = [multipart_request("127.0.0.1", onnx_model(seed + i, model_bytes), f"sink{i}.onnx") for i in range(clients)]
+    requests = [multipart_request("127.0.0.1", body, f"sink{i}.onnx") for i, body in enumerate(bodies)]
     acceptor = threading.Thread(target=accept, daemon=True)
     acceptor.start()
     threads = [threading.Thread(target=send_upload, args=(address, requests[i])) for i in range(clients)]
@@ -287,7 +288,7 @@ def run(args) -> dict:
         bodies = [onnx_model(args.seed + i, args.model_mb * 1_000_000) for i in range(args.clients)]
         load_before = os.getloadavg()[0]
         limit_before = machine_limit(bodies, tmp)
-        ceiling = sender_ceiling(args.clients, args.model_mb * 1_000_000, args.seed)
+        ceiling = sender_ceiling(bodies)
         port = free_port()
         env = dict(os.environ)
         env.update(
@@ -375,8 +376,6 @@ def _summary(values: list[float]) -> dict:
         "mean": round(statistics.fmean(values) * 1e3, 1),
     }
 
-
-# The app on embedded defaults, served by uvicorn the way ``flexdsa serve`` does, minus its example run.
 
 
 def main(argv: list[str] | None = None) -> int:

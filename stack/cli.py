@@ -64,17 +64,11 @@ def serve(
         return
     # Several processes: uvicorn starts each from an import string, and each reads its settings from the
     # environment, so this command's own overrides travel there first (the database is migrated above, once).
-    os.environ.update(_settings_environment(settings))
+    os.environ.update({"FLEXDSA_HOST": settings.host, "FLEXDSA_PORT": str(settings.port)})
     uvicorn.run(
         "stack.cli:process_app", factory=True, workers=settings.api_workers, host=settings.host,
         port=settings.port, log_level=settings.log_level, log_config=None,
     )
-
-
-def _settings_environment(settings) -> dict[str, str]:
-    """The settings this command chose (beyond the environment's own) as FLEXDSA_ variables."""
-    return {"FLEXDSA_HOST": settings.host, "FLEXDSA_PORT": str(settings.port),
-            "FLEXDSA_API_WORKERS": str(settings.api_workers)}
 
 
 def process_app():

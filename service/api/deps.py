@@ -96,7 +96,7 @@ class Admission:
     idempotency_key: str | None
 
 
-def admit_submit(
+def admitted_submit(
     request: Request,
     session: SessionDep,
     settings: SettingsDep,
@@ -116,7 +116,7 @@ def admit_submit(
     return Admission(tenant, replayed, idempotency_key)
 
 
-AdmittedSubmit = Annotated[Admission, Depends(admit_submit)]
+AdmittedSubmit = Annotated[Admission, Depends(admitted_submit)]
 
 
 def job_of_current_tenant(
