@@ -9,7 +9,9 @@ and unhandled exceptions are rewritten here too.
 
 from __future__ import annotations
 
+import errno
 import logging
+from contextlib import contextmanager
 from typing import Any
 
 import sqlalchemy.exc
@@ -73,6 +75,48 @@ class NotReady(ServiceError):
     code = "not_ready"
 
 
+class InsufficientStorage(ServiceError):
+    """The service's own disk is full (or over quota): nothing the client sent was wrong, and the same
+    request succeeds once space is freed."""
+
+    status = 507
+    code = "insufficient_storage"
+
+
+class StorageUnavailable(ServiceError):
+    """The service's disk failed a read or write for another reason (I/O error, read-only filesystem)."""
+
+    status = 503
+    code = "storage_unavailable"
+
+
+# Seconds a client is told to wait after the service's own disk refused an upload.
+STORAGE_RETRY_AFTER_S = 30
+
+
+@contextmanager
+def storage_io():
+    """The service disk's failures (staging an upload, storing it) are the service's, not the client's:
+    a full disk is 507, any other I/O error 503, each with Retry-After and logged with its traceback for
+    the operator; never "could not be parsed", never a bare 500."""
+    try:
+        yield
+    except OSError as err:
+        log.error("storage write failed: %s", err, exc_info=True)
+        headers = {"Retry-After": str(STORAGE_RETRY_AFTER_S)}
+        if err.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise InsufficientStorage(
+                "The service's upload storage is full; nothing was queued. Retry once an operator has freed space.",
+                details={"errno": errno.errorcode.get(err.errno, err.errno)},
+                headers=headers,
+            ) from None
+        raise StorageUnavailable(
+            "The service could not write the upload to its storage; nothing was queued. Retry shortly.",
+            details={"errno": errno.errorcode.get(err.errno, err.errno) if err.errno else None},
+            headers=headers,
+        ) from None
+
+
 _STATUS_CODES = {
     400: "bad_request",
     401: "unauthorized",
@@ -86,6 +130,7 @@ _STATUS_CODES = {
     429: "quota_exceeded",
     500: "internal_error",
     503: "not_ready",
+    507: "insufficient_storage",
 }
 
 

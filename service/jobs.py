@@ -30,7 +30,7 @@ from flexdsa_core.preflight import check_request
 from service.config import Settings
 from service.dispatch import enqueue as dispatch
 from service.edge import check_spec_json
-from service.errors import Conflict, InvalidRequest, QuotaExceeded
+from service.errors import Conflict, InvalidRequest, QuotaExceeded, storage_io
 from service.job_cache import job_cache_key, job_cache_source
 from service.models import Artifact, Job, JobStatus, Tenant, utcnow
 from service.schemas import JobError, JobLinks, JobOut
@@ -255,11 +255,12 @@ def _record_job(
     settings: Settings,
 ) -> tuple[Job, bool]:
     _check_quota(session, settings, tenant)
-    blob_key = store.put_file(upload.path, key=upload.sha256, move=True)
-    calibration_key = None
-    if upload.calibration is not None:
-        calibration = upload.calibration
-        calibration_key = store.put_file(calibration.path, key=calibration.sha256, move=True)
+    with storage_io():
+        blob_key = store.put_file(upload.path, key=upload.sha256, move=True)
+        calibration_key = None
+        if upload.calibration is not None:
+            calibration = upload.calibration
+            calibration_key = store.put_file(calibration.path, key=calibration.sha256, move=True)
     cache_key = job_cache_key(upload.sha256, spec, target, upload.calibration and upload.calibration.sha256)
     job = Job(
         tenant_id=tenant.id,

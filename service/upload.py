@@ -51,7 +51,7 @@ from python_multipart.multipart import MultipartParser, parse_options_header
 from starlette.requests import Request
 
 from service.edge import check_text
-from service.errors import InvalidRequest, PayloadTooLarge
+from service.errors import InvalidRequest, PayloadTooLarge, ServiceError, storage_io
 
 KiB = 1024
 MAX_SPEC_BYTES = 64 * KiB
@@ -241,7 +241,12 @@ class StagedFile:
         self.fd = -1
         if self._view is not None:
             self._view.release()
-            self._buffer.close()
+            try:
+                self._buffer.close()
+            except BufferError:
+                # A slice of it is still referenced (by a failed write's traceback): the mapping is
+                # unmapped when that goes, so an error path never turns into a second error here.
+                pass
 
 
 def _try_direct(fd: int) -> bool:
@@ -329,15 +334,17 @@ class _FormReceiver:
                 raise InvalidRequest("Send one 'model' file per request.", code="invalid_upload")
             raw_name = params.get(b"filename", DEFAULT_FILENAME.encode()).decode("utf-8", "replace")
             self.result.filename = safe_filename(raw_name)
-            self.staging_dir.mkdir(parents=True, exist_ok=True)
-            fd, temp_name = tempfile.mkstemp(dir=self.staging_dir, prefix="upload-")
+            with storage_io():
+                self.staging_dir.mkdir(parents=True, exist_ok=True)
+                fd, temp_name = tempfile.mkstemp(dir=self.staging_dir, prefix="upload-")
             self._handle = StagedFile(fd)
             self.result.path = Path(temp_name)
         elif name == "calibration":
             if self._calibration_handle is not None:
                 raise InvalidRequest("Send one 'calibration' file per request.", code="invalid_upload")
-            self.staging_dir.mkdir(parents=True, exist_ok=True)
-            fd, temp_name = tempfile.mkstemp(dir=self.staging_dir, prefix="calibration-")
+            with storage_io():
+                self.staging_dir.mkdir(parents=True, exist_ok=True)
+                fd, temp_name = tempfile.mkstemp(dir=self.staging_dir, prefix="calibration-")
             self._calibration_handle = StagedFile(fd)
             self.result.calibration = ReceivedFile(Path(temp_name))
 
@@ -348,14 +355,16 @@ class _FormReceiver:
             if self.result.size > self.limit:
                 raise too_large(self.limit)
             self._digest.update(chunk)
-            self._handle.write(chunk)
+            with storage_io():
+                self._handle.write(chunk)
         elif self._part == "calibration":
             # Model and calibration together stay under the one upload limit.
             self.result.calibration.size += len(chunk)
             if self.result.size + self.result.calibration.size > self.limit:
                 raise too_large(self.limit)
             self._calibration_digest.update(chunk)
-            self._calibration_handle.write(chunk)
+            with storage_io():
+                self._calibration_handle.write(chunk)
         else:
             self._buffer += chunk
             self._field_bytes += len(chunk)
@@ -378,11 +387,13 @@ class _FormReceiver:
             self.result.fields[self._part] = bytes(self._buffer)
 
     def finish(self) -> ReceivedUpload:
-        if self._handle is not None:
-            self._handle.commit()  # durable: it may be renamed into the store as is
+        with storage_io():
+            if self._handle is not None:
+                self._handle.commit()  # durable: it may be renamed into the store as is
+            if self._calibration_handle is not None:
+                self._calibration_handle.commit()
         self.result.sha256 = self._digest.hexdigest()
         if self._calibration_handle is not None:
-            self._calibration_handle.commit()
             self.result.calibration.sha256 = self._calibration_digest.hexdigest()
         spec = self.result.fields.get("spec")
         self.result.spec = spec.decode("utf-8", "replace") if spec is not None else None
@@ -421,13 +432,13 @@ class PendingUpload:
         try:
             _feed(self.parser, self.tail)
             self.parser.finalize()
-        except (InvalidRequest, PayloadTooLarge):
+            upload = self.receiver.finish()  # the fsync can take a while on a busy disk
+        except ServiceError:
             self.receiver.abort()
             raise
         except Exception as err:  # python-multipart's parse errors
             self.receiver.abort()
             raise _unparsable(err) from None
-        upload = self.receiver.finish()  # the fsync can take a while on a busy disk
         if upload.path is None:
             upload.discard()
             raise InvalidRequest(
@@ -503,7 +514,7 @@ async def receive_model_upload(request: Request, staging_dir: Path, limit: int) 
             if pending_bytes >= HANDOFF_BYTES:
                 await in_upload_thread(_feed, parser, pending)
                 pending, pending_bytes, streamed = [], 0, True
-    except (InvalidRequest, PayloadTooLarge):
+    except ServiceError:
         await in_upload_thread(receiver.abort)
         raise
     except Exception as err:  # python-multipart's parse errors, a client gone mid-body

@@ -71,6 +71,8 @@ def _created(request: Request, job: Job, *, replayed: bool) -> JSONResponse:
         **ERROR_RESPONSES,
         413: {"model": ErrorResponse, "description": "Model larger than FLEXDSA_MAX_UPLOAD_BYTES"},
         429: {"model": ErrorResponse, "description": "Too many jobs queued or running, or submitted in the last minute, for this tenant (Retry-After)"},
+        503: {"model": ErrorResponse, "description": "A dependency or the service's storage is unavailable; nothing was queued (Retry-After)"},
+        507: {"model": ErrorResponse, "description": "The service's upload storage is full; nothing was queued (Retry-After)"},
     },
 )
 async def optimize(

@@ -3,7 +3,9 @@ loop) and arrives whole: the stored blob is the bytes sent, its key their sha256
 
 from __future__ import annotations
 
+import errno
 import hashlib
+import os
 import threading
 
 import numpy as np
@@ -11,6 +13,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import service.upload
+from service.models import Job
 from service.upload import HANDOFF_BYTES
 
 
@@ -176,3 +179,34 @@ def test_a_write_o_direct_refuses_falls_back_to_the_page_cache(tmp_path, monkeyp
     staged.write(memoryview(data))
     staged.commit()
     assert path.read_bytes() == data and not staged._direct
+
+
+@pytest.mark.parametrize(
+    ("failure", "status", "code"),
+    [(errno.ENOSPC, 507, "insufficient_storage"), (errno.EIO, 503, "storage_unavailable")],
+)
+@pytest.mark.parametrize("size", [1000, 3 * HANDOFF_BYTES + 17], ids=["small", "streamed"])
+def test_a_disk_that_refuses_the_upload_is_the_services_fault_not_the_clients(
+    env, headers, monkeypatch, failure, status, code, size
+):
+    """A full disk is 507, another write error 503, both with Retry-After; never 'could not be parsed'
+    (422) or a bare 500, nothing queued and no temp file left behind. The disk's refusal is injected at
+    the one write call every staged byte goes through."""
+
+    def refusing_write(fd, data):
+        raise OSError(failure, os.strerror(failure))
+
+    monkeypatch.setattr(service.upload, "_write_all", refusing_write)
+    with env.sessions() as session:
+        jobs_before = session.query(Job).count()
+    response = env.submit(headers, model=large_onnx(size))
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert error["code"] == code
+    assert "nothing was queued" in error["message"]
+    assert response.headers["retry-after"].isdigit()
+    assert env.enqueued == []
+    with env.sessions() as session:
+        assert session.query(Job).count() == jobs_before
+    staging = env.store.staging_dir()
+    assert not list(staging.glob("upload-*")), "a refused upload must not leave its temp file"
