@@ -184,9 +184,14 @@ def incidents_show(incident_id: Annotated[str, typer.Argument(help="The id the u
     row = _incident_rows(lambda s: s.get(Incident, incident_id.strip()))
     if row is None:
         raise fail(f"No incident {incident_id!r} in this database.")
+    where = (
+        f"job {row.job_id} (tenant {row.tenant_id}, attempt {row.attempt})"
+        if row.job_id or row.attempt
+        else "an API request (no job)"
+    )
     typer.echo(
-        f"incident {row.id} at {row.created_at:%Y-%m-%d %H:%M:%S %Z}\njob {row.job_id} (tenant {row.tenant_id}, "
-        f"attempt {row.attempt}): {row.code}\n{row.summary}\n\n{row.traceback}"
+        f"incident {row.id} at {row.created_at:%Y-%m-%d %H:%M:%S %Z}\n{where}: {row.code}\n{row.summary}\n\n"
+        f"{row.traceback}"
     )
 
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import errno
 import logging
+import traceback
+import uuid
 from contextlib import contextmanager
 from typing import Any
 
@@ -19,6 +21,7 @@ from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from flexdsa_core import FlexDSAError
@@ -218,7 +221,41 @@ def install_error_handlers(app: FastAPI) -> None:
                 {"dependency": dependency},
                 headers={"Retry-After": str(DEPENDENCY_RETRY_AFTER_S)},
             )
-        log.exception("unhandled error on %s %s", request.method, request.url.path)
-        return error_response(
-            500, "internal_error", "Internal server error; the service log has the details."
+        incident = uuid.uuid4().hex[:12]
+        log.exception(
+            "unhandled error on %s %s; incident %s",
+            request.method,
+            request.url.path,
+            incident,
+            extra={"incident": incident},
         )
+        trace = "".join(traceback.format_exception(exc))
+        summary = f"Internal server error on {request.method} {request.url.path}"  # what the client saw
+        await run_in_threadpool(_record_incident, request.app, incident, summary, trace)
+        return error_response(
+            500,
+            "internal_error",
+            f"Internal server error (incident {incident}); an operator finds its traceback with "
+            f"`flexdsa incidents show {incident}`.",
+            {"incident": incident},
+        )
+
+
+def _record_incident(app: FastAPI, incident: str, summary: str, trace: str) -> None:
+    """The request's traceback in the incidents table, where an operator finds it from the id the client
+    was given; should the database refuse, the log line above still has it."""
+    from service.models import Incident
+
+    factory = getattr(app.state, "session_factory", None)
+    if factory is None:
+        return
+    try:
+        with factory() as session:
+            session.add(
+                Incident(
+                    id=incident, code="internal_error", summary=summary[:1000], traceback=trace[-200_000:]
+                )
+            )
+            session.commit()
+    except Exception as err:  # noqa: BLE001 - the error response must go out whatever the database says
+        log.warning("incident %s: not recorded in the database (%s); the log has its traceback", incident, err)

@@ -207,6 +207,16 @@ def test_unhandled_exception_is_500_in_the_error_shape(env):
     response = TestClient(app, raise_server_exceptions=False).get("/boom")
     error = _assert_error(response, 500, "internal_error")
     assert "secret" not in error["message"]
+    # The client gets an incident id; the operator finds the traceback under it.
+    incident_id = error["details"]["incident"]
+    assert incident_id in error["message"]
+    from service.models import Incident
+
+    with env.sessions() as session:
+        incident = session.get(Incident, incident_id)
+        assert incident is not None and incident.job_id is None
+        assert "RuntimeError: secret internals" in incident.traceback
+        assert incident.summary == "Internal server error on GET /boom"
 
 
 def test_quota_holds_under_concurrent_submissions(env):
