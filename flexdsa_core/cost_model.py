@@ -889,18 +889,20 @@ def _attr_value(attr: ir.Attr) -> object:
 
 
 def _canonical_attr(value: object) -> object:
+    # Plain values are settled before the Protocol check at the end: isinstance against a runtime Protocol
+    # walks its attributes (10k calls, 0.3 s of a warm MobileNetV2 compile when lists went through it).
     if isinstance(value, int | str | bytes) or value is None:
-        return value  # the common case, settled before the Protocol check below (slow: 0.1 s a compile)
+        return value
+    if isinstance(value, float):
+        return repr(float(np.float32(value)))  # as stored in a model: 1e-5 and float32(1e-5) are one kernel
+    if isinstance(value, list):
+        return [repr(float(np.float32(v))) for v in value] if value and isinstance(value[0], float) else value
     if isinstance(value, ir.TensorProtocol):
         array = value.numpy()
         described = {"tensor": array.dtype.name, "shape": list(array.shape)}
         if array.size <= _SMALL_CONST:
             described["value"] = array.tolist()
         return described
-    if isinstance(value, float):
-        return repr(float(np.float32(value)))  # as stored in a model: 1e-5 and float32(1e-5) are one kernel
-    if isinstance(value, list) and value and isinstance(value[0], float):
-        return [repr(float(np.float32(v))) for v in value]
     return value
 
 
