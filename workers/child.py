@@ -21,6 +21,7 @@ so a job is deterministically slow, and call ``os.abort()`` before optimising (a
 from __future__ import annotations
 
 import contextlib
+import errno
 import importlib
 import json
 import logging
@@ -172,17 +173,32 @@ def run(request: dict, channel: _Channel) -> dict:
                        "validation off (validate_outputs=false)",
             "details": {"limit_mb": settings.job_memory_limit_mb}, "cache_stats": cache.stats.as_dict(),
         }
-    except Exception as err:  # a bug in the core: final; the traceback goes to the operators, not the user
-        incident, trace = _log_incident()
+    except OSError as err:
+        if err.errno not in (errno.ENOSPC, errno.EDQUOT):
+            return _internal_error(err, cache)
+        # The machine's disk, not the model and not a bug: the job fails saying so, the operator sees it.
+        print(f"flexdsa pipeline: disk full ({err})", file=sys.stderr, flush=True)
         return {
-            "type": "error",
-            "code": "internal_error",
-            "message": f"the optimizer failed unexpectedly ({type(err).__name__}); incident {incident} is recorded "
-            "for the operators (quote it when you report this)",
-            "details": {"incident": incident},
-            "incident_traceback": trace,
-            "cache_stats": cache.stats.as_dict(),
+            "type": "error", "code": "insufficient_storage",
+            "message": "the service's disk filled up while this job wrote its files; nothing is wrong with the "
+                       "model: submit it again once an operator has freed space",
+            "details": {"errno": errno.errorcode.get(err.errno, err.errno)}, "cache_stats": cache.stats.as_dict(),
         }
+    except Exception as err:  # a bug in the core: final; the traceback goes to the operators, not the user
+        return _internal_error(err, cache)
+
+
+def _internal_error(err: Exception, cache) -> dict:
+    incident, trace = _log_incident()
+    return {
+        "type": "error",
+        "code": "internal_error",
+        "message": f"the optimizer failed unexpectedly ({type(err).__name__}); incident {incident} is recorded "
+        "for the operators (quote it when you report this)",
+        "details": {"incident": incident},
+        "incident_traceback": trace,
+        "cache_stats": cache.stats.as_dict(),
+    }
 
 
 def _log_incident() -> tuple[str, str]:
