@@ -26,6 +26,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from flexdsa_core import FlexDSAError
 from service.db import DatabaseNotMigratedError
+from service.storage import DISK_FULL_ERRNOS
 
 log = logging.getLogger("flexdsa.service")
 
@@ -107,15 +108,16 @@ def storage_io():
     except OSError as err:
         log.error("storage write failed: %s", err, exc_info=True)
         headers = {"Retry-After": str(STORAGE_RETRY_AFTER_S)}
-        if err.errno in (errno.ENOSPC, errno.EDQUOT):
+        details = {"errno": errno.errorcode.get(err.errno, err.errno) if err.errno else None}
+        if err.errno in DISK_FULL_ERRNOS:
             raise InsufficientStorage(
                 "The service's upload storage is full; nothing was queued. Retry once an operator has freed space.",
-                details={"errno": errno.errorcode.get(err.errno, err.errno)},
+                details=details,
                 headers=headers,
             ) from None
         raise StorageUnavailable(
             "The service could not write the upload to its storage; nothing was queued. Retry shortly.",
-            details={"errno": errno.errorcode.get(err.errno, err.errno) if err.errno else None},
+            details=details,
             headers=headers,
         ) from None
 

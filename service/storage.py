@@ -11,6 +11,7 @@ with ``put_object`` keyed by the same sha256 and ``get_object`` streaming.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import re
@@ -21,6 +22,9 @@ from pathlib import Path
 from typing import BinaryIO
 
 CHUNK = 1024 * 1024
+# errno values of a write refused because the disk (or the user's quota on it) is full: the service's
+# condition, reported as such (507 in the API, ``insufficient_storage`` for a job), never as a bug.
+DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 _KEY = re.compile(r"^[0-9a-f]{64}$")
 
 

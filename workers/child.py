@@ -115,7 +115,7 @@ def run(request: dict, channel: _Channel) -> dict:
     """Run one job's pipeline; return the result message (FlexDSAError and bugs become error messages)."""
     from flexdsa_core import FlexDSAError, RequestSpec
     from service.config import Settings
-    from service.storage import BlobNotFoundError, make_store
+    from service.storage import DISK_FULL_ERRNOS, BlobNotFoundError, make_store
     from workers.cache_backends import build_kernel_cache
 
     settings = Settings(**request["settings"])
@@ -174,7 +174,7 @@ def run(request: dict, channel: _Channel) -> dict:
             "details": {"limit_mb": settings.job_memory_limit_mb}, "cache_stats": cache.stats.as_dict(),
         }
     except OSError as err:
-        if err.errno not in (errno.ENOSPC, errno.EDQUOT):
+        if err.errno not in DISK_FULL_ERRNOS:
             return _internal_error(err, cache)
         # The machine's disk, not the model and not a bug: the job fails saying so, the operator sees it.
         print(f"flexdsa pipeline: disk full ({err})", file=sys.stderr, flush=True)
