@@ -36,6 +36,7 @@ from flexdsa_core.targets.accelerator import AcceleratorAdapter, is_constant, ru
 from flexdsa_core.targets.base import BucketModel, Legalized
 from flexdsa_core.targets.bundle_inputs import mixed_sections
 from flexdsa_core.targets.spec import TargetSpec
+from flexdsa_core.targets.vendor_cost import VendorCost
 
 # Ops rknn-toolkit2 2.5.0 takes but runs on its CPU runtime for the RK3588, each alone in a graph: all are
 # in R2's list of CPU ops (chapter 4) and none in its RK3588 NPU section (erf GELU: see gelu_erf_div_form).
@@ -45,6 +46,8 @@ POOL_DIM_MAX = 8192  # RK3588 MaxPool C, H, W limit (R2)
 SQRT2 = float(np.sqrt(2.0))
 # Below 3, the toolkit keeps an attention mask's -3.4e38 fill, which overflows float16 (NaN outputs, seen).
 OPTIMIZATION_LEVEL = 3
+# Rows of the toolkit's layer table that are the graph's inputs and outputs, not layers.
+BOUNDARY_OPS = frozenset({"InputOperator", "OutputOperator"})
 
 
 class RockchipAdapter(AcceleratorAdapter):
@@ -95,6 +98,27 @@ class RockchipAdapter(AcceleratorAdapter):
                 applied.append(name)
                 notes.append(f"{name}: {count} node(s) rewritten for rknn-toolkit2")
         return Legalized(model, applied=applied, notes=notes)
+
+    # ---- the vendor's own figure --------------------------------------------------------------------
+    vendor_forms = ("strided_conv_space_to_depth",)
+
+    def vendor_cost(self, entry: dict, versions: dict) -> VendorCost | None:
+        """rknn-toolkit2's estimate: the Total cycles of its Network Layer Information Table, summed; the
+        layers it runs on its CPU runtime, and the CPU<->NPU switches along the table's (execution) order."""
+        layers = [row for row in entry.get("layers") or [] if row.get("op") not in BOUNDARY_OPS]
+        if not layers:
+            return None
+        devices = [row["target"] for row in layers]
+        return VendorCost(
+            cycles=float(sum(row["cycles"] for row in layers)),
+            cpu_nodes=sum(1 for device in devices if device == "CPU"),
+            transitions=sum(1 for a, b in zip(devices, devices[1:], strict=False) if a != b),
+            source=f"rknn-toolkit2 {versions.get('rknn-toolkit2') or '(version unknown)'} estimate: "
+            "Total cycles of its Network Layer Information Table",
+            layers=len(layers),
+            per_layer=tuple((float(row["cycles"]), tuple(row.get("onnx_nodes") or ())) for row in layers),
+            cpu_layers=tuple(f"{row['op']} {row['layer_name']}" for row in layers if row["target"] == "CPU"),
+        )
 
     # ---- the bundle --------------------------------------------------------------------------------
     def toolchain_options(self, target: TargetSpec, report: dict) -> dict:

@@ -59,7 +59,7 @@ def run_toolchain(
     for bucket in buckets:
         model_path = folder / adapter.model_filename(bucket)
         ir.save(bucket.model, model_path)
-        feeds = make_inputs(ir.to_proto(bucket.model), seed=seed)
+        feeds = make_inputs(ir.to_proto(bucket.model), seed=seed, dims=bucket_dims(bucket))
         references[bucket.name] = run(original_source, feeds)
         inputs = {}
         for name, array in feeds.items():
@@ -134,6 +134,20 @@ def run_toolchain(
         "warnings": warnings,
         "summary": summary,
     }, files
+
+
+def bucket_dims(bucket) -> dict[str, int]:
+    """The bucket's value of every symbolic dim its model's inputs still name: the one shape a model kept
+    dynamic (the original, shipped where the vendor alone built it better) is compiled and checked at."""
+    dims = dict(bucket.at)
+    for value in bucket.model.graph.inputs:
+        given = bucket.input_shapes.get(value.name)
+        if value.shape is None or given is None or len(given) != value.shape.rank():
+            continue
+        for dim, size in zip(value.shape, given, strict=True):
+            if not isinstance(dim, int) and getattr(dim, "value", None) and isinstance(size, int):
+                dims[str(dim.value)] = size
+    return dims
 
 
 def _write_samples(folder: Path, bucket: str, samples: list[dict]) -> list[dict[str, str]]:

@@ -1,0 +1,392 @@
+"""Exploration scored by the vendor's own compiler, with the vendor alone beside every bucket.
+
+Where the target's toolchain is ready and its adapter reads a cost from a compile (``vendor_cost``:
+rknn-toolkit2's per-layer cycle table), per shape bucket:
+
+1. **The vendor alone**: the *original* model compiled by the vendor tool at the bucket's shapes and the same
+   precision, the build a user gets without us, scored by the vendor's own figure.
+2. **Candidates**: our bundle model as the pipeline made it, and for each form the adapter names
+   (``vendor_forms``, ``targets/forms``) each variant applied at every site it matches. All are compiled in
+   one toolchain run, estimate only (no simulator); each result is a kernel-cache entry keyed by the
+   candidate's bytes, options, shapes and the toolchain's versions, so a candidate met again costs nothing.
+3. **Per site**, the variant whose layers the vendor scores cheapest (its per-layer figures read back per ONNX
+   node) is kept; the choices are composed into one model, compiled to confirm, and the cheapest whole
+   candidate wins (ties go to the plainer form).
+4. **Never worse than the vendor alone**: a candidate the vendor cannot build, or scores above the original
+   in cycles or CPU-fallback nodes, is not shipped. When nothing of ours is at least as good, the bucket
+   ships the original model, the vendor alone's build, and the report says why.
+
+The optimizer validates changed models against the original again, and the toolchain's final compile
+(``toolchain_run``) runs the winner in the vendor's simulator.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import onnx_ir as ir
+
+from flexdsa_core.cache import kernel_key
+from flexdsa_core.targets.base import BucketModel
+from flexdsa_core.targets.forms import VendorForm, discover_forms
+from flexdsa_core.targets.spec import TargetSpec
+from flexdsa_core.targets.vendor_cost import VendorCost, ratio
+from flexdsa_core.toolchains import ToolchainError, get_toolchain
+from flexdsa_core.version import __version__
+
+PLAIN = "ours"  # our bundle model as the pipeline made it
+ALONE = "vendor alone"  # the original model, compiled by the vendor tool alone
+COMPOSED = "ours + per-site forms"
+
+
+@dataclass
+class Candidate:
+    """One model the vendor compiles: ``forms`` maps form name -> {site: variant} applied to our model."""
+
+    bucket: str
+    name: str
+    model: ir.Model | None  # None: the original model (``source``)
+    forms: dict[str, dict[str, str]] = field(default_factory=dict)
+    options: dict = field(default_factory=dict)
+    cost: VendorCost | None = None
+    error: str | None = None
+    cached: bool = False
+
+    @property
+    def label(self) -> str:
+        return f"{self.bucket}/{self.name}"
+
+    def record(self) -> dict:
+        return {
+            "candidate": self.name,
+            "forms": self.forms,
+            "options": self.options,
+            "vendor": self.cost.as_dict() if self.cost else None,
+            "error": self.error,
+            "from_kernel_cache": self.cached,
+        }
+
+
+@dataclass
+class Exploration:
+    """What exploration chose: the buckets to ship (models possibly rewritten, or the original), which of
+    them changed (to validate again), ``report["vendor"]`` and per bucket the candidates for fusion_plan.json."""
+
+    buckets: list[BucketModel]
+    changed: set[str]
+    original: set[str]  # buckets that ship the original model (nothing of ours was at least as good)
+    report: dict
+    plans: dict[str, dict]
+    original_file: Path | None = None  # the original model as the vendor compiled it alone
+
+
+class VendorCompiler:
+    """Compiles candidates with one toolchain, many per run, each result kept in the kernel cache."""
+
+    def __init__(self, target: TargetSpec, adapter, root: Path, workdir: Path | None, cache=None) -> None:
+        self.target, self.adapter, self.root, self.cache = target, adapter, root, cache
+        self.toolchain = get_toolchain(target.toolchain)
+        self.versions = self.toolchain.status(root).versions
+        self.folder = Path(tempfile.mkdtemp(prefix="vendor-explore-", dir=workdir))
+        self.compiles = 0
+
+    @property
+    def tool(self) -> str:
+        names = [f"{name} {version}" for name, version in self.versions.items() if version][:1]
+        return names[0] if names else self.toolchain.name
+
+    def estimate(self, candidates: list[Candidate], sources: dict[str, Path], shapes: dict[str, dict]) -> None:
+        """Fill ``cost``/``error`` of each candidate: from the cache, else one toolchain run for the rest.
+        ``sources``: bucket -> the original model's file; ``shapes``: bucket -> input name -> static shape."""
+        pending, keys = [], {}
+        for index, candidate in enumerate(candidates):
+            path = sources[candidate.bucket] if candidate.model is None else self._write(candidate, index)
+            key = self._key(path, candidate.options, shapes[candidate.bucket])
+            raw = self.cache.get(key) if self.cache is not None else None
+            if raw is not None:
+                self._read(candidate, json.loads(raw))
+                candidate.cached = True
+                continue
+            keys[candidate.label] = key
+            pending.append((candidate, path))
+        if not pending:
+            return
+        request = {
+            "action": "compile",
+            "continue_on_error": True,
+            "target": self.target.model_dump(mode="json"),
+            "out_dir": str(self.folder / "out"),
+            "buckets": [
+                {"name": f"c{index}", "onnx": str(path), "input_shapes": shapes[candidate.bucket],
+                 "options": {"simulate": False, "export": False, **candidate.options}}
+                for index, (candidate, path) in enumerate(pending)
+            ],  # fmt: skip
+            "options": self.adapter.toolchain_options(self.target, {}),
+        }
+        self.compiles += len(pending)
+        try:
+            result = self.toolchain.run(self.root, request, workdir=self.folder)
+        except ToolchainError as err:
+            for candidate, _ in pending:
+                candidate.error = err.message
+            return
+        entries = {entry.get("name"): entry for entry in result.get("buckets", [])}
+        for index, (candidate, _) in enumerate(pending):
+            entry = entries.get(f"c{index}") or {"error": "the toolchain returned no result for it"}
+            kept = {"error": _first_line(entry.get("error")), "layers": entry.get("layers") or []}
+            self._read(candidate, kept)
+            if self.cache is not None and kept["error"] is None:  # a refusal is retried next time, not kept
+                self.cache.put(keys[candidate.label], json.dumps(kept).encode())
+
+    def _read(self, candidate: Candidate, kept: dict) -> None:
+        candidate.error = kept.get("error")
+        if candidate.error is None:
+            candidate.cost = self.adapter.vendor_cost({"layers": kept.get("layers")}, self.versions)
+            if candidate.cost is None:
+                candidate.error = "the vendor reported no cost for it"
+
+    def _write(self, candidate: Candidate, index: int) -> Path:
+        path = self.folder / f"candidate-{index}.onnx"
+        ir.save(candidate.model, path)
+        return path
+
+    def _key(self, path: Path, options: dict, shapes: dict) -> str:
+        digest = hashlib.sha256()
+        with open(path, "rb") as handle:
+            while block := handle.read(1 << 20):
+                digest.update(block)
+        canonical = {
+            "vendor_compile": digest.hexdigest(),
+            "options": {**self.adapter.toolchain_options(self.target, {}), **options},
+            "shapes": shapes,
+            "toolchain": {"name": self.toolchain.name, "versions": self.versions},
+        }
+        return kernel_key(canonical, self.target.name, self.target.version, __version__)
+
+
+def explore(
+    target: TargetSpec,
+    adapter,
+    buckets: list[BucketModel],
+    original_source: bytes | Path,
+    *,
+    root: Path | None,
+    workdir: Path | None,
+    cache=None,
+    progress: Callable[[float, str], None] | None = None,
+) -> Exploration | None:
+    """Exploration for every bucket (module docstring); None where the vendor gives no figure to score by
+    (no toolchain for the target, not ready, or an adapter without ``vendor_cost``)."""
+    from flexdsa_core.targets.accelerator import AcceleratorAdapter
+
+    if not target.toolchain or root is None or type(adapter).vendor_cost is AcceleratorAdapter.vendor_cost:
+        return None
+    if not get_toolchain(target.toolchain).status(root).ready:
+        return None
+    compiler = VendorCompiler(target, adapter, root, workdir, cache)
+    say = progress or (lambda fraction, message: None)
+    sources = {b.name: _original_file(original_source, compiler.folder) for b in buckets}
+    shapes = {b.name: _static_inputs(b.model) for b in buckets}
+    forms = [discover_forms()[name] for name in adapter.vendor_forms if name in discover_forms()]
+
+    # The vendor alone, our model, and each form variant at every site it matches: one toolchain run.
+    first: list[Candidate] = []
+    sites: dict[str, dict[str, dict[str, list[str]]]] = {}
+    for bucket in buckets:
+        first += [Candidate(bucket.name, ALONE, None), Candidate(bucket.name, PLAIN, bucket.model)]
+        sites[bucket.name] = {form.name: form.sites(bucket.model) for form in forms}
+        for form in forms:
+            for variant in form.variants:
+                choices = {s: variant for s, found in sites[bucket.name][form.name].items() if variant in found}
+                if choices:
+                    first.append(_with_forms(bucket, {form.name: choices}, forms, f"{form.name}:{variant}"))
+    say(0.1, f"compiling {len(first)} candidate(s) with {compiler.tool} (estimate only)")
+    compiler.estimate(first, sources, shapes)
+
+    # Per site, the cheapest variant by the vendor's per-layer figures; composed and confirmed.
+    second: list[Candidate] = []
+    for bucket in buckets:
+        mine = [c for c in first if c.bucket == bucket.name]
+        composed = _compose(bucket, mine, sites[bucket.name], forms)
+        if composed is not None and not any(c.forms == composed.forms for c in mine):
+            second.append(composed)
+    if second:
+        say(0.5, f"confirming {len(second)} composed candidate(s) with {compiler.tool}")
+        compiler.estimate(second, sources, shapes)
+
+    chosen, changed, original, report, plans = [], set(), set(), {}, {}
+    for bucket in buckets:
+        mine = [c for c in first + second if c.bucket == bucket.name]
+        alone = next(c for c in mine if c.name == ALONE)
+        best, reason = _decide(mine, alone)
+        if best is None or best.name == PLAIN:
+            chosen.append(bucket)
+        elif best.name == ALONE:
+            chosen.append(replace(bucket, model=_original_model(sources[bucket.name]), portable=None))
+            original.add(bucket.name)
+        else:
+            chosen.append(replace(bucket, model=best.model, portable=None))
+            changed.add(bucket.name)
+        report[bucket.name] = {
+            "vendor_alone": alone.cost.as_dict() if alone.cost else {"error": alone.error},
+            "explored": best.cost.as_dict() if best is not None and best.cost else None,
+            "explored_ratio": ratio(best.cost if best else None, alone.cost),
+            "candidate": best.name if best is not None else None,
+            "forms": best.forms if best is not None else {},
+            "decision": reason,
+        }
+        plans[bucket.name] = {
+            "scored_by": alone.cost.source if alone.cost else compiler.tool,
+            "candidates": [c.record() for c in mine],
+            "sites": {name: found for name, found in sites[bucket.name].items() if found},
+            "chosen": best.name if best is not None else None,
+            "decision": reason,
+        }
+    summary = {
+        "tool": compiler.tool,
+        "compiles": compiler.compiles,
+        "cache_hits": sum(1 for c in first + second if c.cached),
+        "buckets": report,
+    }
+    return Exploration(chosen, changed, original, summary, plans, next(iter(sources.values()), None))
+
+
+def _with_forms(bucket: BucketModel, choices: dict[str, dict[str, str]], forms: list[VendorForm], name: str):
+    model = bucket.model.clone()
+    by_name = {form.name: form for form in forms}
+    for form_name, sites in choices.items():
+        by_name[form_name].apply(model, sites)
+    return Candidate(bucket.name, name, model, forms=choices)
+
+
+def _compose(bucket, candidates: list[Candidate], sites: dict, forms: list[VendorForm]) -> Candidate | None:
+    """Per site, the variant the vendor scored cheapest on that site's layers (our plain model's layers for
+    the site when no variant beats them); None where no variant wins anywhere."""
+    plain = next((c for c in candidates if c.name == PLAIN and c.cost is not None), None)
+    if plain is None:
+        return None
+    choices: dict[str, dict[str, str]] = {}
+    for form in forms:
+        for site in sites.get(form.name, {}):
+            best_variant, best_cycles = None, plain.cost.site_cycles({site})
+            for candidate in candidates:
+                variant = candidate.forms.get(form.name, {}).get(site)
+                if variant is None or candidate.cost is None:
+                    continue
+                cycles = candidate.cost.site_cycles(_site_nodes(candidate.model, site, form))
+                if cycles < best_cycles:
+                    best_variant, best_cycles = variant, cycles
+            if best_variant is not None:
+                choices.setdefault(form.name, {})[site] = best_variant
+    if not choices:
+        return None
+    return _with_forms(bucket, choices, forms, COMPOSED)
+
+
+def _site_nodes(model: ir.Model | None, site: str, form: VendorForm) -> set[str]:
+    names = {site}
+    if model is not None:
+        names.update(n.name for n in model.graph if n.name and n.name.startswith(site + form.site_suffix))
+    return names
+
+
+def _decide(candidates: list[Candidate], alone: Candidate) -> tuple[Candidate | None, str]:
+    """The cheapest candidate of ours the vendor built, unless the vendor alone is better (in cycles or in
+    CPU-fallback nodes): then the original. Ties go to the plainer form (fewer rewrites to trust)."""
+    ours = [c for c in candidates if c is not alone and c.cost is not None and c.cost.cycles is not None]
+    refused = [c for c in candidates if c is not alone and c.error]
+    if not ours:
+        if alone.cost is not None:
+            why = "; ".join(f"{c.name}: {c.error}" for c in refused) or "no candidate of ours compiled"
+            return alone, f"the vendor built none of our forms ({why}): the original model ships, as the vendor alone builds it"
+        return None, "the vendor built neither the original nor any form of ours"
+    best = min(ours, key=lambda c: (c.cost.cycles, c.cost.cpu_nodes, sum(len(s) for s in c.forms.values())))
+    if alone.cost is None or alone.cost.cycles is None:
+        return best, f"the vendor alone could not build the original ({alone.error}); ours builds"
+    if best.cost.cycles > alone.cost.cycles or best.cost.cpu_nodes > alone.cost.cpu_nodes:
+        return alone, (
+            f"the vendor scores our best form ({best.name}: {best.cost.cycles:.0f} cycles, {best.cost.cpu_nodes} "
+            f"CPU layer(s)) above the original alone ({alone.cost.cycles:.0f}, {alone.cost.cpu_nodes}): "
+            "the original model ships"
+        )
+    share = best.cost.cycles / alone.cost.cycles if alone.cost.cycles else 1.0
+    text = f"{best.name}: {best.cost.cycles:.0f} cycles, {share:.3f}x the vendor alone's {alone.cost.cycles:.0f}"
+    if refused:
+        text += "; the vendor refused " + "; ".join(f"{c.name} ({c.error})" for c in refused)
+    return best, text
+
+
+def _static_inputs(model: ir.Model) -> dict[str, list[int]]:
+    return {
+        value.name: [int(d) for d in value.shape]
+        for value in model.graph.inputs
+        if value.const_value is None and value.shape is not None and value.shape.is_static()
+    }
+
+
+def _original_file(source: bytes | Path, folder: Path) -> Path:
+    if isinstance(source, Path):
+        return source
+    path = folder / "original.onnx"
+    if not path.exists():
+        path.write_bytes(source)
+    return path
+
+
+def _original_model(path: Path) -> ir.Model:
+    return ir.load(path)
+
+
+def _first_line(text: str | None) -> str | None:
+    if not text:
+        return None
+    lines = [line for line in str(text).splitlines() if line.strip()]
+    return lines[-1][:400] if lines else None
+
+
+def vendor_section(target: TargetSpec, adapter, exploration: Exploration, toolchain: dict) -> dict:
+    """``report["vendor"]``: per bucket the vendor alone and the shipped bundle, both as the vendor's final
+    compile scores them (the bundle: the toolchain stage's own build, the one that ships), with the ratio,
+    CPU-fallback layers and transitions; energy where a sourced power figure exists, else said unknown."""
+    versions = toolchain.get("versions") or {}
+    buckets = {}
+    for name, explored in exploration.report["buckets"].items():
+        entry = (toolchain.get("buckets") or {}).get(name) or {}
+        final = adapter.vendor_cost(entry, versions) if entry.get("layers") else None
+        alone = explored["vendor_alone"]
+        shipped = "original" if name in exploration.original else ("ours + forms" if name in exploration.changed else "ours")
+        row = {
+            "vendor_alone": alone,
+            "ours": final.as_dict() if final else explored["explored"],
+            "ours_from": "the final compile of the shipped bundle" if final else "the exploration estimate",
+            "ratio": None,
+            "shipped": shipped,
+            "forms": explored["forms"] if shipped == "ours + forms" else {},
+            "decision": explored["decision"],
+        }
+        ours_cycles = (row["ours"] or {}).get("cycles")
+        if ours_cycles is not None and alone.get("cycles"):
+            row["ratio"] = ours_cycles / alone["cycles"]
+        buckets[name] = row
+    return {
+        "tool": exploration.report["tool"],
+        "measure": next((b["vendor_alone"].get("source") for b in buckets.values() if b["vendor_alone"].get("source")), None),
+        "buckets": buckets,
+        "compiles": exploration.report["compiles"],
+        "cache_hits": exploration.report["cache_hits"],
+        "energy": energy_note(target),
+    }
+
+
+def energy_note(target: TargetSpec) -> dict:
+    """Joules per inference need the part's power and the vendor figure in seconds; say which is missing."""
+    missing = []
+    if target.power_w is None:
+        missing.append(f"{target.name}'s power is unsourced ({target.sources.get('power_w', 'no source')})")
+    missing.append("the vendor's estimate is in cycles and the NPU clock is unsourced")
+    return {"known": False, "detail": "energy per inference is not known: " + "; ".join(missing)}
