@@ -609,7 +609,9 @@ class FlexDSAOptimizer:
                 workdir=workdir, cache=cache, progress=lambda f, m: report_progress("toolchain", 0.6 * f, m),
             )  # fmt: skip
             if exploration is not None:
-                comp, validation = self._explored(comp, exploration, original_source, options, reference_cache, validation)
+                comp, validation = self._explored(
+                    comp, exploration, original_source, options, reference_cache, validation, cost_model
+                )
             compile_final = functools.partial(
                 run_toolchain, self.target, self.adapter, partition=comp.partition, original_source=original_source,
                 root=self.toolchain_root, seed=options.seed, workdir=workdir,
@@ -685,7 +687,18 @@ class FlexDSAOptimizer:
     # ------------------------------------------------------------------ helpers for optimize
     _scratch: Path | None = None
 
-    def _explored(self, comp, exploration, original_source, options, references, validation):
+    def _describe(self, comp: Compilation, bucket: BucketModel, cost_model: CostModel) -> None:
+        """Memory plan, partition and estimates of a bucket whose model changed after ``_compile``."""
+        comp.memory[bucket.name] = plan_memory(bucket.model, dims=bucket.at).as_dict()
+        mapping = SubgraphMapper(self.target, self.adapter, cost_model, cost_model.cache).map(bucket.model)
+        comp.partition[bucket.name] = mapping.as_dict()
+        cost = cost_model.graph_cost(bucket.model)
+        estimates = dict(comp.estimates.get(bucket.name) or {})
+        estimates["after"] = cost.as_dict()
+        estimates["on_target"] = target_estimate(self.target, mapping, cost, comp.memory[bucket.name])
+        comp.estimates[bucket.name] = estimates
+
+    def _explored(self, comp, exploration, original_source, options, references, validation, cost_model):
         """The buckets exploration chose: a changed model is validated against the original again (and kept
         only if it holds: else the bucket goes back to our plain model, said in the decision); a bucket that
         ships the original model is the original, so nothing of ours is left in it to validate."""
@@ -705,6 +718,10 @@ class FlexDSAOptimizer:
                     validation = [result.as_dict() if v.get("bucket") == name else v for v in validation]
         comp = copy.copy(comp)
         comp.buckets = [chosen[b.name] for b in comp.buckets]
+        comp.partition, comp.estimates, comp.memory = dict(comp.partition), dict(comp.estimates), dict(comp.memory)
+        for bucket in comp.buckets:
+            if bucket.name in exploration.changed:  # the report describes the model that ships
+                self._describe(comp, bucket, cost_model)
         for name in exploration.original:
             part = comp.partition.get(name)
             if part is not None:

@@ -11,6 +11,11 @@ data in ``data/rockchip-rk3588.json``; what is here needs the graph:
 
 Legalisation rewrites (each named, so ``disabled_rules`` and the accuracy bisection can switch it off):
 
+* ``pad_into_conv``: ``Conv(Pad(x))`` -> ``Conv(x, pads += ...)`` for a zero constant Pad of the spatial axes
+  (onnxscript's rule). rknn-toolkit2 2.5.0 tries the same fusion itself and crashes in it on any such pair
+  (``ValueError: assignment destination is read-only`` in ``_p_fuse_pad_into_conv``, seen): a model whose pads
+  our folding made constant (tf2onnx computes them) would otherwise not build where its original does.
+
 * ``gelu_erf_div_form``: ``Erf(x * 0.7071...)`` -> ``Erf(x / 1.4142...)``. rknn-toolkit2 fuses an erf GELU
   into its NPU op exGelu only when written with the Div, as PyTorch exports it; our algebraic
   simplification turns the Div by a constant into a Mul, which leaves the Erf on the CPU.
@@ -31,7 +36,9 @@ from pathlib import Path
 
 import numpy as np
 import onnx_ir as ir
+import onnx_ir.passes.common as ir_passes
 
+from flexdsa_core.fusions.driver import drive
 from flexdsa_core.targets.accelerator import AcceleratorAdapter, is_constant, runtime_input_of
 from flexdsa_core.targets.base import BucketModel, Legalized
 from flexdsa_core.targets.bundle_inputs import mixed_sections
@@ -52,7 +59,7 @@ BOUNDARY_OPS = frozenset({"InputOperator", "OutputOperator"})
 
 class RockchipAdapter(AcceleratorAdapter):
     vendor = "Rockchip"
-    rewrites = ("gelu_erf_div_form", "neg_to_mul", "sum_to_add")
+    rewrites = ("pad_into_conv", "gelu_erf_div_form", "neg_to_mul", "sum_to_add")
 
     # ---- legality beyond the op table --------------------------------------------------------------
     def node_reason(self, node: ir.Node, target: TargetSpec) -> str | None:
@@ -87,6 +94,7 @@ class RockchipAdapter(AcceleratorAdapter):
     def legalize_model(self, model: ir.Model, target: TargetSpec, disabled: frozenset[str]) -> Legalized:
         applied, notes = [], []
         for name, rewrite in (
+            ("pad_into_conv", _pad_into_conv),
             ("gelu_erf_div_form", _gelu_erf_div_form),
             ("neg_to_mul", _neg_to_mul),
             ("sum_to_add", _sum_to_add),
@@ -146,7 +154,8 @@ class RockchipAdapter(AcceleratorAdapter):
                 "onnx": self.model_filename(bucket),
                 "rknn": self.model_filename(bucket).removesuffix(".onnx") + ".rknn",
                 "inputs": [v.name for v in inputs],
-                "input_size_list": [[int(d) for d in v.shape] for v in inputs],
+                # The bucket's shapes: a bucket that ships the original model keeps its symbolic dims.
+                "input_size_list": [[int(d) for d in bucket.input_shapes.get(v.name, v.shape)] for v in inputs],
                 "dtypes": [v.dtype.numpy().name if v.dtype is not None else "float32" for v in inputs],
             })  # fmt: skip
         script = _CONVERT_SCRIPT.format(
@@ -304,6 +313,24 @@ def _neg_to_mul(model: ir.Model) -> int:
         _replace(model, node, [mul], mul.outputs[0])
         count += 1
     return count
+
+
+def _pad_into_conv(model: ir.Model) -> int:
+    """onnxscript's ``fuse_pad_into_conv_rule``: a zero, constant-mode Pad of the spatial axes only goes into
+    the Conv's ``pads`` (exact)."""
+    from onnxscript.rewriter.rules.common import fuse_pad_into_conv_rule
+
+    verdicts = drive(model, [fuse_pad_into_conv_rule], lambda _rule, _delta: _TAKE, rule_name="pad_into_conv")
+    if verdicts:
+        ir_passes.RemoveUnusedNodesPass()(model)
+    return len(verdicts)
+
+
+class _Take:
+    taken = True
+
+
+_TAKE = _Take()
 
 
 def _sum_to_add(model: ir.Model) -> int:
