@@ -607,6 +607,8 @@ class FlexDSAOptimizer:
             exploration = explore(
                 self.target, self.adapter, comp.buckets, original_source, root=self.toolchain_root,
                 workdir=workdir, cache=cache, progress=lambda f, m: report_progress("toolchain", 0.6 * f, m),
+                precision={**(precision or {}), "requested": options.precision},
+                accuracy=options.accuracy, **_user_samples(precision_runs),
             )  # fmt: skip
             if exploration is not None:
                 comp, validation = self._explored(
@@ -618,7 +620,9 @@ class FlexDSAOptimizer:
                 precision={**(precision or {}), "requested": options.precision},
                 calibration=precision_samples, accuracy=options.accuracy,
             )  # fmt: skip
-            toolchain_report, toolchain_files = compile_final(comp.buckets)
+            toolchain_report, toolchain_files = compile_final(
+                comp.buckets, bucket_options=exploration.bucket_options if exploration else None
+            )
             if exploration is not None and not toolchain_report.get("ran") and toolchain_report.get("failed"):
                 # Never worse than the vendor alone: our form crashed the vendor's final build; the original does not.
                 comp, exploration = self._vendor_fallback(comp, exploration, toolchain_report["failed"])
@@ -1095,6 +1099,19 @@ class FlexDSAOptimizer:
             }
         )
         return candidate, comparison
+
+
+def _user_samples(runs: dict) -> dict:
+    """The user's samples per bucket for vendor exploration, split: calibrate on the first two thirds, judge on
+    the rest (all of them both ways when there are fewer than 3). Synthetic samples never judge accuracy."""
+    calibration, held_out = {}, {}
+    for name, run in runs.items():
+        if run.synthetic or not run.samples:
+            continue
+        cut = len(run.samples) - len(run.samples) // 3 if len(run.samples) >= 3 else len(run.samples)
+        calibration[name] = run.samples[:cut]
+        held_out[name] = run.samples[cut:] or run.samples
+    return {"calibration": calibration or None, "held_out": held_out or None}
 
 
 def _sha256(source: bytes | Path) -> str:

@@ -76,6 +76,11 @@ class AcceleratorAdapter(PlatformAdapter):
         """The vendor's own figure for one compiled model (one driver entry); None where it gives none."""
         return None
 
+    def vendor_precisions(self, target: TargetSpec, report: dict) -> dict[str, dict]:
+        """Under an int8/mixed request, each precision the vendor's compiler makes: name -> driver options (the
+        first a plain int8 build, what the vendor alone makes; ``"dtype": "float16"`` marks the float end)."""
+        return {}
+
     # ---- legality ---------------------------------------------------------------------------------
     def fallback_reason(self, node: ir.Node, target: TargetSpec) -> str | None:
         """Why ``node`` must run on the CPU beside the accelerator, in plain words; None if it runs there."""

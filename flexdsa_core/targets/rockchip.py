@@ -128,6 +128,21 @@ class RockchipAdapter(AcceleratorAdapter):
             cpu_layers=tuple(f"{row['op']} {row['layer_name']}" for row in layers if row["target"] == "CPU"),
         )
 
+    def vendor_precisions(self, target: TargetSpec, report: dict) -> dict[str, dict]:
+        """w8a8 (the toolkit's default calibration, what it makes alone), w8a8 with its MMSE calibration, and
+        under ``mixed`` the hybrid keeping our float layers float16 and float16 itself."""
+        requested = (report.get("precision") or {}).get("requested")
+        if requested not in ("int8", "mixed"):
+            return {}
+        int8 = {"dtype": "int8", **_QUANT_CONFIG, "custom_hybrid": {}}
+        found = {"w8a8": int8, "w8a8 mmse": {**int8, "quantized_algorithm": "mmse"}}
+        if requested == "mixed":
+            hybrid = self.toolchain_options(target, report).get("custom_hybrid") or {}
+            if any(hybrid.values()):
+                found["w8a8 + float16 hybrid"] = {**int8, "custom_hybrid": hybrid}
+            found["float16"] = {"dtype": "float16", "custom_hybrid": {}}
+        return found
+
     # ---- the bundle --------------------------------------------------------------------------------
     def toolchain_options(self, target: TargetSpec, report: dict) -> dict:
         """float16 for fp32/fp16; for int8 and mixed the toolkit's own w8a8 quantiser calibrated on our

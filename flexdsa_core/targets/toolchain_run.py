@@ -40,6 +40,7 @@ EVAL_SAMPLES = 8
 def run_toolchain(
     target: TargetSpec, adapter, buckets, partition: dict, original_source, *, root, seed: int, workdir,
     precision: dict | None = None, calibration: dict[str, list[dict]] | None = None, accuracy=None,
+    bucket_options: dict[str, dict] | None = None,
 ) -> tuple[dict, dict[str, Path]]:
     from flexdsa_core.validate import make_inputs, run
 
@@ -67,6 +68,8 @@ def run_toolchain(
             np.save(path, array)
             inputs[name] = str(path)
         entry = {"name": bucket.name, "onnx": str(model_path), "inputs": inputs}
+        if (bucket_options or {}).get(bucket.name):  # what vendor exploration chose for this bucket
+            entry["options"] = bucket_options[bucket.name]
         samples = (calibration or {}).get(bucket.name)
         if samples:
             entry["dataset"] = _write_samples(folder, bucket.name, samples)

@@ -56,6 +56,8 @@ class Candidate:
     cost: VendorCost | None = None
     error: str | None = None
     cached: bool = False
+    precision: str = "float16"  # what the vendor compiles the candidate to
+    accuracy: dict | None = None  # its simulator's outputs on the held-out samples, scored (precision only)
 
     @property
     def label(self) -> str:
@@ -66,7 +68,9 @@ class Candidate:
             "candidate": self.name,
             "forms": self.forms,
             "options": self.options,
+            "precision": self.precision,
             "vendor": self.cost.as_dict() if self.cost else None,
+            "accuracy": self.accuracy,
             "error": self.error,
             "from_kernel_cache": self.cached,
         }
@@ -83,6 +87,8 @@ class Exploration:
     report: dict
     plans: dict[str, dict]
     original_file: Path | None = None  # the original model as the vendor compiled it alone
+    # Bucket -> the driver options of the precision exploration chose (int8/mixed with samples), for the final build.
+    bucket_options: dict[str, dict] = field(default_factory=dict)
 
 
 class VendorCompiler:
@@ -143,6 +149,46 @@ class VendorCompiler:
             if self.cache is not None and kept["error"] is None:  # a refusal is retried next time, not kept
                 self.cache.put(keys[candidate.label], json.dumps(kept).encode())
 
+    def simulate(self, candidates: list[Candidate], sources: dict[str, Path], shapes: dict[str, dict],
+                 datasets: dict[str, list[dict]], judged: dict[str, list[dict]], references: dict[str, list[dict]],
+                 accuracy) -> None:  # fmt: skip
+        """Compile each (precision) candidate calibrated on its bucket's ``datasets`` and run it in the vendor's
+        simulator on the ``judged`` samples; ``accuracy`` scores the outputs against the original's
+        (``references``). Never cached: an accuracy verdict rests on this run's outputs."""
+        from flexdsa_core.precision import score
+
+        entries = []
+        for index, candidate in enumerate(candidates):
+            path = sources[candidate.bucket] if candidate.model is None else self._write(candidate, index)
+            name = f"p{index}"
+            options = {"export": False, **candidate.options}
+            if "custom_hybrid" in options:  # keyed by bucket in the adapter's options, by entry in the driver's
+                options["custom_hybrid"] = {name: (options["custom_hybrid"] or {}).get(candidate.bucket) or []}
+            entries.append({
+                "name": name, "onnx": str(path), "input_shapes": shapes[candidate.bucket], "options": options,
+                "dataset": _write_samples(self.folder, f"{candidate.bucket}.dataset", datasets[candidate.bucket]),
+                "samples": _write_samples(self.folder, f"{candidate.bucket}.judged", judged[candidate.bucket]),
+                "inputs": _write_samples(self.folder, f"{candidate.bucket}.first", judged[candidate.bucket][:1])[0],
+            })  # fmt: skip
+        request = {
+            "action": "compile", "continue_on_error": True, "target": self.target.model_dump(mode="json"),
+            "out_dir": str(self.folder / "out-precision"), "buckets": entries,
+            "options": self.adapter.toolchain_options(self.target, {}),
+        }  # fmt: skip
+        self.compiles += len(entries)
+        try:
+            result = self.toolchain.run(self.root, request, workdir=self.folder)
+        except ToolchainError as err:
+            for candidate in candidates:
+                candidate.error = err.message
+            return
+        found = {entry.get("name"): entry for entry in result.get("buckets", [])}
+        for index, candidate in enumerate(candidates):
+            entry = found.get(f"p{index}") or {"error": "the toolchain returned no result for it"}
+            self._read(candidate, {"error": _first_line(entry.get("error")), "layers": entry.get("layers") or []})
+            if candidate.error is None:
+                candidate.accuracy = _scored(references[candidate.bucket], entry.get("sample_outputs") or [], accuracy, score)
+
     def _read(self, candidate: Candidate, kept: dict) -> None:
         candidate.error = kept.get("error")
         if candidate.error is None:
@@ -179,9 +225,15 @@ def explore(
     workdir: Path | None,
     cache=None,
     progress: Callable[[float, str], None] | None = None,
+    precision: dict | None = None,
+    calibration: dict[str, list[dict]] | None = None,
+    held_out: dict[str, list[dict]] | None = None,
+    accuracy=None,
 ) -> Exploration | None:
     """Exploration for every bucket (module docstring); None where the vendor gives no figure to score by
-    (no toolchain for the target, not ready, or an adapter without ``vendor_cost``)."""
+    (no toolchain for the target, not ready, or an adapter without ``vendor_cost``). With ``precision``
+    int8/mixed and ``calibration`` samples, the vendor's precisions (``adapter.vendor_precisions``) are tried on
+    the chosen form too, each judged in its simulator on ``held_out`` samples (``_precisions``)."""
     from flexdsa_core.targets.accelerator import AcceleratorAdapter
 
     if not target.toolchain or root is None or type(adapter).vendor_cost is AcceleratorAdapter.vendor_cost:
@@ -247,13 +299,114 @@ def explore(
             "chosen": best.name if best is not None else None,
             "decision": reason,
         }
+    bucket_options: dict[str, dict] = {}
+    if (precision or {}).get("requested") in ("int8", "mixed") and calibration:
+        say(0.7, f"quantising candidates with {compiler.tool} and judging them in its simulator")
+        bucket_options = _precisions(
+            compiler, chosen, original, sources, shapes, report, plans, precision, calibration, held_out or {},
+            accuracy, original_source,
+        )  # fmt: skip
     summary = {
         "tool": compiler.tool,
         "compiles": compiler.compiles,
         "cache_hits": sum(1 for c in first + second if c.cached),
         "buckets": report,
     }
-    return Exploration(chosen, changed, original, summary, plans, next(iter(sources.values()), None))
+    return Exploration(
+        chosen, changed, original, summary, plans, next(iter(sources.values()), None), bucket_options
+    )
+
+
+# Samples a simulator runs per candidate to judge its accuracy (they are slow).
+JUDGED_SAMPLES = 8
+
+
+def _precisions(compiler, buckets, original, sources, shapes, report, plans, precision, calibration, held_out,
+                accuracy, original_source) -> dict[str, dict]:  # fmt: skip
+    """Per bucket, each precision the vendor makes (``adapter.vendor_precisions``: its int8, its own other
+    calibration, hybrids keeping our float layers in float16, float16 itself under ``mixed``) compiled on the
+    chosen form, calibrated on the calibration samples and judged in the vendor's simulator on the held-out
+    ones; beside them the vendor alone's int8 of the original on the same samples. The cheapest candidate
+    that meets the accuracy target ships (float16's own figure where ``mixed`` allows it); none does: the
+    request's own format ships and the accuracy verdict after the final build decides (fail, or fp32)."""
+    from flexdsa_core.validate import run
+
+    variants = compiler.adapter.vendor_precisions(compiler.target, {"precision": precision})
+    if not variants:
+        return {}
+    plain_int8 = next(iter(variants.values()))
+    candidates, datasets, judged, references = [], {}, {}, {}
+    for bucket in buckets:
+        samples = calibration.get(bucket.name)
+        if not samples:
+            continue
+        datasets[bucket.name] = samples
+        judged[bucket.name] = (held_out.get(bucket.name) or samples)[:JUDGED_SAMPLES]
+        references[bucket.name] = [run(original_source, s) for s in judged[bucket.name]]
+        model = None if bucket.name in original else bucket.model
+        forms = report[bucket.name]["forms"]
+        for name, options in variants.items():
+            if options.get("dtype") == "float16":
+                continue  # scored already: the chosen form's own figure
+            candidates.append(Candidate(bucket.name, name, model, forms=forms, options=options, precision=name))
+        candidates.append(Candidate(bucket.name, f"{ALONE}: {next(iter(variants))}", None,
+                                    options={**plain_int8, "custom_hybrid": {}}, precision=next(iter(variants))))  # fmt: skip
+    if not candidates:
+        return {}
+    compiler.simulate(candidates, sources, shapes, datasets, judged, references, accuracy)
+    chosen: dict[str, dict] = {}
+    for bucket in buckets:
+        mine = [c for c in candidates if c.bucket == bucket.name]
+        if not mine:
+            continue
+        row = report[bucket.name]
+        alone = next(c for c in mine if c.name.startswith(ALONE))
+        ours = [c for c in mine if c is not alone and c.cost is not None and (c.accuracy or {}).get("ok")]
+        floor = row["explored"]["cycles"] if row["explored"] and "float16" in [
+            n for n, o in variants.items() if o.get("dtype") == "float16"
+        ] else None  # fmt: skip
+        best = min(ours, key=lambda c: c.cost.cycles, default=None)
+        if best is not None and (floor is None or best.cost.cycles < floor):
+            chosen[bucket.name] = best.options
+            row["precision"] = best.name
+            row["explored"] = best.cost.as_dict()
+            decision = f"{best.name}: {best.cost.cycles:.0f} cycles, accurate on {len(judged[bucket.name])} held-out samples"
+        elif floor is not None:
+            fp16 = next(n for n, o in variants.items() if o.get("dtype") == "float16")
+            chosen[bucket.name] = variants[fp16]
+            row["precision"] = fp16
+            decision = "float16: no quantised candidate met the accuracy target more cheaply"
+        else:
+            row["precision"] = None
+            decision = "no quantised candidate met the accuracy target in the simulator: the request's own format is built and judged"
+        row["vendor_alone_int8"] = {
+            **(alone.cost.as_dict() if alone.cost else {"error": alone.error}),
+            "precision": alone.precision, "accuracy": alone.accuracy,
+        }  # fmt: skip
+        row["explored_ratio"] = ratio(
+            _cost_of(row["explored"]), _cheapest_accurate_alone(row)
+        )
+        row["decision"] += f"; precision: {decision}"
+        plans[bucket.name]["candidates"] += [c.record() for c in mine]
+        plans[bucket.name]["precision"] = row["precision"]
+    return chosen
+
+
+def _cost_of(figure: dict | None) -> VendorCost | None:
+    if not figure or figure.get("cycles") is None:
+        return None
+    return VendorCost(figure["cycles"], figure.get("cpu_nodes", 0), figure.get("transitions", 0), figure.get("source", ""))
+
+
+def _cheapest_accurate_alone(row: dict) -> VendorCost | None:
+    """The vendor alone's best build that keeps the accuracy target: the cheaper of its float16 and its own
+    int8 where that int8 is accurate on the held-out samples."""
+    options = [_cost_of(row["vendor_alone"])]
+    int8 = row.get("vendor_alone_int8") or {}
+    if (int8.get("accuracy") or {}).get("ok"):
+        options.append(_cost_of(int8))
+    options = [o for o in options if o is not None]
+    return min(options, key=lambda c: c.cycles, default=None)
 
 
 def _with_forms(bucket: BucketModel, choices: dict[str, dict[str, str]], forms: list[VendorForm], name: str):
@@ -369,9 +522,14 @@ def vendor_section(target: TargetSpec, adapter, exploration: Exploration, toolch
             "forms": explored["forms"] if shipped == "ours + forms" else {},
             "decision": explored["decision"],
         }
+        if explored.get("vendor_alone_int8"):
+            row["vendor_alone_int8"] = explored["vendor_alone_int8"]
+            row["precision"] = explored.get("precision")
+        best_alone = _cheapest_accurate_alone(explored)
+        row["vendor_alone_best"] = best_alone.as_dict() if best_alone else None
         ours_cycles = (row["ours"] or {}).get("cycles")
-        if ours_cycles is not None and alone.get("cycles"):
-            row["ratio"] = ours_cycles / alone["cycles"]
+        if ours_cycles is not None and best_alone is not None and best_alone.cycles:
+            row["ratio"] = ours_cycles / best_alone.cycles
         buckets[name] = row
     return {
         "tool": exploration.report["tool"],
@@ -390,3 +548,37 @@ def energy_note(target: TargetSpec) -> dict:
         missing.append(f"{target.name}'s power is unsourced ({target.sources.get('power_w', 'no source')})")
     missing.append("the vendor's estimate is in cycles and the NPU clock is unsourced")
     return {"known": False, "detail": "energy per inference is not known: " + "; ".join(missing)}
+
+
+def _write_samples(folder: Path, prefix: str, samples: list[dict]) -> list[dict[str, str]]:
+    import numpy as np
+
+    written = []
+    for index, sample in enumerate(samples):
+        paths = {}
+        for name, array in sample.items():
+            path = folder / f"{prefix}.{index:03d}.{_safe(name)}.npy"
+            np.save(path, array)
+            paths[name] = str(path)
+        written.append(paths)
+    return written
+
+
+def _scored(reference: list[dict], outputs: list[dict[str, str]], accuracy, score) -> dict:
+    import numpy as np
+
+    if len(outputs) != len(reference):
+        return {"ok": False, "loss": 1.0, "outputs": {},
+                "detail": f"the simulator returned outputs for {len(outputs)} of {len(reference)} samples"}  # fmt: skip
+    got = []
+    for want, paths in zip(reference, outputs, strict=True):
+        if set(want) - set(paths):
+            return {"ok": False, "loss": 1.0, "outputs": {}, "detail": "an output was not returned"}
+        got.append({k: np.load(paths[k]).reshape(v.shape).astype(v.dtype) for k, v in want.items()})
+    found = score(reference, got, accuracy)
+    found["samples"] = len(reference)
+    return found
+
+
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_" else "_" for c in name)[:64]
