@@ -362,6 +362,8 @@ def _precisions(compiler, buckets, original, sources, shapes, report, plans, pre
         row = report[bucket.name]
         alone = next(c for c in mine if c.name.startswith(ALONE))
         ours = [c for c in mine if c is not alone and c.cost is not None and (c.accuracy or {}).get("ok")]
+        if alone.cost is not None:  # never more CPU-fallback layers than the vendor alone's own int8 build
+            ours = [c for c in ours if c.cost.cpu_nodes <= alone.cost.cpu_nodes]
         floor = row["explored"]["cycles"] if row["explored"] and "float16" in [
             n for n, o in variants.items() if o.get("dtype") == "float16"
         ] else None  # fmt: skip
