@@ -1105,12 +1105,13 @@ def _user_samples(runs: dict) -> dict:
     """The user's samples per bucket for vendor exploration, split: calibrate on the first two thirds, judge on
     the rest (all of them both ways when there are fewer than 3). Synthetic samples never judge accuracy."""
     calibration, held_out = {}, {}
-    for name, run in runs.items():
-        if run.synthetic or not run.samples:
+    for name, precision_run in runs.items():
+        samples = precision_run.samples
+        if precision_run.synthetic or not samples:
             continue
-        cut = len(run.samples) - len(run.samples) // 3 if len(run.samples) >= 3 else len(run.samples)
-        calibration[name] = run.samples[:cut]
-        held_out[name] = run.samples[cut:] or run.samples
+        cut = len(samples) - len(samples) // 3 if len(samples) >= 3 else len(samples)
+        calibration[name] = samples[:cut]
+        held_out[name] = samples[cut:] or samples
     return {"calibration": calibration or None, "held_out": held_out or None}
 
 
