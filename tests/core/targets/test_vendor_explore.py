@@ -8,7 +8,6 @@ import json
 
 import numpy as np
 import onnx
-import pytest
 
 from flexdsa_core import FlexDSAOptimizer, OptimizeOptions
 from flexdsa_core.cache import LRUCache
