@@ -71,10 +71,22 @@ class AcceleratorAdapter(PlatformAdapter):
 
     # Forms (``targets/forms``) only the vendor's own estimate can decide, by name; tried where it gives cycles.
     vendor_forms: tuple[str, ...] = ()
+    # Whether the vendor's compiler must run a sample to compile (QNN) rather than take shapes alone (rknn).
+    vendor_needs_inputs: bool = False
+    # The vendor package whose version labels its figures ("rknn-toolkit2 2.5.0 estimate").
+    vendor_package: str | None = None
 
     def vendor_cost(self, entry: dict, versions: dict) -> VendorCost | None:
         """The vendor's own figure for one compiled model (one driver entry); None where it gives none."""
         return None
+
+    def vendor_estimate_options(self, target: TargetSpec, report: dict) -> dict:
+        """Driver options for the exploration's estimate-only builds (the vendor alone's and each candidate's):
+        by default the job's own (``toolchain_options``)."""
+        return self.toolchain_options(target, report)
+
+    # Driver options of the vendor alone's build of the original (the vendor's own preparation of a model).
+    vendor_alone_options: dict = {}
 
     def vendor_precisions(self, target: TargetSpec, report: dict) -> dict[str, dict]:
         """Under an int8/mixed request, each precision the vendor's compiler makes: name -> driver options (the

@@ -109,6 +109,7 @@ class RockchipAdapter(AcceleratorAdapter):
 
     # ---- the vendor's own figure --------------------------------------------------------------------
     vendor_forms = ("strided_conv_space_to_depth",)
+    vendor_package = "rknn-toolkit2"
 
     def vendor_cost(self, entry: dict, versions: dict) -> VendorCost | None:
         """rknn-toolkit2's estimate: the Total cycles of its Network Layer Information Table, summed; the
@@ -127,6 +128,11 @@ class RockchipAdapter(AcceleratorAdapter):
             per_layer=tuple((float(row["cycles"]), tuple(row.get("onnx_nodes") or ())) for row in layers),
             cpu_layers=tuple(f"{row['op']} {row['layer_name']}" for row in layers if row["target"] == "CPU"),
         )
+
+    def vendor_estimate_options(self, target: TargetSpec, report: dict) -> dict:
+        """Forms are judged on the float16 build (no calibration needed); precisions are tried afterwards on the
+        chosen form (``vendor_precisions``)."""
+        return self.toolchain_options(target, {})
 
     def vendor_precisions(self, target: TargetSpec, report: dict) -> dict[str, dict]:
         """w8a8 (the toolkit's default calibration, what it makes alone), w8a8 with its MMSE calibration, and

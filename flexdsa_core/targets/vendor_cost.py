@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 class VendorCost:
     cycles: float | None
     cpu_nodes: int
-    transitions: int
+    transitions: int | None  # None where the vendor's report gives no execution order (QNN)
     source: str  # "rknn-toolkit2 2.5.0 estimate (...)": what produced the figure, shown beside it everywhere
     layers: int = 0
     # Per layer: (cycles, ONNX node names it came from). Layers the vendor left untraceable carry no names.

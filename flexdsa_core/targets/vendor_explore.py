@@ -94,8 +94,11 @@ class Exploration:
 class VendorCompiler:
     """Compiles candidates with one toolchain, many per run, each result kept in the kernel cache."""
 
-    def __init__(self, target: TargetSpec, adapter, root: Path, workdir: Path | None, cache=None) -> None:
+    def __init__(self, target: TargetSpec, adapter, root: Path, workdir: Path | None, cache=None,
+                 precision: dict | None = None) -> None:  # fmt: skip
         self.target, self.adapter, self.root, self.cache = target, adapter, root, cache
+        # What every estimate-only build is asked for (rknn: float16; QNN: the job's own format).
+        self.base_options = adapter.vendor_estimate_options(target, {"precision": precision or {}})
         self.toolchain = get_toolchain(target.toolchain)
         self.versions = self.toolchain.status(root).versions
         self.folder = Path(tempfile.mkdtemp(prefix="vendor-explore-", dir=workdir))
@@ -103,12 +106,16 @@ class VendorCompiler:
 
     @property
     def tool(self) -> str:
-        names = [f"{name} {version}" for name, version in self.versions.items() if version][:1]
-        return names[0] if names else self.toolchain.name
+        """The vendor package and its version ("rknn-toolkit2 2.5.0"), as every figure is labelled."""
+        package = self.adapter.vendor_package or next(iter(self.versions), None)
+        version = self.versions.get(package) if package else None
+        return f"{package} {version}" if version else (package or self.toolchain.name)
 
-    def estimate(self, candidates: list[Candidate], sources: dict[str, Path], shapes: dict[str, dict]) -> None:
+    def estimate(self, candidates: list[Candidate], sources: dict[str, Path], shapes: dict[str, dict],
+                 feeds: dict[str, dict] | None = None) -> None:  # fmt: skip
         """Fill ``cost``/``error`` of each candidate: from the cache, else one toolchain run for the rest.
-        ``sources``: bucket -> the original model's file; ``shapes``: bucket -> input name -> static shape."""
+        ``sources``: bucket -> the original model's file; ``shapes``: bucket -> input name -> static shape;
+        ``feeds``: bucket -> one input sample, for a vendor that compiles only what it runs (QNN)."""
         pending, keys = [], {}
         for index, candidate in enumerate(candidates):
             path = sources[candidate.bucket] if candidate.model is None else self._write(candidate, index)
@@ -129,10 +136,11 @@ class VendorCompiler:
             "out_dir": str(self.folder / "out"),
             "buckets": [
                 {"name": f"c{index}", "onnx": str(path), "input_shapes": shapes[candidate.bucket],
+                 "inputs": (feeds or {}).get(candidate.bucket) or {},
                  "options": {"simulate": False, "export": False, **candidate.options}}
                 for index, (candidate, path) in enumerate(pending)
             ],  # fmt: skip
-            "options": self.adapter.toolchain_options(self.target, {}),
+            "options": self.base_options,
         }
         self.compiles += len(pending)
         try:
@@ -144,7 +152,8 @@ class VendorCompiler:
         entries = {entry.get("name"): entry for entry in result.get("buckets", [])}
         for index, (candidate, _) in enumerate(pending):
             entry = entries.get(f"c{index}") or {"error": "the toolchain returned no result for it"}
-            kept = {"error": _first_line(entry.get("error")), "layers": entry.get("layers") or []}
+            kept = {"error": _first_line(entry.get("error")), "layers": entry.get("layers") or [],
+                    "placement": entry.get("placement") or {}}  # fmt: skip
             self._read(candidate, kept)
             if self.cache is not None and kept["error"] is None:  # a refusal is retried next time, not kept
                 self.cache.put(keys[candidate.label], json.dumps(kept).encode())
@@ -192,7 +201,9 @@ class VendorCompiler:
     def _read(self, candidate: Candidate, kept: dict) -> None:
         candidate.error = kept.get("error")
         if candidate.error is None:
-            candidate.cost = self.adapter.vendor_cost({"layers": kept.get("layers")}, self.versions)
+            candidate.cost = self.adapter.vendor_cost(
+                {"layers": kept.get("layers"), "placement": kept.get("placement")}, self.versions
+            )
             if candidate.cost is None:
                 candidate.error = "the vendor reported no cost for it"
 
@@ -208,7 +219,7 @@ class VendorCompiler:
                 digest.update(block)
         canonical = {
             "vendor_compile": digest.hexdigest(),
-            "options": {**self.adapter.toolchain_options(self.target, {}), **options},
+            "options": {**self.base_options, **options},
             "shapes": shapes,
             "toolchain": {"name": self.toolchain.name, "versions": self.versions},
         }
@@ -240,17 +251,29 @@ def explore(
         return None
     if not get_toolchain(target.toolchain).status(root).ready:
         return None
-    compiler = VendorCompiler(target, adapter, root, workdir, cache)
+    compiler = VendorCompiler(target, adapter, root, workdir, cache, precision)
     say = progress or (lambda fraction, message: None)
-    sources = {b.name: _original_file(original_source, compiler.folder) for b in buckets}
     shapes = {b.name: _static_inputs(b.model) for b in buckets}
-    forms = [discover_forms()[name] for name in adapter.vendor_forms if name in discover_forms()]
+    original_file = _original_file(original_source, compiler.folder)
+    # The vendor alone gets the original as a user would hand it over: rknn takes the shapes beside the file;
+    # a vendor that compiles what it runs (QNN) gets it with its input dims fixed to the bucket's, nothing else.
+    sources = {
+        b.name: _fixed_inputs(original_file, shapes[b.name], compiler.folder, b.name)
+        if adapter.vendor_needs_inputs else original_file
+        for b in buckets
+    }
+    feeds = {b.name: _feeds(b, compiler.folder) for b in buckets} if adapter.vendor_needs_inputs else None
+    # Forms are decided by the vendor's cycles; a vendor that reports placement only cannot judge them.
+    forms = [discover_forms()[n] for n in adapter.vendor_forms if n in discover_forms()]
 
     # The vendor alone, our model, and each form variant at every site it matches: one toolchain run.
     first: list[Candidate] = []
     sites: dict[str, dict[str, dict[str, list[str]]]] = {}
     for bucket in buckets:
-        first += [Candidate(bucket.name, ALONE, None), Candidate(bucket.name, PLAIN, bucket.model)]
+        first += [
+            Candidate(bucket.name, ALONE, None, options=dict(adapter.vendor_alone_options)),
+            Candidate(bucket.name, PLAIN, bucket.model),
+        ]
         sites[bucket.name] = {form.name: form.sites(bucket.model) for form in forms}
         for form in forms:
             for variant in form.variants:
@@ -258,7 +281,7 @@ def explore(
                 if choices:
                     first.append(_with_forms(bucket, {form.name: choices}, forms, f"{form.name}:{variant}"))
     say(0.1, f"compiling {len(first)} candidate(s) with {compiler.tool} (estimate only)")
-    compiler.estimate(first, sources, shapes)
+    compiler.estimate(first, sources, shapes, feeds)
 
     # Per site, the cheapest variant by the vendor's per-layer figures; composed and confirmed.
     second: list[Candidate] = []
@@ -269,7 +292,7 @@ def explore(
             second.append(composed)
     if second:
         say(0.5, f"confirming {len(second)} composed candidate(s) with {compiler.tool}")
-        compiler.estimate(second, sources, shapes)
+        compiler.estimate(second, sources, shapes, feeds)
 
     chosen, changed, original, report, plans = [], set(), set(), {}, {}
     for bucket in buckets:
@@ -312,9 +335,7 @@ def explore(
         "cache_hits": sum(1 for c in first + second if c.cached),
         "buckets": report,
     }
-    return Exploration(
-        chosen, changed, original, summary, plans, next(iter(sources.values()), None), bucket_options
-    )
+    return Exploration(chosen, changed, original, summary, plans, original_file, bucket_options)
 
 
 # Samples a simulator runs per candidate to judge its accuracy (they are slow).
@@ -453,8 +474,10 @@ def _site_nodes(model: ir.Model | None, site: str, form: VendorForm) -> set[str]
 def _decide(candidates: list[Candidate], alone: Candidate) -> tuple[Candidate | None, str]:
     """The cheapest candidate of ours the vendor built, unless the vendor alone is better (in cycles or in
     CPU-fallback nodes): then the original. Ties go to the plainer form (fewer rewrites to trust)."""
-    ours = [c for c in candidates if c is not alone and c.cost is not None and c.cost.cycles is not None]
+    ours = [c for c in candidates if c is not alone and c.cost is not None]
     refused = [c for c in candidates if c is not alone and c.error]
+    if ours and all(c.cost.cycles is None for c in ours):  # the vendor reports placement only (QNN)
+        return _decide_by_placement(ours, alone)
     if not ours:
         if alone.cost is not None:
             why = "; ".join(f"{c.name}: {c.error}" for c in refused) or "no candidate of ours compiled"
@@ -476,6 +499,38 @@ def _decide(candidates: list[Candidate], alone: Candidate) -> tuple[Candidate | 
     return best, text
 
 
+def _decide_by_placement(ours: list[Candidate], alone: Candidate) -> tuple[Candidate | None, str]:
+    """Where the vendor gives no cost, only where it puts each node: ours unless it leaves more nodes on the CPU
+    than the vendor alone does with the original."""
+    best = min(ours, key=lambda c: (c.cost.cpu_nodes, sum(len(s) for s in c.forms.values())))
+    if alone.cost is None:
+        return best, f"the vendor alone could not build the original ({alone.error}); ours builds"
+    if best.cost.cpu_nodes > alone.cost.cpu_nodes:
+        return alone, (
+            f"the vendor leaves {best.cost.cpu_nodes} node(s) of ours on the CPU and {alone.cost.cpu_nodes} of the "
+            "original alone: the original model ships"
+        )
+    return best, (
+        f"{best.name}: {best.cost.cpu_nodes} node(s) on the CPU of {best.cost.layers} placed (the vendor alone: "
+        f"{alone.cost.cpu_nodes} of {alone.cost.layers}); the vendor reports no cost to compare beyond placement"
+    )
+
+
+def _feeds(bucket: BucketModel, folder: Path) -> dict[str, str]:
+    """One seeded input sample at the bucket's shapes, saved as .npy: input name -> path."""
+    import numpy as np
+
+    from flexdsa_core.targets.toolchain_run import bucket_dims
+    from flexdsa_core.validate import make_inputs
+
+    written = {}
+    for name, array in make_inputs(ir.to_proto(bucket.model), seed=0, dims=bucket_dims(bucket)).items():
+        path = folder / f"{bucket.name}.feed.{_safe(name)}.npy"
+        np.save(path, array)
+        written[name] = str(path)
+    return written
+
+
 def _static_inputs(model: ir.Model) -> dict[str, list[int]]:
     return {
         value.name: [int(d) for d in value.shape]
@@ -491,6 +546,23 @@ def _original_file(source: bytes | Path, folder: Path) -> Path:
     if not path.exists():
         path.write_bytes(source)
     return path
+
+
+def _fixed_inputs(path: Path, shapes: dict[str, list[int]], folder: Path, bucket: str) -> Path:
+    """A copy of the original with its graph inputs' dims set to the bucket's (what ONNX Runtime's
+    ``make_dynamic_shape_fixed`` does for a QNN user); its weights are left where they are."""
+    import onnx
+
+    proto = onnx.load(str(path), load_external_data=False)
+    for value in proto.graph.input:
+        if value.name not in shapes:
+            continue
+        for dim, size in zip(value.type.tensor_type.shape.dim, shapes[value.name], strict=False):
+            dim.Clear()
+            dim.dim_value = int(size)
+    fixed = path.parent / f"{path.stem}.{_safe(bucket)}.fixed.onnx"
+    onnx.save(proto, str(fixed))
+    return fixed
 
 
 def _original_model(path: Path) -> ir.Model:
@@ -512,7 +584,9 @@ def vendor_section(target: TargetSpec, adapter, exploration: Exploration, toolch
     buckets = {}
     for name, explored in exploration.report["buckets"].items():
         entry = (toolchain.get("buckets") or {}).get(name) or {}
-        final = adapter.vendor_cost(entry, versions) if entry.get("layers") else None
+        final = None
+        if entry.get("layers") or entry.get("vendor_placement"):
+            final = adapter.vendor_cost({"layers": entry.get("layers"), "placement": entry.get("vendor_placement")}, versions)
         alone = explored["vendor_alone"]
         shipped = "original" if name in exploration.original else ("ours + forms" if name in exploration.changed else "ours")
         row = {
@@ -539,16 +613,19 @@ def vendor_section(target: TargetSpec, adapter, exploration: Exploration, toolch
         "buckets": buckets,
         "compiles": exploration.report["compiles"],
         "cache_hits": exploration.report["cache_hits"],
-        "energy": energy_note(target),
+        "energy": energy_note(target, any(b["vendor_alone"].get("cycles") for b in buckets.values())),
     }
 
 
-def energy_note(target: TargetSpec) -> dict:
-    """Joules per inference need the part's power and the vendor figure in seconds; say which is missing."""
+def energy_note(target: TargetSpec, in_cycles: bool) -> dict:
+    """Joules per inference need the part's power and the vendor's figure in seconds; say which is missing."""
     missing = []
     if target.power_w is None:
         missing.append(f"{target.name}'s power is unsourced ({target.sources.get('power_w', 'no source')})")
-    missing.append("the vendor's estimate is in cycles and the NPU clock is unsourced")
+    if in_cycles:
+        missing.append("the vendor's estimate is in cycles and the accelerator's clock is unsourced")
+    else:
+        missing.append("the vendor reports no time or energy for the model, only its placement")
     return {"known": False, "detail": "energy per inference is not known: " + "; ".join(missing)}
 
 

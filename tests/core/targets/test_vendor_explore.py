@@ -178,3 +178,30 @@ def test_pad_into_conv_keeps_the_vendor_building_our_form():
     assert "pad_into_conv" in result.report["rewrites_applied"]
     shipped = onnx.load_from_string(result.artifacts[f"model.{bucket}.onnx"])
     assert [n.op_type for n in shipped.graph.node] == ["Conv", "Relu"]
+
+
+def test_placement_only_vendors_decide_by_cpu_nodes():
+    def placed(name, cpu):
+        return Candidate("b", name, None, cost=VendorCost(None, cpu, None, "test", layers=10))
+
+    alone = placed(ALONE, 0)
+    best, reason = _decide([alone, placed(PLAIN, 0)], alone)
+    assert best.name == PLAIN and "no cost to compare beyond placement" in reason
+    best, reason = _decide([alone, placed(PLAIN, 2)], alone)
+    assert best is alone and "2 node(s) of ours on the CPU" in reason
+
+
+def test_qualcomm_vendor_alone_is_all_htp_where_ours_is():
+    """QNN beside every job: the original, prepared as QNN's documentation asks (input dims fixed,
+    qnn_preprocess_model), placed by QNN; ours leaves no more nodes on the CPU."""
+    checks.toolchain_or_skip("qualcomm", "onnxruntime-qnn")
+    result = FlexDSAOptimizer("qualcomm-sm8650", toolchain_root=checks.TOOLCHAIN_ROOT).optimize(
+        fixture("bert"), OptimizeOptions(shape_buckets={"batch": [1], "seq": [16]}, measure_latency=False)
+    )
+    vendor = result.report["vendor"]
+    [(bucket, row)] = vendor["buckets"].items()
+    assert vendor["tool"].startswith("onnxruntime-qnn ")
+    assert row["vendor_alone"]["cpu_nodes"] == 0 and row["vendor_alone"]["layers"] > 0
+    assert row["ours"]["cpu_nodes"] == 0 and row["shipped"] == "ours" and row["ratio"] is None
+    assert "placement" in row["ours"]["source"] and "no cost figure" in row["ours"]["source"]
+    assert "only its placement" in vendor["energy"]["detail"]
