@@ -609,6 +609,7 @@ class FlexDSAOptimizer:
                 workdir=workdir, cache=cache, progress=lambda f, m: report_progress("toolchain", 0.6 * f, m),
                 precision={**(precision or {}), "requested": options.precision},
                 accuracy=options.accuracy, **_user_samples(precision_runs),
+                traffic=_traffic_request(options, buckets),
             )  # fmt: skip
             if exploration is not None:
                 comp, validation = self._explored(
@@ -1099,6 +1100,16 @@ class FlexDSAOptimizer:
             }
         )
         return candidate, comparison
+
+
+def _traffic_request(options: OptimizeOptions, buckets) -> dict | None:
+    """Observed traffic and each bucket's dims, for the vendor's expected cost per request (``vendor_explore``)."""
+    if not options.observed_shapes:
+        return None
+    observed = [{"dims": dict(entry.dims), "count": entry.count} for entry in options.observed_shapes]
+    named = {dim for entry in observed for dim in entry["dims"]}
+    fixed = {dim: value for bucket in buckets for dim, value in bucket.dims.items() if dim not in named}
+    return {"observed": observed, "bucket_dims": {b.name: dict(b.dims) for b in buckets}, "fixed": fixed}
 
 
 def _user_samples(runs: dict) -> dict:

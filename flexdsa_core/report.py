@@ -207,6 +207,8 @@ def _vendor_summary(vendor: dict | None) -> dict | None:
             }
             for name, row in vendor.get("buckets", {}).items()
         },
+        "traffic": {k: (vendor.get("traffic") or {}).get(k) for k in ("expected_cycles_per_request", "vendor_alone_at_largest", "ratio", "requests")}
+        if vendor.get("traffic") else None,
     }
 
 
@@ -296,6 +298,13 @@ def render_summary(report: dict) -> str:
             lines.append(
                 f"  [{bucket}] {figure}; CPU layers {row['cpu_nodes'][1]} vs {row['cpu_nodes'][0]}; "
                 f"shipped {row['shipped']}{' (' + row['precision'] + ')' if row['precision'] else ''}"
+            )
+        traffic = vendor.get("traffic")
+        if traffic and traffic.get("ratio") is not None:
+            lines.append(
+                f"  traffic: {traffic['expected_cycles_per_request']:,.0f} cycles per request over the buckets vs "
+                f"{traffic['vendor_alone_at_largest']:,.0f} for the vendor alone at the largest observed shape "
+                f"({traffic['ratio']:.3f}x, {traffic['requests']} requests)"
             )
     for bucket, memory in report["memory"].items():
         arena, naive = memory.get("arena_bytes"), memory.get("naive_bytes")

@@ -240,6 +240,7 @@ def explore(
     calibration: dict[str, list[dict]] | None = None,
     held_out: dict[str, list[dict]] | None = None,
     accuracy=None,
+    traffic: dict | None = None,
 ) -> Exploration | None:
     """Exploration for every bucket (module docstring); None where the vendor gives no figure to score by
     (no toolchain for the target, not ready, or an adapter without ``vendor_cost``). With ``precision``
@@ -329,8 +330,14 @@ def explore(
             compiler, chosen, original, sources, shapes, report, plans, precision, calibration, held_out or {},
             accuracy, original_source,
         )  # fmt: skip
+    if traffic and traffic.get("observed"):
+        say(0.9, f"compiling the original at the largest observed shape with {compiler.tool}")
+        summary_traffic = _traffic(compiler, traffic, original_file, buckets)
+    else:
+        summary_traffic = None
     summary = {
         "tool": compiler.tool,
+        "traffic": summary_traffic,
         "compiles": compiler.compiles,
         "cache_hits": sum(1 for c in first + second if c.cached),
         "buckets": report,
@@ -499,6 +506,75 @@ def _decide(candidates: list[Candidate], alone: Candidate) -> tuple[Candidate | 
     return best, text
 
 
+def _traffic(compiler: VendorCompiler, traffic: dict, original_file: Path, buckets: list[BucketModel]) -> dict:
+    """The vendor alone compiled at the largest observed value of every dim (what a user without buckets would
+    build to serve all of the traffic), for ``traffic_figures`` to hold the buckets' expected cost against."""
+    observed = traffic["observed"]
+    largest = {dim: max(entry["dims"][dim] for entry in observed) for dim in observed[0]["dims"]}
+    shapes = _shapes_at(original_file, {**traffic.get("fixed", {}), **largest})
+    name = "largest observed shape"
+    candidate = Candidate(name, f"{ALONE} at the largest observed shape", None,
+                          options=dict(compiler.adapter.vendor_alone_options))  # fmt: skip
+    sources = {name: _fixed_inputs(original_file, shapes, compiler.folder, name)
+               if compiler.adapter.vendor_needs_inputs else original_file}  # fmt: skip
+    compiler.estimate([candidate], sources, {name: shapes})
+    return {
+        "largest_observed": largest,
+        "input_shapes": shapes,
+        "vendor_alone": candidate.cost.as_dict() if candidate.cost else {"error": candidate.error},
+        "bucket_dims": traffic["bucket_dims"],
+        "observed": observed,
+    }
+
+
+def traffic_figures(traffic: dict, per_bucket_cycles: dict[str, float | None]) -> dict:
+    """Expected vendor cycles per request: each observed shape served by the smallest bucket that fits it
+    (the manifest's policy), weighted by its count, against the vendor alone at the largest observed shape."""
+    served, unserved = {}, 0
+    total = sum(entry["count"] for entry in traffic["observed"])
+    expected = 0.0
+    for entry in traffic["observed"]:
+        fitting = [
+            name for name, dims in traffic["bucket_dims"].items()
+            if all(dims.get(dim, value) >= value for dim, value in entry["dims"].items())
+        ]  # fmt: skip
+        fitting = [name for name in fitting if per_bucket_cycles.get(name) is not None]
+        if not fitting:
+            unserved += entry["count"]
+            continue
+        name = min(fitting, key=lambda n: per_bucket_cycles[n])
+        served[name] = served.get(name, 0) + entry["count"]
+        expected += entry["count"] * per_bucket_cycles[name]
+    alone = traffic["vendor_alone"].get("cycles")
+    per_request = expected / (total - unserved) if total > unserved else None
+    return {
+        "requests": total,
+        "served_by_bucket": served,
+        "unserved": unserved,
+        "expected_cycles_per_request": per_request,
+        "vendor_alone_at_largest": alone,
+        "largest_observed": traffic["largest_observed"],
+        "ratio": per_request / alone if per_request is not None and alone else None,
+    }
+
+
+def _shapes_at(path: Path, dims: dict[str, int]) -> dict[str, list[int]]:
+    """The original's input shapes with its named dims set to ``dims`` (fixed dims as they are)."""
+    import onnx
+
+    graph = onnx.load(str(path), load_external_data=False).graph
+    initializers = {init.name for init in graph.initializer}
+    shapes = {}
+    for value in graph.input:
+        if value.name in initializers:
+            continue
+        shapes[value.name] = [
+            d.dim_value if d.HasField("dim_value") else int(dims.get(d.dim_param, 1))
+            for d in value.type.tensor_type.shape.dim
+        ]
+    return shapes
+
+
 def _decide_by_placement(ours: list[Candidate], alone: Candidate) -> tuple[Candidate | None, str]:
     """Where the vendor gives no cost, only where it puts each node: ours unless it leaves more nodes on the CPU
     than the vendor alone does with the original."""
@@ -607,8 +683,12 @@ def vendor_section(target: TargetSpec, adapter, exploration: Exploration, toolch
         if ours_cycles is not None and best_alone is not None and best_alone.cycles:
             row["ratio"] = ours_cycles / best_alone.cycles
         buckets[name] = row
+    traffic = exploration.report.get("traffic")
+    if traffic:
+        traffic = traffic_figures(traffic, {name: (row["ours"] or {}).get("cycles") for name, row in buckets.items()})
     return {
         "tool": exploration.report["tool"],
+        "traffic": traffic,
         "measure": next((b["vendor_alone"].get("source") for b in buckets.values() if b["vendor_alone"].get("source")), None),
         "buckets": buckets,
         "compiles": exploration.report["compiles"],

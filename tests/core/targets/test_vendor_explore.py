@@ -13,7 +13,7 @@ from flexdsa_core import FlexDSAOptimizer, OptimizeOptions
 from flexdsa_core.cache import LRUCache
 from flexdsa_core.targets.rockchip import ADAPTER
 from flexdsa_core.targets.vendor_cost import VendorCost
-from flexdsa_core.targets.vendor_explore import ALONE, PLAIN, Candidate, _decide
+from flexdsa_core.targets.vendor_explore import ALONE, PLAIN, Candidate, _decide, traffic_figures
 from tests.core.targets import _bundle_checks as checks
 from tests.core.targets.test_rockchip import LOG, _driver
 from tests.models import fixture
@@ -205,3 +205,20 @@ def test_qualcomm_vendor_alone_is_all_htp_where_ours_is():
     assert row["ours"]["cpu_nodes"] == 0 and row["shipped"] == "ours" and row["ratio"] is None
     assert "placement" in row["ours"]["source"] and "no cost figure" in row["ours"]["source"]
     assert "only its placement" in vendor["energy"]["detail"]
+
+
+def test_traffic_is_priced_per_request_by_the_bucket_that_serves_it():
+    """Each observed shape is served by the smallest bucket that fits it (the manifest's policy), weighted by
+    its count, against the vendor alone compiled once at the largest observed shape."""
+    traffic = {
+        "observed": [{"dims": {"seq": 8}, "count": 6}, {"dims": {"seq": 20}, "count": 3}, {"dims": {"seq": 64}, "count": 1}],
+        "bucket_dims": {"s16": {"seq": 16, "batch": 1}, "s32": {"seq": 32, "batch": 1}, "s64": {"seq": 64, "batch": 1}},
+        "vendor_alone": {"cycles": 640.0}, "largest_observed": {"seq": 64},
+    }  # fmt: skip
+    figures = traffic_figures(traffic, {"s16": 160.0, "s32": 320.0, "s64": 640.0})
+    assert figures["served_by_bucket"] == {"s16": 6, "s32": 3, "s64": 1}
+    assert figures["expected_cycles_per_request"] == (6 * 160 + 3 * 320 + 640) / 10
+    assert figures["ratio"] == figures["expected_cycles_per_request"] / 640
+    # A bucket the vendor did not build serves nothing; what fits no bucket is counted, not hidden.
+    figures = traffic_figures(traffic, {"s16": None, "s32": 320.0, "s64": None})
+    assert figures["served_by_bucket"] == {"s32": 9} and figures["unserved"] == 1
