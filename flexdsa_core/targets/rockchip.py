@@ -178,6 +178,7 @@ class RockchipAdapter(AcceleratorAdapter):
                 # The bucket's shapes: a bucket that ships the original model keeps its symbolic dims.
                 "input_size_list": [[int(d) for d in bucket.input_shapes.get(v.name, v.shape)] for v in inputs],
                 "dtypes": [v.dtype.numpy().name if v.dtype is not None else "float32" for v in inputs],
+                **_explored_quantization(report, bucket.name),
             })  # fmt: skip
         script = _CONVERT_SCRIPT.format(
             buckets=pprint.pformat(entries, width=110, sort_dicts=False),
@@ -383,6 +384,18 @@ def _config_switches(target: TargetSpec, report: dict) -> dict:
 
 _QUANT_CONFIG = {"quantized_dtype": "w8a8", "quantized_algorithm": "normal", "quantized_method": "channel"}
 
+
+def _explored_quantization(report: dict, bucket: str) -> dict:
+    """What vendor exploration chose for this bucket's --int8 build (its calibration algorithm, whether the
+    hybrid float layers stay float16, or float16 itself), for convert_rknn.py to repeat; {} where it chose nothing."""
+    options = (((report.get("vendor") or {}).get("buckets") or {}).get(bucket) or {}).get("options") or {}
+    if not options:
+        return {}
+    if options.get("dtype") != "int8":
+        return {"explored": "float16: no quantised build met the accuracy target more cheaply", "int8": False}
+    chosen = {key: options[key] for key in _QUANT_CONFIG if key in options}
+    return {"quantization": chosen, "hybrid": bool((options.get("custom_hybrid") or {}).get(bucket))}
+
 def _driver_function(name: str) -> str:
     """The source of function ``name`` of the toolchain driver (``toolchains/drivers/rockchip_driver.py``),
     copied into the bundle's script so both map names with the one definition. Read as text, never
@@ -422,7 +435,9 @@ BUCKETS = {buckets}
 # rknn.config() switches, set from the optimiser's plan.
 CONFIG = {config}
 
-# Used with --int8 only: the RK3588 takes w8a8 (asymmetric, per-channel weights).
+# Used with --int8 only: the RK3588 takes w8a8 (asymmetric, per-channel weights). A bucket's own "quantization"
+# (the calibration Flex-DSA's exploration found accurate on your held-out samples) takes its place, its "hybrid"
+# says whether the float layers below stay float16, and "int8": False means exploration shipped float16.
 QUANTIZATION = {quant}
 
 # precision "mixed": per bucket, the [input, output] tensors of the layers Flex-DSA's sensitivity search keeps
@@ -459,10 +474,13 @@ def loaded(bucket, config, verbose):
 
 
 def convert(bucket, int8=False, dataset=None, check=False, verbose=False):
-    config = dict(CONFIG, **(QUANTIZATION if int8 else {{}}))
+    if int8 and bucket.get("int8") is False:
+        print(bucket["name"] + ":", bucket["explored"] + "; built float16")
+        int8 = False
+    config = dict(CONFIG, **(bucket.get("quantization", QUANTIZATION) if int8 else {{}}))
     rknn = loaded(bucket, config, verbose)
     try:
-        hybrid = HYBRID.get(bucket["name"]) if int8 else None
+        hybrid = HYBRID.get(bucket["name"]) if int8 and bucket.get("hybrid", True) else None
         if hybrid:
             # A first step 1 lists the toolkit's tensor names (it renames as it rewrites); ours are mapped onto
             # them, and a second step 1 on a fresh load keeps those subgraphs float16.

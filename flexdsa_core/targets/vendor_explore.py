@@ -673,6 +673,8 @@ def vendor_section(target: TargetSpec, adapter, exploration: Exploration, toolch
             "shipped": shipped,
             "forms": explored["forms"] if shipped == "ours + forms" else {},
             "decision": explored["decision"],
+            # The driver options the shipped build was made with (the bundle's convert script repeats them).
+            "options": exploration.bucket_options.get(name) or {},
         }
         if explored.get("vendor_alone_int8"):
             row["vendor_alone_int8"] = explored["vendor_alone_int8"]
