@@ -466,6 +466,15 @@ def _compose(bucket, candidates: list[Candidate], sites: dict, forms: list[Vendo
                     best_variant, best_cycles = variant, cycles
             if best_variant is not None:
                 choices.setdefault(form.name, {})[site] = best_variant
+    # A variant that costs no more cycles yet leaves fewer layers on the CPU (the vendor's CPU layers carry no
+    # cycles, so no site shows it) is taken wherever it matched.
+    for candidate in candidates:
+        if candidate.cost is None or candidate.cost.cycles is None or not candidate.forms:
+            continue
+        if candidate.cost.cycles <= plain.cost.cycles and candidate.cost.cpu_nodes < plain.cost.cpu_nodes:
+            for form_name, sites_taken in candidate.forms.items():
+                for site, variant in sites_taken.items():
+                    choices.setdefault(form_name, {}).setdefault(site, variant)
     if not choices:
         return None
     return _with_forms(bucket, choices, forms, COMPOSED)
