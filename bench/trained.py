@@ -81,13 +81,20 @@ class TrainedFixture:
             return {name: archive[name] for name in archive.files}
 
     def split(self, calibration_share: float = 1 / 3):
-        """(calibration, held-out) arrays: the first ``calibration_share`` of the samples in source order
-        (``meta["rows_per_sample"]`` rows each), the rest held out."""
+        """(calibration, held-out) arrays: the first ``calibration_share`` of the samples in source order, the
+        rest held out (an input may hold several rows a sample: the LSTM's 32 chunks, its one state row)."""
         arrays = self.arrays()
-        rows = int(self.meta.get("rows_per_sample", 1))
         count = self.meta["samples"]
-        cut = max(1, round(count * calibration_share)) * rows
-        return ({k: v[:cut] for k, v in arrays.items()}, {k: v[cut:] for k, v in arrays.items()})
+        cut = max(1, round(count * calibration_share))
+        first = {k: v[: cut * (len(v) // count)] for k, v in arrays.items()}
+        rest = {k: v[cut * (len(v) // count) :] for k, v in arrays.items()}
+        return first, rest
+
+    def feeds(self, arrays: dict) -> list[dict]:
+        """``arrays`` (a split's) as one feed per sample."""
+        per = {k: len(v) // self.meta["samples"] for k, v in self.arrays().items()}
+        count = len(next(iter(arrays.values()))) // per[next(iter(arrays))]
+        return [{k: v[i * per[k] : (i + 1) * per[k]] for k, v in arrays.items()} for i in range(count)]
 
 
 def _key() -> str:

@@ -604,7 +604,10 @@ class FlexDSAOptimizer:
                 self.target, self.adapter, comp.buckets, comp.partition, original_source,
                 root=self.toolchain_root, seed=options.seed, workdir=workdir,
                 precision={**(precision or {}), "requested": options.precision},
-                calibration=precision_samples, accuracy=options.accuracy,
+                # The vendor's quantiser calibrates on the part of the samples ours calibrated on; its simulator is
+                # judged on the part held out (the bundle's calibration.npz keeps them all, for the user's run).
+                calibration={name: r.calibration or r.samples for name, r in precision_runs.items()} or None,
+                accuracy=options.accuracy, held_out={name: r.judged for name, r in precision_runs.items()},
             )  # fmt: skip
             stage_seconds["toolchain"] = time.perf_counter() - start
             if precision is not None and precision.get("vendor_quantiser"):
