@@ -22,7 +22,8 @@ Every fixture is built once, in an environment of its own (``<cache>/env``: the 
 packages above; nothing enters the project's environment), and cached under ``<cache>/<name>-<key>/``:
 ``model.onnx``, ``samples.npz`` (every real sample, in source order: the first part of the order is what
 ``bench.precision`` calibrates on) and ``meta.json`` (task, the accuracy spec to judge it with, what the samples
-are). The key hashes this file and the builder (``bench/trained_build.py``), so editing either rebuilds.
+are). The key hashes the builder (``bench/trained_build.py``) and the environment's requirements: editing
+either rebuilds.
 ``<cache>`` is ``$FLEXDSA_FIXTURES_DIR`` or ``~/.cache/flexdsa/fixtures``.
 
     python -m bench.trained build [names...]   # build (or reuse) fixtures, print what they are
@@ -98,7 +99,7 @@ class TrainedFixture:
 
 
 def _key() -> str:
-    digest = hashlib.sha256(Path(__file__).read_bytes() + BUILDER.read_bytes())
+    digest = hashlib.sha256(BUILDER.read_bytes() + json.dumps(ENV_REQUIREMENTS).encode())
     return digest.hexdigest()[:12]
 
 

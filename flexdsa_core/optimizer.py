@@ -33,6 +33,7 @@ import onnx
 import onnx_ir as ir
 import onnxruntime as ort
 
+from flexdsa_core.accuracy import check_outputs
 from flexdsa_core.cache import KernelCache, LayeredCache, LRUCache, StatsCache, kernel_key
 from flexdsa_core.calibration import CalibrationError, check_calibration, load_calibration, synthetic_samples
 from flexdsa_core.cost_model import CostModel, machine_fingerprint
@@ -52,11 +53,14 @@ from flexdsa_core.precision import (
     QDQ_OPAQUE_WEIGHT_OPS,
     PrecisionRun,
     apply_precision,
+    check_calibration_source,
     check_precision_request,
     int8_format,
+    int8_only,
     replace_model,
     samples_dataset,
     samples_npz,
+    synthetic_calibration_warning,
     vendor_verdict,
 )
 from flexdsa_core.preflight import check_buckets, check_disabled, refuse_impossible_tensors, switchable_names
@@ -202,6 +206,14 @@ class _Progress:
 
     def finish(self, stage: str) -> None:
         self.done = min(1.0, self.done + STAGE_WEIGHTS.get(stage, 0.0))
+
+
+def _output_shapes(model: ir.Model) -> dict[str, list | None]:
+    """Graph output name -> its dims (ints or names), None where unknown: what accuracy metrics are checked against."""
+    return {
+        value.name: None if value.shape is None else [d if isinstance(d, int) else str(d) for d in value.shape]
+        for value in model.graph.outputs
+    }
 
 
 def _op_counts(model: ir.Model) -> dict[str, int]:
@@ -526,6 +538,9 @@ class FlexDSAOptimizer:
             original_in_memory = None
         stage_seconds["ingest"] = time.perf_counter() - start
         nodes_before = _op_counts(ingested.model)
+        # Metrics naming outputs the model lacks, and an int8-only target without samples: refused before work.
+        check_outputs(options.accuracy, _output_shapes(ingested.model))
+        check_calibration_source(options, self.target, has_samples=calibration is not None)
         # Calibration samples are the user's to fix: refused here, before any compiling, when they do not fit.
         samples = self._calibration_samples(ingested.model, options, calibration)
         report_progress.finish("ingest")
@@ -644,6 +659,8 @@ class FlexDSAOptimizer:
                     "precision.candidates (against fp32 and the original, in the same rounds)"
                 )
             report["warnings"].extend(precision.get("warnings", []))
+        if int8_only(self.target) and calibration is None:  # allowed only by allow_synthetic_calibration
+            report["warnings"].append(synthetic_calibration_warning(self.target))
         if toolchain_report:
             report["toolchain"] = toolchain_report
             report["warnings"].extend(toolchain_report.get("warnings", []))

@@ -52,8 +52,10 @@ accuracy target.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
+import io
 import json
 import logging
 import math
@@ -89,7 +91,7 @@ from flexdsa_core.validate import DEFAULT_TOLERANCES, latency_samples, session
 from flexdsa_core.version import __version__
 
 __all__ = [
-    "apply_precision", "check_precision_request", "cpu_int8_features", "int8_format", "samples_dataset", "samples_npz",
+    "apply_precision", "check_calibration_source", "check_precision_request", "int8_only", "cpu_int8_features", "int8_format", "samples_dataset", "samples_npz",
     "score", "vendor_verdict",
 ]  # fmt: skip
 
@@ -172,6 +174,36 @@ def check_precision_request(options: OptimizeOptions, target, buckets: int | Non
         f"unsupported dtype on target: {target.name} computes {', '.join(dtypes)}, not {wanted} "
         f"(precision {options.precision!r}); {advice}.",
         details={"precision": options.precision, "target": target.name, "target_dtypes": dtypes},
+    )
+
+
+def int8_only(target) -> bool:
+    """The part computes int8 and nothing else (the KV260's DPU): every model it runs is quantised."""
+    dtypes = list(getattr(target, "dtypes", None) or [])
+    return bool(dtypes) and all(dtype in ("int8", "uint8", "int4") for dtype in dtypes)
+
+
+def check_calibration_source(options: OptimizeOptions, target, has_samples: bool) -> None:
+    """Refuse, before any work, an int8-only target without calibration samples: it would quantise the model
+    on synthetic inputs and claim an accuracy it never measured. ``allow_synthetic_calibration`` lets it
+    through (with a warning, ``synthetic_calibration_warning``)."""
+    if has_samples or options.allow_synthetic_calibration or not int8_only(target):
+        return
+    raise InvalidOptionsError(
+        f"{target.name} computes int8 only, so every model is quantised for it, and quantising needs calibration "
+        "samples of your data: send them as the 'calibration' file (flexdsa optimize --calibration samples.npz: "
+        "one array per model input, named as the input, samples stacked on the first axis) with precision 'int8' "
+        "or 'mixed'. To quantise on seeded random inputs instead (numerics only, no accuracy claim), set "
+        "allow_synthetic_calibration: true.",
+        details={"target": target.name, "target_dtypes": list(target.dtypes), "fix": "calibration samples"},
+    )
+
+
+def synthetic_calibration_warning(target) -> str:
+    return (
+        f"{target.name} computes int8 only and no calibration samples were given (allow_synthetic_calibration): "
+        "the model was quantised on seeded random inputs, which check numerics only and make no accuracy claim. "
+        "Send samples of your data (the 'calibration' .npz) for an accuracy check on them"
     )
 
 
@@ -330,12 +362,14 @@ def _quantize_static(fp32: Path, out: Path, samples, cache: Path, fmt: Int8Forma
     extra = {"ActivationSymmetric": fmt.symmetric, "WeightSymmetric": fmt.weights == "int8"}
     if method == "Percentile":
         extra["CalibPercentile"] = CALIBRATION_PERCENTILE
-    quantize_static(
-        str(fp32), str(out), _Samples(samples), quant_format=QuantFormat.QDQ,
-        activation_type=activations, weight_type=weights, per_channel=fmt.per_channel,
-        reduce_range=fmt.reduce_range, calibration_cache_path=str(cache.with_suffix(f".{method}.json")),
-        calibrate_method=getattr(CalibrationMethod, method), extra_options=extra, **nodes,
-    )  # fmt: skip
+    # The histogram calibrators print their progress to stdout: not for a job's log or the CLI's output.
+    with contextlib.redirect_stdout(io.StringIO()):
+        quantize_static(
+            str(fp32), str(out), _Samples(samples), quant_format=QuantFormat.QDQ,
+            activation_type=activations, weight_type=weights, per_channel=fmt.per_channel,
+            reduce_range=fmt.reduce_range, calibration_cache_path=str(cache.with_suffix(f".{method}.json")),
+            calibrate_method=getattr(CalibrationMethod, method), extra_options=extra, **nodes,
+        )  # fmt: skip
     return out
 
 
@@ -620,11 +654,12 @@ def _time_against_fp32(run: PrecisionRun, fp32: Path, candidates: list[_Candidat
 
 
 def _pick(candidates: list[_Candidate], measured: bool) -> _Candidate | None:
-    """The fastest candidate that meets the target and is measured faster than fp32 (the 95% interval of its
-    time ratio below 1 - MODEL_MIN_EFFECT): a lower precision costs accuracy, so it ships only for speed."""
+    """The fastest candidate that meets the target, is not significantly slower than fp32 and whose median time
+    ratio to fp32 is a gain (at most 1 - MODEL_MIN_EFFECT): a lower precision costs accuracy, so it ships only
+    for speed; a tie at a ratio above that (a "lower precision" 6% slower than fp32 on a noisy run) does not."""
     good = [c for c in candidates if c.accuracy.get("ok") and c.error is None]
     if measured:
-        good = [c for c in good if c.verdict == "faster"]
+        good = [c for c in good if c.verdict != "slower" and c.ratio is not None and c.ratio <= 1 - MODEL_MIN_EFFECT]
         return min(good, key=lambda c: c.ratio, default=None)
     return good[0] if good else None
 
