@@ -553,12 +553,21 @@ class PrecisionRun:
     method: str = "MinMax"
     _tails: dict = field(default_factory=dict)
     _reference: list[dict] | None = None
+    _calibration_reference: list[dict] | None = None
 
     def use_fold(self, index: int) -> None:
         fold = self.split.folds[index]
         self.calibration = [self.samples[i] for i in fold.calibrate]
         self.judged = [self.samples[i] for i in fold.judge]
-        self._reference = None
+        self._reference = self._calibration_reference = None
+
+    def calibration_reference(self) -> list[dict]:
+        """The original model's outputs on the calibration samples (graph as written)."""
+        if self._calibration_reference is None:
+            self._calibration_reference = _outputs(
+                self.original, self.calibration, level=ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+            )
+        return self._calibration_reference
 
     def reference(self) -> list[dict]:
         """The original model's outputs on the judged samples (graph as written)."""
@@ -578,14 +587,14 @@ class PrecisionRun:
 
     def measured_on(self, judged: bool = True) -> str:
         """What a figure was measured on, in words."""
-        kind = "synthetic random inputs (numerics only: no accuracy claim)" if self.synthetic else "your samples"
+        kind = "synthetic random inputs (numerics only: no accuracy claim)" if self.synthetic else "samples of yours"
         if self.split is None or self.split.mode == "none":
-            return f"{len(self.samples)} calibration sample(s) of {kind}: none could be held out"
+            return f"{len(self.samples)} calibration {kind}: none could be held out"
         if not judged:
-            return f"the {len(self.calibration)} calibration samples of {kind} (the ones the quantiser saw)"
+            return f"the {len(self.calibration)} calibration {kind} (the ones the quantiser saw)"
         if self.split.mode == "kfold":
-            return f"{len(self.judged)} held-out samples of {kind} (fold 1 of {len(self.split.folds)})"
-        return f"{len(self.judged)} held-out samples of {kind}, never calibrated on"
+            return f"{len(self.judged)} held-out {kind} (fold 1 of {len(self.split.folds)})"
+        return f"{len(self.judged)} held-out {kind}, never calibrated on"
 
     def report(self, fraction: float, message: str) -> None:
         if self.progress is not None:
@@ -686,11 +695,8 @@ def _confirm(run: PrecisionRun, candidate: _Candidate) -> bool:
     level = run.judge_level
     split = run.split
     if split.mode != "kfold" or candidate.recipe is None:
-        calibration_reference = _outputs(run.original, run.calibration, level=ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
-        candidate.calibration_accuracy = score(
-            calibration_reference, _outputs(candidate.path, run.calibration, level=level), accuracy
-        )
-        candidate.calibration_accuracy["measured_on"] = run.measured_on(judged=False)
+        if candidate.calibration_accuracy is None:
+            _score_on_calibration(run, candidate)
         return bool(candidate.accuracy.get("ok"))
     judged_ids, reference, got = [], [], []
     for index, fold in enumerate(split.folds):
@@ -851,6 +857,48 @@ def _mixed(run, fp32, layers, reference, cache, fmt, full: _Candidate, slower: f
     return candidate, sensitivity, reasons, search
 
 
+def _float_islands(run, fp32: Path, layers, sensitivity: dict, cache: Path, fmt: Int8Format, slower: frozenset[str],
+                   full: _Candidate) -> _Candidate:  # fmt: skip
+    """Every quantisable op in int8 (bar those measured slower) except the ``k`` most sensitive weight layers,
+    which stay float islands, for the smallest ``k`` whose model meets the target (bisection; ``full`` is
+    ``k = 0`` and missed it). ``mixed`` keeps every activation-only op float once the all-int8 model misses
+    (its weight-only scope); on a CNN that costs a Q/DQ pair around every layer, and the weight-only model ran
+    slower than fp32 (EfficientNet-Lite0: 1.09x its time) where a few float islands keep the int8 chain."""
+    ranked = sorted((name for name, _ in layers), key=lambda n: (-sensitivity[n]["loss"], _cosine_kept(sensitivity[n])))
+    tried: dict[int, dict] = {0: full.accuracy}
+
+    def attempt(keep: int) -> dict:
+        if keep not in tried:
+            out = run.workdir / f"islands_{keep}.onnx"
+            excluded = sorted(slower | set(ranked[:keep]))
+            _quantize_static(fp32, out, run.calibration, cache, fmt, keep=run.tail(fp32), method=run.method,
+                             nodes_to_exclude=excluded)  # fmt: skip
+            tried[keep] = score(run.reference(), _outputs(out, run.judged, level=run.judge_level), run.options.accuracy)
+        return tried[keep]
+
+    candidate = _Candidate("mixed_islands", run.workdir / "mixed_islands.onnx", "")
+    if not ranked or not attempt(len(ranked))["ok"]:
+        candidate.error = (
+            "with every weight layer float the other int8 ops still miss the target: no float-island model "
+            "(the weight-only scope of 'mixed' applies)"
+        )
+        return candidate
+    keep = _bisect_float_layers(attempt, 0, len(ranked))
+    (run.workdir / f"islands_{keep}.onnx").replace(candidate.path)
+    candidate.accuracy = tried[keep]
+    candidate.recipe = _static_recipe(run, fp32, cache, fmt, nodes_to_exclude=sorted(slower | set(ranked[:keep])))
+    candidate.int8_nodes = None
+    candidate.how = (
+        f"static QDQ of every quantisable op, the {keep} most sensitive of {len(ranked)} weight layers kept float "
+        f"(islands: {', '.join(ranked[:keep][:8])}{' ...' if keep > 8 else ''})"
+        + (f"; {len(slower)} ops measured slower in int8 kept float" if slower else "")
+    )
+    candidate.accuracy["islands"] = {str(k): {"ok": v["ok"], "loss": v["loss"]} for k, v in sorted(tried.items())}
+    for other in run.workdir.glob("islands_*.onnx"):
+        other.unlink(missing_ok=True)
+    return candidate
+
+
 def _dynamic_mixed(run, fp32: Path, fmt: Int8Format, sensitivity: dict, reference,
                    head: ClassifierHead | None = None) -> _Candidate:  # fmt: skip
     """Dynamic int8 (``int8_forms``) with the fewest most sensitive MatMuls kept float that meets the target,
@@ -982,10 +1030,23 @@ def _scored(run: PrecisionRun, candidate: _Candidate, build, reference: list[dic
     try:
         build()
         candidate.accuracy = score(reference, _outputs(candidate.path, run.judged, level=run.judge_level), run.options.accuracy)
+        _score_on_calibration(run, candidate)
     except Exception as err:  # noqa: BLE001 - one quantiser failing leaves the others; said in the report
         candidate.error = f"{type(err).__name__}: {str(err).splitlines()[0][:300]}"
     candidate.accuracy["seconds"] = round(time.perf_counter() - started, 3)
     return candidate
+
+
+def _score_on_calibration(run: PrecisionRun, candidate: _Candidate) -> None:
+    """The candidate's figures on the samples it calibrated on, beside the held-out ones that decide: where
+    they differ, the calibration samples flattered it."""
+    if run.split is None or run.split.mode == "none" or not run.calibration:
+        return
+    reference = run.calibration_reference()
+    candidate.calibration_accuracy = score(
+        reference, _outputs(candidate.path, run.calibration, level=run.judge_level), run.options.accuracy
+    )
+    candidate.calibration_accuracy["measured_on"] = run.measured_on(judged=False)
 
 
 def _scored_search(search) -> _Candidate:
@@ -994,7 +1055,7 @@ def _scored_search(search) -> _Candidate:
     try:
         candidate = search()
     except Exception as err:  # noqa: BLE001 - one quantiser failing leaves the others; said in the report
-        candidate = _Candidate("dynamic_mixed", Path("dynamic_mixed.onnx"), "dynamic int8, sensitive layers float")
+        candidate = _Candidate("searched", Path("searched.onnx"), "a searched candidate")
         candidate.error = f"{type(err).__name__}: {str(err).splitlines()[0][:300]}"
     candidate.accuracy["seconds"] = round(time.perf_counter() - started, 3)
     return candidate
@@ -1009,6 +1070,8 @@ def _int8(run: PrecisionRun, report: dict) -> ir.Model | None:
     fp32 = _save(run.fp32_model, run.workdir / "fp32.onnx")
     reference = run.reference()
     cache = run.workdir / "calibration_ranges.json"
+    if run.packed(fp32):  # outputs packing unlike quantities: their tails stay float in every static candidate
+        report["packed_outputs"] = run.packed(fp32)
 
     static = _Candidate("static_qdq", run.workdir / "static.onnx", "static QDQ of the fused fp32 model",
                         recipe=_static_recipe(run, fp32, cache, fmt))  # fmt: skip
@@ -1112,6 +1175,11 @@ def _int8(run: PrecisionRun, report: dict) -> ir.Model | None:
         )  # fmt: skip
         candidates.append(mixed)
         table_model = mixed
+        if search["scope"] == "weight layers" and full.error is None:  # float islands in the all-int8 model
+            islands = _scored_search(
+                lambda: _float_islands(run, base_fp32, weight_layers, sensitivity, base_cache, fmt, slower, full)
+            )
+            candidates.append(islands)
         dynamic_ok = dynamic.accuracy.get("ok") or (exact_head.error is None and exact_head.accuracy.get("ok"))
         if fmt.runs_here and dynamic.error is None and not dynamic_ok and sensitivity:
             build_dynamic_mixed = lambda: _dynamic_mixed(run, fp32, fmt, sensitivity, reference, head)  # noqa: E731
@@ -1122,11 +1190,14 @@ def _int8(run: PrecisionRun, report: dict) -> ir.Model | None:
         runnable = [c for c in candidates if c.error is None and c.accuracy.get("ok")]
         if runnable:
             report["timing"] = _time_against_fp32(run, fp32, runnable)
-    chosen = _pick(candidates, measured)
+    chosen, refuted = _pick(candidates, measured), []
     while chosen is not None and not _confirm(run, chosen):  # k-fold: the pooled held-out figure decides
-        chosen = _pick([c for c in candidates if c is not chosen and c.calibration_accuracy is None], measured)
+        refuted.append(chosen)
+        chosen = _pick([c for c in candidates if c not in refuted], measured)
     for candidate in candidates:
         candidate.accuracy.setdefault("measured_on", run.measured_on())
+        if candidate.error is None and candidate.calibration_accuracy is None and candidate.path.is_file():
+            _score_on_calibration(run, candidate)
     report["candidates"] = [c.as_dict() for c in candidates]
     if base.error is None and (decisions or search is not None):
         outside = (
