@@ -648,9 +648,9 @@ def _time_against_fp32(run: PrecisionRun, fp32: Path, candidates: list[_Candidat
         versus_original = paired(samples["original"], samples[candidate.name], min_effect=MODEL_MIN_EFFECT)
         candidate.timing["speedup_vs_original"] = round(1.0 / versus_original.ratio, 4)
     fp32_vs_original = paired(samples["original"], samples["fp32"], min_effect=MODEL_MIN_EFFECT)
-    # Kept only when a candidate may ship (one not slower than fp32): these same models are then picked alike
+    # Kept only when a candidate may ship (``_fast_enough``): these same models are then picked alike
     # by the next compile; "nothing is as fast as fp32" is never kept, so that fallback rests on fresh timings.
-    if not from_cache and any(c.verdict != "slower" for c in candidates):
+    if not from_cache and any(_fast_enough(c) for c in candidates):
         _cache_write(run, key, samples)
     return {
         "engine": "onnxruntime CPUExecutionProvider, ORT_ENABLE_ALL, 1 thread",
@@ -670,9 +670,14 @@ def _pick(candidates: list[_Candidate], measured: bool) -> _Candidate | None:
     for speed; a tie at a ratio above that (a "lower precision" 6% slower than fp32 on a noisy run) does not."""
     good = [c for c in candidates if c.accuracy.get("ok") and c.error is None]
     if measured:
-        good = [c for c in good if c.verdict != "slower" and c.ratio is not None and c.ratio <= 1 - MODEL_MIN_EFFECT]
+        good = [c for c in good if _fast_enough(c)]
         return min(good, key=lambda c: c.ratio, default=None)
     return good[0] if good else None
+
+
+def _fast_enough(candidate: _Candidate) -> bool:
+    """Measured not significantly slower than fp32, with a median time ratio of at most 1 - MODEL_MIN_EFFECT."""
+    return candidate.verdict != "slower" and candidate.ratio is not None and candidate.ratio <= 1 - MODEL_MIN_EFFECT
 
 
 def _static_recipe(run: PrecisionRun, fp32: Path, cache: Path, fmt: Int8Format, **nodes):
