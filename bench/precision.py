@@ -1,7 +1,16 @@
 """``python -m bench.precision``: Flex-DSA's int8 and mixed outputs beside ONNX Runtime's own
 ``quantize_dynamic`` and ``quantize_static`` of the same models, in one run, on this machine's CPU.
 
-Per model (the bench models of ``bench/models.py``, batch 1): 16 calibration samples (bench inputs, seeds
+**Trained models, held-out samples** (the default; ``--trained NAMES``): the trained fixtures of
+``bench/trained.py`` (a classifier, a transformer encoder, a recurrent model, a packed-output detector, real
+weights and real inputs). The first third of each model's samples (in source order: other photos, other
+sentences, other clips than the rest) is all that ORT's ``quantize_static`` and our pipeline
+(``--precision mixed`` with the fixture's task metric, given as an ``.npz``) receive; every variant is judged
+on the other two thirds, which neither saw: the worst output cosine, and the task's metric (top-1 agreement;
+per-slice cosine of a packed output), against the accuracy target (cosine >= 0.99, top-1 >= 0.99). Then every
+variant is timed as below, on a held-out sample. Results: ``bench/results/precision_trained.json``.
+
+**Random-weight bench models** (``--models NAMES``): per model (the bench models of ``bench/models.py``, batch 1): 16 calibration samples (bench inputs, seeds
 1-16) feed both our pipeline (``--precision int8`` / ``mixed``, given as an ``.npz``) and ORT's
 ``quantize_static``; 16 other samples (seeds 101-116) judge every variant against the original: the worst
 output cosine, and top-1 agreement on classifier outputs (``logits``). Then every variant is timed at
@@ -13,6 +22,8 @@ ORT_ENABLE_ALL, 1 thread, round-robin (``bench/measure.py``); the ratio is the m
                   as this CPU needs (see flexdsa_core/precision.py), MinMax on the same samples)
     flexdsa-int8  FlexDSAOptimizer('cpu-ort').optimize(precision='int8', calibration=samples)
     flexdsa-mixed the same with precision='mixed'
+
+Random weights make top-1 meaningless (near-tied logits), so their figures are numerics, not accuracy.
 """
 
 from __future__ import annotations
@@ -224,20 +235,149 @@ def _table(results: dict) -> str:
     return "\n".join(lines)
 
 
+# ----------------------------------------------------------------------------------------- trained models
+TRAINED_VARIANTS = ("original", "ort-dynamic", "ort-static", "flexdsa")
+
+
+def _task_figures(reference: list[dict], got: list[dict], accuracy) -> dict:
+    """The accuracy target's verdict and the figures the table shows: worst cosine, top-1 or the worst slice."""
+    from flexdsa_core.accuracy import score
+
+    found = score(reference, got, accuracy)
+    task = {}
+    for name, entry in found["outputs"].items():
+        if "top1_agreement" in entry:
+            task[f"{name} top-1"] = entry["top1_agreement"]
+        for piece, figures in (entry.get("slices") or {}).items():
+            task[f"{name}[{piece}] cosine"] = figures.get("cosine", figures.get("top1_agreement"))
+    cosines = [e["cosine"] for e in found["outputs"].values() if "cosine" in e]
+    return {"ok": found["ok"], "min_cosine": min(cosines) if cosines else None, "task": task,
+            "samples": found["samples"], "detail": found}  # fmt: skip
+
+
+def bench_trained(name: str, rounds: int, warmup: int) -> dict:
+    from bench.trained import fixture
+    from flexdsa_core import FlexDSAError, FlexDSAOptimizer, OptimizeOptions
+    from flexdsa_core.options import AccuracyTarget
+
+    trained = fixture(name)
+    calibration, held_out = trained.split()
+    calibration_feeds, feeds = trained.feeds(calibration), trained.feeds(held_out)
+    accuracy = AccuracyTarget(**trained.accuracy)
+    print(f"\n== {name} ({trained.meta['task']}): calibrate on {len(calibration_feeds)}, judge on {len(feeds)} held out; "
+          f"{trained.meta['inputs']}", flush=True)  # fmt: skip
+    record: dict = {"task": trained.meta["task"], "inputs": trained.meta["inputs"], "weights": trained.meta["weights"],
+                    "calibration_samples": len(calibration_feeds), "held_out_samples": len(feeds), "variants": {}}  # fmt: skip
+    probe = session(str(trained.model), "disable_all")
+    names = [o.name for o in probe.get_outputs()]
+    reference = [dict(zip(names, probe.run(names, feed), strict=True)) for feed in feeds]
+    del probe
+    buffer = io.BytesIO()
+    np.savez(buffer, **calibration)
+    with tempfile.TemporaryDirectory(prefix=f"bench-precision-{name}-") as tmp:
+        folder = Path(tmp)
+        paths: dict[str, Path] = {"original": trained.model}
+        paths.update(_ort_quantized(trained.model, folder, calibration_feeds))
+        print("  flexdsa mixed ...", flush=True)
+        started = time.perf_counter()
+        try:
+            result = FlexDSAOptimizer("cpu-ort").optimize(
+                trained.model, OptimizeOptions(precision="mixed", accuracy=accuracy), calibration=buffer.getvalue()
+            )
+            paths["flexdsa"] = folder / "flexdsa.onnx"
+            paths["flexdsa"].write_bytes(result.model_bytes())
+            section = result.report["precision"]
+            record["flexdsa"] = {
+                "seconds": round(time.perf_counter() - started, 1), "shipped": section.get("shipped"),
+                "judgement": section.get("judgement"), "warnings": section.get("warnings"),
+                "own_verdict": {k: (section.get(k) or {}).get("loss") for k in ("accuracy", "calibration_accuracy")},
+                "candidates": [{k: c.get(k) for k in ("name", "how", "meets_target", "time_ratio_vs_fp32")}
+                               | {"loss": c["accuracy"].get("loss")} for c in section.get("candidates", [])],
+            }  # fmt: skip
+        except FlexDSAError as error:
+            record["flexdsa"] = {"error": error.message}
+            print(f"  flexdsa: {error.message[:300]}", flush=True)
+        timed = []
+        for variant, path in paths.items():
+            sess = session(str(path), "enable_all")
+            got = [dict(zip(names, sess.run(names, feed), strict=True)) for feed in feeds]
+            record["variants"][variant] = {"accuracy": _task_figures(reference, got, accuracy)}
+            timed.append(Timed(variant, sess, feeds[0]))
+        timed.append(Timed(CONTROL, session(str(trained.model), "enable_all"), feeds[0]))
+        print(f"  timing {len(timed)} sessions x {rounds} rounds ...", flush=True)
+        round_robin(timed, rounds, warmup)
+        by_name = {t.key: t for t in timed}
+        original = by_name["original"].times
+        for variant, entry in [*record["variants"].items(), (CONTROL, record.setdefault("control", {}))]:
+            times = by_name[variant].times
+            speedups = sorted(r / t for r, t in zip(original, times, strict=True))
+            quartiles = statistics.quantiles(speedups, n=4)
+            entry.update(median_ms=round(statistics.median(times) * 1e3, 3),
+                         speedup=round(1 / paired_ratio(times, original), 3),
+                         speedup_iqr=[round(quartiles[0], 3), round(quartiles[2], 3)],
+                         times_ms=[round(t * 1e3, 4) for t in times])  # fmt: skip
+    return record
+
+
+def trained_verdict(record: dict) -> dict:
+    """Ours against the goal: accurate on held-out samples, and >= 1.15x the fastest accurate ORT quantiser
+    (>= 1.5x the original where none is accurate)."""
+    variants = record["variants"]
+    ours = variants.get("flexdsa")
+    if ours is None:
+        return {"ok": False, "why": "no Flex-DSA model"}
+    accurate = [v for k, v in variants.items() if k.startswith("ort-") and v["accuracy"]["ok"]]
+    if accurate:
+        peer = max(accurate, key=lambda v: v["speedup"])
+        ratio = _versus(ours, peer)
+        return {"ok": ours["accuracy"]["ok"] and ratio >= 1.15, "vs": "fastest accurate ORT quantiser",
+                "ratio": ratio}  # fmt: skip
+    return {"ok": ours["accuracy"]["ok"] and ours["speedup"] >= 1.5, "vs": "original (no ORT quantiser is accurate)",
+            "ratio": ours["speedup"]}  # fmt: skip
+
+
+def _trained_table(results: dict) -> str:
+    lines = [f"{'model':<19} {'variant':<12} {'speed-up':>9} {'IQR':>13} {'cosine':>9} {'target':>6}  task metric"]
+    for name, record in results["models"].items():
+        shipped = (record.get("flexdsa") or {}).get("shipped") or (record.get("flexdsa") or {}).get("error", "")[:60]
+        for variant, entry in record["variants"].items():
+            acc = entry["accuracy"]
+            task = ", ".join(f"{k} {v:.4f}" for k, v in acc["task"].items())
+            label = f"flexdsa ({shipped})" if variant == "flexdsa" else variant
+            lines.append(
+                f"{name:<19} {label:<12} {entry['speedup']:>8.2f}x {'[{:.2f}, {:.2f}]'.format(*entry['speedup_iqr']):>13} "
+                f"{acc['min_cosine']:>9.5f} {'meets' if acc['ok'] else 'MISS':>6}  {task}"
+            )
+        control = record.get("control", {})
+        if "speedup" in control:
+            lines.append(f"{name:<19} {'A/A control':<12} {control['speedup']:>8.2f}x "
+                         + "{:>13}".format("[{:.2f}, {:.2f}]".format(*control["speedup_iqr"])))  # fmt: skip
+        verdict = trained_verdict(record)
+        if "ratio" in verdict:
+            lines.append(f"{name:<19} goal {'met' if verdict['ok'] else 'NOT met'}: ours {verdict['ratio']:.2f}x the "
+                         f"{verdict['vs']} (held out: {record['held_out_samples']} samples, calibrated on "
+                         f"{record['calibration_samples']})")  # fmt: skip
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--models", default="bert,resnet", help="comma-separated bench models")
+    parser.add_argument("--trained", default=None, help="comma-separated trained fixtures (default: all of them)")
+    parser.add_argument("--models", default=None, help="comma-separated random-weight bench models instead")
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--show", action="store_true", help="print the table of the last results, run nothing")
     args = parser.parse_args(argv)
     # onnxruntime.quantization logs "consider pre-processing" to the root logger on every model it quantises.
     logging.getLogger().setLevel(logging.ERROR)
+    from flexdsa_core.precision import cpu_int8_features
+
+    if args.models is None:
+        return _main_trained(args)
     if args.show:
         results = json.loads((RESULTS_DIR / "precision.json").read_text())
         print(_table(results))
         return results
-    from flexdsa_core.precision import cpu_int8_features
 
     results: dict = {"cpu": cpu_int8_features(), "rounds": args.rounds, "models": {}}
     out = RESULTS_DIR / "precision.json"
@@ -261,6 +401,27 @@ def main(argv: list[str] | None = None) -> dict:
     out.write_text(json.dumps(results, indent=1, default=str))
     print(f"\nCPU flags: {', '.join(results['cpu']['flags'])}; {results['cpu']['why']}")
     print(_table(results))
+    return results
+
+
+def _main_trained(args) -> dict:
+    from bench.trained import FIXTURES
+    from flexdsa_core.precision import cpu_int8_features
+
+    out = RESULTS_DIR / "precision_trained.json"
+    if args.show:
+        results = json.loads(out.read_text())
+    else:
+        results = {"cpu": cpu_int8_features(), "rounds": args.rounds, "models": {}}
+        print(f"CPU flags: {', '.join(results['cpu']['flags'])}; int8 dot product: "
+              f"{', '.join(results['cpu']['int8_dot_product']) or 'none'} ({results['cpu']['why']})", flush=True)  # fmt: skip
+        for name in [m.strip() for m in (args.trained or ",".join(FIXTURES)).split(",") if m.strip()]:
+            results["models"][name] = bench_trained(name, args.rounds, args.warmup)
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(json.dumps(results, indent=1, default=str))
+    print(f"\nCPU: {', '.join(results['cpu']['int8_dot_product']) or 'no int8 dot product'}; {results['rounds']} "
+          "interleaved rounds, 1 thread; speed-up = median over rounds of original / variant")  # fmt: skip
+    print(_trained_table(results))
     return results
 
 

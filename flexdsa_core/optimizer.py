@@ -34,6 +34,7 @@ import onnx
 import onnx_ir as ir
 import onnxruntime as ort
 
+from flexdsa_core.accuracy import check_outputs
 from flexdsa_core.cache import KernelCache, LayeredCache, LRUCache, StatsCache, kernel_key
 from flexdsa_core.calibration import CalibrationError, check_calibration, load_calibration, synthetic_samples
 from flexdsa_core.cost_model import CostModel, machine_fingerprint
@@ -53,11 +54,14 @@ from flexdsa_core.precision import (
     QDQ_OPAQUE_WEIGHT_OPS,
     PrecisionRun,
     apply_precision,
+    check_calibration_source,
     check_precision_request,
     int8_format,
+    int8_only,
     replace_model,
     samples_dataset,
     samples_npz,
+    synthetic_calibration_warning,
     vendor_verdict,
 )
 from flexdsa_core.preflight import check_buckets, check_disabled, refuse_impossible_tensors, switchable_names
@@ -204,6 +208,14 @@ class _Progress:
 
     def finish(self, stage: str) -> None:
         self.done = min(1.0, self.done + STAGE_WEIGHTS.get(stage, 0.0))
+
+
+def _output_shapes(model: ir.Model) -> dict[str, list | None]:
+    """Graph output name -> its dims (ints or names), None where unknown: what accuracy metrics are checked against."""
+    return {
+        value.name: None if value.shape is None else [d if isinstance(d, int) else str(d) for d in value.shape]
+        for value in model.graph.outputs
+    }
 
 
 def _op_counts(model: ir.Model) -> dict[str, int]:
@@ -528,6 +540,9 @@ class FlexDSAOptimizer:
             original_in_memory = None
         stage_seconds["ingest"] = time.perf_counter() - start
         nodes_before = _op_counts(ingested.model)
+        # Metrics naming outputs the model lacks, and an int8-only target without samples: refused before work.
+        check_outputs(options.accuracy, _output_shapes(ingested.model))
+        check_calibration_source(options, self.target, has_samples=calibration is not None)
         # Calibration samples are the user's to fix: refused here, before any compiling, when they do not fit.
         samples = self._calibration_samples(ingested.model, options, calibration)
         report_progress.finish("ingest")
@@ -619,7 +634,10 @@ class FlexDSAOptimizer:
                 run_toolchain, self.target, self.adapter, partition=comp.partition, original_source=original_source,
                 root=self.toolchain_root, seed=options.seed, workdir=workdir,
                 precision={**(precision or {}), "requested": options.precision},
-                calibration=precision_samples, accuracy=options.accuracy,
+                # The vendor's quantiser calibrates on the part of the samples ours calibrated on; its simulator is
+                # judged on the part held out (the bundle's calibration.npz keeps them all, for the user's run).
+                calibration={name: r.calibration or r.samples for name, r in precision_runs.items()} or None,
+                accuracy=options.accuracy, held_out={name: r.judged for name, r in precision_runs.items()},
             )  # fmt: skip
             toolchain_report, toolchain_files = compile_final(
                 comp.buckets, bucket_options=exploration.bucket_options if exploration else None
@@ -665,6 +683,8 @@ class FlexDSAOptimizer:
                     "precision.candidates (against fp32 and the original, in the same rounds)"
                 )
             report["warnings"].extend(precision.get("warnings", []))
+        if int8_only(self.target) and calibration is None:  # allowed only by allow_synthetic_calibration
+            report["warnings"].append(synthetic_calibration_warning(self.target))
         if toolchain_report:
             report["toolchain"] = toolchain_report
             report["warnings"].extend(toolchain_report.get("warnings", []))
@@ -1113,16 +1133,15 @@ def _traffic_request(options: OptimizeOptions, buckets) -> dict | None:
 
 
 def _user_samples(runs: dict) -> dict:
-    """The user's samples per bucket for vendor exploration, split: calibrate on the first two thirds, judge on
-    the rest (all of them both ways when there are fewer than 3). Synthetic samples never judge accuracy."""
+    """The user's samples per bucket for vendor exploration, split as the precision stage split them
+    (``holdout``): the vendor quantises on the calibration part and is judged on the held-out part. Synthetic
+    samples never judge accuracy, so buckets calibrated on them are left out."""
     calibration, held_out = {}, {}
     for name, precision_run in runs.items():
-        samples = precision_run.samples
-        if precision_run.synthetic or not samples:
+        if precision_run.synthetic or not precision_run.samples:
             continue
-        cut = len(samples) - len(samples) // 3 if len(samples) >= 3 else len(samples)
-        calibration[name] = samples[:cut]
-        held_out[name] = samples[cut:] or samples
+        calibration[name] = precision_run.calibration or precision_run.samples
+        held_out[name] = precision_run.judged or calibration[name]
     return {"calibration": calibration or None, "held_out": held_out or None}
 
 

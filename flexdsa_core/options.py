@@ -8,17 +8,69 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 Objective = Literal["latency", "energy", "balanced"]
 Precision = Literal["fp32", "fp16", "int8", "mixed"]
 
 
+Metric = Literal["cosine", "top1", "slices"]
+
+
+class OutputSlice(BaseModel):
+    """One quantity packed in an output: positions ``start:stop`` along the output's ``axis``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    start: int = Field(..., ge=0, description="First position of the slice along the axis.")
+    stop: int = Field(..., ge=1, description="One past its last position.")
+    metric: Literal["cosine", "top1"] = Field(
+        "cosine", description="cosine of the slice with the original's; top1: argmax agreement over the slice."
+    )
+
+    @model_validator(mode="after")
+    def _ordered(self) -> OutputSlice:
+        if self.stop <= self.start:
+            raise ValueError(f"a slice needs stop > start, got start {self.start}, stop {self.stop}")
+        return self
+
+
+class OutputMetric(BaseModel):
+    """How one output is judged. ``cosine``: an embedding or any tensor, its cosine with the original's.
+    ``top1``: a classifier, argmax agreement along ``axis`` (and the cosine). ``slices``: an output that packs
+    unlike quantities (boxes in pixels and scores in 0..1 in one tensor): each named slice along ``axis`` is
+    judged on its own, so a large quantity cannot hide the loss of a small one (and the whole by cosine)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    metric: Metric = Field(..., description="cosine, top1 or slices.")
+    axis: int = Field(-1, description="The axis top-1 takes the argmax over, or the slices cut.")
+    slices: dict[str, OutputSlice] | None = Field(
+        None, description="metric 'slices': name -> {start, stop, metric}, not overlapping."
+    )
+
+    @model_validator(mode="after")
+    def _slices(self) -> OutputMetric:
+        if self.metric == "slices":
+            if not self.slices:
+                raise ValueError("metric 'slices' needs 'slices': {name: {start, stop}} naming each packed quantity")
+            spans = sorted((s.start, s.stop, name) for name, s in self.slices.items())
+            for (_, stop, first), (start, _, second) in zip(spans, spans[1:], strict=False):
+                if start < stop:
+                    raise ValueError(f"slices {first!r} and {second!r} overlap")
+        elif self.slices:
+            raise ValueError(f"'slices' is only for metric 'slices', not {self.metric!r}")
+        return self
+
+
 class AccuracyTarget(BaseModel):
-    """What a lower-precision model must keep, judged on the calibration samples against the fp32 original.
+    """What a lower-precision model must keep against the fp32 original, judged on samples the quantiser did
+    not calibrate on (``holdout``).
 
     ``cosine(a, b) = a.b / (|a| |b|)`` of each output over all samples; top-1 agreement is the share of rows
-    (every position but the last axis) whose argmax over the last axis agrees, on classifier outputs."""
+    (every position but the argmax axis) whose argmax agrees, on classifier outputs. ``outputs`` names the
+    metric per output; outputs it does not name are judged by their look (a float output named like
+    'logits'/'probs'/'scores', or the only output when it is [batch, classes]: top-1; else cosine)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -31,6 +83,43 @@ class AccuracyTarget(BaseModel):
         description="Outputs whose top-1 is checked. None: classifier outputs, i.e. a float output named like "
         "'logits'/'probs'/'scores', or the only output when it is [batch, classes].",
     )
+    outputs: dict[str, OutputMetric] | None = Field(
+        None,
+        description="The metric per output, by name: 'cosine' (embeddings), 'top1' (classifiers) or "
+        "{'metric': 'slices', 'axis': -1, 'slices': {'boxes': {'start': 0, 'stop': 4}, 'scores': {'start': 4, "
+        "'stop': 5}}} (outputs packing unlike quantities, each slice judged alone). Names that are not outputs "
+        "of the model are refused.",
+    )
+
+    @field_validator("outputs", mode="before")
+    @classmethod
+    def _shorthand(cls, outputs):
+        """'top1' for {'metric': 'top1'}."""
+        if isinstance(outputs, dict):
+            return {name: {"metric": spec} if isinstance(spec, str) else spec for name, spec in outputs.items()}
+        return outputs
+
+
+class HoldOut(BaseModel):
+    """How the samples are split between calibrating and judging: the quantiser calibrates on one part and
+    every accuracy decision is taken on the other, which it never saw."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    share: float = Field(
+        0.5, ge=0.1, le=0.9, description="Share of the samples held out to judge on (the rest calibrates)."
+    )
+    order: Literal["shuffled", "as_given"] = Field(
+        "shuffled",
+        description="shuffled: a seeded permutation decides which samples are held out (samples sorted by class "
+        "still land on both sides); as_given: the first part calibrates and the last is held out (keep samples of "
+        "one source together, e.g. the crops of one photo or the windows of one recording).",
+    )
+    folds_below: int = Field(
+        16, ge=2, le=256,
+        description="With fewer samples than this, k-fold (k = min(samples, 4)): each fold is judged by a model "
+        "calibrated on the others, the held-out figure pools them, and the model that ships is calibrated on all.",
+    )  # fmt: skip
 
 
 class Tolerance(BaseModel):
@@ -149,6 +238,17 @@ class OptimizeOptions(BaseModel):
         "fail",
         description="int8 when no int8 model meets the accuracy target: fail naming the layers that miss it "
         "(default), or ship the fp32 model with a warning.",
+    )
+    holdout: HoldOut = Field(
+        default_factory=HoldOut,
+        description="How the calibration samples are split: the quantiser calibrates on part, accuracy is "
+        "judged on the rest (k-fold when there are few).",
+    )
+    allow_synthetic_calibration: bool = Field(
+        False,
+        description="A target that computes int8 only (xilinx-kv260) quantises every model: without calibration "
+        "samples the request is refused, unless this is true; then it is calibrated on seeded random inputs, "
+        "which check numerics only (no accuracy claim), with a warning.",
     )
 
     @field_validator("disabled_rules")

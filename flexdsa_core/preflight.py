@@ -106,14 +106,22 @@ def check_buckets(tracker, buckets) -> None:
 
 
 def check_request(
-    model: str | os.PathLike | bytes | ir.Model, options: OptimizeOptions, target: TargetSpec
+    model: str | os.PathLike | bytes | ir.Model, options: OptimizeOptions, target: TargetSpec,
+    has_samples: bool | None = None,
 ) -> None:
-    """``check_disabled`` and, where ``shape_buckets`` are given, ``check_buckets``: before any work."""
-    from flexdsa_core.precision import check_precision_request
+    """``check_disabled``, the precision (and, with ``has_samples`` known, whether an int8-only target has
+    calibration samples), metrics naming outputs the model lacks, and, where ``shape_buckets`` are given,
+    ``check_buckets``: before any work."""
+    from flexdsa_core.accuracy import check_outputs
+    from flexdsa_core.precision import check_calibration_source, check_precision_request
     from flexdsa_core.shape_tracker import ShapeTracker
 
     check_disabled(options.disabled_rules, target)
     check_precision_request(options, target)  # fp16 on cpu-ort: refused before queuing
+    if has_samples is not None:  # the KV260 without samples: refused before queuing, naming the fix
+        check_calibration_source(options, target, has_samples)
+    if options.accuracy.outputs or options.accuracy.top1_outputs:
+        check_outputs(options.accuracy, _graph_outputs(model))
     if not options.shape_buckets:
         return
     if isinstance(model, bytes):
@@ -123,6 +131,20 @@ def check_request(
     tracker = ShapeTracker(model, input_shapes=options.input_shapes)
     tracker.infer()
     check_buckets(tracker, tracker.buckets(options.shape_buckets, target))
+
+
+def _graph_outputs(model) -> dict[str, list | None]:
+    """Output name -> dims (ints or names) of a model file, bytes or IR, its weights left unread where they are
+    external."""
+    if isinstance(model, ir.Model):
+        return {v.name: None if v.shape is None else [d if isinstance(d, int) else str(d) for d in v.shape]
+                for v in model.graph.outputs}  # fmt: skip
+    proto = onnx.load_from_string(model) if isinstance(model, bytes) else onnx.load(str(model), load_external_data=False)
+    return {
+        value.name: [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?")
+                     for d in value.type.tensor_type.shape.dim] if value.type.tensor_type.HasField("shape") else None
+        for value in proto.graph.output
+    }  # fmt: skip
 
 
 # No single tensor of a model this service takes may need more than this: beyond it a run cannot allocate

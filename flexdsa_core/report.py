@@ -219,7 +219,9 @@ def _precision_summary(precision: dict | None) -> dict | None:
     shipped = precision.get("shipped")
     chosen = next((c for c in precision.get("candidates", []) if c["name"] == shipped), None)
     timing = (chosen or {}).get("timing_vs_fp32") or {}
-    cosines = [o["cosine"] for o in (precision.get("accuracy") or {}).get("outputs", {}).values() if "cosine" in o]
+    accuracy = precision.get("accuracy") or {}
+    cosines = [o["cosine"] for o in accuracy.get("outputs", {}).values() if "cosine" in o]
+    calibration = precision.get("calibration_accuracy") or {}
     return {
         "requested": precision.get("requested"),
         "shipped": shipped,
@@ -227,6 +229,10 @@ def _precision_summary(precision: dict | None) -> dict | None:
         "min_cosine": min(cosines) if cosines else None,
         "speedup_vs_fp32": round(1 / chosen["time_ratio_vs_fp32"], 4) if chosen and chosen["time_ratio_vs_fp32"] else None,
         "speedup_vs_original": timing.get("speedup_vs_original"),
+        # The worst figure (1 - loss) and what it was measured on: the held-out samples decide.
+        "judged": {"worst": round(1 - accuracy["loss"], 6), "on": accuracy.get("measured_on")} if "loss" in accuracy else None,
+        "on_calibration": {"worst": round(1 - calibration["loss"], 6), "on": calibration.get("measured_on")}
+        if "loss" in calibration else None,
     }
 
 
@@ -282,6 +288,9 @@ def render_summary(report: dict) -> str:
             f"Precision     {precision['requested']} requested, {precision['shipped']} shipped "
             f"(calibration: {precision['calibration']}{'; ' + ', '.join(figures) if figures else ''})"
         )
+        for key, label in (("judged", "judged"), ("on_calibration", "calibration")):
+            if precision.get(key):
+                lines.append(f"  accuracy   {label}: worst figure {precision[key]['worst']:.5f} on {precision[key]['on']}")
         kept = [row for row in report["precision"].get("layers", []) if row.get("precision") == "float32"]
         for row in kept[:12]:  # the whole table is in report.json
             lines.append(f"  kept float  {row['layer']}: {row['reason']}")

@@ -89,9 +89,10 @@ def check_model(upload: ReceivedUpload) -> None:
 
 
 def check_options(upload: ReceivedUpload, spec: RequestSpec, target: TargetSpec) -> None:
-    """Unknown rule names and shape buckets the model cannot run are the user's to fix: 422 before queuing."""
+    """Unknown rule names, shape buckets the model cannot run, accuracy metrics naming outputs it lacks and an
+    int8-only target without calibration samples are the user's to fix: 422 before queuing."""
     try:
-        check_request(upload.path, spec.options(), target)
+        check_request(upload.path, spec.options(), target, has_samples=upload.calibration is not None)
     except InvalidOptionsError as err:
         raise InvalidRequest(err.message, code=err.code, details=err.details) from None
 

@@ -12,10 +12,12 @@ environment, ``flexdsa_core.toolchains``). What comes back is checked here:
   as the share of nodes both name on which they agree;
 * artifacts: the compiled files join the bundle;
 * precision: at a precision other than fp32 the request carries each bucket's calibration samples
-  (``dataset``: the very samples our precision stage used, so the vendor's quantiser calibrates on the user's
-  data) and the adapter's options say which format to make (``toolchain_options`` reads ``report["precision"]``);
-  the driver runs the compiled model on up to ``EVAL_SAMPLES`` of them, and those outputs are scored against
-  the original's by the accuracy target (``precision.score``): ``buckets.<name>.accuracy``.
+  (``dataset``: the very samples our precision stage calibrated on, so the vendor's quantiser calibrates on the
+  user's data) and the adapter's options say which format to make (``toolchain_options`` reads
+  ``report["precision"]``); the driver runs the compiled model on up to ``EVAL_SAMPLES`` of the samples held
+  out from calibration (``held_out``: the ones our precision stage judged on; the calibration samples where
+  none were held out), and those outputs are scored against the original's by the accuracy target
+  (``precision.score``): ``buckets.<name>.accuracy``, with ``measured_on`` saying which samples.
 
 A toolchain that is not installed, or fails, never fails the job: the bundle ships without the compiled
 artifact, the report says why, and the README carries the command to finish on the user's side.
@@ -40,7 +42,7 @@ EVAL_SAMPLES = 8
 def run_toolchain(
     target: TargetSpec, adapter, buckets, partition: dict, original_source, *, root, seed: int, workdir,
     precision: dict | None = None, calibration: dict[str, list[dict]] | None = None, accuracy=None,
-    bucket_options: dict[str, dict] | None = None,
+    held_out: dict[str, list[dict]] | None = None, bucket_options: dict[str, dict] | None = None,
 ) -> tuple[dict, dict[str, Path]]:
     from flexdsa_core.validate import make_inputs, run
 
@@ -56,7 +58,7 @@ def run_toolchain(
     folder = Path(tempfile.mkdtemp(prefix="toolchain-", dir=workdir))
     out_dir = folder / "out"
     out_dir.mkdir()
-    request_buckets, references, sample_references = [], {}, {}
+    request_buckets, references, sample_references, judged_on = [], {}, {}, {}
     for bucket in buckets:
         model_path = folder / adapter.model_filename(bucket)
         ir.save(bucket.model, model_path)
@@ -73,8 +75,15 @@ def run_toolchain(
         samples = (calibration or {}).get(bucket.name)
         if samples:
             entry["dataset"] = _write_samples(folder, bucket.name, samples)
-            entry["samples"] = entry["dataset"][:EVAL_SAMPLES]
-            sample_references[bucket.name] = [run(original_source, s) for s in samples[:EVAL_SAMPLES]]
+            judged = ((held_out or {}).get(bucket.name) or [])[:EVAL_SAMPLES]
+            if judged:
+                entry["samples"] = _write_samples(folder, f"{bucket.name}.held_out", judged)
+                judged_on[bucket.name] = f"{len(judged)} held-out samples, not in the vendor quantiser's dataset"
+            else:
+                judged = samples[:EVAL_SAMPLES]
+                entry["samples"] = entry["dataset"][:EVAL_SAMPLES]
+                judged_on[bucket.name] = f"{len(judged)} calibration samples (none were held out)"
+            sample_references[bucket.name] = [run(original_source, s) for s in judged]
         request_buckets.append(entry)
     request = {
         "action": "compile",
@@ -112,6 +121,7 @@ def run_toolchain(
             per_bucket[name]["accuracy"] = _sample_accuracy(
                 sample_references[name], entry.get("sample_outputs") or [], accuracy
             )
+            per_bucket[name]["accuracy"]["measured_on"] = judged_on[name]
         for artifact in entry.get("artifacts", []):
             files[artifact] = out_dir / artifact
         bad = [o for o in numerics if o["cosine"] is not None and o["cosine"] < MIN_COSINE]
@@ -167,7 +177,7 @@ def _write_samples(folder: Path, bucket: str, samples: list[dict]) -> list[dict[
 
 
 def _sample_accuracy(reference: list[dict], outputs: list[dict[str, str]], accuracy) -> dict:
-    """``precision.score`` of the vendor's outputs on the calibration samples against the original's."""
+    """``precision.score`` of the vendor's outputs on the judged samples against the original's."""
     from flexdsa_core.precision import score
 
     if len(outputs) != len(reference):

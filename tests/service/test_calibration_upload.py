@@ -74,3 +74,32 @@ def test_a_precision_the_target_cannot_have_is_refused_before_queuing(env, heade
     assert refused.status_code == 422, refused.text
     assert "'fp16' is for accelerator targets" in refused.json()["error"]["message"]
     assert env.enqueued == []
+
+
+def test_an_int8_only_target_without_samples_is_refused_before_queuing_naming_the_fix(env, headers):
+    """The KV260's DPU computes int8 only: without samples it would quantise on synthetic inputs and claim an
+    accuracy it never measured. Refused with 422 before queuing; allowed explicitly, it queues."""
+    before = _jobs(env)
+    for spec in ({"target": "xilinx-kv260"}, {"target": "xilinx-kv260", "precision": "int8"}):
+        refused = env.submit(headers, spec=spec)
+        assert refused.status_code == 422, refused.text
+        message = refused.json()["error"]["message"]
+        assert "computes int8 only" in message and "'calibration' file" in message, message
+        assert "allow_synthetic_calibration" in message
+    assert _jobs(env) == before and env.enqueued == []
+    samples = _npz(x=np.random.default_rng(0).standard_normal((6, 8)).astype(np.float32))
+    with_samples = _submit(env, headers, samples, {"target": "xilinx-kv260", "precision": "int8"})
+    assert with_samples.status_code == 202, with_samples.text
+    allowed = env.submit(headers, spec={"target": "xilinx-kv260", "allow_synthetic_calibration": True})
+    assert allowed.status_code == 202, allowed.text
+
+
+def test_accuracy_metrics_naming_outputs_the_model_lacks_are_refused_before_queuing(env, headers):
+    spec = {"target": "cpu-ort", "precision": "int8", "accuracy": {"outputs": {"nope": "top1"}}}
+    refused = env.submit(headers, spec=spec)
+    assert refused.status_code == 422, refused.text
+    assert "accuracy names outputs the model does not have: 'nope'" in refused.json()["error"]["message"]
+    bad_slices = {"target": "cpu-ort", "accuracy": {"outputs": {"y": {"metric": "slices", "slices": {
+        "a": {"start": 0, "stop": 4}, "b": {"start": 3, "stop": 5}}}}}}  # fmt: skip
+    overlapping = env.submit(headers, spec=bad_slices)
+    assert overlapping.status_code == 422 and "overlap" in overlapping.text

@@ -14,6 +14,8 @@ import pytest
 
 from flexdsa_core import FlexDSAOptimizer, OptimizeOptions
 from flexdsa_core.cost_model import CostModel
+from flexdsa_core.errors import InvalidOptionsError
+from flexdsa_core.preflight import check_request
 from flexdsa_core.targets import load_target
 from flexdsa_core.targets.base import BucketModel
 from flexdsa_core.targets.xilinx import ADAPTER, ARCH_JSON
@@ -227,7 +229,8 @@ def test_deploy_steps_name_the_quantise_step_and_the_compiler():
 @pytest.mark.models
 def test_resnet_bundle_for_the_kv260():
     result = FlexDSAOptimizer("xilinx-kv260").optimize(
-        fixture("resnet"), OptimizeOptions(shape_buckets={"batch": [1]}, measure_latency=False)
+        fixture("resnet"),
+        OptimizeOptions(shape_buckets={"batch": [1]}, measure_latency=False, allow_synthetic_calibration=True),
     )
     report = result.report
     assert report["validation"]["ok"] is True
@@ -237,6 +240,22 @@ def test_resnet_bundle_for_the_kv260():
     manifest = json.loads(result.artifacts["manifest.json"])
     assert manifest["vendor_files"] == ["compile_kv260.sh", "quantize_kv260.py"]
     assert "vai_c_xir" in result.artifacts["README.md"].decode()
+    # Quantised on synthetic inputs because the request allowed it: said, as numerics only.
+    warning = next(w for w in report["warnings"] if "computes int8 only" in w)
+    assert "allow_synthetic_calibration" in warning and "no accuracy claim" in warning
+
+
+def test_the_dpu_without_samples_is_refused_naming_the_fix():
+    with pytest.raises(InvalidOptionsError) as refused:
+        FlexDSAOptimizer("xilinx-kv260").optimize(
+            fixture("resnet"), OptimizeOptions(shape_buckets={"batch": [1]}, measure_latency=False)
+        )
+    message = refused.value.message
+    assert "computes int8 only" in message and "calibration" in message and "allow_synthetic_calibration" in message
+    # With samples it is not refused at this check (the same request with a calibration .npz).
+    check_request(fixture("resnet"), OptimizeOptions(precision="int8"), TARGET, has_samples=True)
+    with pytest.raises(InvalidOptionsError):
+        check_request(fixture("resnet"), OptimizeOptions(), TARGET, has_samples=False)
 
 
 # ---- with the amd toolchain (Quark) installed --------------------------------------------------------
@@ -273,7 +292,9 @@ def test_small_conv_quantised_to_power_of_two_int8(tmp_path):
 @pytest.mark.parametrize("name", ["resnet", "mobilenetv2", "vit"])
 def test_fixture_quantised_by_quark_within_the_accuracy_target(name):
     _toolchain_or_skip()
-    result, toolchain = checks.optimized_with_toolchain("xilinx-kv260", name, shape_buckets={"batch": [1]})
+    result, toolchain = checks.optimized_with_toolchain(
+        "xilinx-kv260", name, shape_buckets={"batch": [1]}, allow_synthetic_calibration=True
+    )
     entry = toolchain["buckets"]["batch1"]
     assert "model.batch1.qdq.onnx" in result.artifacts
     quantization = entry["quantization"]
