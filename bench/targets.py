@@ -41,6 +41,13 @@ RESULTS = Path(__file__).parent / "results"
 BUCKETS = {"batch": [1], "seq": [16]}
 VENDOR_TARGET = "rockchip-rk3588"
 VENDOR_MODELS = ("bert", "gpt2", "llama", "vit", "resnet", "mobilenetv2")
+# Trained models with real inputs (bench.trained), whose held-out accuracy means something; their buckets.
+TRAINED_BUCKETS = {
+    "efficientnet-lite0": {"batch": [1]},
+    "minilm-l6": {"batch": [1], "seq": [32]},
+    "mtcnn-pnet": {},
+    "silero-vad": {},
+}
 
 
 def _buckets(model: str) -> dict[str, list[int]]:
@@ -87,8 +94,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--targets", default="", help="comma-separated (default: every accelerator target)")
     parser.add_argument("--models", default=",".join(FIXTURES), help="comma-separated fixtures")
     parser.add_argument("--toolchains", type=Path, default=DEFAULT_TOOLCHAINS_DIR)
-    parser.add_argument("--vendor-models", default=",".join(VENDOR_MODELS),
-                        help="bench models for the comparison with the vendor alone")  # fmt: skip
+    parser.add_argument("--vendor-models", default=",".join((*VENDOR_MODELS, *TRAINED_BUCKETS)),
+                        help="bench models (random weights) and trained fixtures (bench.trained: real samples) "
+                             "for the comparison with the vendor alone")  # fmt: skip
     parser.add_argument("--samples", type=int, default=12, help="calibration samples for the 'with samples' rows")
     parser.add_argument("--vendor-only", action="store_true", help="only the comparison with the vendor alone")
     parser.add_argument("--no-vendor", action="store_true", help="skip the comparison with the vendor alone")
@@ -139,30 +147,43 @@ def fixtures_table(args) -> None:
 
 
 def vendor_row(model: str, toolchains: Path, samples: int) -> dict:
-    """One bench model on rockchip-rk3588 with the vendor in the loop: without samples (``samples`` 0) or with
-    ``samples`` seeded inputs as the user's calibration set under ``precision: mixed``."""
+    """One model on rockchip-rk3588 with the vendor in the loop: without samples (``samples`` 0), or under
+    ``precision: mixed`` with calibration samples: a bench model's ``samples`` seeded inputs, a trained
+    fixture's own real samples (judged by its task's metric)."""
     import numpy as np
     import onnx
 
     from bench.models import bench_model
     from flexdsa_core.validate import make_inputs
 
-    bench = bench_model(model)
-    options = {"shape_buckets": {k: [v] for k, v in bench.dims.items()}, "measure_latency": False}
     calibration = None
-    if samples:
-        proto = onnx.load(str(bench.path), load_external_data=False)
-        rows = [make_inputs(proto, seed=1000 + i, dims=bench.dims) for i in range(samples)]
-        calibration = {name: np.concatenate([r[name] for r in rows]) for name in rows[0]}
-        options["precision"] = "mixed"
+    if model in TRAINED_BUCKETS:  # a trained model: its own real samples, judged by its task's metric
+        from bench.trained import fixture as trained_fixture
+
+        trained = trained_fixture(model)
+        path = trained.model
+        options = {"shape_buckets": TRAINED_BUCKETS[model], "measure_latency": False}
+        if samples:
+            calibration = trained.arrays()
+            options.update(precision="mixed", accuracy=trained.accuracy)
+    else:
+        bench = bench_model(model)
+        path = bench.path
+        options = {"shape_buckets": {k: [v] for k, v in bench.dims.items()}, "measure_latency": False}
+        if samples:
+            proto = onnx.load(str(bench.path), load_external_data=False)
+            rows = [make_inputs(proto, seed=1000 + i, dims=bench.dims) for i in range(samples)]
+            calibration = {name: np.concatenate([r[name] for r in rows]) for name in rows[0]}
+            options["precision"] = "mixed"
+    count = 0 if calibration is None else trained.meta["samples"] if model in TRAINED_BUCKETS else samples
     started = time.perf_counter()
     result = FlexDSAOptimizer(VENDOR_TARGET, toolchain_root=toolchains).optimize(
-        bench.path, OptimizeOptions(**options), calibration=calibration
+        path, OptimizeOptions(**options), calibration=calibration
     )
     [(bucket, row)] = list(result.report["vendor"]["buckets"].items())[:1]
     accuracy = ((result.report["toolchain"].get("buckets") or {}).get(bucket) or {}).get("accuracy") or {}
     return {
-        "model": model, "samples": samples, "bucket": bucket, "seconds": time.perf_counter() - started,
+        "model": model, "samples": count, "bucket": bucket, "seconds": time.perf_counter() - started,
         "alone_fp16": row["vendor_alone"], "alone_int8": row.get("vendor_alone_int8"),
         "alone_best": row.get("vendor_alone_best"), "ours": row["ours"], "ratio": row["ratio"],
         "shipped": row["shipped"], "precision": row.get("precision") or "float16", "forms": row["forms"],
