@@ -323,13 +323,17 @@ def explore(
             "chosen": best.name if best is not None else None,
             "decision": reason,
         }
-    bucket_options: dict[str, dict] = {}
+    # A bucket that ships the original is built as the vendor alone built it (QNN: qnn_preprocess_model first).
+    bucket_options: dict[str, dict] = {name: dict(adapter.vendor_alone_options) for name in original
+                                       if adapter.vendor_alone_options}  # fmt: skip
     if (precision or {}).get("requested") in ("int8", "mixed") and calibration:
         say(0.7, f"quantising candidates with {compiler.tool} and judging them in its simulator")
-        bucket_options = _precisions(
+        explored = _precisions(
             compiler, chosen, original, sources, shapes, report, plans, precision, calibration, held_out or {},
             accuracy, original_source,
         )  # fmt: skip
+        for name, options in explored.items():
+            bucket_options[name] = {**bucket_options.get(name, {}), **options}
     if traffic and traffic.get("observed"):
         say(0.9, f"compiling the original at the largest observed shape with {compiler.tool}")
         summary_traffic = _traffic(compiler, traffic, original_file, buckets)

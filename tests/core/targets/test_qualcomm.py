@@ -416,7 +416,9 @@ def test_fixture_compiles_under_htp_emulation(name, buckets):
 
 def test_fixture_with_cpu_fallbacks_agrees_node_for_node():
     """BERT with the erf-GELU fusion switched off: the two Erf nodes are not in the QNN EP's op set; our
-    partition puts them on the CPU, and QNN refuses them with its own reason."""
+    partition puts them on the CPU, and QNN leaves exactly them on the CPU. The vendor alone (the original
+    through qnn_preprocess_model, which fuses the GELU) leaves none there, so never worse than the vendor
+    alone, the original ships, built as the vendor alone built it, and the report says why."""
     _toolchain_or_skip()
     result, toolchain = checks.optimized_with_toolchain(
         "qualcomm-sm8650",
@@ -429,9 +431,13 @@ def test_fixture_with_cpu_fallbacks_agrees_node_for_node():
     [(bucket, entry)] = toolchain["buckets"].items()
     part = result.report["partition"][bucket]
     assert sorted(f["node"] for f in part["fallback"]) == ["/layers.0/Erf", "/layers.1/Erf"]
-    assert entry["placement_agreement"]["share"] == 1.0
-    assert entry["placement_agreement"]["compared"] == part["nodes"]
-    assert "`Erf` are not supported by QNN EP" in entry["reasons"]["/layers.0/Erf"]
+    plan = json.loads(result.artifacts["fusion_plan.json"])[bucket]["vendor_exploration"]
+    ours = next(c for c in plan["candidates"] if c["candidate"] == "ours")
+    assert sorted(ours["vendor"]["cpu_layers"]) == ["/layers.0/Erf", "/layers.1/Erf"]
+    vendor = result.report["vendor"]["buckets"][bucket]
+    assert vendor["shipped"] == "original" and vendor["vendor_alone"]["cpu_nodes"] == 0
+    assert "2 node(s) of ours on the CPU and 0 of the original alone" in vendor["decision"]
+    assert vendor["ours"]["cpu_nodes"] == 0  # the shipped build, prepared as the vendor alone's
     assert min(o["cosine"] for o in entry["numerics"]) >= 0.99
 
 
