@@ -5,8 +5,14 @@ artifacts shared by cached jobs are stored once.
 folder, fsync, then rename), so a reader never sees half a blob and a crash leaves at most a stray temp
 file. Deleting a blob is the caller's decision: several rows may point at one key.
 
-An S3-compatible store is not included: boto3 is not a dependency. It would implement ``ArtifactStore``
-with ``put_object`` keyed by the same sha256 and ``get_object`` streaming.
+``service.s3store.S3Store`` keeps the same keys in an S3-compatible bucket (``FLEXDSA_ARTIFACT_URL=
+s3://bucket/prefix``), so API processes and workers on different machines share artifacts without a shared
+folder. ``make_store`` picks one from the settings.
+
+Reads are checked against the key: a blob's key is its sha256, so ``fetch_to`` and the S3 store's readers
+hash what they read and raise ``ChecksumMismatchError`` rather than hand over bytes that are not the ones
+stored. A store that cannot be reached raises ``StoreUnavailableError`` (an ``OSError``: the service's
+condition, answered 503 with Retry-After, never the client's fault).
 """
 
 from __future__ import annotations
@@ -30,6 +36,23 @@ _KEY = re.compile(r"^[0-9a-f]{64}$")
 
 class BlobNotFoundError(KeyError):
     pass
+
+
+class StoreUnavailableError(OSError):
+    """The artifact store could not be reached or refused to work (connection refused, timeout, a 5xx, no
+    credentials). Nothing was stored or read; the same call succeeds once the store is back."""
+
+
+class ChecksumMismatchError(ValueError):
+    """The bytes read for ``key`` do not hash to it: the stored blob is corrupt or was replaced."""
+
+    def __init__(self, key: str, actual: str) -> None:
+        super().__init__(
+            f"blob {key[:12]}... in the artifact store does not match its sha256 (read {actual[:12]}...): "
+            "the stored copy is corrupt or was replaced"
+        )
+        self.key = key
+        self.actual = actual
 
 
 class ArtifactStore(ABC):
@@ -75,6 +98,37 @@ class ArtifactStore(ABC):
     def staging_dir(self) -> Path:
         """Where uploads are spooled; for a local store, its own filesystem so ``put_file(move=True)`` renames."""
         return Path(tempfile.gettempdir())
+
+    def fetch_to(self, key: str, path: Path) -> int:
+        """Copy blob ``key`` to the local file ``path``, checking its sha256 on the way; the byte count.
+        ``ChecksumMismatchError`` (and no file at ``path``) when the stored bytes are not the blob's."""
+        digest = hashlib.sha256()
+        size = 0
+        try:
+            with self.open(key) as source, open(path, "wb") as target:
+                while chunk := source.read(CHUNK):
+                    digest.update(chunk)
+                    target.write(chunk)
+                    size += len(chunk)
+            if digest.hexdigest() != key:
+                raise ChecksumMismatchError(key, digest.hexdigest())
+        except BaseException:
+            Path(path).unlink(missing_ok=True)
+            raise
+        return size
+
+    def presigned_url(self, key: str, *, filename: str, content_type: str) -> str | None:
+        """A short-lived URL from which a client fetches the blob directly, or None when the store has
+        none (a local folder): the API then streams it."""
+        return None
+
+    def bundle(self, bundle_id: str) -> tuple[str, int] | None:
+        """A cached bundle.zip (key, size) stored under ``bundle_id``, or None: only stores that serve
+        bundles by redirect keep them."""
+        return None
+
+    def put_bundle(self, bundle_id: str, path: Path, sha256: str) -> str:  # pragma: no cover - S3 only
+        raise NotImplementedError
 
 
 def check_key(key: str) -> str:
@@ -169,5 +223,12 @@ class LocalStore(ArtifactStore):
         temp_path.unlink()
 
 
-def make_store(settings) -> ArtifactStore:
+def make_store(settings, *, patient: bool = False) -> ArtifactStore:
+    """The store the settings name: ``FLEXDSA_ARTIFACT_URL`` (s3://bucket/prefix) or the local folder.
+    ``patient``: a worker's store, which rides out a store outage of up to
+    ``FLEXDSA_STORE_OUTAGE_PATIENCE_S`` by retrying; the API's answers 503 at once instead."""
+    if settings.artifact_url:
+        from service.s3store import S3Store
+
+        return S3Store.from_settings(settings, patient=patient)
     return LocalStore(settings.artifact_dir)
