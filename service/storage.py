@@ -56,6 +56,10 @@ class ChecksumMismatchError(ValueError):
 
 
 class ArtifactStore(ABC):
+    # Whether downloads are answered with a redirect to a presigned URL at the store (S3) rather than
+    # streamed through the API.
+    redirects: bool = False
+
     @abstractmethod
     def put_stream(self, stream: BinaryIO) -> str:
         """Store everything read from ``stream``; return its sha256 key."""
