@@ -148,6 +148,7 @@ class VerifyingReader(io.RawIOBase):
 
 class S3Store(ArtifactStore):
     redirects = True
+    keeps_staged_files = False
 
     def __init__(
         self,

@@ -59,6 +59,9 @@ class ArtifactStore(ABC):
     # Whether downloads are answered with a redirect to a presigned URL at the store (S3) rather than
     # streamed through the API.
     redirects: bool = False
+    # Whether an upload's staged file becomes the stored blob itself (renamed into place), so staging must
+    # be durable; a remote store copies it and makes its own copy durable.
+    keeps_staged_files: bool = True
 
     @abstractmethod
     def put_stream(self, stream: BinaryIO) -> str:
