@@ -18,7 +18,7 @@ finished, beside the bound the settings give for publishing again (lease + recon
 published again goes ahead of the queue, so it then waits only for a free worker). The pipeline is the
 test stand-in (``tests/workers/standin.py``: a short sleep per kernel) unless ``--real-core``, so the
 figures are the service's, not the compiler's.
-Results: stdout and ``bench/results/soak.json``.
+Results: stdout and ``bench/results/soak.json`` (``soak_s3.json`` with ``--store s3``).
 """
 
 from __future__ import annotations
@@ -459,7 +459,7 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(result, indent=2, default=str))
     out = ROOT / "bench" / "results"
     out.mkdir(parents=True, exist_ok=True)
-    (out / "soak.json").write_text(json.dumps(result, indent=2, default=str))
+    (out / ("soak_s3.json" if args.store == "s3" else "soak.json")).write_text(json.dumps(result, indent=2, default=str))
     ok = result["lost"] == 0 and result["duplicate_artifacts"] == 0 and result["api_500s"] == 0
     if args.store == "s3":
         check = result["store_check"]
