@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import BinaryIO
 from urllib.parse import quote
 
-from service.storage import (
+from service.blob_store import (
     CHUNK,
     ArtifactStore,
     BlobNotFoundError,
