@@ -10,7 +10,7 @@ Why it is safe to share:
 - **Writes are all-or-nothing.** A file up to one part (``FLEXDSA_S3_PART_SIZE_MB``) is one ``PutObject``;
   a larger one a multipart upload whose object only exists once ``CompleteMultipartUpload`` succeeds. A
   process killed mid-upload leaves no object, only invisible parts, which ``abort_incomplete_uploads``
-  removes (the reconciler calls it; a bucket lifecycle rule can do the same). And a job only points at a
+  removes (``flexdsa store abort-uploads``, or a bucket lifecycle rule). And a job only points at a
   blob after the store has confirmed it, so no job ever points at half an object.
 - **Reads are checked.** Every read hashes the bytes and compares them with the key: ``fetch_to`` removes
   the file and raises ``ChecksumMismatchError``; a streamed download holds its last chunk back until the
