@@ -288,7 +288,7 @@ class S3Store(ArtifactStore):
 
     def put_bytes(self, data: bytes) -> str:
         key = hashlib.sha256(data).hexdigest()
-        if not self.exists(key):
+        if not self._holds(key, len(data)):
             self._patiently(
                 "PUT", key, self.client.put_object, Bucket=self.bucket, Key=self.object_key(key), Body=data,
                 Metadata={SHA256_META: key}, ContentType="application/octet-stream",
@@ -312,11 +312,23 @@ class S3Store(ArtifactStore):
         if key is None:
             key = _sha256_of(path)
         check_key(key)
-        if not self.exists(key):  # content-addressed: already there means already these bytes
+        if not self._holds(key, path.stat().st_size):
             self._patiently("upload", key, self._upload, path, self.object_key(key), key)
         if move:
             path.unlink(missing_ok=True)
         return key
+
+    def _holds(self, key: str, size: int) -> bool:
+        """Whether the store already has these bytes (content-addressed: then nothing is uploaded). An
+        object under the key whose length or recorded sha256 differ is replaced: an upload repairs it."""
+        try:
+            self.verified_head(key, size)
+        except BlobNotFoundError:
+            return False
+        except ChecksumMismatchError:
+            log.warning("blob %s in the store is not what its key says; storing it again", key[:12])
+            return False
+        return True
 
     def _upload(self, path: Path, object_key: str, sha256: str) -> None:
         from boto3.s3.transfer import TransferConfig

@@ -101,6 +101,9 @@ def test_a_corrupt_blob_is_refused_wherever_it_is_read(s3_app, s3_server):
     # bundle.zip reads every member through the checked reader: refused before a byte is sent.
     bundle = client.get(f"/jobs/{job_id}/artifacts/bundle.zip")
     assert bundle.status_code == 502 and bundle.json()["error"]["code"] == "artifact_corrupt"
+    # Storing the same bytes again (a re-run job, a resubmission) repairs it rather than trusting the key.
+    assert app.state.store.put_bytes(original) == artifact.blob_key
+    assert client.get(f"/jobs/{job_id}/artifacts/model.onnx").status_code == 307
 
     # Silently corrupted in place (same length, metadata intact): the redirect goes out, and the client
     # checks what it fetched against Repr-Digest: an error, and no file written.
