@@ -553,9 +553,9 @@ def store_outage(stack: Stack, key: str, seconds: float, fault: str) -> dict:
     prober = threading.Thread(target=probe, daemon=True)
     prober.start()
     time.sleep(seconds)
-    stack.s3.start_gateway()
-    stop.set()
+    stop.set()  # before the return: every probe counted here was answered while the store was away
     prober.join(20)
+    stack.s3.start_gateway()
     back = time.monotonic()
     redirect_after = None
     if url:
