@@ -65,6 +65,7 @@ $(VENV)/.installed: pyproject.toml
 $(VENV)/.installed-test: pyproject.toml $(VENV)/.installed
 	$(BIN)/pip install -q -e '.[test]'
 	scripts/install-browser.sh
+	scripts/install-s3-server.sh
 	touch $@
 
 $(VENV)/.installed-bench: pyproject.toml $(VENV)/.installed

@@ -380,8 +380,13 @@ def _summary(values: list[float]) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--clients", type=int, default=20)
+    parser.add_argument(
+        "--store", choices=("local", "s3"), default="local",
+        help="s3: ingest into an S3-compatible store (Ceph radosgw) and a presigned download (bench.ingest_s3)",
+    )
+    parser.add_argument("--clients", type=int, default=None, help="default 20 (local), 8 (s3)")
     parser.add_argument("--model-mb", type=int, default=51)
+    parser.add_argument("--download-mb", type=int, default=1000, help="s3: the presigned download's size")
     parser.add_argument("--idle-probes", type=int, default=20)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-seconds", type=float, default=300)
@@ -394,6 +399,12 @@ def main(argv: list[str] | None = None) -> int:
         help="skip the disk's floor (1 KB fsync + SQLite commit beside two big writers)",
     )
     args = parser.parse_args(argv)
+    if args.store == "s3":
+        from bench import ingest_s3
+
+        args.clients = args.clients or 8
+        return ingest_s3.main(args)
+    args.clients = args.clients or 20
     result = run(args)
     print(json.dumps(result, indent=2))
     loaded = result["probe_loaded_ms"]

@@ -18,7 +18,7 @@ finished, beside the bound the settings give for publishing again (lease + recon
 published again goes ahead of the queue, so it then waits only for a free worker). The pipeline is the
 test stand-in (``tests/workers/standin.py``: a short sleep per kernel) unless ``--real-core``, so the
 figures are the service's, not the compiler's.
-Results: stdout and ``bench/results/soak.json``.
+Results: stdout and ``bench/results/soak.json`` (``soak_s3.json`` with ``--store s3``).
 """
 
 from __future__ import annotations
@@ -150,8 +150,8 @@ def model_bytes(seed: int, poison: bool = False) -> bytes:
 class Stack:
     """API + workers on the private PostgreSQL and Redis."""
 
-    def __init__(self, pg: PrivatePostgres, redis: PrivateRedis, args) -> None:
-        self.pg, self.redis, self.args = pg, redis, args
+    def __init__(self, pg: PrivatePostgres, redis: PrivateRedis, args, s3=None) -> None:
+        self.pg, self.redis, self.args, self.s3 = pg, redis, args, s3
         self.tmp = Path(tempfile.mkdtemp(prefix="flexdsa-soak-"))
         self.database_url = f"postgresql+psycopg://postgres@127.0.0.1:{pg.port}/flexdsa"
         self.port = free_port()
@@ -173,6 +173,18 @@ class Stack:
         })  # fmt: skip
         if not args.real_core:
             self.env["FLEXDSA_TEST_OPTIMIZER"] = "tests.workers.standin:StandInOptimizer"
+        self.store_settings: dict[str, str] = {}
+        if s3 is not None:
+            # Nothing shared but PostgreSQL, Redis and the bucket: no artifact folder; every process gets a
+            # data folder of its own (start_worker).
+            self.store_settings = s3.settings()
+            del self.env["FLEXDSA_ARTIFACT_DIR"]
+            self.env.update({
+                **s3.env(),
+                "FLEXDSA_ARTIFACT_URL": self.store_settings["artifact_url"],
+                "FLEXDSA_S3_ENDPOINT_URL": self.store_settings["s3_endpoint_url"],
+                "FLEXDSA_DATA_DIR": str(self.tmp / "api"),
+            })  # fmt: skip
         self.api: subprocess.Popen | None = None
         self.workers: dict[str, subprocess.Popen] = {}
         self.spawned = 0
@@ -199,9 +211,11 @@ class Stack:
             self.start_worker()
         return key
 
-    def _spawn(self, argv: list[str], name: str) -> subprocess.Popen:
+    def _spawn(self, argv: list[str], name: str, env: dict | None = None) -> subprocess.Popen:
         log = open(self.tmp / f"{name}.log", "ab")
-        return subprocess.Popen(argv, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        return subprocess.Popen(
+            argv, cwd=ROOT, env={**self.env, **(env or {})}, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )  # fmt: skip
 
     def start_worker(self) -> str:
         self.spawned += 1
@@ -209,7 +223,7 @@ class Stack:
         self.workers[name] = self._spawn(
             [sys.executable, "-m", "celery", "-A", "workers.app", "worker", "--pool=prefork", "-c", "1", "-Q",
              "flexdsa", "-n", f"{name}@%h", "--loglevel=INFO", "--without-gossip", "--without-mingle",
-             "--without-heartbeat"], name,
+             "--without-heartbeat"], name, self._own_folder(name),
         )  # fmt: skip
         deadline = time.monotonic() + 90
         while b" ready." not in (self.tmp / f"{name}.log").read_bytes():
@@ -217,6 +231,13 @@ class Stack:
                 raise RuntimeError(f"worker {name} did not start; see {self.tmp / (name + '.log')}")
             time.sleep(0.3)
         return name
+
+    def _own_folder(self, name: str) -> dict[str, str]:
+        if self.s3 is None:
+            return {}
+        folder = self.tmp / name
+        folder.mkdir(exist_ok=True)
+        return {"FLEXDSA_DATA_DIR": str(folder)}
 
     def pids(self, name: str) -> set[int]:
         import psutil
@@ -367,13 +388,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-seconds", type=float, default=900, help="the whole run ends by then")
     parser.add_argument("--real-core", action="store_true", help="run the compiler instead of the stand-in")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--store", choices=("local", "s3"), default="local",
+        help="s3: artifacts in an S3-compatible store (Ceph radosgw) that API and workers share instead of a "
+        "folder, each process with its own data folder, and the store stopped for 10 s and --long-outage-s",
+    )
     args = parser.parse_args(argv)
     args.jobs = max(1, min(args.jobs, 5000))
     rng = random.Random(args.seed)
     started = time.monotonic()
+    s3 = None
+    if args.store == "s3":
+        from tests.s3server import CephS3
+
+        s3 = CephS3()
     pg, redis = PrivatePostgres(), PrivateRedis()
-    stack = Stack(pg, redis, args)
-    result: dict = {"jobs": args.jobs, "workers": args.workers, "optimizer": "flexdsa_core" if args.real_core else "stand-in"}
+    stack = Stack(pg, redis, args, s3)
+    result: dict = {"jobs": args.jobs, "workers": args.workers, "store": args.store,
+                    "optimizer": "flexdsa_core" if args.real_core else "stand-in"}  # fmt: skip
     faults: list[dict] = []
     try:
         key = stack.start()
@@ -387,6 +419,11 @@ def main(argv: list[str] | None = None) -> int:
         schedule = [
             (0.15, "worker_kill"), (0.30, "redis_restart"), (0.45, "postgres_stop_10s"), (0.65, "postgres_stop_long"),
         ]
+        if s3 is not None:
+            schedule = [
+                (0.10, "worker_kill"), (0.22, "store_stop_10s"), (0.32, "redis_restart"), (0.42, "postgres_stop_10s"),
+                (0.55, "store_stop_long"), (0.75, "postgres_stop_long"),
+            ]
         killer = ChildKiller(stack, args.child_kill_every, rng)
         killer.start()
         for fraction, fault in schedule:
@@ -405,10 +442,14 @@ def main(argv: list[str] | None = None) -> int:
             time.sleep(2)
         states = jobs_of(stack.database_url, submitter.job_ids)
         result.update(summarise(states, submitter, child_kills, faults))
+        if s3 is not None:
+            result["store_check"] = check_store(stack, submitter.job_ids)
     finally:
         stack.close()
         redis.close()
         pg.close()
+        if s3 is not None:
+            s3.close()
         keep = os.environ.get("FLEXDSA_SOAK_KEEP_LOGS")
         if not keep:
             shutil.rmtree(stack.tmp, ignore_errors=True)
@@ -418,8 +459,17 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(result, indent=2, default=str))
     out = ROOT / "bench" / "results"
     out.mkdir(parents=True, exist_ok=True)
-    (out / "soak.json").write_text(json.dumps(result, indent=2, default=str))
+    (out / ("soak_s3.json" if args.store == "s3" else "soak.json")).write_text(json.dumps(result, indent=2, default=str))
     ok = result["lost"] == 0 and result["duplicate_artifacts"] == 0 and result["api_500s"] == 0
+    if args.store == "s3":
+        check = result["store_check"]
+        ok = ok and check["missing"] == 0 and check["mismatched"] == 0 and check["worker_folders_with_files"] == 0
+        print(
+            f"\nshared-nothing soak (S3 store): {result['accepted']} accepted, {result['succeeded']} succeeded, "
+            f"{result['failed_with_reason']} failed with a reason, {result['lost']} lost, {result['duplicate_artifacts']} "
+            f"duplicate artifacts; {check['blobs_checked']} artifact blobs in the store checked: {check['missing']} "
+            f"missing, {check['mismatched']} not matching their sha256; API 500s: {result['api_500s']}"
+        )
     return 0 if ok else 1
 
 
@@ -456,6 +506,8 @@ def inject(fault: str, stack: Stack, pg: PrivatePostgres, redis: PrivateRedis, k
             flush=True,
         )
         return recovery
+    if fault.startswith("store_stop"):
+        return store_outage(stack, key, 10.0 if fault == "store_stop_10s" else args.long_outage_s, fault)
     if fault == "redis_restart":
         redis.restart()
         return {"fault": fault, "api_serves_after_s": round(time_to_serve(stack.base_url, key), 2)}
@@ -471,6 +523,91 @@ def inject(fault: str, stack: Stack, pg: PrivatePostgres, redis: PrivateRedis, k
     prober.join(10)
     return {"fault": fault, "outage_s": seconds, "api_answers_during": dict(answers),
             "api_serves_after_s": round(time_to_serve(stack.base_url, key), 2), "took_s": round(time.monotonic() - at, 1)}  # fmt: skip
+
+
+def store_outage(stack: Stack, key: str, seconds: float, fault: str) -> dict:
+    """radosgw killed for ``seconds``: what a download of a finished job's artifact answered meanwhile
+    (503 expected, never 500; submits are the Submitter's, retried after Retry-After), and how long after
+    the store's return the download redirected again."""
+    import httpx
+
+    at = time.monotonic()
+    done = _recent(stack)
+    while not done and time.monotonic() - at < 90:  # a finished job to download while the store is away
+        time.sleep(1)
+        done = _recent(stack)
+    url = f"{stack.base_url}/jobs/{done[0]}/artifacts/model.onnx" if done else None
+    answers: collections.Counter = collections.Counter()
+    stop = threading.Event()
+
+    def probe() -> None:
+        with httpx.Client(timeout=15) as client:
+            while url and not stop.is_set():
+                try:
+                    answers[client.get(url, headers={"X-API-Key": key}).status_code] += 1
+                except httpx.HTTPError:
+                    answers["connection error"] += 1
+                stop.wait(0.5)
+
+    stack.s3.stop_gateway()
+    prober = threading.Thread(target=probe, daemon=True)
+    prober.start()
+    time.sleep(seconds)
+    stop.set()  # before the return: every probe counted here was answered while the store was away
+    prober.join(20)
+    stack.s3.start_gateway()
+    back = time.monotonic()
+    redirect_after = None
+    if url:
+        with httpx.Client(timeout=15) as client:
+            while time.monotonic() - back < 120:
+                if client.get(url, headers={"X-API-Key": key}).status_code == 307:
+                    redirect_after = round(time.monotonic() - back, 2)
+                    break
+                time.sleep(0.1)
+    return {"fault": fault, "outage_s": seconds, "download_answers_during": {str(k): v for k, v in answers.items()},
+            "api_500s": answers.get(500, 0), "download_redirects_after_s": redirect_after,
+            "took_s": round(time.monotonic() - at, 1)}  # fmt: skip
+
+
+def _recent(stack: Stack) -> list[str]:
+    import psycopg
+
+    url = stack.database_url.replace("postgresql+psycopg://", "postgresql://")
+    with psycopg.connect(url) as connection:
+        rows = connection.execute("SELECT id FROM jobs WHERE status = 'succeeded' ORDER BY finished_at DESC LIMIT 5").fetchall()
+    return [r[0] for r in rows]
+
+
+def check_store(stack: Stack, job_ids: list[str]) -> dict:
+    """Every artifact row of the soak's jobs held against the bucket: the object exists, its length is the
+    row's size and its recorded sha256 is the row's key (no job points at a half or a foreign object); and
+    the workers' own data folders hold no file (they share nothing but the store)."""
+    import psycopg
+
+    from service.config import Settings
+    from service.storage import BlobNotFoundError, ChecksumMismatchError, make_store
+
+    url = stack.database_url.replace("postgresql+psycopg://", "postgresql://")
+    with psycopg.connect(url) as connection:
+        rows = connection.execute(
+            "SELECT DISTINCT blob_key, size FROM artifacts WHERE job_id = ANY(%s)", (job_ids,)
+        ).fetchall()
+    os.environ.update(stack.s3.env())
+    store = make_store(Settings(data_dir=stack.tmp / "check", **stack.store_settings))
+    missing = mismatched = 0
+    for blob_key, size in rows:
+        try:
+            store.verified_head(blob_key, size)
+        except BlobNotFoundError:
+            missing += 1
+        except ChecksumMismatchError:
+            mismatched += 1
+    worker_files = sum(
+        1 for folder in stack.tmp.glob("soak*") if folder.is_dir() for p in folder.rglob("*") if p.is_file()
+    )
+    return {"blobs_checked": len(rows), "missing": missing, "mismatched": mismatched,
+            "worker_folders_with_files": worker_files}  # fmt: skip
 
 
 def _queued(stack: Stack) -> int:
@@ -571,7 +708,7 @@ def summarise(states: dict[str, dict], submitter: Submitter, child_kills: int, f
         "pipeline_children_killed": child_kills,
         "submit_answers": {str(k): v for k, v in submitter.statuses.items()},
         "api_500s": submitter.statuses.get(500, 0)
-        + sum(f.get("api_answers_during", {}).get(500, 0) for f in faults),
+        + sum(f.get("api_answers_during", {}).get(500, 0) + f.get("api_500s", 0) for f in faults),
         "faults": faults,
         "run_id": uuid.uuid4().hex[:8],
     }

@@ -1,5 +1,6 @@
 """Service commands for the ``flexdsa`` CLI (registered through the ``flexdsa.cli`` entry point):
-``db upgrade``, ``keys create``, ``keys revoke``, ``incidents``, ``worker``. ``serve`` starts the API with
+``db upgrade``, ``keys create``, ``keys revoke``, ``incidents``, ``store init``, ``store abort-uploads``,
+``worker``. ``serve`` starts the API with
 its embedded worker, so it lives with the composition root (``stack.cli``)."""
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import typer
 db_app = typer.Typer(no_args_is_help=True, help="Database schema (Alembic migrations).")
 keys_app = typer.Typer(no_args_is_help=True, help="API keys of tenants.")
 incidents_app = typer.Typer(no_args_is_help=True, help="Internal errors with their tracebacks (operators).")
+store_app = typer.Typer(no_args_is_help=True, help="The artifact store (an S3-compatible bucket).")
 
 
 def settings_or_exit():
@@ -195,8 +197,43 @@ def incidents_show(incident_id: Annotated[str, typer.Argument(help="The id the u
     )
 
 
+@store_app.command("init")
+def store_init() -> None:
+    """Create the bucket of FLEXDSA_ARTIFACT_URL if it is missing and check that it takes writes."""
+    from service.storage import StoreUnavailableError, make_store
+
+    settings = settings_or_exit()
+    if not settings.artifact_url:
+        raise fail("FLEXDSA_ARTIFACT_URL is not set: the artifact store is the local folder FLEXDSA_ARTIFACT_DIR.")
+    store = make_store(settings)
+    try:
+        store.ensure_bucket()
+        store.check_writable()
+    except StoreUnavailableError as err:
+        raise fail(f"The artifact store {settings.artifact_url} is not usable: {err}") from None
+    typer.echo(f"artifact store ready: {settings.artifact_url}")
+
+
+@store_app.command("abort-uploads")
+def store_abort_uploads(
+    older_than_hours: Annotated[float, typer.Option(help="Only uploads begun this long ago.")] = 24.0,
+) -> None:
+    """Abort multipart uploads left by processes killed mid-upload (they hold parts, never an object)."""
+    from service.storage import StoreUnavailableError, make_store
+
+    settings = settings_or_exit()
+    if not settings.artifact_url:
+        raise fail("FLEXDSA_ARTIFACT_URL is not set: a local store has no multipart uploads.")
+    try:
+        aborted = make_store(settings).abort_incomplete_uploads(older_than_hours * 3600)
+    except StoreUnavailableError as err:
+        raise fail(str(err)) from None
+    typer.echo(f"aborted {aborted} incomplete upload(s)")
+
+
 def register(app: typer.Typer) -> None:
     app.command("worker")(worker)
     app.add_typer(db_app, name="db")
     app.add_typer(keys_app, name="keys")
     app.add_typer(incidents_app, name="incidents")
+    app.add_typer(store_app, name="store")

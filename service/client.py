@@ -81,6 +81,9 @@ class Client:
         return self._call("GET", f"/jobs/{job_id}/artifacts").json()["items"]
 
     def download(self, job_id: str, name: str, dest: Path) -> int:
+        """Fetch one artifact into ``dest``. A 307 (the server's object store presigns downloads) is
+        followed by hand, to the store, without the API key; the bytes are checked against the response's
+        ``Repr-Digest`` (sha-256) when the server sends one, and a file in OUT is always complete."""
         import httpx
 
         dest.parent.mkdir(parents=True, exist_ok=True)
@@ -90,14 +93,57 @@ class Client:
                 if response.status_code >= 400:
                     response.read()
                     raise ClientError(f"Downloading {name}: {_error_message(response)}")
-                with partial.open("wb") as out:
-                    for chunk in response.iter_bytes(1024 * 1024):
-                        out.write(chunk)
+                expected = _sha256_of_digest(response.headers.get("repr-digest"))
+                if response.is_redirect:
+                    location = str(response.url.join(response.headers["location"]))
+                    with httpx.stream("GET", location, timeout=self.http.timeout) as stored:
+                        if stored.status_code >= 400:
+                            stored.read()
+                            raise ClientError(f"Downloading {name} from the artifact store: HTTP {stored.status_code}")
+                        actual = _save(stored, partial)
+                else:
+                    actual = _save(response, partial)
         except httpx.HTTPError as err:
             partial.unlink(missing_ok=True)
             raise ClientError(f"Downloading {name} failed: {err}") from None
-        partial.replace(dest)  # a file in OUT is always complete
+        except BaseException:
+            partial.unlink(missing_ok=True)
+            raise
+        if expected is not None and actual != expected:
+            partial.unlink(missing_ok=True)
+            raise ClientError(
+                f"Downloading {name}: the bytes received do not match the server's sha256 ({actual[:12]}... "
+                f"instead of {expected[:12]}...); nothing was written. Try again; if it persists, tell the operator."
+            )
+        partial.replace(dest)
         return dest.stat().st_size
+
+
+def _save(response, path: Path) -> str:
+    """Write a response's body to ``path``; its sha256."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    with path.open("wb") as out:
+        for chunk in response.iter_bytes(1024 * 1024):
+            digest.update(chunk)
+            out.write(chunk)
+    return digest.hexdigest()
+
+
+def _sha256_of_digest(header: str | None) -> str | None:
+    """The hex sha-256 in an RFC 9530 ``Repr-Digest`` header (``sha-256=:<base64>:``), or None."""
+    import base64
+    import binascii
+
+    for item in (header or "").split(","):
+        algorithm, _, value = item.strip().partition("=")
+        if algorithm.lower() == "sha-256" and value.startswith(":") and value.endswith(":"):
+            try:
+                return base64.b64decode(value[1:-1], validate=True).hex()
+            except (binascii.Error, ValueError):
+                return None
+    return None
 
 
 def build_spec(target: str, spec_file: Path | None, objective: str | None, disable: list[str]) -> dict:

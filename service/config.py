@@ -38,6 +38,39 @@ class Settings(BaseSettings):
     artifact_dir: Path | None = Field(
         None, description="Local artifact store root; default <data_dir>/artifacts."
     )
+    artifact_url: str | None = Field(
+        None,
+        pattern=r"^s3://[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9](/[\w.\-/]*)?$",
+        description="An S3-compatible bucket for models and artifacts, s3://bucket/prefix; None: the local "
+        "artifact_dir. Credentials come from the usual AWS chain (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, "
+        "AWS_PROFILE, an instance role), never from these settings.",
+    )
+    s3_endpoint_url: str | None = Field(
+        None, description="The S3 API endpoint (Ceph RGW, MinIO, ...); None: AWS for the region."
+    )
+    s3_public_endpoint_url: str | None = Field(
+        None,
+        description="The endpoint as clients reach it, for presigned download URLs (e.g. the store's public "
+        "name when the API reaches it on an internal one); None: s3_endpoint_url.",
+    )
+    s3_region: str | None = Field(None, description="The bucket's region; None: the AWS chain's (AWS_REGION).")
+    s3_addressing_style: Literal["auto", "path", "virtual"] = "auto"
+    s3_part_size_mb: int = Field(
+        16, ge=5, le=5120, description="Multipart upload part size; files larger than one part go multipart."
+    )
+    s3_upload_concurrency: int = Field(4, ge=1, le=64, description="Parts of one upload sent at once.")
+    presign_downloads: bool = Field(
+        True,
+        description="S3 store: answer artifact downloads with a 307 to a short-lived presigned URL (after "
+        "the tenant check), so the bytes never pass through the API; False: stream them.",
+    )
+    presign_expiry_s: int = Field(300, ge=10, le=7 * 24 * 3600)
+    store_outage_patience_s: float = Field(
+        600,
+        ge=0,
+        description="How long a worker retries an unreachable artifact store before giving the attempt up; "
+        "the API answers 503 with Retry-After at once instead.",
+    )
     broker_url: str | None = Field(None, description="Celery broker. None = embedded in-process worker.")
     toolchains_dir: Path = Field(
         Path.home() / ".cache" / "flexdsa" / "toolchains",

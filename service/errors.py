@@ -26,7 +26,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from flexdsa_core import FlexDSAError
 from service.db import DatabaseNotMigratedError
-from service.storage import DISK_FULL_ERRNOS
+from service.storage import DISK_FULL_ERRNOS, ChecksumMismatchError, StoreUnavailableError
 
 log = logging.getLogger("flexdsa.service")
 
@@ -105,6 +105,15 @@ def storage_io():
     the operator; never "could not be parsed", never a bare 500."""
     try:
         yield
+    except StoreUnavailableError as err:
+        # The object store is away (or refuses us): the client's upload was fine; nothing was queued.
+        log.warning("artifact store unavailable: %s", err)
+        raise StorageUnavailable(
+            "The service's artifact store is unreachable right now; nothing was queued. Retry shortly.",
+            code="artifact_store_unavailable",
+            details={"dependency": "artifact_store"},
+            headers={"Retry-After": str(DEPENDENCY_RETRY_AFTER_S)},
+        ) from None
     except OSError as err:
         log.error("storage write failed: %s", err, exc_info=True)
         headers = {"Retry-After": str(STORAGE_RETRY_AFTER_S)}
@@ -154,11 +163,14 @@ DEPENDENCY_RETRY_AFTER_S = 5
 
 
 def dependency_unavailable(exc: BaseException) -> str | None:
-    """Which dependency an exception says is unreachable ('database', 'redis', 'broker'), or None.
+    """Which dependency an exception says is unreachable ('database', 'redis', 'broker', 'artifact_store'),
+    or None.
 
     A database that is stopped, restarting or unreachable surfaces as the driver's OperationalError or
     InterfaceError (connection refused, server closed the connection, admin shutdown); a constraint or
     syntax error is a different class and stays a 500."""
+    if isinstance(exc, StoreUnavailableError):
+        return "artifact_store"
     if isinstance(exc, (sqlalchemy.exc.OperationalError, sqlalchemy.exc.InterfaceError)):
         return "database"
     if isinstance(exc, sqlalchemy.exc.DBAPIError) and exc.connection_invalidated:
@@ -194,6 +206,18 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(FlexDSAError)
     async def _core_error(_request: Request, exc: FlexDSAError) -> JSONResponse:
         return error_response(exc.http_status, exc.code, exc.message, exc.details)
+
+    @app.exception_handler(ChecksumMismatchError)
+    async def _corrupt_blob(request: Request, exc: ChecksumMismatchError) -> JSONResponse:
+        # The store handed back other bytes than the job stored: say so, never serve them.
+        log.error("corrupt blob on %s %s: %s", request.method, request.url.path, exc)
+        return error_response(
+            502,
+            "artifact_corrupt",
+            "The artifact store holds other bytes than this job stored (sha256 mismatch); the download is "
+            "refused. An operator must restore the blob, or the job be run again.",
+            {"sha256": exc.key, "read_sha256": exc.actual},
+        )
 
     @app.exception_handler(DatabaseNotMigratedError)
     async def _not_migrated(_request: Request, exc: DatabaseNotMigratedError) -> JSONResponse:

@@ -203,8 +203,20 @@ def submit_job(
     check_model(upload)
     check_options(upload, spec, target)
     check_calibration_upload(upload, spec)
+    # Stored before the job is recorded and outside the tenant's lock: an object store's upload takes as long
+    # as the bytes take, and must not hold up the tenant's other submits (a rename on a local store). Only
+    # once the store has the bytes is a job recorded that points at them; should the quota then refuse,
+    # the blob stays (content-addressed, harmless, and the client's retry finds it there).
+    with storage_io():
+        blob_key = store.put_file(upload.path, key=upload.sha256, move=True)
+        calibration_key = None
+        if upload.calibration is not None:
+            calibration = upload.calibration
+            calibration_key = store.put_file(calibration.path, key=calibration.sha256, move=True)
     with _one_writer_at_a_time(session):
-        return _record_job(session, store, tenant, upload, idempotency_key, spec, target, settings)
+        return _record_job(
+            session, tenant, upload, idempotency_key, spec, target, settings, blob_key, calibration_key
+        )
 
 
 # SQLite takes one writer at a time, and a writer that finds the lock taken waits in SQLite's busy handler,
@@ -247,21 +259,16 @@ def _submit_lock_file(database: str | None) -> int | None:
 
 def _record_job(
     session: Session,
-    store: ArtifactStore,
     tenant: Tenant,
     upload: ReceivedUpload,
     idempotency_key: str | None,
     spec: RequestSpec,
     target: TargetSpec,
     settings: Settings,
+    blob_key: str,
+    calibration_key: str | None,
 ) -> tuple[Job, bool]:
     _check_quota(session, settings, tenant)
-    with storage_io():
-        blob_key = store.put_file(upload.path, key=upload.sha256, move=True)
-        calibration_key = None
-        if upload.calibration is not None:
-            calibration = upload.calibration
-            calibration_key = store.put_file(calibration.path, key=calibration.sha256, move=True)
     cache_key = job_cache_key(upload.sha256, spec, target, upload.calibration and upload.calibration.sha256)
     job = Job(
         tenant_id=tenant.id,

@@ -5,8 +5,14 @@ artifacts shared by cached jobs are stored once.
 folder, fsync, then rename), so a reader never sees half a blob and a crash leaves at most a stray temp
 file. Deleting a blob is the caller's decision: several rows may point at one key.
 
-An S3-compatible store is not included: boto3 is not a dependency. It would implement ``ArtifactStore``
-with ``put_object`` keyed by the same sha256 and ``get_object`` streaming.
+``service.s3store.S3Store`` keeps the same keys in an S3-compatible bucket (``FLEXDSA_ARTIFACT_URL=
+s3://bucket/prefix``), so API processes and workers on different machines share artifacts without a shared
+folder. ``make_store`` picks one from the settings.
+
+Reads are checked against the key: a blob's key is its sha256, so ``fetch_to`` and the S3 store's readers
+hash what they read and raise ``ChecksumMismatchError`` rather than hand over bytes that are not the ones
+stored. A store that cannot be reached raises ``StoreUnavailableError`` (an ``OSError``: the service's
+condition, answered 503 with Retry-After, never the client's fault).
 """
 
 from __future__ import annotations
@@ -14,73 +20,22 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
-import re
 import tempfile
-from abc import ABC, abstractmethod
-from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-CHUNK = 1024 * 1024
+from service.blob_store import (  # noqa: F401 - the store's public names, imported from here by callers
+    CHUNK,
+    ArtifactStore,
+    BlobNotFoundError,
+    ChecksumMismatchError,
+    StoreUnavailableError,
+    check_key,
+)
+
 # errno values of a write refused because the disk (or the user's quota on it) is full: the service's
 # condition, reported as such (507 in the API, ``insufficient_storage`` for a job), never as a bug.
 DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
-_KEY = re.compile(r"^[0-9a-f]{64}$")
-
-
-class BlobNotFoundError(KeyError):
-    pass
-
-
-class ArtifactStore(ABC):
-    @abstractmethod
-    def put_stream(self, stream: BinaryIO) -> str:
-        """Store everything read from ``stream``; return its sha256 key."""
-
-    def put_bytes(self, data: bytes) -> str:
-        import io
-
-        return self.put_stream(io.BytesIO(data))
-
-    @abstractmethod
-    def put_file(self, path: Path, key: str | None = None, move: bool = False) -> str:
-        """Store a local file. ``key``: its sha256 when the caller already hashed it (trusted).
-        ``move``: the file may be consumed (renamed into place or deleted) rather than copied."""
-
-    @abstractmethod
-    def open(self, key: str) -> BinaryIO: ...
-
-    def iter_chunks(self, key: str, chunk_size: int = CHUNK) -> Iterator[bytes]:
-        with self.open(key) as handle:
-            while chunk := handle.read(chunk_size):
-                yield chunk
-
-    def read_bytes(self, key: str) -> bytes:
-        with self.open(key) as handle:
-            return handle.read()
-
-    @abstractmethod
-    def size(self, key: str) -> int: ...
-
-    @abstractmethod
-    def exists(self, key: str) -> bool: ...
-
-    @abstractmethod
-    def delete(self, key: str) -> None: ...
-
-    @abstractmethod
-    def check_writable(self) -> None:
-        """Raise OSError if the store cannot take writes (used by /readyz)."""
-
-    def staging_dir(self) -> Path:
-        """Where uploads are spooled; for a local store, its own filesystem so ``put_file(move=True)`` renames."""
-        return Path(tempfile.gettempdir())
-
-
-def check_key(key: str) -> str:
-    if not _KEY.match(key):
-        raise ValueError(f"not a sha256 blob key: {key!r}")
-    return key
 
 
 class LocalStore(ArtifactStore):
@@ -169,5 +124,12 @@ class LocalStore(ArtifactStore):
         temp_path.unlink()
 
 
-def make_store(settings) -> ArtifactStore:
+def make_store(settings, *, patient: bool = False) -> ArtifactStore:
+    """The store the settings name: ``FLEXDSA_ARTIFACT_URL`` (s3://bucket/prefix) or the local folder.
+    ``patient``: a worker's store, which rides out a store outage of up to
+    ``FLEXDSA_STORE_OUTAGE_PATIENCE_S`` by retrying; the API's answers 503 at once instead."""
+    if settings.artifact_url:
+        from service.s3store import S3Store
+
+        return S3Store.from_settings(settings, patient=patient)
     return LocalStore(settings.artifact_dir)

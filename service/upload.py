@@ -178,9 +178,13 @@ class StagedFile:
     it is a buffered write made durable every ``SYNC_EVERY_BYTES`` (fdatasync) for the same reason.
     ``commit()`` ends with an fsync either way: the file may be renamed into the store as it is."""
 
-    def __init__(self, fd: int) -> None:
+    def __init__(self, fd: int, durable: bool = True) -> None:
         self.fd = fd
-        self._direct = _try_direct(fd)
+        # Not durable: a staging copy for a remote store, which is made durable by the store before the
+        # client is answered; the local file is read once more and deleted, so it is written through the
+        # page cache and never synced (a sync would only add the disk's latency to every upload).
+        self._durable = durable
+        self._direct = durable and _try_direct(fd)
         self._buffer = mmap.mmap(-1, DIRECT_WRITE_BYTES) if self._direct else None
         self._view = memoryview(self._buffer) if self._direct else None
         self._filled = 0
@@ -191,7 +195,7 @@ class StagedFile:
         if not self._direct:
             _write_all(self.fd, chunk)
             self._unsynced += len(chunk)
-            if self._unsynced >= SYNC_EVERY_BYTES:
+            if self._durable and self._unsynced >= SYNC_EVERY_BYTES:
                 os.fdatasync(self.fd)
                 self._unsynced = 0
             return
@@ -230,7 +234,8 @@ class StagedFile:
                 if self._direct:
                     _clear_direct(self.fd)  # the tail is not a whole block: through the page cache
                 _write_all(self.fd, self._view[whole:filled])
-            os.fsync(self.fd)
+            if self._durable:
+                os.fsync(self.fd)
         finally:
             self.close()
 
@@ -274,9 +279,10 @@ def _write_all(fd: int, data: memoryview) -> None:
 class _FormReceiver:
     """Callbacks for python-multipart: the ``model`` part goes to a temp file, small fields to memory."""
 
-    def __init__(self, staging_dir: Path, limit: int) -> None:
+    def __init__(self, staging_dir: Path, limit: int, durable: bool = True) -> None:
         self.staging_dir = staging_dir
         self.limit = limit
+        self.durable = durable
         self.result = ReceivedUpload()
         self._digest = hashlib.sha256()
         self._handle = None
@@ -337,7 +343,7 @@ class _FormReceiver:
             with storage_io():
                 self.staging_dir.mkdir(parents=True, exist_ok=True)
                 fd, temp_name = tempfile.mkstemp(dir=self.staging_dir, prefix="upload-")
-            self._handle = StagedFile(fd)
+            self._handle = StagedFile(fd, self.durable)
             self.result.path = Path(temp_name)
         elif name == "calibration":
             if self._calibration_handle is not None:
@@ -345,7 +351,7 @@ class _FormReceiver:
             with storage_io():
                 self.staging_dir.mkdir(parents=True, exist_ok=True)
                 fd, temp_name = tempfile.mkstemp(dir=self.staging_dir, prefix="calibration-")
-            self._calibration_handle = StagedFile(fd)
+            self._calibration_handle = StagedFile(fd, self.durable)
             self.result.calibration = ReceivedFile(Path(temp_name))
 
     def on_part_data(self, data: bytes, start: int, end: int) -> None:
@@ -487,9 +493,12 @@ def _unparsable(err: Exception) -> InvalidRequest:
     return InvalidRequest(f"The multipart body could not be parsed: {err}", code="invalid_upload")
 
 
-async def receive_model_upload(request: Request, staging_dir: Path, limit: int) -> PendingUpload:
+async def receive_model_upload(
+    request: Request, staging_dir: Path, limit: int, durable: bool = True
+) -> PendingUpload:
     """Read a ``multipart/form-data`` body with a ``model`` file and a ``spec`` field; every piece but the
-    last is parsed, hashed and written on the upload threads as it arrives."""
+    last is parsed, hashed and written on the upload threads as it arrives. ``durable``: the staged file is
+    itself what the store keeps (a local store renames it), so it is made durable (``StagedFile``)."""
     content_type, params = parse_options_header(request.headers.get("content-type", ""))
     if content_type != b"multipart/form-data" or b"boundary" not in params:
         raise InvalidRequest(
@@ -497,7 +506,7 @@ async def receive_model_upload(request: Request, staging_dir: Path, limit: int) 
             '(curl -F model=@model.onnx -F spec=\'{"target": "cpu-ort"}\').',
             code="invalid_upload",
         )
-    receiver = _FormReceiver(staging_dir, limit)
+    receiver = _FormReceiver(staging_dir, limit, durable)
     parser = MultipartParser(params[b"boundary"], receiver.callbacks())
     received_total = 0
     pending: list[bytes] = []

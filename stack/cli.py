@@ -49,7 +49,7 @@ def serve(
     processes = f", {settings.api_workers} API processes" if settings.api_workers > 1 else ""
     typer.echo(
         f"Flex-DSA {settings.mode} mode on http://{settings.host}:{settings.port} "
-        f"(database {settings.database_url.split('@')[-1]}, artifacts {settings.artifact_dir}, auth {settings.auth}"
+        f"(database {settings.database_url.split('@')[-1]}, artifacts {settings.artifact_url or settings.artifact_dir}, auth {settings.auth}"
         f"{processes})"
     )
     from service.logs import configure_logging

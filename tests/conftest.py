@@ -81,3 +81,19 @@ def redis_url() -> str:
     finally:
         client.close()
     return SERVICE_REDIS_URL
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """Ceph's radosgw on a private one-node cluster (``tests/s3server.py``) for this test session. Tests
+    that need it FAIL when it cannot start (not installed, or it did not come up), with the reason."""
+    from tests.s3server import CephS3, S3ServerError
+
+    try:
+        server = CephS3()
+    except S3ServerError as err:
+        pytest.fail(f"the S3-compatible test server (Ceph radosgw) could not start: {err}", pytrace=False)
+    try:
+        yield server
+    finally:
+        server.close()

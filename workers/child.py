@@ -37,6 +37,8 @@ import uuid
 from pathlib import Path, PurePath
 
 log = logging.getLogger("workers.child")
+# The error code of an attempt that could not reach the artifact store: the service's fault, retried.
+STORE_UNAVAILABLE = "artifact_store_unavailable"
 
 _CONTENT_TYPES = {
     ".onnx": "application/octet-stream",
@@ -115,11 +117,17 @@ def run(request: dict, channel: _Channel) -> dict:
     """Run one job's pipeline; return the result message (FlexDSAError and bugs become error messages)."""
     from flexdsa_core import FlexDSAError, RequestSpec
     from service.config import Settings
-    from service.storage import DISK_FULL_ERRNOS, BlobNotFoundError, make_store
+    from service.storage import (
+        DISK_FULL_ERRNOS,
+        BlobNotFoundError,
+        ChecksumMismatchError,
+        StoreUnavailableError,
+        make_store,
+    )
     from workers.cache_backends import build_kernel_cache
 
     settings = Settings(**request["settings"])
-    store = make_store(settings)
+    store = make_store(settings, patient=True)  # an object store's outage is waited out, not a failure
     cache = build_kernel_cache(settings)
     # Every temporary file of this job (the core's included) goes under the folder the worker made for
     # it, and the worker removes that folder whatever happens to this process.
@@ -132,17 +140,15 @@ def run(request: dict, channel: _Channel) -> dict:
         # folder itself; rows from before the API sanitised names may still hold one).
         base_name = PurePath(request["model_filename"] or "").name
         model_path = work_dir / (base_name if base_name not in ("", ".", "..") else "model.onnx")
-        with store.open(request["model_blob_key"]) as source, open(model_path, "wb") as target:
-            while chunk := source.read(1024 * 1024):
-                target.write(chunk)
+        # Fetched into this job's own folder and checked against its sha256 on the way: the worker needs no
+        # folder shared with the API, only the store.
+        store.fetch_to(request["model_blob_key"], model_path)
         if settings.test_child_abort:
             os.abort()
         extra = {}
         if request.get("calibration_blob_key"):  # handed over like the model: a file in the job's folder
             extra["calibration"] = work_dir / "calibration.npz"
-            with store.open(request["calibration_blob_key"]) as source, open(extra["calibration"], "wb") as target:
-                while chunk := source.read(1024 * 1024):
-                    target.write(chunk)
+            store.fetch_to(request["calibration_blob_key"], extra["calibration"])
         optimizer = _optimizer_class(settings.test_optimizer)(
             spec.target_spec(), toolchain_root=settings.toolchains_dir
         )
@@ -159,6 +165,17 @@ def run(request: dict, channel: _Channel) -> dict:
             "type": "error", "code": "model_unavailable",
             "message": "the uploaded model is no longer in the artifact store; submit it again",
             "details": {"blob_key": request["model_blob_key"]}, "cache_stats": cache.stats.as_dict(),
+        }
+    except ChecksumMismatchError as err:
+        return {
+            "type": "error", "code": "blob_corrupt",
+            "message": f"{err}; submit the model again (an operator may have to restore the store)",
+            "details": {"blob_key": err.key, "read_sha256": err.actual}, "cache_stats": cache.stats.as_dict(),
+        }
+    except StoreUnavailableError as err:  # still unreachable after the patience: the worker retries the job
+        return {
+            "type": "error", "code": STORE_UNAVAILABLE, "message": str(err),
+            "details": {"patience_s": settings.store_outage_patience_s}, "cache_stats": cache.stats.as_dict(),
         }
     except FlexDSAError as err:
         return {

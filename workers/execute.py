@@ -39,6 +39,7 @@ from sqlalchemy.exc import InterfaceError, OperationalError
 from service.db import session_factory_for
 from service.logs import job_context
 from service.models import Artifact, Incident, Job, JobEvent, JobStatus, UTCDateTime, utcnow
+from workers.child import STORE_UNAVAILABLE
 from workers.pipeline_process import PipelineProcess
 
 log = logging.getLogger(__name__)
@@ -225,7 +226,7 @@ class _JobRun:
 
     def serve_from_job_cache(self) -> bool:
         from service.job_cache import job_cache_source
-        from service.storage import make_store
+        from service.storage import StoreUnavailableError, make_store
 
         with self.sessions() as session:
             source = job_cache_source(
@@ -239,7 +240,12 @@ class _JobRun:
             ]
             source_id, summary = source.id, source.report_summary
         store = make_store(self.settings)
-        if not artifacts or not all(store.exists(a["blob_key"]) for a in artifacts):
+        try:
+            complete = bool(artifacts) and all(store.exists(a["blob_key"]) for a in artifacts)
+        except StoreUnavailableError as err:  # cannot tell now: the pipeline waits for the store instead
+            log.warning("job %s: cannot check cached job %s's blobs (%s); running the pipeline", self.job.id, source_id, err)
+            return False
+        if not complete:
             log.warning(
                 "job %s: cached job %s has missing blobs; running the pipeline", self.job.id, source_id
             )
@@ -308,6 +314,9 @@ class _JobRun:
             self._record_cache_stats(final)
             self._durably(self._succeed, final["artifacts"], final.get("report_summary"))
             return JobStatus.succeeded.value
+        if final is not None and final.get("code") == STORE_UNAVAILABLE:
+            self._record_cache_stats(final)
+            return self._durably(self._retry_or_fail, final.get("message") or "artifact store unavailable")
         if final is not None:
             self._record_cache_stats(final)
             error = {
@@ -463,6 +472,26 @@ class _JobRun:
                 },
             }
         )
+
+    def _retry_or_fail(self, reason: str) -> str:
+        """The attempt could not reach the artifact store (past the patience): the service's failure, not
+        the job's, so it runs again while attempts remain; its blobs are content-addressed, so a re-run
+        stores nothing twice."""
+        if self.job.attempts >= self.job.max_attempts:
+            message = f"gave up after {self.job.attempts} attempts: {reason}"
+            return self._fail({"code": STORE_UNAVAILABLE, "message": message, "details": {}})
+        with self.sessions() as session, session.begin():
+            job = self._locked_job(session)
+            job.status = JobStatus.queued.value
+            job.lease_owner = None
+            job.lease_expires_at = None
+            job.updated_at = utcnow()
+            job.record("retry", reason)
+        log.warning("job %s: %s; re-queued (attempt %d/%d)", self.job.id, reason, self.job.attempts, self.job.max_attempts)
+        self.publisher.publish(JobStatus.queued.value, self.stage, self.progress, reason)
+        if self.requeue is not None:
+            self.requeue(self.job.id)
+        return JobStatus.queued.value
 
     def _crashed(self, child: PipelineProcess) -> str:
         code = child.returncode

@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import base64
+import hashlib
 import json
 import logging
 import shutil
 import tempfile
 import zipfile
+from pathlib import Path
 from typing import Annotated
 from urllib.parse import quote
 
 from fastapi import APIRouter, Header, Query, Request
-from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
+from fastapi.responses import FileResponse, JSONResponse, RedirectResponse, StreamingResponse
 from sqlalchemy import select
 from sse_starlette.sse import EventSourceResponse
 from starlette.concurrency import run_in_threadpool
@@ -31,7 +34,7 @@ from service.schemas import (
     JobPage,
     JobStatusName,
 )
-from service.storage import LocalStore
+from service.storage import BlobNotFoundError, LocalStore
 
 log = logging.getLogger("flexdsa.service")
 
@@ -173,19 +176,30 @@ async def job_events(
 BUNDLE_NAME = "bundle.zip"
 
 
-def _bundle(job: Job, session, store) -> StreamingResponse:
-    """Every artifact of a succeeded job in one zip, built on the fly (stored, not deflated: ONNX weights
-    do not compress, and the blobs are already on disk once)."""
+def _bundle(job: Job, session, store):
+    """Every artifact of a succeeded job in one zip (stored, not deflated: ONNX weights do not compress).
+    A store that serves redirects keeps the zip, built once per job, and answers with a presigned 307;
+    otherwise it is built on the fly and streamed. Either way every member is read through the store's
+    checked reads, so a corrupt blob refuses the bundle (502) before a byte of it is sent."""
     if job.status != "succeeded":
         raise Conflict(
             f"Job {job.id} is {job.status}; its bundle exists once it has succeeded.", code="job_not_finished"
         )
     rows = session.scalars(select(Artifact).where(Artifact.job_id == job.id).order_by(Artifact.name)).all()
+    filename = f"flexdsa-{job.id}.zip"
+    if store.redirects:
+        bundle_id = bundle_id_of(job, rows)
+        cached = store.bundle(bundle_id)
+        if cached is None:
+            with tempfile.NamedTemporaryFile(dir=_staging(store), prefix="bundle-") as spool:
+                sha256 = _write_bundle(spool, job, rows, store)
+                spool.flush()
+                store.put_bundle(bundle_id, Path(spool.name), sha256)
+        else:
+            sha256 = cached[0]
+        return _redirect(store.presigned_bundle_url(bundle_id, filename=filename), sha256)
     spool = tempfile.TemporaryFile()
-    with zipfile.ZipFile(spool, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as bundle:
-        for row in rows:
-            with store.open(row.blob_key) as source, bundle.open(row.name, "w", force_zip64=True) as target:
-                shutil.copyfileobj(source, target, 1 << 20)
+    sha256 = _write_bundle(spool, job, rows, store)
     size = spool.tell()
     spool.seek(0)
 
@@ -199,8 +213,54 @@ def _bundle(job: Job, session, store) -> StreamingResponse:
         media_type="application/zip",
         headers={
             "Content-Length": str(size),
-            "Content-Disposition": f'attachment; filename="flexdsa-{job.id}.zip"',
+            "Content-Disposition": f'attachment; filename="{filename}"',
+            "Repr-Digest": repr_digest(sha256),
         },
+    )
+
+
+def bundle_id_of(job: Job, rows) -> str:
+    """The stored bundle's name: the job and its exact artifact set (a re-run job gets a new bundle)."""
+    listing = json.dumps([job.id, [[row.name, row.blob_key] for row in rows]])
+    return hashlib.sha256(listing.encode()).hexdigest()
+
+
+def _write_bundle(spool, job: Job, rows, store) -> str:
+    """Write the zip to ``spool``; its sha256. Members are dated when the job finished, so the same job's
+    bundle is the same bytes whichever API process builds it."""
+    finished = job.finished_at or job.created_at
+    stamp = finished.timetuple()[:6] if finished and finished.year >= 1980 else (1980, 1, 1, 0, 0, 0)
+    with zipfile.ZipFile(spool, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as bundle:
+        for row in rows:
+            member = zipfile.ZipInfo(row.name, date_time=stamp)
+            member.external_attr = 0o644 << 16
+            with store.open(row.blob_key) as source, bundle.open(member, "w", force_zip64=True) as target:
+                shutil.copyfileobj(source, target, 1 << 20)
+    size = spool.tell()
+    spool.seek(0)
+    digest = hashlib.sha256()
+    while chunk := spool.read(1 << 20):
+        digest.update(chunk)
+    spool.seek(size)
+    return digest.hexdigest()
+
+
+def _staging(store) -> Path:
+    folder = store.staging_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def repr_digest(sha256_hex: str) -> str:
+    """RFC 9530 ``Repr-Digest`` of a blob: clients check what they downloaded against it."""
+    return f"sha-256=:{base64.b64encode(bytes.fromhex(sha256_hex)).decode()}:"
+
+
+def _redirect(url: str, sha256_hex: str) -> RedirectResponse:
+    # 307: the client repeats the GET at the store, without our API key (the URL carries its own
+    # short-lived signature); never cached, since the signature expires.
+    return RedirectResponse(
+        url, status_code=307, headers={"Repr-Digest": repr_digest(sha256_hex), "Cache-Control": "no-store"}
     )
 
 
@@ -224,19 +284,39 @@ def list_artifacts(request: Request, job: JobOfCurrentTenant, session: SessionDe
 @router.get(
     "/jobs/{job_id}/artifacts/{name:path}",
     summary="Download one artifact",
+    description="The file, or (object store with presigned downloads) a 307 to a short-lived URL at the "
+    "store, which clients follow without their API key. Either way `Repr-Digest` carries the file's sha256, "
+    "to check the download against. 502 `artifact_corrupt` when the stored bytes are not the job's; 503 "
+    "with Retry-After while the store is unreachable.",
     response_class=StreamingResponse,
-    responses={200: {"content": {"application/octet-stream": {}}, "description": "The file"}},
+    responses={
+        200: {"content": {"application/octet-stream": {}}, "description": "The file"},
+        307: {"description": "Fetch the file from the presigned URL in Location"},
+        502: {"model": ErrorResponse, "description": "The stored bytes do not match the job's sha256"},
+        503: {"model": ErrorResponse, "description": "The artifact store is unreachable (Retry-After)"},
+    },
 )
 def download_artifact(job: JobOfCurrentTenant, name: str, session: SessionDep, store: StoreDep):
     artifact = session.scalar(select(Artifact).where(Artifact.job_id == job.id, Artifact.name == name))
     if artifact is None and name == BUNDLE_NAME:
         return _bundle(job, session, store)
-    if artifact is None or not store.exists(artifact.blob_key):
-        raise NotFound(f"Job {job.id} has no artifact {name!r}.", code="artifact_not_found")
+    missing = NotFound(f"Job {job.id} has no artifact {name!r}.", code="artifact_not_found")
+    if artifact is None:
+        raise missing
     filename = name.rsplit("/", 1)[-1]
+    digest = {"Repr-Digest": repr_digest(artifact.blob_key)}
+    if store.redirects:
+        try:
+            store.verified_head(artifact.blob_key, artifact.size)
+        except BlobNotFoundError:
+            raise missing from None
+        url = store.presigned_url(artifact.blob_key, filename=filename, content_type=artifact.content_type)
+        return _redirect(url, artifact.blob_key)
+    if not store.exists(artifact.blob_key):
+        raise missing
     if isinstance(store, LocalStore):
         return FileResponse(
-            store.path(artifact.blob_key), media_type=artifact.content_type, filename=filename
+            store.path(artifact.blob_key), media_type=artifact.content_type, filename=filename, headers=digest
         )
     return StreamingResponse(
         store.iter_chunks(artifact.blob_key),
@@ -244,5 +324,6 @@ def download_artifact(job: JobOfCurrentTenant, name: str, session: SessionDep, s
         headers={
             "Content-Length": str(artifact.size),
             "Content-Disposition": f"attachment; filename*=UTF-8''{quote(filename)}",
+            **digest,
         },
     )

@@ -88,7 +88,9 @@ async def optimize(
         return _created(request, admission.replayed, replayed=True)
 
     check_content_length(request, settings.max_upload_bytes)
-    pending = await receive_model_upload(request, store.staging_dir(), settings.max_upload_bytes)
+    pending = await receive_model_upload(
+        request, store.staging_dir(), settings.max_upload_bytes, durable=store.keeps_staged_files
+    )
     if pending.streamed:
         # A large body's last piece and its fsync stay on the upload threads, off the request pool.
         received = await complete_on_upload_thread(pending)

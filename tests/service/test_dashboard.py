@@ -368,3 +368,45 @@ def test_login_posted_from_another_site_is_refused(keyed):
     )
     assert response.status_code == 403
     assert "flexdsa_key" not in response.cookies
+
+
+@pytest.fixture(scope="module")
+def on_s3(tmp_path_factory, s3_server) -> Iterator[LiveServer]:
+    """The embedded server with its artifacts in a radosgw bucket (presigned downloads)."""
+    saved = {name: os.environ.get(name) for name in s3_server.env()}
+    os.environ.update(s3_server.env())  # boto3's chain, read by the server process it starts
+    try:
+        store = s3_server.settings()
+        with embedded_server(
+            tmp_path_factory.mktemp("dashboard-s3"), artifact_url=store["artifact_url"],
+            s3_endpoint_url=store["s3_endpoint_url"], test_optimizer="tests.workers.standin:StandInOptimizer",
+        ) as server:  # fmt: skip
+            yield server
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def test_dashboard_downloads_follow_the_redirect_to_the_object_store(browser, on_s3):
+    import hashlib
+
+    job_id = submit(on_s3.url, tiny_onnx(0.61))
+    job = wait_for_job(on_s3.url, job_id)
+    assert job["status"] == "succeeded", job["error"]
+    items = {a["name"]: a for a in httpx.get(f"{on_s3.url}/jobs/{job_id}/artifacts").json()["items"]}
+    context = browser.new_context(base_url=on_s3.url, accept_downloads=True)
+    try:
+        page = context.new_page()
+        page.goto(f"/ui/jobs/{job_id}")
+        for name in ("model.onnx", "report.json"):
+            with page.expect_download() as download:
+                page.locator("#artifacts a", has_text=name).click()
+            assert download.value.url.startswith(on_s3.url.rsplit(":", 1)[0])
+            assert "X-Amz-Signature=" in download.value.url  # fetched from the store, not through the API
+            data = Path(download.value.path()).read_bytes()
+            assert hashlib.sha256(data).hexdigest() == items[name]["sha256"]
+    finally:
+        context.close()

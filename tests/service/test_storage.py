@@ -1,4 +1,5 @@
-"""The content-addressed local artifact store and the ONNX wire-format check."""
+"""The content-addressed local artifact store, the choice of store from the settings, and the ONNX
+wire-format check."""
 
 from __future__ import annotations
 
@@ -66,3 +67,30 @@ def test_onnx_check_refuses_every_truncation(tmp_path, cut):
     path.write_bytes(tiny_onnx()[:cut])
     with pytest.raises(NotOnnxError):
         check_onnx_structure(path)
+
+
+def test_the_settings_choose_the_store_and_presigned_urls_name_the_public_endpoint(tmp_path, monkeypatch):
+    """FLEXDSA_ARTIFACT_URL picks the S3 store (no server needed: presigning is local), whose download URLs
+    name the store as clients reach it; the credentials come from the environment, never the settings."""
+    from service.config import Settings
+    from service.s3store import S3Store
+    from service.storage import LocalStore, make_store
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIDEXAMPLE")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY")
+    assert isinstance(make_store(Settings(data_dir=tmp_path)), LocalStore)
+    settings = Settings(
+        data_dir=tmp_path, artifact_url="s3://models/flexdsa/prod", s3_endpoint_url="http://s3.internal:7480",
+        s3_public_endpoint_url="https://store.example.com", presign_expiry_s=120,
+    )  # fmt: skip
+    store = make_store(settings, patient=True)
+    assert isinstance(store, S3Store) and store.bucket == "models" and store.prefix == "flexdsa/prod"
+    assert store.patience_s == settings.store_outage_patience_s and make_store(settings).patience_s == 0
+    key = "ab" * 32
+    assert store.object_key(key) == f"flexdsa/prod/ab/{key}"
+    url = store.presigned_url(key, filename="model.onnx", content_type="application/octet-stream")
+    assert url.startswith(f"https://store.example.com/models/flexdsa/prod/ab/{key}?")
+    assert "X-Amz-Expires=120" in url and "response-content-disposition=attachment" in url
+    assert "wJalrXUtnFEMI" not in url and "wJalrXUtnFEMI" not in settings.model_dump_json()
+    with pytest.raises(ValueError):
+        Settings(data_dir=tmp_path, artifact_url="https://not-s3/bucket")
