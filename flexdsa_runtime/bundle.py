@@ -130,10 +130,11 @@ def unpack(archive: Path, folder: Path) -> None:
             prefix = nested[0][: -len(MANIFEST)]
         manifest = json.loads(handle.read(prefix + MANIFEST))
         wanted = [MANIFEST, *manifest.get("files", {})]
+        unsafe = [name for name in wanted if not _safe_member(name)]
+        if unsafe:  # before anything is written
+            raise BundleError(f"{MANIFEST} lists {unsafe[0]!r}, a path outside the bundle: refused.")
         folder.mkdir(parents=True, exist_ok=True)
         for name in wanted:
-            if not _safe_member(name):
-                raise BundleError(f"{MANIFEST} lists {name!r}, a path outside the bundle: refused.")
             info = members.get(prefix + name)
             if info is None:
                 raise BundleError(

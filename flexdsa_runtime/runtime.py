@@ -148,6 +148,10 @@ class Runtime:
         return {name: backend.name for name, backend in self._served.backends.items()}
 
     # ---- serving -------------------------------------------------------------------------------------
+    def bucket_for(self, inputs: dict[str, Any]) -> str:
+        """The bucket ``run`` would take for these inputs (``ShapeRefused`` when none), without running it."""
+        return self._served.policy.choose({k: np.asarray(v) for k, v in inputs.items()}).bucket.name
+
     def run(self, inputs: dict[str, Any]) -> dict[str, np.ndarray]:
         """The model's outputs on ``inputs`` (by input name), at the request's own shape."""
         started = time.perf_counter()
