@@ -12,9 +12,11 @@ and of ``flexdsa traffic push``; ``reset()`` starts a new window after a push.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 MAX_ENTRIES = 4096
@@ -88,3 +90,9 @@ class Traffic:
                 "dropped": self.dropped,
                 "entries": entries,
             }
+
+    def save(self, path: str | Path) -> Path:
+        """The snapshot as JSON at ``path`` (what ``flexdsa traffic push JOB FILE`` sends)."""
+        path = Path(path)
+        path.write_text(json.dumps(self.snapshot(), indent=1))
+        return path
