@@ -42,8 +42,6 @@ log = logging.getLogger("flexdsa.service")
 MAX_BODY_BYTES = 2 * 1024 * 1024
 AUTO_MIN_REQUESTS = 100
 DEFAULT_MAX_BUCKETS = 3
-# The planner costs each distinct value of a dim on the model (the Shape Tracker's MAX_TRAFFIC_VALUES).
-MAX_VALUES_PER_DIM = 64
 MANIFEST = "manifest.json"
 MANIFEST_MAX_BYTES = 16 * 1024 * 1024
 
@@ -237,39 +235,12 @@ _proposals_lock = threading.Lock()
 PROPOSAL_CACHE_ENTRIES = 32
 
 
-def _rounded(
-    observed: list[tuple[dict[str, int], int]],
-) -> tuple[list[tuple[dict[str, int], int]], list[str]]:
-    """Dims with more distinct values than the planner costs are rounded up to multiples of a power of two
-    (a bucket at the rounded value still holds each request)."""
-    notes = []
-    names = list(observed[0][0])
-    for name in names:
-        values = {dims[name] for dims, _ in observed}
-        step = 1
-        while len({-(-v // step) * step for v in values}) > MAX_VALUES_PER_DIM:
-            step *= 2
-        if step > 1:
-            observed = [({**dims, name: -(-dims[name] // step) * step}, count) for dims, count in observed]
-            notes.append(
-                f"{name}: {len(values)} distinct values, rounded up to multiples of {step} for the planner"
-            )
-    return observed, notes
-
-
-def _bucket_grid(buckets: list[dict[str, Any]]) -> dict[str, list[int]]:
-    grid: dict[str, set[int]] = {}
-    for bucket in buckets:
-        for dim, value in (bucket.get("dims") or {}).items():
-            grid.setdefault(dim, set()).add(value)
-    return {dim: sorted(values) for dim, values in grid.items()}
-
-
 def proposal(
     session: Session, store: ArtifactStore, job: Job, max_buckets: int | None = None
 ) -> dict[str, Any]:
     """Buckets chosen from the job's traffic, and the expected cost per request and padding waste of the
-    current, the target's default and the proposed buckets, all priced by the target's cost model."""
+    current, the target's default and the proposed buckets, all priced by the target's cost model
+    (``flexdsa_core.respecialise.propose``). Cached per job, push set and ``max_buckets``."""
     _succeeded(job, "a re-specialisation proposal")
     manifest = manifest_of(session, store, job)
     rows = _rows(session, job)
@@ -280,8 +251,6 @@ def proposal(
             code="no_traffic",
         )
     k = max_buckets or job.respecialise_max_buckets or DEFAULT_MAX_BUCKETS
-    if not 1 <= k <= 16:
-        raise InvalidRequest("max_buckets must be between 1 and 16.", code="invalid_request")
     digest = hashlib.sha256(f"{job.id}|{k}|{[r.id for r in rows]}".encode()).hexdigest()
     with _proposals_lock:
         if digest in _proposals:
@@ -299,80 +268,27 @@ def _propose(store: ArtifactStore, job: Job, manifest: dict, totals: dict, k: in
     import onnx
     import onnx_ir as ir
 
-    from flexdsa_core.shape_tracker import ShapeTracker
-    from flexdsa_core.traffic_buckets import choose_traffic_buckets, expected_cost
+    from flexdsa_core.respecialise import propose
 
-    observed = [(dict(shape["dims"]), shape["count"]) for shape in totals["shapes"].values()]
-    observed, notes = _rounded(observed)
     spec = RequestSpec.model_validate(job.spec)
-    target = spec.target_spec()
     model = ir.from_proto(onnx.load_from_string(store.read_bytes(job.model_blob_key)))
-    tracker = ShapeTracker(model, input_shapes=spec.input_shapes)
-    tracker.infer()
-    cost, basis = tracker.traffic_cost(target)
-    memo: dict[tuple, float] = {}
-
-    def cached(dims) -> float:
-        key = tuple(sorted(dims.items()))
-        if key not in memo:
-            memo[key] = cost(dims)
-        return memo[key]
-
-    try:
-        choice = choose_traffic_buckets(observed, k, cached, basis)
-    except FlexDSAError as err:
-        raise InvalidRequest(err.message, code=err.code, details=err.details) from None
-    current = expected_cost(observed, _bucket_grid(manifest["buckets"]), cached)
-    default_grid = _default_grid(tracker, target, list(observed[0][0]))
-    default = expected_cost(observed, default_grid, cached) if default_grid is not None else None
-    proposed = expected_cost(observed, choice.chosen, cached)
+    observed = [(dict(shape["dims"]), shape["count"]) for shape in totals["shapes"].values()]
     exact = [
         d for d, rule in (manifest["runtime"].get("padding") or {}).items() if rule.get("tolerated") is False
     ]
-    if exact:
-        notes.append(
-            f"padding {', '.join(exact)} changes this model's outputs: the runtime serves only exact bucket sizes "
-            "there, so requests between the proposed values stay refused"
-        )
-    if current["unserved_requests"]:
-        notes.append(
-            f"{current['unserved_requests']} request(s) larger than every current bucket are priced at their own "
-            "shape (a new exact bucket, as the run-time policy says); the runtime refused them"
-        )
-
-    def ratio(a: dict | None, b: dict | None) -> float | None:
-        if a is None or b is None or not b["expected_cost_s"]:
-            return None
-        return a["expected_cost_s"] / b["expected_cost_s"]
-
-    return {
-        "job_id": job.id,
-        "requests": totals["requests"],
-        "max_buckets": k,
-        "cost_basis": basis,
-        "current": current,
-        "default": default or {"buckets": None, "note": "the target has no default buckets for these dims"},
-        "proposed": {**proposed, "evenly_spaced": choice.evenly_spaced},
-        "gain": {
-            "cost_vs_current": ratio(proposed, current),
-            "cost_vs_default": ratio(proposed, default),
-            "waste_current": current["padding_waste"],
-            "waste_proposed": proposed["padding_waste"],
-            "changes_buckets": proposed["buckets"] != current["buckets"],
-        },
-        "notes": notes,
-    }
-
-
-def _default_grid(tracker, target, dims: list[str]) -> dict[str, list[int]] | None:
-    """The target's default buckets for these dims (what a submission without shape_buckets compiles)."""
     try:
-        buckets = tracker.buckets(None, target)
-    except FlexDSAError:
-        return None
-    return {
-        dim: values for dim, values in _bucket_grid([b.as_dict() for b in buckets]).items() if dim in dims
-    }
+        found = propose(
+            model,
+            spec.target_spec(),
+            observed,
+            manifest["buckets"],
+            k,
+            input_shapes=spec.input_shapes,
+            exact_dims=exact,
+        )
+    except FlexDSAError as err:
+        raise InvalidRequest(err.message, code=err.code, details=err.details) from None
+    return {"job_id": job.id, **found, "requests": totals["requests"]}
 
 
 # --- re-specialising --------------------------------------------------------------------------------------
