@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import threading
 from collections import Counter, OrderedDict
 from typing import Any
@@ -31,6 +32,7 @@ from flexdsa_core import RequestSpec
 from flexdsa_core.errors import FlexDSAError
 from service import jobs
 from service.config import Settings
+from service.edge import check_spec_json
 from service.errors import Conflict, InvalidRequest, PayloadTooLarge
 from service.models import Artifact, Job, JobStatus, JobTraffic, Tenant
 from service.storage import ArtifactStore
@@ -58,7 +60,17 @@ def parse_push(raw: bytes) -> TrafficIn:
             details={"limit": MAX_BODY_BYTES},
         )
     try:
-        return TrafficIn.model_validate_json(raw)
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise InvalidRequest("The traffic body is not UTF-8 JSON.", code="invalid_traffic") from None
+    try:  # the spec's edge rules: no control characters (PostgreSQL refuses NUL in JSON), int64, finite numbers
+        check_spec_json(text)
+    except InvalidRequest as err:
+        raise InvalidRequest(
+            "The traffic body" + err.message.removeprefix("spec"), code="invalid_traffic", details=err.details
+        ) from None
+    try:
+        return TrafficIn.model_validate_json(text)
     except ValidationError as err:
         details = [
             {"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")}
@@ -313,6 +325,17 @@ def respecialise(
             raise InvalidRequest(
                 f"shape_buckets names {sorted(request.shape_buckets)}; this model's dynamic dims are {sorted(dims)}.",
                 code="invalid_options",
+            )
+        bad = {
+            d: v for d, v in request.shape_buckets.items() if not v or any(not 1 <= x <= 2**31 - 1 for x in v)
+        }
+        if bad:
+            raise InvalidRequest(
+                f"shape_buckets {bad}: give at least one size per dim, each >= 1.", code="invalid_options"
+            )
+        if math.prod(len(set(v)) for v in request.shape_buckets.values()) > 64:
+            raise InvalidRequest(
+                "shape_buckets make more than 64 buckets; give fewer values.", code="invalid_options"
             )
         chosen, why = request.shape_buckets, "buckets given in the request"
     else:

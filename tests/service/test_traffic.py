@@ -102,6 +102,8 @@ def test_bad_pushes_are_refused_with_the_reason(env, headers, compiled):
         url, headers={**headers, "Content-Type": "application/json"}, content=b"{not json"
     )
     assert garbage.status_code == 422
+    nul = env.client.post(url, headers=headers, json={"bundle_version": "v\u0000", "entries": [entry]})
+    assert nul.status_code == 422 and "control character" in nul.json()["error"]["message"]
     queued = env.submit(headers, model_bytes(MASKED), {**SPEC, "seed": 1}).json()["job_id"]
     early = env.client.post(f"/jobs/{queued}/traffic", headers=headers, json={"entries": [entry]})
     assert early.status_code == 409 and early.json()["error"]["code"] == "job_not_finished"
@@ -154,6 +156,10 @@ def test_buckets_that_already_fit_the_traffic_are_not_recompiled(env, headers, c
         f"/jobs/{job_id}/respecialise", headers=headers, json={"shape_buckets": {"seq": [8]}}
     )
     assert given.status_code == 422 and "dynamic dims" in given.json()["error"]["message"]
+    zero = env.client.post(
+        f"/jobs/{job_id}/respecialise", headers=headers, json={"shape_buckets": {"batch": [1], "seq": [0]}}
+    )
+    assert zero.status_code == 422 and zero.json()["error"]["code"] == "invalid_options"
 
 
 def test_past_the_waste_threshold_the_next_version_starts_by_itself_once(env, headers, compiled):
