@@ -147,10 +147,10 @@ def _rknn_estimate(model: Path, buckets_before: dict, buckets_after: dict, obser
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "--window", type=int, default=250, help="requests the first version serves (its traffic)"
+        "--window", type=int, default=600, help="requests the first version serves (its traffic)"
     )
-    parser.add_argument("--replay", type=int, default=150, help="held-out requests replayed on both versions")
-    parser.add_argument("--max-buckets", type=int, default=4)
+    parser.add_argument("--replay", type=int, default=200, help="held-out requests replayed on both versions")
+    parser.add_argument("--max-buckets", type=int, default=6)
     parser.add_argument("--threads", type=int, default=1, help="ONNX Runtime intra-op threads")
     parser.add_argument("--rknn", action="store_true", help="also rknn-toolkit2's cycle estimate (slow)")
     args = parser.parse_args(argv)
@@ -188,7 +188,6 @@ def main(argv: list[str] | None = None) -> int:
             window_latency.append(time.perf_counter() - started)
         snapshot = runtime.traffic.snapshot()
         window_waste = runtime.traffic.padding_waste()
-        timing_window = runtime.timing
         observed = _observed(snapshot)
 
         model = ir.from_proto(onnx.load(model_path, load_external_data=False))
@@ -204,6 +203,7 @@ def main(argv: list[str] | None = None) -> int:
         started = time.perf_counter()
         update = runtime.update(after_folder)
         update_s = time.perf_counter() - started
+        timing_window = update.pop("previous_timing")  # the first version's, over the window
 
         # The replay, interleaved: each request on the new version (this runtime) and on the old (a second one).
         with Runtime.open(before_folder, threads=args.threads) as old:

@@ -51,8 +51,9 @@ class _Served:
 
 @dataclass
 class Timing:
-    """Where ``run`` spent its time, summed over the requests since the last reset: the backend's run and the
-    runtime's own work around it (bucket choice, padding, cropping, counting)."""
+    """Where ``run`` spent its time, summed over the requests the version in service ran: the backend's run and
+    the runtime's own work around it (bucket choice, padding, cropping, counting). Not locked: under concurrent
+    requests the sums are approximate."""
 
     requests: int = 0
     total_s: float = 0.0
@@ -181,7 +182,7 @@ class Runtime:
     def update(self, bundle: str | Path) -> dict[str, Any]:
         """Switch to the bundle at ``bundle`` (folder or zip): verified and fully loaded before the switch; on
         any error the runtime stays on its current version. Returns the new version and the old version's
-        traffic (not yet sent), which the new version's counting starts afresh from."""
+        traffic (not yet sent) and timing; the new version counts both afresh."""
         with self._update_lock:
             old = self._served
             if self._store is not None:
@@ -196,14 +197,16 @@ class Runtime:
                 raise
             if self._store is not None:
                 self._store.switch(new.bundle.version)
-            previous = self.traffic.snapshot()
+            previous, timing = self.traffic.snapshot(), self.timing
             self.traffic = Traffic(new.bundle.version, new.bundle.target)
+            self.timing = Timing()
             self._served = new
         old.close()
         return {
             "version": new.bundle.version,
             "previous_version": old.bundle.version,
             "previous_traffic": previous,
+            "previous_timing": timing,
         }
 
     def close(self) -> None:
