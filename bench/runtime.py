@@ -153,7 +153,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-buckets", type=int, default=6)
     parser.add_argument("--threads", type=int, default=1, help="ONNX Runtime intra-op threads")
     parser.add_argument("--rknn", action="store_true", help="also rknn-toolkit2's cycle estimate (slow)")
+    parser.add_argument(
+        "--sweep",
+        action="store_true",
+        help="only the expected cost and waste for 1..16 buckets (no compile, no run)",
+    )
     args = parser.parse_args(argv)
+    if args.sweep:
+        return sweep(args.window)
 
     import onnx
     import onnx_ir as ir
@@ -281,6 +288,51 @@ def main(argv: list[str] | None = None) -> int:
     (RESULTS_DIR / "runtime.json").write_text(json.dumps(results, indent=2, default=str))
     _print(results)
     print(f"\nwritten to {RESULTS_DIR / 'runtime.json'}")
+    return 0
+
+
+def sweep(window_size: int) -> int:
+    """Expected cost per request and padding waste of the window's lengths against the number of buckets the
+    planner may use, per target's cost model: how many buckets a waste goal needs (no compile, no run)."""
+    import onnx
+    import onnx_ir as ir
+
+    from bench.runtime_model import bert_base
+    from flexdsa_core.shape_tracker import ShapeTracker
+    from flexdsa_core.targets import load_target
+    from flexdsa_core.traffic_buckets import choose_traffic_buckets, expected_cost
+
+    lengths = length_trace()
+    random.Random(0).shuffle(lengths)
+    counts: dict[int, int] = {}
+    for value in lengths[:window_size]:
+        counts[value] = counts.get(value, 0) + 1
+    observed = [({"batch": 1, "seq": v}, n) for v, n in sorted(counts.items())]
+    model = ir.from_proto(onnx.load(bert_base(), load_external_data=False))
+    rows = {}
+    for target in ("cpu-ort", "rockchip-rk3588"):
+        cost, basis = ShapeTracker(model).traffic_cost(load_target(target))
+        memo: dict = {}
+
+        def cached(dims, cost=cost, memo=memo):
+            key = tuple(sorted(dims.items()))
+            if key not in memo:
+                memo[key] = cost(dims)
+            return memo[key]
+
+        single = expected_cost(observed, {"batch": [1], "seq": [MAX_LENGTH]}, cached)["expected_cost_s"]
+        print(f"\n{target} ({basis}); {window_size} requests, {len(counts)} distinct lengths")
+        print(f"{'buckets':>8} {'vs single 128':>14} {'padding waste':>14}  chosen seq")
+        rows[target] = []
+        for k in range(1, 17):
+            choice = choose_traffic_buckets(observed, k, cached, basis)
+            found = expected_cost(observed, choice.chosen, cached)
+            rows[target].append({"k": k, "ratio": found["expected_cost_s"] / single, **found})
+            print(
+                f"{k:>8} {found['expected_cost_s'] / single:13.2f}x {found['padding_waste']:13.1%}  {choice.chosen['seq']}"
+            )
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    (RESULTS_DIR / "runtime-sweep.json").write_text(json.dumps(rows, indent=2, default=str))
     return 0
 
 
