@@ -3,6 +3,8 @@ whose outputs padding changes, one that needs the other mask convention (1 = ign
 
 from __future__ import annotations
 
+import functools
+
 from tests.core.fusions.harness import parse
 
 # Per-position output (y = 2x, cropped back) and a mean over the positions the mask keeps (z): padding the
@@ -51,3 +53,21 @@ ignore_mask (float[batch, seq, 4] x, int64[batch, seq] ignore_mask) => (float[ba
 
 def model_bytes(text: str) -> bytes:
     return parse(text).SerializeToString()
+
+
+@functools.cache
+def masked_bundle(target: str = "cpu-ort") -> dict[str, bytes]:
+    """MASKED compiled for ``target`` with buckets seq 8 and 16 (batch 1): the bundle's files by name, for tests
+    that play the worker's hand-over of a real bundle."""
+    from pathlib import Path
+
+    from flexdsa_core import FlexDSAOptimizer, RequestSpec
+
+    request = RequestSpec.model_validate(
+        {"target": target, "shape_buckets": {"batch": [1], "seq": [8, 16]}, "measure_latency": False}
+    )
+    result = FlexDSAOptimizer(request.target_spec()).optimize(model_bytes(MASKED), request.options())
+    return {
+        name: content.read_bytes() if isinstance(content, Path) else content
+        for name, content in result.artifacts.items()
+    }
