@@ -45,6 +45,9 @@ MAX_BODY_BYTES = 2 * 1024 * 1024
 AUTO_MIN_REQUESTS = 100
 DEFAULT_MAX_BUCKETS = 3
 MANIFEST = "manifest.json"
+# The proposal specialises the model once per distinct traffic value in the API process (a BERT-base, 435 MB:
+# 15 s and about twice its size in memory); past this, the caller gives the buckets.
+PROPOSAL_MAX_MODEL_BYTES = 1 << 30
 MANIFEST_MAX_BYTES = 16 * 1024 * 1024
 
 
@@ -261,6 +264,13 @@ def proposal(
             f"Job {job.id} has no traffic yet: push the runtime's snapshot (POST /jobs/{job.id}/traffic or "
             "`flexdsa traffic push`) first.",
             code="no_traffic",
+        )
+    if job.model_size > PROPOSAL_MAX_MODEL_BYTES:
+        raise Conflict(
+            f"The model is {job.model_size / 2**30:.1f} GiB: the API does not load models over "
+            f"{PROPOSAL_MAX_MODEL_BYTES // 2**30} GiB to price a proposal. Give the buckets yourself (POST "
+            f"/jobs/{job.id}/respecialise with shape_buckets), or run flexdsa_core.respecialise.propose locally.",
+            code="model_too_large_to_propose",
         )
     k = max_buckets or job.respecialise_max_buckets or DEFAULT_MAX_BUCKETS
     digest = hashlib.sha256(f"{job.id}|{k}|{[r.id for r in rows]}".encode()).hexdigest()
