@@ -54,11 +54,7 @@ PUBLIC_ROUTES = {
     "/docs/static/{name}": {"name": "swagger-ui.css"},
 }
 REFUSED = {401, 403, 404}
-UNKNOWN_IDS = {
-    "job_id": "00000000-0000-4000-8000-000000000000",
-    "incident_id": "ffffffffffff",
-    "name": "bundle.zip",
-}
+UNKNOWN_IDS = {"job_id": "00000000-0000-4000-8000-000000000000", "incident_id": "ffffffffffff", "name": "bundle.zip"}
 
 
 def _id_routes() -> list[tuple[str, str]]:
@@ -88,16 +84,8 @@ def _victim(env) -> tuple[dict, dict, list[str]]:
     # A real bundle with a dynamic dim, and traffic pushed for it, so the traffic routes serve the owner too.
     job_id = env.submit(headers, model=model_bytes(MASKED), filename=f"secret-{tag}.onnx").json()["job_id"]
     env.finish(job_id, artifacts={**masked_bundle(), "bundle.zip": f"artifact-secret-{tag}".encode()})
-    entry = {
-        "dims": {"batch": 1, "seq": 4},
-        "bucket": "batch1_seq8",
-        "count": 3,
-        "elements": 60,
-        "padded_elements": 120,
-    }
-    pushed = env.client.post(
-        f"/jobs/{job_id}/traffic", headers=headers, json={"bundle_version": tag, "entries": [entry]}
-    )
+    entry = {"dims": {"batch": 1, "seq": 4}, "bucket": "batch1_seq8", "count": 3, "elements": 60, "padded_elements": 120}
+    pushed = env.client.post(f"/jobs/{job_id}/traffic", headers=headers, json={"bundle_version": tag, "entries": [entry]})
     assert pushed.status_code == 201, pushed.text
     with env.sessions() as session:
         session.add(
@@ -108,11 +96,7 @@ def _victim(env) -> tuple[dict, dict, list[str]]:
         )  # fmt: skip
         session.commit()
     values = {"job_id": job_id, "incident_id": tag, "name": "bundle.zip"}
-    return (
-        headers,
-        values,
-        [f"victim-{tag}", f"secret-{tag}", f"artifact-secret-{tag}", f"trace-secret-{tag}"],
-    )
+    return headers, values, [f"victim-{tag}", f"secret-{tag}", f"artifact-secret-{tag}", f"trace-secret-{tag}"]
 
 
 def _url(path: str, values: dict[str, str]) -> str:
@@ -133,11 +117,7 @@ def test_no_route_with_an_id_reads_another_tenants_data(env):
     from tests.service.conftest import OPERATOR_HEADERS
 
     routes = _id_routes()
-    assert {
-        ("GET", "/jobs/{job_id}"),
-        ("GET", "/ui/jobs/{job_id}"),
-        ("GET", "/incidents/{incident_id}"),
-    } <= set(routes)
+    assert {("GET", "/jobs/{job_id}"), ("GET", "/ui/jobs/{job_id}"), ("GET", "/incidents/{incident_id}")} <= set(routes)
     owner, values, secrets = _victim(env)
     job_id = values["job_id"]
     intruder = env.new_key()
@@ -160,21 +140,13 @@ def test_no_route_with_an_id_reads_another_tenants_data(env):
             if path in PUBLIC_ROUTES:
                 continue
             login = response.status_code == 303 and "/ui/login" in response.headers["location"]
-            assert response.status_code in REFUSED or login, (
-                method,
-                path,
-                who,
-                response.status_code,
-                body[:300],
-            )
+            assert response.status_code in REFUSED or login, (method, path, who, response.status_code, body[:300])
             # No existence oracle: the owner's id is answered exactly as an id nobody has.
             unknown = client.request(method, _url(path, UNKNOWN_IDS), headers=headers, follow_redirects=False)
             assert response.status_code == unknown.status_code, (method, path, who)
             checked.append((method, path, who))
     assert env.job(job_id).status == "succeeded"  # no DELETE by another tenant cancelled it
-    assert (
-        env.client.get(f"/jobs/{job_id}/artifacts/bundle.zip", headers=owner).content == secrets[2].encode()
-    )
+    assert env.client.get(f"/jobs/{job_id}/artifacts/bundle.zip", headers=owner).content == secrets[2].encode()
     assert len(checked) == 3 * (len(routes) - sum(path in PUBLIC_ROUTES for _, path in routes))
     assert env.client.get("/jobs", headers=intruder).json()["total"] == 0
 
