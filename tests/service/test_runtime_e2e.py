@@ -72,6 +72,10 @@ def test_traffic_in_a_new_version_out(tmp_path):
             runtime.traffic.save(tmp_path / "traffic.json")
             assert "Stored" in _cli(server, "traffic", "push", first["id"], str(tmp_path / "traffic.json"))
             assert "proposed" in _cli(server, "traffic", "propose", first["id"])
+            shown = _cli(server, "traffic", "show", first["id"])
+            assert f"{sum(LENGTHS.values())} requests in 1 push(es)" in shown and "batch1_seq64" in shown
+            assert '"auto_respecialise_waste": 0.5' in _cli(server, "traffic", "policy", first["id"], "--waste", "0.5")
+            assert '"auto_respecialise_waste": null' in _cli(server, "traffic", "policy", first["id"])
 
             child_id = _cli(server, "respecialise", first["id"], "--wait").strip().splitlines()[-1]
             child = wait_for_job(server.url, child_id)
