@@ -48,6 +48,7 @@ from flexdsa_core.ingest import Ingested, ingest, needs_external_data, save_mode
 from flexdsa_core.invariants import check_invariants
 from flexdsa_core.memory_planner import plan_memory
 from flexdsa_core.options import OptimizeOptions
+from flexdsa_core.padding_check import check_padding
 from flexdsa_core.passes import generic_passes
 from flexdsa_core.passes.manager import run_passes
 from flexdsa_core.precision import (
@@ -79,6 +80,7 @@ from flexdsa_core.significance import (
 from flexdsa_core.subgraph_mapper import SubgraphMapper
 from flexdsa_core.targets import BucketModel, PlatformAdapter, TargetSpec, get_adapter, load_target, op_key
 from flexdsa_core.targets.accelerator import AcceleratorAdapter
+from flexdsa_core.targets.deploy_manifest import complete_manifest
 from flexdsa_core.targets.estimate import target_estimate
 from flexdsa_core.targets.toolchain_run import run_toolchain
 from flexdsa_core.targets.vendor_explore import explore, vendor_section
@@ -587,6 +589,16 @@ class FlexDSAOptimizer:
             stage_seconds["validate"] = time.perf_counter() - start  # a bisection's recompiles included
         report_progress.finish("validate")
 
+        # Padding: whether a request smaller than its bucket may be padded up to it (mask, causal, batch rows)
+        # or must be served at a bucket's exact size; the manifest tells the runtime which (padding_check).
+        start = time.perf_counter()
+        padding = check_padding(
+            reference_cache.runtime, _proto_without_weights(tracker.model), tracker.manifest(),
+            shape_report.as_dict()["outputs"], seed=options.seed,
+            tolerances={k: (v.atol, v.rtol) for k, v in (options.tolerances or {}).items()},
+        )  # fmt: skip
+        stage_seconds["padding_check"] = time.perf_counter() - start
+
         # Never slower (cpu-ort, where the output runs here): time both, drop rewrites that cost time.
         latency = None
         if options.measure_latency:
@@ -685,6 +697,12 @@ class FlexDSAOptimizer:
             report["warnings"].extend(precision.get("warnings", []))
         if int8_only(self.target) and calibration is None:  # allowed only by allow_synthetic_calibration
             report["warnings"].append(synthetic_calibration_warning(self.target))
+        report["shapes"]["padding"] = padding
+        report["warnings"].extend(
+            f"padding {dim} changes the outputs ({found['reason']}): the runtime serves only a bucket's exact {dim}"
+            for dim, found in padding["dims"].items()
+            if found.get("tolerated") is False
+        )
         if toolchain_report:
             report["toolchain"] = toolchain_report
             report["warnings"].extend(toolchain_report.get("warnings", []))
@@ -703,6 +721,9 @@ class FlexDSAOptimizer:
                 artifacts.update(samples_dataset(bucket_samples, bucket=name))
         artifacts["report.json"] = json.dumps(report, indent=2, default=str).encode()
         artifacts["fusion_plan.json"] = json.dumps(comp.fusion_plans, indent=2, default=str).encode()
+        # Last, over the whole bundle: every file with its role, how to load it and its checksum (the deploy
+        # contract flexdsa_runtime reads).
+        artifacts["manifest.json"] = complete_manifest(artifacts, report, self.target)
         report_progress.finish("adapter")
         report_progress("report", 1.0, "done")
         serialized = {b.name: kept_bytes(b.model) for b in comp.buckets}

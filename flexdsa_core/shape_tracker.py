@@ -30,7 +30,7 @@ import functools
 import itertools
 import math
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -693,13 +693,27 @@ class ShapeTracker:
         return dict(self._specialization_info[bucket_name])
 
     # ---- run time --------------------------------------------------------------------------------
-    def update(self, concrete_input_shapes: Mapping[str, Sequence[int]]) -> Selection:
-        """The bucket for a runtime shape: the smallest that fits (with padding), or a new exact one."""
+    def update(
+        self, concrete_input_shapes: Mapping[str, Sequence[int]], *, exact_dims: Collection[str] = ()
+    ) -> Selection:
+        """The bucket for a runtime shape: the smallest that fits (with padding), or a new exact one.
+
+        ``exact_dims``: dims the model does not tolerate padding on (``padding_check``; the manifest's
+        ``runtime.padding``): a bucket fits only at exactly the runtime's value there. ``flexdsa_runtime``
+        applies the same policy from the manifest (tests hold the two to the same choices)."""
         from flexdsa_core.memory_planner import plan_memory
 
         self.infer()
         runtime_dims = self._runtime_dims(concrete_input_shapes)
-        fitting = [b for b in self._buckets if all(runtime_dims.get(d, 0) <= v for d, v in b.dims.items())]
+        exact = set(exact_dims)
+        fitting = [
+            b
+            for b in self._buckets
+            if all(
+                runtime_dims.get(d, 0) <= v and (d not in exact or runtime_dims.get(d, v) == v)
+                for d, v in b.dims.items()
+            )
+        ]
         if fitting:
             bucket = min(
                 fitting,

@@ -20,7 +20,13 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["TrafficChoice", "choose_traffic_buckets", "evenly_spaced_buckets", "optimal_buckets"]
+__all__ = [
+    "TrafficChoice",
+    "choose_traffic_buckets",
+    "evenly_spaced_buckets",
+    "expected_cost",
+    "optimal_buckets",
+]
 
 
 def _served_by(value: int, buckets: Sequence[int]) -> int:
@@ -226,3 +232,47 @@ def _splits(limits: Sequence[int], k: int, product: int = 1) -> Iterator[tuple[i
     for first in range(1, min(limits[0], k // product) + 1):
         for rest in _splits(limits[1:], k, product * first):
             yield (first, *rest)
+
+
+def expected_cost(
+    observed: Sequence[tuple[Mapping[str, int], int]],
+    buckets: Mapping[str, Sequence[int]],
+    cost: Callable[[Mapping[str, int]], float],
+) -> dict[str, Any]:
+    """The expected cost per request and padding waste of serving ``observed`` with given ``buckets`` (per-dim
+    values, the grid of their product), costed as ``choose_traffic_buckets`` costs its choice (the same per-dim
+    factorisation around the largest observed shape), so the two compare. A shape no bucket holds is served
+    as the run-time policy says (``ShapeTracker.update``): by a new bucket of its exact shape, so it costs its
+    own and wastes nothing; ``unserved`` counts those requests. A dim the buckets leave out stays dynamic."""
+    names = list(observed[0][0])
+    reference = {name: max(dims[name] for dims, _ in observed) for name in names}
+    memo: dict[tuple[str, int], float] = {}
+
+    def cost_at(name: str, value: int) -> float:
+        if (name, value) not in memo:
+            memo[(name, value)] = float(cost({**reference, name: value}))
+        return memo[(name, value)]
+
+    base = float(cost(reference))
+
+    def shape_cost(point: Mapping[str, int]) -> float:
+        if base <= 0:
+            return sum(cost_at(name, point[name]) for name in names)
+        return base * math.prod(cost_at(name, point[name]) / base for name in names)
+
+    grid = {name: sorted(values) for name, values in buckets.items() if name in reference}
+    total = own = 0.0
+    requests = unserved = 0
+    for dims, count in observed:
+        requests += count
+        fits = all(dims[name] <= values[-1] for name, values in grid.items())
+        served = {name: _served_by(dims[name], grid[name]) if fits and name in grid else dims[name] for name in names}
+        unserved += 0 if fits else count
+        total += count * shape_cost(served)
+        own += count * shape_cost(dims)
+    return {
+        "buckets": {name: list(values) for name, values in grid.items()},
+        "expected_cost_s": total / requests if requests else 0.0,
+        "padding_waste": (total - own) / own if own > 0 else 0.0,
+        "unserved_requests": unserved,
+    }

@@ -74,6 +74,12 @@ class Client:
                 headers=headers,
             ).json()
 
+    def get_json(self, path: str, **params) -> dict:
+        return self._call("GET", path, params={k: v for k, v in params.items() if v is not None}).json()
+
+    def send_json(self, method: str, path: str, body: dict) -> dict:
+        return self._call(method, path, json=body).json()
+
     def job(self, job_id: str) -> dict:
         return self._call("GET", f"/jobs/{job_id}").json()
 

@@ -342,6 +342,45 @@ def _answer_from_cache(job: Job, source: Job) -> None:
     job.record("cached", f"Identical to job {source.id}; its artifacts are reused.")
 
 
+def create_derived_job(
+    session: Session, settings: Settings, tenant: Tenant, parent: Job, spec: RequestSpec, message: str
+) -> Job:
+    """A new version of ``parent``'s bundle: the same stored model and calibration samples under another spec
+    (re-specialised buckets), linked by ``parent_job_id`` with the next ``bundle_version``; quota and the
+    whole-job cache apply as to a submission. Committed; the caller enqueues it when it is queued."""
+    target = spec.target_spec()
+    with _one_writer_at_a_time(session):
+        _check_quota(session, settings, tenant)
+        cache_key = job_cache_key(parent.model_sha256, spec, target, parent.calibration_blob_key)
+        job = Job(
+            tenant_id=tenant.id,
+            status=JobStatus.queued.value,
+            progress=0.0,
+            target=target.name,
+            spec=spec.model_dump(mode="json"),
+            model_sha256=parent.model_sha256,
+            model_blob_key=parent.model_blob_key,
+            model_filename=parent.model_filename,
+            model_size=parent.model_size,
+            calibration_blob_key=parent.calibration_blob_key,
+            job_cache_key=cache_key,
+            attempts=0,
+            max_attempts=settings.max_attempts,
+            parent_job_id=parent.id,
+            bundle_version=parent.bundle_version + 1,
+            respecialise_max_buckets=parent.respecialise_max_buckets,
+        )
+        with session.no_autoflush:
+            source = job_cache_source(session, tenant.id, cache_key)
+        session.add(job)
+        if source is None:
+            job.record("queued", message)
+        else:
+            _answer_from_cache(job, source)
+        session.commit()
+    return job
+
+
 def enqueue(job_id: str, settings: Settings) -> None:
     """Hand a committed job to the workers. A failure leaves it queued: the reconciler picks it up later."""
     try:
@@ -443,6 +482,8 @@ def job_out(job: Job, root_path: str = "") -> JobOut:
         queued_seconds=queued_s,
         run_seconds=run_s,
         report_summary=job.report_summary,
+        parent_job_id=job.parent_job_id,
+        bundle_version=job.bundle_version or 1,
         error=_job_error(job.error),
         links=JobLinks(self=base, events=f"{base}/events", artifacts=f"{base}/artifacts"),
     )

@@ -158,6 +158,14 @@ class Job(Base):
     started_at: Mapped[datetime | None] = mapped_column(nullable=True)
     finished_at: Mapped[datetime | None] = mapped_column(nullable=True)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+    # Bundle versions: a job re-specialised from another's traffic names it here and counts one more.
+    parent_job_id: Mapped[str | None] = mapped_column(
+        ForeignKey("jobs.id", ondelete="SET NULL"), nullable=True, index=True
+    )
+    bundle_version: Mapped[int] = mapped_column(Integer, default=1)
+    # Re-specialise by itself once the served traffic's padding waste passes this share (None: only on request).
+    auto_respecialise_waste: Mapped[float | None] = mapped_column(Float, nullable=True)
+    respecialise_max_buckets: Mapped[int | None] = mapped_column(Integer, nullable=True)
 
     tenant: Mapped[Tenant] = relationship()
     events: Mapped[list[JobEvent]] = relationship(
@@ -255,3 +263,20 @@ class Incident(Base):
     summary: Mapped[str] = mapped_column(String(1000))
     traceback: Mapped[str] = mapped_column(Text, default="")
     created_at: Mapped[datetime] = mapped_column(default=utcnow, index=True)
+
+
+class JobTraffic(Base):
+    """One push of the shapes a deployed bundle served (``flexdsa_runtime``'s ``Traffic.snapshot()``): per
+    (dims, bucket) the requests, their input elements and the elements after padding. Summed per job when read."""
+
+    __tablename__ = "job_traffic"
+    __table_args__ = (Index("ix_job_traffic_job_received", "job_id", "received_at"),)
+
+    id: Mapped[int] = mapped_column(BigIntPK, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    tenant_id: Mapped[int] = mapped_column(Integer)
+    received_at: Mapped[datetime] = mapped_column(default=utcnow)
+    bundle_version: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    requests: Mapped[int] = mapped_column(BigInteger, default=0)
+    dropped: Mapped[int] = mapped_column(BigInteger, default=0)
+    entries: Mapped[list[dict[str, Any]]] = mapped_column(JSONType)

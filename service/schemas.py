@@ -77,6 +77,10 @@ class JobOut(BaseModel):
     queued_seconds: float | None = Field(None, description="From submission to a worker starting it.")
     run_seconds: float | None = Field(None, description="From start to finish (or to now while running).")
     report_summary: dict[str, Any] | None
+    parent_job_id: str | None = Field(
+        None, description="The job whose bundle this one re-specialised from its traffic (POST /jobs/{id}/respecialise)."
+    )
+    bundle_version: int = Field(1, description="1 for a submitted model; one more per re-specialisation.")
     error: JobError | None
     links: JobLinks
 

@@ -165,9 +165,11 @@ class AcceleratorAdapter(PlatformAdapter):
             entry["inputs"] = [_io(value) for value in bucket.model.graph.inputs]
             entry["outputs"] = [_io(value) for value in bucket.model.graph.outputs]
         manifest["pick_bucket"] = (
-            "Use the first bucket (in this order, smallest first) whose every input dim is >= the request's; pad "
-            "the inputs up to it (zeros; for token ids the pad id, with the attention mask 0 there) and slice the "
-            "outputs back. Shapes larger than every bucket need a new compile."
+            "As 'runtime' says (flexdsa_runtime does it): the bucket with the fewest padded input elements among "
+            "those whose every dim is >= the request's; pad the bucketed axes at their end with each input's pad "
+            "value (0: an attention mask 0 there), crop the outputs back. Dims the compiler found padding changes "
+            "(runtime.padding) are served only at a bucket's exact size; shapes larger than every bucket need a "
+            "new compile."
         )
         manifest["static_shapes"] = target.static_shapes
         manifest["toolchain"] = report.get("toolchain", {}).get("summary")
@@ -192,7 +194,8 @@ class AcceleratorAdapter(PlatformAdapter):
         for name in (report.get("toolchain") or {}).get("artifacts", []):
             lines.append(f"| `{name}` | compiled by the vendor toolchain here |")
         lines += [
-            "| `manifest.json` | buckets, inputs/outputs, how to pick a bucket at run time |",
+            "| `manifest.json` | the deploy contract: every file per bucket with its role, how to load it and its "
+            "sha256; how to pick, pad and crop at run time (`flexdsa_runtime` reads it) |",
             "| `report.json` | what was done, the partition, estimates, validation |",
             "| `fusion_plan.json` | every fusion candidate and why it was taken or refused |",
             "",

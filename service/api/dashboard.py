@@ -3,6 +3,8 @@
 ``/``                 this tenant's jobs (filter by status), live progress, and the upload form
 ``/ui/jobs/{id}``     one job: state, the report (from ``report.json`` and ``fusion_plan.json``), a
                       before/after graph view rendered as SVG, artifact downloads
+``/ui/jobs/{id}/respecialise`` (POST) the traffic section's button: the next bundle version, then its page
+``/ui/jobs/{id}/traffic-policy`` (POST) the padding waste past which a traffic push re-specialises by itself
 ``/ui/login``         distributed mode: paste an API key, kept in the ``flexdsa_key`` cookie (httponly)
 ``/ui/incidents[/{id}]`` operators only: internal errors with their tracebacks, by the id a failed job quotes
 ``/ui/operator``      paste the operator token, kept in the ``flexdsa_operator`` cookie (httponly, /ui/ only)
@@ -26,6 +28,8 @@ from fastapi import APIRouter, Form, Query, Request
 from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse, Response
 
 from service import dashboard_views as views
+from service import traffic as traffic_service
+from service import traffic_views
 from service.api._pages import STATIC_DIR, login_redirect, not_found, render, root
 from service.api._ui_auth import (
     CROSS_SITE,
@@ -40,8 +44,10 @@ from service.api._ui_auth import (
 )
 from service.api.deps import SessionDep, SettingsDep, StoreDep, operator_token_matches
 from service.auth import authenticate
+from service.errors import ServiceError
 from service.models import Incident
 from service.schemas import JobStatusName
+from service.traffic_schemas import RespecialiseIn, TrafficPolicyIn
 
 log = logging.getLogger("flexdsa.service")
 
@@ -77,12 +83,82 @@ def job_page(
         return render(request, "not_found.html", status_code=404, job_id=job_id, tenant=tenant.name)
     view = views.job_view(session, store, job, root(request))
     try:
+        view["traffic"] = traffic_views.traffic_view(session, store, job, root(request))
+    except Exception:  # a traffic section that cannot be read must not hide the job
+        log.exception("dashboard: cannot read the traffic of job %s", job.id)
+        view["traffic"] = None
+    try:
         return render(request, "job.html", tenant=tenant.name, **view)
     except Exception:
         # A report of a shape this page does not know must not hide the job: show it without the report.
         log.exception("dashboard: cannot render the report of job %s", job.id)
         view.update(report=None, report_error=True)
         return render(request, "job.html", tenant=tenant.name, **view)
+
+
+# --- tenants: traffic and bundle versions ----------------------------------------------------------------
+
+
+@router.post("/ui/jobs/{job_id}/respecialise", response_class=HTMLResponse)
+def respecialise_from_page(
+    request: Request,
+    job_id: str,
+    session: SessionDep,
+    settings: SettingsDep,
+    store: StoreDep,
+    tenant: PageTenant,
+    job: PageJob,
+    max_buckets: Annotated[int | None, Form(ge=1, le=16)] = None,
+):
+    """The job page's "Re-specialise" button: the next version, then its page."""
+    if tenant is None:
+        return login_redirect(request)
+    if job is None:
+        return render(request, "not_found.html", status_code=404, job_id=job_id, tenant=tenant.name)
+    if not same_origin(request):
+        return _job_page_with(request, session, store, tenant, job, CROSS_SITE, 403)
+    try:
+        child = traffic_service.respecialise(
+            session, settings, store, tenant, job, RespecialiseIn(max_buckets=max_buckets)
+        )
+    except ServiceError as err:
+        return _job_page_with(request, session, store, tenant, job, err.message, err.status)
+    return RedirectResponse(f"{root(request)}/ui/jobs/{child.id}", status_code=303)
+
+
+@router.post("/ui/jobs/{job_id}/traffic-policy", response_class=HTMLResponse)
+def traffic_policy_from_page(
+    request: Request,
+    job_id: str,
+    session: SessionDep,
+    store: StoreDep,
+    tenant: PageTenant,
+    job: PageJob,
+    waste_percent: Annotated[str, Form()] = "",
+):
+    """The job page's threshold form: re-specialise by itself past this padding waste (empty: off)."""
+    if tenant is None:
+        return login_redirect(request)
+    if job is None:
+        return render(request, "not_found.html", status_code=404, job_id=job_id, tenant=tenant.name)
+    if not same_origin(request):
+        return _job_page_with(request, session, store, tenant, job, CROSS_SITE, 403)
+    text = waste_percent.strip()
+    try:
+        waste = None if not text else float(text) / 100
+        policy = TrafficPolicyIn(auto_respecialise_waste=waste, max_buckets=job.respecialise_max_buckets)
+    except ValueError:
+        message = f"{text!r} is not a percentage: give a number such as 20, or leave it empty to switch it off."
+        return _job_page_with(request, session, store, tenant, job, message, 422)
+    traffic_service.set_policy(session, job, policy)
+    return RedirectResponse(f"{root(request)}/ui/jobs/{job.id}#traffic", status_code=303)
+
+
+def _job_page_with(request, session, store, tenant, job, message: str, status_code: int):
+    view = views.job_view(session, store, job, root(request))
+    view["traffic"] = traffic_views.traffic_view(session, store, job, root(request))
+    view["traffic"]["error"] = message
+    return render(request, "job.html", status_code=status_code, tenant=tenant.name, **view)
 
 
 # --- tenants: login ---------------------------------------------------------------------------------------

@@ -77,11 +77,16 @@ def _victim(env) -> tuple[dict, dict, list[str]]:
     import uuid
 
     from service.models import Incident
+    from tests.runtime.tiny_models import MASKED, masked_bundle, model_bytes
 
     tag = uuid.uuid4().hex[:12]
     headers = env.new_key(f"victim-{tag}")
-    job_id = env.submit(headers, filename=f"secret-{tag}.onnx").json()["job_id"]
-    env.finish(job_id, artifacts={"bundle.zip": f"artifact-secret-{tag}".encode()})
+    # A real bundle with a dynamic dim, and traffic pushed for it, so the traffic routes serve the owner too.
+    job_id = env.submit(headers, model=model_bytes(MASKED), filename=f"secret-{tag}.onnx").json()["job_id"]
+    env.finish(job_id, artifacts={**masked_bundle(), "bundle.zip": f"artifact-secret-{tag}".encode()})
+    entry = {"dims": {"batch": 1, "seq": 4}, "bucket": "batch1_seq8", "count": 3, "elements": 60, "padded_elements": 120}
+    pushed = env.client.post(f"/jobs/{job_id}/traffic", headers=headers, json={"bundle_version": tag, "entries": [entry]})
+    assert pushed.status_code == 201, pushed.text
     with env.sessions() as session:
         session.add(
             Incident(

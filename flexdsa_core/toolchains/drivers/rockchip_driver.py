@@ -21,7 +21,9 @@ write the .rknn); ``target_platform`` (default rk3588); rknn.config() switches
 calibration samples, else ``options.dataset``: a list of samples, each a list of .npy paths in input order or
 a dict input name -> path) builds with the toolkit's w8a8 quantisation; ``custom_hybrid`` (``{bucket:
 [[input tensor, output tensor], ...]}``) then keeps those subgraphs in float16 through the toolkit's hybrid
-quantisation (``hybrid_quantization_step1(custom_hybrid=...)``, then ``step2``). The bucket's ``samples``
+quantisation (``hybrid_quantization_step1(custom_hybrid=...)``, then ``step2``); ``auto_hybrid`` asks the
+toolkit's own automatic hybrid quantisation instead (``build(auto_hybrid=True)``, layers whose quantised output
+falls below ``auto_hybrid_cos_thresh`` kept float16). The bucket's ``samples``
 are run in the simulator too (``sample_outputs``), for the core to judge the quantised model on.
 
 Placement comes from the verbose build's "Network Layer Information Table": one row per compiled layer
@@ -146,7 +148,7 @@ def _build(onnx_path, input_names, shapes, rknn_path, feeds, options, out_dir, n
         config = {"target_platform": options.get("target_platform", "rk3588")}
         for key in ("optimization_level", "op_target", "remove_reshape", "enable_flash_attention",
                     "single_core_mode", "disable_rules", "float_dtype", "quantized_dtype", "quantized_algorithm",
-                    "quantized_method", "mean_values", "std_values"):  # fmt: skip
+                    "quantized_method", "mean_values", "std_values", "auto_hybrid_cos_thresh"):  # fmt: skip
             if options.get(key) is not None:
                 config[key] = options[key]
         if rknn.config(**config) != 0:
@@ -184,7 +186,7 @@ def _build(onnx_path, input_names, shapes, rknn_path, feeds, options, out_dir, n
             if rknn.hybrid_quantization_step2(model_input=model_file, data_input=data_file,
                                               model_quantization_cfg=cfg_file) != 0:  # fmt: skip
                 return "rknn.hybrid_quantization_step2 failed (see the log)", None
-        elif rknn.build(do_quantization=quantize, dataset=dataset) != 0:
+        elif rknn.build(do_quantization=quantize, dataset=dataset, auto_hybrid=bool(quantize and options.get("auto_hybrid"))) != 0:
             return "rknn.build failed (see the log for the toolkit's reason)", None
         if options.get("export", True) and rknn.export_rknn(str(rknn_path)) != 0:
             return f"rknn.export_rknn could not write {rknn_path.name}", None

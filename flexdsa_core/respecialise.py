@@ -1,0 +1,122 @@
+"""Re-specialisation from served traffic: buckets proposed for a model's run-time shapes, and what they gain.
+
+``propose`` prices three sets of buckets on the same traffic with one cost function (``ShapeTracker.
+traffic_cost``: the target's cost model, never measured): the bundle's current buckets, the target's default
+ones (what a submission without ``shape_buckets`` compiles), and at most ``k`` buckets the planner chooses
+(``traffic_buckets.choose_traffic_buckets``). Each gets the expected cost per request and the padding waste
+(``traffic_buckets.expected_cost``). The service (``POST /jobs/{id}/respecialise``) and ``bench.runtime`` both
+call it. Dims with more distinct values than the planner costs are rounded up first (a bucket at the rounded
+value still holds each request).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import onnx_ir as ir
+
+from flexdsa_core.errors import FlexDSAError
+from flexdsa_core.shape_tracker import MAX_TRAFFIC_VALUES, ShapeTracker
+from flexdsa_core.targets.spec import TargetSpec
+from flexdsa_core.traffic_buckets import choose_traffic_buckets, expected_cost
+
+__all__ = ["propose", "rounded"]
+
+Observed = list[tuple[dict[str, int], int]]
+
+
+def rounded(observed: Observed, limit: int = MAX_TRAFFIC_VALUES) -> tuple[Observed, list[str]]:
+    """``observed`` with each dim of more than ``limit`` distinct values rounded up to multiples of the
+    smallest power of two that brings it under; with a note per rounded dim."""
+    notes = []
+    for name in list(observed[0][0]):
+        values = {dims[name] for dims, _ in observed}
+        step = 1
+        while len({-(-v // step) * step for v in values}) > limit:
+            step *= 2
+        if step > 1:
+            observed = [({**dims, name: -(-dims[name] // step) * step}, count) for dims, count in observed]
+            notes.append(
+                f"{name}: {len(values)} distinct values, rounded up to multiples of {step} for the planner"
+            )
+    return observed, notes
+
+
+def _grid(buckets: Sequence[Mapping[str, Any]]) -> dict[str, list[int]]:
+    grid: dict[str, set[int]] = {}
+    for bucket in buckets:
+        for dim, value in (bucket.get("dims") or {}).items():
+            grid.setdefault(dim, set()).add(value)
+    return {dim: sorted(values) for dim, values in grid.items()}
+
+
+def propose(
+    model: ir.Model,
+    target: TargetSpec,
+    observed: Observed,
+    current_buckets: Sequence[Mapping[str, Any]],
+    k: int,
+    *,
+    input_shapes: Mapping[str, Sequence[int | str]] | None = None,
+    exact_dims: Sequence[str] = (),
+) -> dict[str, Any]:
+    """The proposal for ``observed`` ((dims, count) per shape) served today by ``current_buckets`` (the
+    manifest's ``buckets``, each with its ``dims``): ``current``, ``default``, ``proposed`` (each
+    ``expected_cost``'s figures), ``gain`` (cost ratios, wastes), ``cost_basis`` and ``notes``."""
+    observed, notes = rounded(observed)
+    tracker = ShapeTracker(model, input_shapes=input_shapes)
+    tracker.infer()
+    cost, basis = tracker.traffic_cost(target)
+    memo: dict[tuple, float] = {}
+
+    def cached(dims: Mapping[str, int]) -> float:
+        key = tuple(sorted(dims.items()))
+        if key not in memo:
+            memo[key] = cost(dims)
+        return memo[key]
+
+    choice = choose_traffic_buckets(observed, k, cached, basis)
+    current = expected_cost(observed, _grid(current_buckets), cached)
+    dims = list(observed[0][0])
+    try:
+        default_grid = {
+            d: v for d, v in _grid([b.as_dict() for b in tracker.buckets(None, target)]).items() if d in dims
+        }
+        default = expected_cost(observed, default_grid, cached)
+    except FlexDSAError:
+        default = {"buckets": None, "note": f"{target.name} has no default buckets for these dims"}
+    proposed = expected_cost(observed, choice.chosen, cached)
+    if exact_dims:
+        notes.append(
+            f"padding {', '.join(exact_dims)} changes this model's outputs: the runtime serves only exact bucket sizes "
+            "there, so requests between the proposed values stay refused"
+        )
+    if current["unserved_requests"]:
+        notes.append(
+            f"{current['unserved_requests']} request(s) larger than every current bucket are priced at their own "
+            "shape (a new exact bucket, as the run-time policy says); the runtime refused them"
+        )
+
+    def ratio(a: dict, b: dict) -> float | None:
+        if b.get("expected_cost_s") in (None, 0) or a.get("expected_cost_s") is None:
+            return None
+        return a["expected_cost_s"] / b["expected_cost_s"]
+
+    return {
+        "requests": sum(count for _, count in observed),
+        "max_buckets": k,
+        "cost_basis": basis,
+        "current": current,
+        "default": default,
+        "proposed": {**proposed, "evenly_spaced": choice.evenly_spaced},
+        "gain": {
+            "cost_vs_current": ratio(proposed, current),
+            "cost_vs_default": ratio(proposed, default),
+            "waste_current": current["padding_waste"],
+            "waste_proposed": proposed["padding_waste"],
+            "changes_buckets": proposed["buckets"] != current["buckets"],
+        },
+        "notes": notes,
+        "cost_evaluations": len(memo),
+    }

@@ -1,0 +1,99 @@
+"""Backends by name, and the choice ``auto`` makes per bucket.
+
+``auto`` takes, in the bucket's artifact order (the compiled artifact first), the first whose runtime is
+importable in this process: ``rknn-lite`` for a ``.rknn`` (on the RK3588), ``qnn`` for a QNN context binary
+(onnxruntime-qnn present), ONNX Runtime with the Vitis AI EP for an AMD ``.qdq.onnx`` (where that EP is), else
+ONNX Runtime on the CPU with the bucket's target-ready ONNX, which every bundle has. The bridges
+(``rknn-simulator``, ``qnn-emulator``: the vendor runtime in its toolchain environment, a subprocess per
+bucket) are only used when named: they are for checking a bundle here, not for serving.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from flexdsa_runtime.backends.base import Backend
+from flexdsa_runtime.bundle import BucketSpec, Bundle
+from flexdsa_runtime.errors import BackendUnavailable
+
+BACKENDS = ("auto", "onnxruntime", "rknn-lite", "rknn-simulator", "qnn", "qnn-emulator")
+
+__all__ = ["BACKENDS", "Backend", "load_backend"]
+
+
+def _need(bucket: BucketSpec, role: str, backend: str) -> dict:
+    artifact = bucket.artifact(role)
+    if artifact is None:
+        raise BackendUnavailable(
+            f"backend {backend!r} runs a {role!r} artifact and bucket {bucket.name!r} has none (the vendor toolchain "
+            "did not run when this bundle was compiled, or the bundle is for another target).",
+            details={"bucket": bucket.name, "role": role},
+        )
+    return artifact
+
+
+def _vitis_ai_present() -> bool:
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        return False
+    return "VitisAIExecutionProvider" in ort.get_available_providers()
+
+
+def load_backend(
+    bundle: Bundle, bucket: BucketSpec, backend: str = "auto", *, threads: int | None = None
+) -> Backend:
+    """The bucket loaded on ``backend`` (one of ``BACKENDS``)."""
+    from flexdsa_runtime.backends import qnn, rknn_lite
+    from flexdsa_runtime.backends.onnxruntime_cpu import OnnxRuntimeBackend
+
+    if backend not in BACKENDS:
+        raise BackendUnavailable(f"unknown backend {backend!r}; known: {', '.join(BACKENDS)}")
+    path = bundle.path
+    if backend == "auto":
+        for artifact in bucket.artifacts:
+            role = artifact["role"]
+            if role == "rknn" and rknn_lite.available():
+                return load_backend(bundle, bucket, "rknn-lite")
+            if role == "qnn-context" and qnn.available():
+                return load_backend(bundle, bucket, "qnn")
+            if role == "qdq-onnx" and artifact.get("runtime") == "onnxruntime" and _vitis_ai_present():
+                return OnnxRuntimeBackend(path(artifact["file"]), providers=["VitisAIExecutionProvider"])
+        backend = "onnxruntime"
+    if backend == "onnxruntime":
+        artifact = bucket.artifact("onnx", "onnx-portable")
+        if artifact is None:
+            raise BackendUnavailable(f"bucket {bucket.name!r} has no ONNX model for ONNX Runtime.")
+        return OnnxRuntimeBackend(path(artifact["file"]), threads=threads)
+    if backend == "rknn-lite":
+        artifact = _need(bucket, "rknn", backend)
+        return rknn_lite.RknnLiteBackend(path(artifact["file"]), bucket.inputs, _outputs(bundle, bucket))
+    if backend == "qnn":
+        artifact = _need(bucket, "qnn-context", backend)
+        return qnn.QnnBackend(path(artifact["file"]), artifact.get("provider_options"))
+    from flexdsa_runtime.backends.bridge import BridgeBackend
+
+    if backend == "qnn-emulator":
+        artifact = _need(bucket, "qnn-context", backend)
+        request = {"context": str(path(artifact["file"])), "provider": artifact.get("provider_options") or {}}
+        return BridgeBackend(backend, request)
+    # rknn-simulator: the toolkit rebuilds the bucket's ONNX (it cannot simulate a .rknn read from a file).
+    _need(bucket, "rknn", backend)
+    onnx_file = bucket.artifact("onnx")
+    if onnx_file is None or not bucket.inputs:
+        raise BackendUnavailable(
+            f"bucket {bucket.name!r} lacks the static ONNX and input shapes the simulator needs."
+        )
+    request = {
+        "onnx": str(path(onnx_file["file"])),
+        "inputs": [{"name": i["name"], "shape": i["shape"]} for i in bucket.inputs],
+        "outputs": [o["name"] for o in _outputs(bundle, bucket)],
+        "cwd": str(Path(bundle.folder)),
+    }
+    dtypes = {i["name"]: i["dtype"] for i in bucket.inputs if i.get("dtype")}
+    return BridgeBackend(backend, request, input_dtypes=dtypes)
+
+
+def _outputs(bundle: Bundle, bucket: BucketSpec) -> list[dict]:
+    entry = next(b for b in bundle.manifest["buckets"] if b["name"] == bucket.name)
+    return list(entry.get("outputs", []))

@@ -1,0 +1,169 @@
+"""Run-time traffic of a job's deployed bundle, and re-specialising its buckets from it (``service/traffic.py``).
+
+``POST /jobs/{id}/traffic`` takes the runtime's snapshot (at most 4096 entries, 2 MiB); ``GET`` sums every
+push. ``GET /jobs/{id}/respecialise`` is the proposal with its expected gain; ``POST`` compiles it as the
+next bundle version. ``PUT /jobs/{id}/traffic/policy`` sets the waste past which that happens by itself;
+``GET /jobs/{id}/versions`` lists the versions and their lineage.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import JSONResponse
+
+from service import jobs, traffic
+from service.api.deps import CurrentTenant, JobOfCurrentTenant, SessionDep, SettingsDep, StoreDep
+from service.errors import PayloadTooLarge
+from service.schemas import ERROR_RESPONSES, ErrorResponse
+from service.traffic_schemas import (
+    ProposalOut,
+    RespecialiseIn,
+    TrafficIn,
+    TrafficOut,
+    TrafficPolicyIn,
+    TrafficPolicyOut,
+    TrafficPushOut,
+    VersionOut,
+    VersionsOut,
+)
+
+router = APIRouter(tags=["traffic"], responses=ERROR_RESPONSES)
+
+CONFLICT = {409: {"model": ErrorResponse, "description": "The job has not succeeded, or has no traffic yet"}}
+
+
+def _inlined(schema: dict) -> dict:
+    """A pydantic JSON schema with its ``$defs`` written in place, so it stands alone inside the OpenAPI
+    document (whose ``#/...`` references resolve from the document's root, not the schema's)."""
+    defs = schema.pop("$defs", {})
+
+    def expand(node):
+        if isinstance(node, dict):
+            ref = node.get("$ref", "")
+            if ref.startswith("#/$defs/"):
+                return expand(dict(defs[ref.removeprefix("#/$defs/")]))
+            return {key: expand(value) for key, value in node.items()}
+        if isinstance(node, list):
+            return [expand(item) for item in node]
+        return node
+
+    return expand(schema)
+
+
+def _root(request: Request) -> str:
+    return request.scope.get("root_path", "")
+
+
+async def _bounded_body(request: Request) -> bytes:
+    """The body, read only up to the limit: a client that sends more is cut off with 413, never buffered."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > traffic.MAX_BODY_BYTES:
+        raise PayloadTooLarge(
+            f"A traffic push is at most {traffic.MAX_BODY_BYTES} bytes.",
+            details={"limit": traffic.MAX_BODY_BYTES},
+        )
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > traffic.MAX_BODY_BYTES:
+            raise PayloadTooLarge(
+                f"A traffic push is at most {traffic.MAX_BODY_BYTES} bytes.",
+                details={"limit": traffic.MAX_BODY_BYTES},
+            )
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+@router.post(
+    "/jobs/{job_id}/traffic",
+    response_model=TrafficPushOut,
+    status_code=201,
+    summary="Record the shapes a deployed bundle served",
+    description="The body is flexdsa_runtime's Traffic.snapshot(): per (dims, bucket) the requests and their "
+    "input elements before and after padding. At most 4096 entries and 2 MiB per push.",
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": _inlined(TrafficIn.model_json_schema())}},
+        }
+    },
+    responses={**CONFLICT, 413: {"model": ErrorResponse, "description": "Body over 2 MiB"}},
+)
+async def push_traffic(
+    request: Request,
+    job: JobOfCurrentTenant,
+    tenant: CurrentTenant,
+    session: SessionDep,
+    settings: SettingsDep,
+    store: StoreDep,
+) -> JSONResponse:
+    from starlette.concurrency import run_in_threadpool
+
+    payload = traffic.parse_push(await _bounded_body(request))
+    stored = await run_in_threadpool(traffic.record_push, session, settings, store, tenant, job, payload)
+    return JSONResponse(TrafficPushOut(**stored).model_dump(mode="json"), status_code=201)
+
+
+@router.get("/jobs/{job_id}/traffic", response_model=TrafficOut, summary="The traffic a job's bundle served")
+def get_traffic(job: JobOfCurrentTenant, session: SessionDep, store: StoreDep) -> TrafficOut:
+    return TrafficOut(**traffic.traffic_summary(session, store, job))
+
+
+@router.get(
+    "/jobs/{job_id}/respecialise",
+    response_model=ProposalOut,
+    summary="Buckets proposed from the traffic, with the expected gain",
+    responses=CONFLICT,
+)
+def get_proposal(
+    job: JobOfCurrentTenant,
+    session: SessionDep,
+    store: StoreDep,
+    max_buckets: Annotated[int | None, Query(ge=1, le=16)] = None,
+) -> ProposalOut:
+    return ProposalOut(**traffic.proposal(session, store, job, max_buckets))
+
+
+@router.post(
+    "/jobs/{job_id}/respecialise",
+    response_model=VersionOut,
+    status_code=202,
+    summary="Compile the next bundle version for the proposed (or given) buckets",
+    responses=CONFLICT,
+)
+def post_respecialise(
+    request: Request,
+    body: RespecialiseIn,
+    job: JobOfCurrentTenant,
+    tenant: CurrentTenant,
+    session: SessionDep,
+    settings: SettingsDep,
+    store: StoreDep,
+) -> JSONResponse:
+    child = traffic.respecialise(session, settings, store, tenant, job, body)
+    out = VersionOut(job=jobs.job_out(child, _root(request)), buckets=None)
+    return JSONResponse(out.model_dump(mode="json"), status_code=202)
+
+
+@router.put(
+    "/jobs/{job_id}/traffic/policy",
+    response_model=TrafficPolicyOut,
+    summary="Re-specialise by itself past a padding waste",
+)
+def put_policy(body: TrafficPolicyIn, job: JobOfCurrentTenant, session: SessionDep) -> TrafficPolicyOut:
+    return TrafficPolicyOut(**traffic.set_policy(session, job, body))
+
+
+@router.get(
+    "/jobs/{job_id}/versions", response_model=VersionsOut, summary="The bundle's versions, oldest first"
+)
+def get_versions(
+    request: Request, job: JobOfCurrentTenant, session: SessionDep, store: StoreDep
+) -> VersionsOut:
+    versions = [
+        VersionOut(job=jobs.job_out(v, _root(request)), buckets=traffic.version_buckets(session, store, v))
+        for v in traffic.lineage(session, job)
+    ]
+    return VersionsOut(job_id=job.id, versions=versions)
