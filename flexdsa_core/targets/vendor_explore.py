@@ -649,7 +649,10 @@ def _fixed_inputs(path: Path, shapes: dict[str, list[int]], folder: Path, bucket
         for dim, size in zip(value.type.tensor_type.shape.dim, shapes[value.name], strict=False):
             dim.Clear()
             dim.dim_value = int(size)
-    fixed = path.parent / f"{path.stem}.{_safe(bucket)}.fixed.onnx"
+    fixed = folder / f"{path.stem}.{_safe(bucket)}.fixed.onnx"
+    if any(init.HasField("data_location") and init.data_location == onnx.TensorProto.EXTERNAL
+           for init in proto.graph.initializer):  # fmt: skip
+        fixed = path.parent / fixed.name  # its external data sits beside the original (the scratch copy's folder)
     onnx.save(proto, str(fixed))
     return fixed
 
