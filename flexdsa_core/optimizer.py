@@ -62,6 +62,7 @@ from flexdsa_core.precision import (
 from flexdsa_core.preflight import check_buckets, check_disabled, refuse_impossible_tensors, switchable_names
 from flexdsa_core.report import build_report, render_summary, report_summary
 from flexdsa_core.serialized import kept_bytes, model_bytes, serialization_scope
+from flexdsa_core.shape_plan import ShapePlan
 from flexdsa_core.shape_tracker import Bucket, ShapeTracker
 from flexdsa_core.significance import (
     MIN_ROUNDS,
@@ -546,9 +547,13 @@ class FlexDSAOptimizer:
         stage_seconds["shapes"] += time.perf_counter() - start
         report_progress.finish("shapes")
 
+        # One source of shapes: the dims no bucket fixes take the Shape Tracker's representative values (held
+        # to the memory budget, where the model runs), for the costing, the memory plan and validation alike.
+        plan = _free_dims_plan(tracker, buckets, shape_report)
         cost_model = CostModel(
-            self.target, cache=cache, calibrate=options.calibrate and self.target.calibrated
+            self.target, cache=cache, calibrate=options.calibrate and self.target.calibrated, dims=plan.dims
         )
+        cost_model.memory_budget_bytes = plan.budget_bytes
         disabled = frozenset(options.disabled_rules)
         # The pipeline again with other rewrites switched off: what the bisections below call.
         recompile = functools.partial(
@@ -1123,6 +1128,19 @@ def _in_opset(op_type: str, opset_range: tuple[int, int]) -> bool:
     except onnx.defs.SchemaError:
         return False
     return schema.since_version <= opset_range[1]
+
+
+def _free_dims_plan(tracker: ShapeTracker, buckets: list[Bucket], shape_report) -> ShapePlan:
+    """``tracker.plan`` for the dynamic dims no bucket fixes (at the first bucket's values), merged into the
+    report's ``shapes.plan`` beside the default buckets' choice."""
+    free = [name for name in shape_report.dims if name not in buckets[0].dims]
+    plan = tracker.plan(free, fixed=buckets[0].dims)
+    merged = dict(shape_report.plan or {})
+    fresh = plan.as_dict()
+    merged["dims"] = {**merged.get("dims", {}), **fresh["dims"]}
+    merged["notes"] = [*merged.get("notes", []), *fresh["notes"]]
+    shape_report.plan = {**fresh, **merged}
+    return plan
 
 
 def _proto_without_weights(model: ir.Model) -> onnx.ModelProto:
