@@ -587,6 +587,7 @@ class ShapeTracker:
                 defaulted[dim_name] = [DEFAULT_BATCH] if kind == "batch" else None
         if defaulted:
             values.update(self._defaults(values, defaulted, target))
+            values = {name: values[name] for name in report.dims if name in values}  # the inputs' order
         if not values:
             name = DYNAMIC_BUCKET if report.dims else STATIC_BUCKET
             self._buckets = [Bucket(name, {})]
