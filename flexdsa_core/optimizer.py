@@ -38,12 +38,13 @@ from flexdsa_core.calibration import CalibrationError, check_calibration, load_c
 from flexdsa_core.cost_model import CostModel, machine_fingerprint
 from flexdsa_core.delivery import check_delivery
 from flexdsa_core.dims import is_batch_dim
-from flexdsa_core.errors import ValidationFailedError
+from flexdsa_core.errors import FlexDSAError, ValidationFailedError
 from flexdsa_core.fusion_switcher import FusionSwitcher
 from flexdsa_core.fusions import discover_rules
 from flexdsa_core.in_memory import InMemoryModel, arrays_scope
 from flexdsa_core.ingest import Ingested, ingest, needs_external_data, save_model
 from flexdsa_core.invariants import check_invariants
+from flexdsa_core.loadable import InternalGraphError, UnloadableGraph, load_refusal, plain_reason
 from flexdsa_core.memory_planner import plan_memory
 from flexdsa_core.options import OptimizeOptions
 from flexdsa_core.passes import generic_passes
@@ -379,12 +380,22 @@ class FlexDSAOptimizer:
                 if stage.progress:
                     progress(stage.name, index / len(buckets), f"{stage.progress} ({bucket.name})")
                 start = time.perf_counter()
-                stage.run(run)
+                try:
+                    stage.run(run)
+                except (FlexDSAError, MemoryError):
+                    raise  # the user's to fix, or the machine's: not a rewrite to roll back
+                except Exception as error:  # noqa: BLE001 - a stage that broke on what a rewrite made
+                    raise UnloadableGraph(comp, f"{stage.run.__name__.strip('_')}[{bucket.name}]",
+                                          plain_reason(error), error) from error  # fmt: skip
                 if stage.name:
                     comp.stage_seconds[stage.name] += time.perf_counter() - start
                 if stage.check and options.debug_invariants:
                     supported = self.adapter_supports if stage.supported else None
                     check_invariants(run.model, stage=f"{stage.name}[{bucket.name}]", supported=supported)
+            # Never a graph ONNX Runtime refuses: each finished bucket is loaded once (nothing run).
+            refusal = load_refusal(run.model)
+            if refusal is not None:
+                raise UnloadableGraph(comp, f"load[{bucket.name}]", refusal)
             comp.buckets.append(
                 BucketModel(
                     bucket.name, run.model, bucket.input_shapes(run.model), run.legalized.portable, run.at
@@ -559,12 +570,11 @@ class FlexDSAOptimizer:
         recompile = functools.partial(
             self._compile, tracker, buckets, options, cost_model=cost_model, progress=report_progress
         )
-        comp = recompile(disabled)
+        comp, recompile = self._loadable(recompile, disabled, rollbacks := [])
         for stage in ("passes", "fusion", "memory"):
             report_progress.finish(stage)
 
         # Stage 8, validate: every bucket against the original; on a mismatch, bisect and roll back.
-        rollbacks: list[dict] = []
         validation: list[dict] = []
         reference_cache = _References(original_source, options.seed, original_digest, original_in_memory)
         if options.validate_outputs:
@@ -852,6 +862,34 @@ class FlexDSAOptimizer:
             f"Optimised outputs still differ after {MAX_ROLLBACKS} rollbacks: {failure}"
         )
 
+    def _loadable(self, recompile, disabled: frozenset[str], rollbacks: list[dict]):
+        """The first compile whose every bucket ONNX Runtime loads: a rewrite that makes an unloadable graph
+        (or breaks a later stage) is found by bisection, switched off and recorded (``invalid_graph``).
+        Returns it and a ``recompile`` for the later bisections that answers None for such a variant."""
+
+        def loadable_or_none(switched_off: frozenset[str]) -> Compilation | None:
+            try:
+                return recompile(switched_off)
+            except UnloadableGraph:
+                return None
+
+        for _ in range(MAX_ROLLBACKS + 1):
+            try:
+                return recompile(disabled), loadable_or_none
+            except UnloadableGraph as failure:
+                culprit, fixed = self._bisect(failure.comp, lambda c: c is not None, loadable_or_none)
+                if culprit is None or fixed is None:
+                    if failure.error is not None:
+                        raise failure.error from None
+                    raise InternalGraphError(
+                        f"the optimised graph does not load in ONNX Runtime ({failure.stage}: {failure.reason}) "
+                        "and switching off every rewrite did not fix it"
+                    ) from None
+                rollbacks.append({"rewrite": culprit, "reason": "invalid_graph",
+                                  "detail": f"{failure.stage}: {failure.reason}"})  # fmt: skip
+                disabled = frozenset(disabled | {culprit})
+        raise InternalGraphError(f"the optimised graph still does not load after {MAX_ROLLBACKS} rollbacks")
+
     def _bisect(self, comp, is_good, recompile):
         """Find one applied rewrite whose removal makes ``is_good`` hold.
 
@@ -861,18 +899,19 @@ class FlexDSAOptimizer:
         applied = list(comp.applied)
         base = set(comp.disabled)
         everything = recompile(frozenset(base | set(applied)))
-        if not applied or not is_good(everything):
+        if not applied or everything is None or not is_good(everything):  # None: a variant that does not load
             return None, comp
         lo, hi = 0, len(applied)
         while hi - lo > 1:
             mid = (lo + hi) // 2
             candidate = recompile(frozenset(base | set(applied[:mid])))
-            if is_good(candidate):
+            if candidate is not None and is_good(candidate):
                 hi = mid
             else:
                 lo = mid
         culprit = applied[hi - 1]
-        return culprit, recompile(frozenset(base | {culprit}))
+        without = recompile(frozenset(base | {culprit}))
+        return (culprit, without) if without is not None else (None, comp)
 
     def _never_slower(self, comp, original_source, options, rollbacks, references, recompile, progress, cache=None):
         """Time original and optimised side by side (paired rounds, a confidence bound: ``significance``);

@@ -650,6 +650,9 @@ class ShapeTracker:
             return self._plans[key]
         budget, basis = memory_budget(weight_bytes(self.model))
         plan = ShapePlan(budget_bytes=budget, budget_basis=basis)
+        if not names:
+            self._plans[key] = plan
+            return plan
         kinds = {name: self.dim_kind(name) for name in names}
         plan.kinds = kinds
         start = {
@@ -690,7 +693,7 @@ class ShapeTracker:
             trial = {
                 name: caps[name] if candidate is None or kinds[name] == "batch" else candidate for name in names
             }
-            if candidate is not None and candidate > start.get(names[0], 0) and not self._within(
+            if candidate is not None and candidate > max(start.values()) and not self._within(
                 {**fixed, **trial}, budget, weights
             ):
                 continue  # larger than the start only where the budget allows it
@@ -728,8 +731,10 @@ class ShapeTracker:
         key = tuple(sorted(dims.items()))
         if key in self._refusals:
             return self._refusals[key]
+        import onnxruntime as ort
+
         from flexdsa_core.in_memory import InMemoryModel
-        from flexdsa_core.validate import make_inputs, run, session
+        from flexdsa_core.validate import make_inputs, run
 
         reason = None
         if weight_bytes(self.model) <= _RUN_CHECK_MAX_BYTES:
@@ -738,7 +743,12 @@ class ShapeTracker:
                 proto.graph.input.append(ir.serde.serialize_value(value))
             try:
                 feeds = make_inputs(proto, dims=dict(dims))
-                run(session(InMemoryModel.from_ir(self.model, finished=False)), feeds, what="a shape check")
+                options = ort.SessionOptions()
+                options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+                options.intra_op_num_threads = 1
+                options.log_severity_level = 4  # a refusal here is an answer, not an error to log
+                session = InMemoryModel.from_ir(self.model, finished=False).session(options)
+                run(session, feeds, what="a shape check")
             except Exception as error:  # noqa: BLE001 - ORT raises many types; its words are the reason
                 reason = re.sub(r"^\[ONNXRuntimeError\] : \d+ : [A-Z_]+ : ", "", str(error).splitlines()[0])[:200]
         self._refusals[key] = reason
@@ -826,6 +836,10 @@ class ShapeTracker:
         self._specialized[bucket.name] = model
         self._specialization_info[bucket.name] = info
         return model.clone()
+
+    def specialize_at(self, dims: Mapping[str, int]) -> ir.Model:
+        """``specialize`` for dims that are no bucket (a check at other values): not kept."""
+        return self._specialized_model(dims)[0]
 
     def _specialized_model(self, dims: Mapping[str, int]) -> tuple[ir.Model, dict[str, Any]]:
         """``specialize``'s work, uncached: the model with ``dims`` bound, and its node counts."""
