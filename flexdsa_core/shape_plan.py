@@ -112,14 +112,19 @@ def memory_budget(model_bytes: int, machine_bytes: int | None = None) -> tuple[i
 
 
 def weight_bytes(model: ir.Model) -> int:
-    """Bytes of the model's initializers (external data counted from shapes, never loaded)."""
+    """Bytes of the model's weights: initializers (external data counted from shapes, never loaded) and the
+    tensors of ``Constant`` nodes (paddle2onnx writes its weights so)."""
     total = 0
-    for value in model.graph.initializers.values():
-        tensor = value.const_value
-        if tensor is None:
+    constants = (
+        node.attributes["value"].value
+        for node in model.graph
+        if node.op_type == "Constant" and node.domain in ("", "ai.onnx") and "value" in node.attributes
+    )
+    for tensor in (*(v.const_value for v in model.graph.initializers.values()), *constants):
+        if tensor is None or not hasattr(tensor, "shape"):
             continue
         try:
-            total += math.prod(int(d) for d in tensor.shape) * tensor.dtype.itemsize
+            total += int(math.prod(int(d) for d in tensor.shape) * tensor.dtype.itemsize)
         except (TypeError, ValueError):
             continue
     return total
