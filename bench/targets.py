@@ -10,12 +10,24 @@ the CPU-fallback node count and transitions, the estimated latency beside its ro
 estimates from the sourced spec, labelled partial where the spec is silent), and where the vendor
 toolchain is ready, the placement agreement with the vendor tool and the vendor simulator's cosine to
 the original. Results: ``bench/results/targets.json``.
+
+Then, where a vendor toolchain gives its own cost (rknn-toolkit2 for ``rockchip-rk3588``), the comparison with
+the vendor alone on the bench models at realistic widths (``bench.models``), by the vendor's own estimate at
+the same input shapes: per model, without samples (the default spec, float16) and with calibration samples
+(``precision: mixed``, calibrated on the first two thirds, judged in the vendor's simulator on the rest): the
+vendor alone's cycles (float16, and its own w8a8 with its accuracy), ours, the ratio to the vendor alone's best
+build that keeps the accuracy target, CPU-fallback layers and transitions of both, the precision shipped and
+its accuracy on the held-out samples. Results: ``bench/results/vendor.json``.
+
+    python -m bench.targets --vendor-only --vendor-models vit,resnet
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
+import math
 import time
 from pathlib import Path
 
@@ -27,6 +39,8 @@ from tests.models import FIXTURES, fixture
 
 RESULTS = Path(__file__).parent / "results"
 BUCKETS = {"batch": [1], "seq": [16]}
+VENDOR_TARGET = "rockchip-rk3588"
+VENDOR_MODELS = ("bert", "gpt2", "llama", "vit", "resnet", "mobilenetv2")
 
 
 def _buckets(model: str) -> dict[str, list[int]]:
@@ -73,7 +87,33 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--targets", default="", help="comma-separated (default: every accelerator target)")
     parser.add_argument("--models", default=",".join(FIXTURES), help="comma-separated fixtures")
     parser.add_argument("--toolchains", type=Path, default=DEFAULT_TOOLCHAINS_DIR)
+    parser.add_argument("--vendor-models", default=",".join(VENDOR_MODELS),
+                        help="bench models for the comparison with the vendor alone")  # fmt: skip
+    parser.add_argument("--samples", type=int, default=12, help="calibration samples for the 'with samples' rows")
+    parser.add_argument("--vendor-only", action="store_true", help="only the comparison with the vendor alone")
+    parser.add_argument("--no-vendor", action="store_true", help="skip the comparison with the vendor alone")
     args = parser.parse_args(argv)
+    # onnxruntime.quantization logs a pre-processing hint on the root logger for every stand-in model
+    logging.getLogger().setLevel(logging.ERROR)
+    if not args.vendor_only:
+        fixtures_table(args)
+    if args.no_vendor:
+        return
+    from flexdsa_core.toolchains import get_toolchain
+
+    if not get_toolchain("rockchip").status(args.toolchains).ready:
+        print(f"\n{VENDOR_TARGET}: rknn-toolkit2 is not installed (flexdsa toolchains install rockchip): no comparison")
+        return
+    rows = []
+    for samples in (0, args.samples):
+        for model in args.vendor_models.split(","):
+            rows.append(vendor_row(model, args.toolchains, samples))
+    print_vendor(rows)
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "vendor.json").write_text(json.dumps(rows, indent=2, default=str))
+
+
+def fixtures_table(args) -> None:
     targets = [t.name for t in list_targets() if not t.calibrated]
     if args.targets:
         targets = args.targets.split(",")
@@ -96,6 +136,80 @@ def main(argv: list[str] | None = None) -> None:
     print("* partial estimate: the spec leaves a figure unsourced or nodes run on the CPU (see report notes)")
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "targets.json").write_text(json.dumps(rows, indent=2))
+
+
+def vendor_row(model: str, toolchains: Path, samples: int) -> dict:
+    """One bench model on rockchip-rk3588 with the vendor in the loop: without samples (``samples`` 0) or with
+    ``samples`` seeded inputs as the user's calibration set under ``precision: mixed``."""
+    import numpy as np
+    import onnx
+
+    from bench.models import bench_model
+    from flexdsa_core.validate import make_inputs
+
+    bench = bench_model(model)
+    options = {"shape_buckets": {k: [v] for k, v in bench.dims.items()}, "measure_latency": False}
+    calibration = None
+    if samples:
+        proto = onnx.load(str(bench.path), load_external_data=False)
+        rows = [make_inputs(proto, seed=1000 + i, dims=bench.dims) for i in range(samples)]
+        calibration = {name: np.concatenate([r[name] for r in rows]) for name in rows[0]}
+        options["precision"] = "mixed"
+    started = time.perf_counter()
+    result = FlexDSAOptimizer(VENDOR_TARGET, toolchain_root=toolchains).optimize(
+        bench.path, OptimizeOptions(**options), calibration=calibration
+    )
+    [(bucket, row)] = list(result.report["vendor"]["buckets"].items())[:1]
+    accuracy = ((result.report["toolchain"].get("buckets") or {}).get(bucket) or {}).get("accuracy") or {}
+    return {
+        "model": model, "samples": samples, "bucket": bucket, "seconds": time.perf_counter() - started,
+        "alone_fp16": row["vendor_alone"], "alone_int8": row.get("vendor_alone_int8"),
+        "alone_best": row.get("vendor_alone_best"), "ours": row["ours"], "ratio": row["ratio"],
+        "shipped": row["shipped"], "precision": row.get("precision") or "float16", "forms": row["forms"],
+        "accuracy": accuracy, "decision": row["decision"], "measure": result.report["vendor"]["measure"],
+        "energy": result.report["vendor"]["energy"]["detail"],
+    }  # fmt: skip
+
+
+def _acc(figure: dict | None) -> str:
+    """The held-out accuracy in one cell: worst cosine and top-1 over the outputs, with the sample count."""
+    if not figure or not figure.get("outputs"):
+        return "-"
+    cosines = [o["cosine"] for o in figure["outputs"].values() if o.get("cosine") is not None]
+    top1 = [o["top1_agreement"] for o in figure["outputs"].values() if o.get("top1_agreement") is not None]
+    text = f"cos {min(cosines):.4f}" if cosines else ""
+    if top1:
+        text += f" top1 {min(top1):.3f}"
+    return f"{text} ({figure.get('samples', '?')})" + ("" if figure.get("ok") else " MISS")
+
+
+def print_vendor(rows: list[dict]) -> None:
+    print(f"\n{VENDOR_TARGET}: ours against rknn-toolkit2 alone, by its own estimate (cycles) at the same shapes")
+    print(f"{'model':<12} {'samples':>7} {'alone fp16':>11} {'alone w8a8':>11} {'w8a8 acc (held-out)':>26} "
+          f"{'ours':>11} {'ratio':>6} {'cpu/tr best':>12} {'cpu/tr ours':>11} {'shipped':<22} {'ours acc (held-out)':>26}")  # fmt: skip
+    for row in rows:
+        int8 = row["alone_int8"] or {}
+        best = row["alone_best"] or row["alone_fp16"]
+        print(
+            f"{row['model']:<12} {row['samples']:>7} {_fmt(row['alone_fp16'].get('cycles'), '.0f'):>11} "
+            f"{_fmt(int8.get('cycles'), '.0f'):>11} {_acc(int8.get('accuracy')):>26} "
+            f"{_fmt(row['ours'].get('cycles'), '.0f'):>11} {_fmt(row['ratio'], '.3f'):>6} "
+            f"{best.get('cpu_nodes', '-')}/{best.get('transitions', '-'):<10} "
+            f"{row['ours'].get('cpu_nodes', '-')}/{row['ours'].get('transitions', '-'):<9} "
+            f"{row['precision'] + (' + forms' if row['forms'] else ''):<22} {_acc(row['accuracy']):>26}",
+            flush=True,
+        )
+    ratios = [r["ratio"] for r in rows if r["ratio"]]
+    for samples in sorted({r["samples"] for r in rows}):
+        chosen = [r["ratio"] for r in rows if r["samples"] == samples and r["ratio"]]
+        if chosen:
+            geomean = math.exp(sum(math.log(x) for x in chosen) / len(chosen))
+            print(f"geomean ratio {'with' if samples else 'without'} samples: {geomean:.3f} over {len(chosen)} models "
+                  f"(worst {max(chosen):.3f})")  # fmt: skip
+    if ratios:
+        print("ratio: ours / the vendor alone's best build that keeps the accuracy target (float16, or its own w8a8 "
+              "where accurate on the held-out samples)")  # fmt: skip
+        print(f"measure: {rows[0]['measure']}; {rows[0]['energy']}")
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ remains here is their order, the bisections that undo a rewrite, and the report.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import hashlib
 import json
@@ -78,6 +79,7 @@ from flexdsa_core.targets import BucketModel, PlatformAdapter, TargetSpec, get_a
 from flexdsa_core.targets.accelerator import AcceleratorAdapter
 from flexdsa_core.targets.estimate import target_estimate
 from flexdsa_core.targets.toolchain_run import run_toolchain
+from flexdsa_core.targets.vendor_explore import explore, vendor_section
 from flexdsa_core.validate import (
     LatencyRounds,
     compare,
@@ -611,16 +613,38 @@ class FlexDSAOptimizer:
         # compiler at the requested precision (its quantiser calibrated on the same samples as ours), run it
         # in the vendor's simulator/emulator, compare with the original, and hold our predicted placement
         # against the vendor's.
-        toolchain_report, toolchain_files = {}, {}
+        toolchain_report, toolchain_files, vendor, exploration = {}, {}, None, None
         if isinstance(self.adapter, AcceleratorAdapter):
             report_progress("toolchain", 0.0, "compiling with the vendor toolchain")
             start = time.perf_counter()
-            toolchain_report, toolchain_files = run_toolchain(
-                self.target, self.adapter, comp.buckets, comp.partition, original_source,
+            # Exploration scored by the vendor's own estimate, the vendor alone beside it (where it gives one):
+            # forms only its compiler can judge, never worse than the original compiled by the vendor alone.
+            exploration = explore(
+                self.target, self.adapter, comp.buckets, original_source, root=self.toolchain_root,
+                workdir=workdir, cache=cache, progress=lambda f, m: report_progress("toolchain", 0.6 * f, m),
+                precision={**(precision or {}), "requested": options.precision},
+                accuracy=options.accuracy, **_user_samples(precision_runs),
+                traffic=_traffic_request(options, buckets),
+            )  # fmt: skip
+            if exploration is not None:
+                comp, validation = self._explored(
+                    comp, exploration, original_source, options, reference_cache, validation, cost_model
+                )
+            compile_final = functools.partial(
+                run_toolchain, self.target, self.adapter, partition=comp.partition, original_source=original_source,
                 root=self.toolchain_root, seed=options.seed, workdir=workdir,
                 precision={**(precision or {}), "requested": options.precision},
                 calibration=precision_samples, accuracy=options.accuracy,
             )  # fmt: skip
+            toolchain_report, toolchain_files = compile_final(
+                comp.buckets, bucket_options=exploration.bucket_options if exploration else None
+            )
+            if exploration is not None and not toolchain_report.get("ran") and toolchain_report.get("failed"):
+                # Never worse than the vendor alone: our form crashed the vendor's final build; the original does not.
+                comp, exploration = self._vendor_fallback(comp, exploration, toolchain_report["failed"])
+                toolchain_report, toolchain_files = compile_final(comp.buckets)
+            if exploration is not None:
+                vendor = vendor_section(self.target, self.adapter, exploration, toolchain_report)
             stage_seconds["toolchain"] = time.perf_counter() - start
             if precision is not None and precision.get("vendor_quantiser"):
                 toolchain_files = self._vendor_verdicts(precision, precision_runs, toolchain_report, toolchain_files)
@@ -659,6 +683,10 @@ class FlexDSAOptimizer:
         if toolchain_report:
             report["toolchain"] = toolchain_report
             report["warnings"].extend(toolchain_report.get("warnings", []))
+        if vendor is not None:
+            report["vendor"] = vendor
+            for bucket_name, plan in exploration.plans.items():
+                comp.fusion_plans.setdefault(bucket_name, {})["vendor_exploration"] = plan
         files = self.adapter.generate(comp.buckets, self.target, report, workdir=workdir)
         artifacts: dict[str, bytes | Path] = {**files, **toolchain_files}
         if precision is not None and precision.get("vendor_quantiser"):
@@ -678,6 +706,72 @@ class FlexDSAOptimizer:
 
     # ------------------------------------------------------------------ helpers for optimize
     _scratch: Path | None = None
+
+    def _describe(self, comp: Compilation, bucket: BucketModel, cost_model: CostModel) -> None:
+        """Memory plan, partition and estimates of a bucket whose model changed after ``_compile``."""
+        comp.memory[bucket.name] = plan_memory(bucket.model, dims=bucket.at).as_dict()
+        mapping = SubgraphMapper(self.target, self.adapter, cost_model, cost_model.cache).map(bucket.model)
+        comp.partition[bucket.name] = mapping.as_dict()
+        cost = cost_model.graph_cost(bucket.model)
+        estimates = dict(comp.estimates.get(bucket.name) or {})
+        estimates["after"] = cost.as_dict()
+        estimates["on_target"] = target_estimate(self.target, mapping, cost, comp.memory[bucket.name])
+        comp.estimates[bucket.name] = estimates
+
+    def _explored(self, comp, exploration, original_source, options, references, validation, cost_model):
+        """The buckets exploration chose: a changed model is validated against the original again (and kept
+        only if it holds: else the bucket goes back to our plain model, said in the decision); a bucket that
+        ships the original model is the original, so nothing of ours is left in it to validate."""
+        chosen = {b.name: b for b in exploration.buckets}
+        if options.validate_outputs and exploration.changed:
+            changed = copy.copy(comp)
+            changed.buckets = [chosen[b.name] for b in comp.buckets if b.name in exploration.changed]
+            results = {r.bucket: r for r in self._validate_buckets(changed, original_source, options, references)}
+            for name, result in results.items():
+                if not result.ok:
+                    chosen[name] = next(b for b in comp.buckets if b.name == name)
+                    exploration.changed.discard(name)
+                    exploration.report["buckets"][name]["decision"] += (
+                        f"; not shipped: it failed validation against the original ({result.describe_failure()})"
+                    )
+                else:
+                    validation = [result.as_dict() if v.get("bucket") == name else v for v in validation]
+        comp = copy.copy(comp)
+        comp.buckets = [chosen[b.name] for b in comp.buckets]
+        comp.partition, comp.estimates, comp.memory = dict(comp.partition), dict(comp.estimates), dict(comp.memory)
+        for bucket in comp.buckets:
+            if bucket.name in exploration.changed:  # the report describes the model that ships
+                self._describe(comp, bucket, cost_model)
+        for name in exploration.original:
+            part = comp.partition.get(name)
+            if part is not None:
+                part.setdefault("notes", []).append(
+                    "this bucket ships the original model (see report.vendor): the partition above is our prediction "
+                    "for our model; the vendor's own placement of the original is under toolchain.buckets"
+                )
+        return comp, validation
+
+    def _vendor_fallback(self, comp, exploration, failure: str):
+        """The vendor's final build failed on a model of ours where the vendor alone built the original: every
+        bucket that has a vendor-alone build ships the original instead, and says why."""
+        sources = {}
+        for name, row in exploration.report["buckets"].items():
+            if row["vendor_alone"].get("cycles") is not None and name not in exploration.original:
+                sources[name] = row
+        if not sources:
+            return comp, exploration
+        original = ir.load(exploration.original_file) if exploration.original_file else None
+        if original is None:
+            return comp, exploration
+        comp = copy.copy(comp)
+        comp.buckets = [
+            dataclasses.replace(b, model=original, portable=None) if b.name in sources else b for b in comp.buckets
+        ]
+        for name, row in sources.items():
+            exploration.original.add(name)
+            exploration.changed.discard(name)
+            row["decision"] += f"; the vendor's final build of our model failed ({failure.splitlines()[0][:300]}): the original model ships"
+        return comp, exploration
 
     def _calibration_samples(self, model: ir.Model, options: OptimizeOptions, calibration) -> list[dict] | None:
         if options.precision == "fp32":
@@ -1050,6 +1144,30 @@ class FlexDSAOptimizer:
             }
         )
         return candidate, comparison
+
+
+def _traffic_request(options: OptimizeOptions, buckets) -> dict | None:
+    """Observed traffic and each bucket's dims, for the vendor's expected cost per request (``vendor_explore``)."""
+    if not options.observed_shapes:
+        return None
+    observed = [{"dims": dict(entry.dims), "count": entry.count} for entry in options.observed_shapes]
+    named = {dim for entry in observed for dim in entry["dims"]}
+    fixed = {dim: value for bucket in buckets for dim, value in bucket.dims.items() if dim not in named}
+    return {"observed": observed, "bucket_dims": {b.name: dict(b.dims) for b in buckets}, "fixed": fixed}
+
+
+def _user_samples(runs: dict) -> dict:
+    """The user's samples per bucket for vendor exploration, split: calibrate on the first two thirds, judge on
+    the rest (all of them both ways when there are fewer than 3). Synthetic samples never judge accuracy."""
+    calibration, held_out = {}, {}
+    for name, precision_run in runs.items():
+        samples = precision_run.samples
+        if precision_run.synthetic or not samples:
+            continue
+        cut = len(samples) - len(samples) // 3 if len(samples) >= 3 else len(samples)
+        calibration[name] = samples[:cut]
+        held_out[name] = samples[cut:] or samples
+    return {"calibration": calibration or None, "held_out": held_out or None}
 
 
 def _sha256(source: bytes | Path) -> str:

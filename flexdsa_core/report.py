@@ -185,6 +185,30 @@ def report_summary(report: dict) -> dict:
         "total_seconds": report["total_seconds"],
         "warnings": list(report.get("warnings", [])),
         "precision": _precision_summary(report.get("precision")),
+        "vendor": _vendor_summary(report.get("vendor")),
+    }
+
+
+def _vendor_summary(vendor: dict | None) -> dict | None:
+    """Per bucket, ours against the vendor alone by the vendor's own measure, with what produced the figures."""
+    if not vendor:
+        return None
+    return {
+        "tool": vendor.get("tool"),
+        "measure": vendor.get("measure"),
+        "buckets": {
+            name: {
+                "vendor_alone": (row.get("vendor_alone_best") or row["vendor_alone"]).get("cycles"),
+                "ours": (row.get("ours") or {}).get("cycles"),
+                "ratio": round(row["ratio"], 4) if row.get("ratio") is not None else None,
+                "cpu_nodes": [row["vendor_alone"].get("cpu_nodes"), (row.get("ours") or {}).get("cpu_nodes")],
+                "shipped": row.get("shipped"),
+                "precision": row.get("precision"),
+            }
+            for name, row in vendor.get("buckets", {}).items()
+        },
+        "traffic": {k: (vendor.get("traffic") or {}).get(k) for k in ("expected_cycles_per_request", "vendor_alone_at_largest", "ratio", "requests")}
+        if vendor.get("traffic") else None,
     }
 
 
@@ -263,6 +287,25 @@ def render_summary(report: dict) -> str:
             lines.append(f"  kept float  {row['layer']}: {row['reason']}")
         if len(kept) > 12:
             lines.append(f"  kept float  ... and {len(kept) - 12} more (report.json, precision.layers)")
+    vendor = s.get("vendor")
+    if vendor:
+        lines.append(f"Vendor        ours vs {vendor['tool']} alone, by {vendor['measure'] or 'its placement'}")
+        for bucket, row in vendor["buckets"].items():
+            if row["ours"] is not None and row["vendor_alone"]:
+                figure = f"{row['ours']:,.0f} vs {row['vendor_alone']:,.0f} cycles ({row['ratio']:.3f}x)"
+            else:
+                figure = "no cost figure from the vendor"
+            lines.append(
+                f"  [{bucket}] {figure}; CPU layers {row['cpu_nodes'][1]} vs {row['cpu_nodes'][0]}; "
+                f"shipped {row['shipped']}{' (' + row['precision'] + ')' if row['precision'] else ''}"
+            )
+        traffic = vendor.get("traffic")
+        if traffic and traffic.get("ratio") is not None:
+            lines.append(
+                f"  traffic: {traffic['expected_cycles_per_request']:,.0f} cycles per request over the buckets vs "
+                f"{traffic['vendor_alone_at_largest']:,.0f} for the vendor alone at the largest observed shape "
+                f"({traffic['ratio']:.3f}x, {traffic['requests']} requests)"
+            )
     for bucket, memory in report["memory"].items():
         arena, naive = memory.get("arena_bytes"), memory.get("naive_bytes")
         if arena is not None and naive:

@@ -237,9 +237,8 @@ def submit(
         if not quiet:
             summary = job.get("report_summary") or {}
             if summary.get("nodes_before") is not None:
-                speed = f", ORT CPU {summary['speedup']:.2f}x" if summary.get("speedup") else ""
                 console.print(
-                    f"Succeeded: nodes {summary['nodes_before']} -> {summary['nodes_after']}{speed}."
+                    f"Succeeded: nodes {summary['nodes_before']} -> {summary['nodes_after']}{_speed_text(summary)}."
                 )
         if out is not None:
             written = fetch_artifacts(client, job_id, out)
@@ -251,6 +250,22 @@ def submit(
     finally:
         if client is not None:
             client.close()
+
+
+def _speed_text(summary: dict) -> str:
+    """The job's speed figure with its source: the vendor's own measure beside the vendor alone for an
+    accelerator, ONNX Runtime on the compiling machine only where that machine is the target (cpu-ort)."""
+    vendor = summary.get("vendor") or {}
+    parts = [
+        f"[{bucket}] {row['ratio']:.3f}x the vendor alone ({row['ours']:,.0f} vs {row['vendor_alone']:,.0f} cycles)"
+        for bucket, row in (vendor.get("buckets") or {}).items()
+        if row.get("ratio") is not None
+    ]
+    if parts:
+        return f", {vendor.get('tool')} estimate: " + "; ".join(parts)
+    if summary.get("target") == "cpu-ort" and summary.get("speedup"):
+        return f", {summary['speedup']:.2f}x the original in ONNX Runtime on the compiling machine"
+    return ""
 
 
 def register(app: typer.Typer) -> None:

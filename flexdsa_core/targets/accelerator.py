@@ -14,6 +14,8 @@ A vendor file subclasses ``AcceleratorAdapter`` and overrides only what its tool
 * ``toolchain_options(target, report)``: extra ``options`` for the vendor driver's request.
 * ``partition_notes(model, target)``: what the partition report must say about the whole model on this
   target (e.g. that a float model runs on an int8-only accelerator only once quantised).
+* ``vendor_cost(entry, versions)`` and ``vendor_forms``: the vendor compiler's own figure for a compiled
+  model, and the rewrites only that figure can decide (``vendor_explore``).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import onnx_ir as ir
 from flexdsa_core.targets.base import BucketModel, Legalized, PlatformAdapter
 from flexdsa_core.targets.constraints import violations
 from flexdsa_core.targets.spec import TargetSpec, op_key
+from flexdsa_core.targets.vendor_cost import VendorCost
 
 # Ops that only carry data between others: free on any side of a partition boundary.
 SHAPE_OPS = frozenset(
@@ -65,6 +68,30 @@ class AcceleratorAdapter(PlatformAdapter):
 
     def partition_notes(self, model: ir.Model, target: TargetSpec) -> list[str]:
         return []
+
+    # Forms (``targets/forms``) only the vendor's own estimate can decide, by name; tried where it gives cycles.
+    vendor_forms: tuple[str, ...] = ()
+    # Whether the vendor's compiler must run a sample to compile (QNN) rather than take shapes alone (rknn).
+    vendor_needs_inputs: bool = False
+    # The vendor package whose version labels its figures ("rknn-toolkit2 2.5.0 estimate").
+    vendor_package: str | None = None
+
+    def vendor_cost(self, entry: dict, versions: dict) -> VendorCost | None:
+        """The vendor's own figure for one compiled model (one driver entry); None where it gives none."""
+        return None
+
+    def vendor_estimate_options(self, target: TargetSpec, report: dict) -> dict:
+        """Driver options for the exploration's estimate-only builds (the vendor alone's and each candidate's):
+        by default the job's own (``toolchain_options``)."""
+        return self.toolchain_options(target, report)
+
+    # Driver options of the vendor alone's build of the original (the vendor's own preparation of a model).
+    vendor_alone_options: dict = {}
+
+    def vendor_precisions(self, target: TargetSpec, report: dict) -> dict[str, dict]:
+        """Under an int8/mixed request, each precision the vendor's compiler makes: name -> driver options (the
+        first a plain int8 build, what the vendor alone makes; ``"dtype": "float16"`` marks the float end)."""
+        return {}
 
     # ---- legality ---------------------------------------------------------------------------------
     def fallback_reason(self, node: ir.Node, target: TargetSpec) -> str | None:

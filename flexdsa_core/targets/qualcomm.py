@@ -40,6 +40,7 @@ from flexdsa_core.targets.bundle_inputs import (
     runtime_inputs,
 )
 from flexdsa_core.targets.spec import TargetSpec
+from flexdsa_core.targets.vendor_cost import VendorCost
 
 # QNN HTP architecture and SoC id of the Snapdragon 8 Gen 3 (QNN EP provider options htp_arch / soc_model).
 HTP_ARCH = "75"
@@ -62,6 +63,22 @@ HTP_LACKS = {
 
 class QualcommAdapter(AcceleratorAdapter):
     vendor = "Qualcomm"
+    vendor_needs_inputs = True  # the EP compiles a session: it quantises on and runs a sample
+    vendor_package = "onnxruntime-qnn"
+    vendor_alone_options = {"vendor_preprocess": True}  # qnn_preprocess_model, as QNN's documentation asks
+
+    def vendor_cost(self, entry: dict, versions: dict) -> VendorCost | None:
+        """QNN reports no cost, only where each node runs (its per-node validation in ONNX Runtime's verbose
+        log): the nodes it leaves on the CPU, and how many it placed."""
+        placement = entry.get("placement") or {}
+        if not placement:
+            return None
+        on_cpu = sorted(name for name, device in placement.items() if device != "accelerator")
+        version = versions.get("onnxruntime-qnn") or "(version unknown)"
+        return VendorCost(
+            cycles=None, cpu_nodes=len(on_cpu), transitions=None, layers=len(placement), cpu_layers=tuple(on_cpu),
+            source=f"onnxruntime-qnn {version} placement on the HTP (QNN's own per-node validation); no cost figure",
+        )
 
     # ---- legality beyond the op table --------------------------------------------------------------
     def node_reason(self, node: ir.Node, target: TargetSpec) -> str | None:

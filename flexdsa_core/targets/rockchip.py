@@ -11,6 +11,11 @@ data in ``data/rockchip-rk3588.json``; what is here needs the graph:
 
 Legalisation rewrites (each named, so ``disabled_rules`` and the accuracy bisection can switch it off):
 
+* ``pad_into_conv``: ``Conv(Pad(x))`` -> ``Conv(x, pads += ...)`` for a zero constant Pad of the spatial axes
+  (onnxscript's rule). rknn-toolkit2 2.5.0 tries the same fusion itself and crashes in it on any such pair
+  (``ValueError: assignment destination is read-only`` in ``_p_fuse_pad_into_conv``, seen): a model whose pads
+  our folding made constant (tf2onnx computes them) would otherwise not build where its original does.
+
 * ``gelu_erf_div_form``: ``Erf(x * 0.7071...)`` -> ``Erf(x / 1.4142...)``. rknn-toolkit2 fuses an erf GELU
   into its NPU op exGelu only when written with the Div, as PyTorch exports it; our algebraic
   simplification turns the Div by a constant into a Mul, which leaves the Erf on the CPU.
@@ -31,11 +36,14 @@ from pathlib import Path
 
 import numpy as np
 import onnx_ir as ir
+import onnx_ir.passes.common as ir_passes
 
+from flexdsa_core.fusions.driver import drive
 from flexdsa_core.targets.accelerator import AcceleratorAdapter, is_constant, runtime_input_of
 from flexdsa_core.targets.base import BucketModel, Legalized
 from flexdsa_core.targets.bundle_inputs import mixed_sections
 from flexdsa_core.targets.spec import TargetSpec
+from flexdsa_core.targets.vendor_cost import VendorCost
 
 # Ops rknn-toolkit2 2.5.0 takes but runs on its CPU runtime for the RK3588, each alone in a graph: all are
 # in R2's list of CPU ops (chapter 4) and none in its RK3588 NPU section (erf GELU: see gelu_erf_div_form).
@@ -45,11 +53,13 @@ POOL_DIM_MAX = 8192  # RK3588 MaxPool C, H, W limit (R2)
 SQRT2 = float(np.sqrt(2.0))
 # Below 3, the toolkit keeps an attention mask's -3.4e38 fill, which overflows float16 (NaN outputs, seen).
 OPTIMIZATION_LEVEL = 3
+# Rows of the toolkit's layer table that are the graph's inputs and outputs, not layers.
+BOUNDARY_OPS = frozenset({"InputOperator", "OutputOperator"})
 
 
 class RockchipAdapter(AcceleratorAdapter):
     vendor = "Rockchip"
-    rewrites = ("gelu_erf_div_form", "neg_to_mul", "sum_to_add")
+    rewrites = ("pad_into_conv", "gelu_erf_div_form", "neg_to_mul", "sum_to_add")
 
     # ---- legality beyond the op table --------------------------------------------------------------
     def node_reason(self, node: ir.Node, target: TargetSpec) -> str | None:
@@ -84,6 +94,7 @@ class RockchipAdapter(AcceleratorAdapter):
     def legalize_model(self, model: ir.Model, target: TargetSpec, disabled: frozenset[str]) -> Legalized:
         applied, notes = [], []
         for name, rewrite in (
+            ("pad_into_conv", _pad_into_conv),
             ("gelu_erf_div_form", _gelu_erf_div_form),
             ("neg_to_mul", _neg_to_mul),
             ("sum_to_add", _sum_to_add),
@@ -95,6 +106,48 @@ class RockchipAdapter(AcceleratorAdapter):
                 applied.append(name)
                 notes.append(f"{name}: {count} node(s) rewritten for rknn-toolkit2")
         return Legalized(model, applied=applied, notes=notes)
+
+    # ---- the vendor's own figure --------------------------------------------------------------------
+    vendor_forms = ("strided_conv_space_to_depth",)
+    vendor_package = "rknn-toolkit2"
+
+    def vendor_cost(self, entry: dict, versions: dict) -> VendorCost | None:
+        """rknn-toolkit2's estimate: the Total cycles of its Network Layer Information Table, summed; the
+        layers it runs on its CPU runtime, and the CPU<->NPU switches along the table's (execution) order."""
+        layers = [row for row in entry.get("layers") or [] if row.get("op") not in BOUNDARY_OPS]
+        if not layers:
+            return None
+        devices = [row["target"] for row in layers]
+        return VendorCost(
+            cycles=float(sum(row["cycles"] for row in layers)),
+            cpu_nodes=sum(1 for device in devices if device == "CPU"),
+            transitions=sum(1 for a, b in zip(devices, devices[1:], strict=False) if a != b),
+            source=f"rknn-toolkit2 {versions.get('rknn-toolkit2') or '(version unknown)'} estimate: "
+            "Total cycles of its Network Layer Information Table",
+            layers=len(layers),
+            per_layer=tuple((float(row["cycles"]), tuple(row.get("onnx_nodes") or ())) for row in layers),
+            cpu_layers=tuple(f"{row['op']} {row['layer_name']}" for row in layers if row["target"] == "CPU"),
+        )
+
+    def vendor_estimate_options(self, target: TargetSpec, report: dict) -> dict:
+        """Forms are judged on the float16 build (no calibration needed); precisions are tried afterwards on the
+        chosen form (``vendor_precisions``)."""
+        return self.toolchain_options(target, {})
+
+    def vendor_precisions(self, target: TargetSpec, report: dict) -> dict[str, dict]:
+        """w8a8 (the toolkit's default calibration, what it makes alone), w8a8 with its MMSE calibration, and
+        under ``mixed`` the hybrid keeping our float layers float16 and float16 itself."""
+        requested = (report.get("precision") or {}).get("requested")
+        if requested not in ("int8", "mixed"):
+            return {}
+        int8 = {"dtype": "int8", **_QUANT_CONFIG, "custom_hybrid": {}}
+        found = {"w8a8": int8, "w8a8 mmse": {**int8, "quantized_algorithm": "mmse"}}
+        if requested == "mixed":
+            hybrid = self.toolchain_options(target, report).get("custom_hybrid") or {}
+            if any(hybrid.values()):
+                found["w8a8 + float16 hybrid"] = {**int8, "custom_hybrid": hybrid}
+            found["float16"] = {"dtype": "float16", "custom_hybrid": {}}
+        return found
 
     # ---- the bundle --------------------------------------------------------------------------------
     def toolchain_options(self, target: TargetSpec, report: dict) -> dict:
@@ -122,8 +175,10 @@ class RockchipAdapter(AcceleratorAdapter):
                 "onnx": self.model_filename(bucket),
                 "rknn": self.model_filename(bucket).removesuffix(".onnx") + ".rknn",
                 "inputs": [v.name for v in inputs],
-                "input_size_list": [[int(d) for d in v.shape] for v in inputs],
+                # The bucket's shapes: a bucket that ships the original model keeps its symbolic dims.
+                "input_size_list": [[int(d) for d in bucket.input_shapes.get(v.name, v.shape)] for v in inputs],
                 "dtypes": [v.dtype.numpy().name if v.dtype is not None else "float32" for v in inputs],
+                **_explored_quantization(report, bucket.name),
             })  # fmt: skip
         script = _CONVERT_SCRIPT.format(
             buckets=pprint.pformat(entries, width=110, sort_dicts=False),
@@ -282,6 +337,24 @@ def _neg_to_mul(model: ir.Model) -> int:
     return count
 
 
+def _pad_into_conv(model: ir.Model) -> int:
+    """onnxscript's ``fuse_pad_into_conv_rule``: a zero, constant-mode Pad of the spatial axes only goes into
+    the Conv's ``pads`` (exact)."""
+    from onnxscript.rewriter.rules.common import fuse_pad_into_conv_rule
+
+    verdicts = drive(model, [fuse_pad_into_conv_rule], lambda _rule, _delta: _TAKE, rule_name="pad_into_conv")
+    if verdicts:
+        ir_passes.RemoveUnusedNodesPass()(model)
+    return len(verdicts)
+
+
+class _Take:
+    taken = True
+
+
+_TAKE = _Take()
+
+
 def _sum_to_add(model: ir.Model) -> int:
     count = 0
     for node in _nodes(model, "Sum"):
@@ -310,6 +383,18 @@ def _config_switches(target: TargetSpec, report: dict) -> dict:
 
 
 _QUANT_CONFIG = {"quantized_dtype": "w8a8", "quantized_algorithm": "normal", "quantized_method": "channel"}
+
+
+def _explored_quantization(report: dict, bucket: str) -> dict:
+    """What vendor exploration chose for this bucket's --int8 build (its calibration algorithm, whether the
+    hybrid float layers stay float16, or float16 itself), for convert_rknn.py to repeat; {} where it chose nothing."""
+    options = (((report.get("vendor") or {}).get("buckets") or {}).get(bucket) or {}).get("options") or {}
+    if not options:
+        return {}
+    if options.get("dtype") != "int8":
+        return {"explored": "float16: no quantised build met the accuracy target more cheaply", "int8": False}
+    chosen = {key: options[key] for key in _QUANT_CONFIG if key in options}
+    return {"quantization": chosen, "hybrid": bool((options.get("custom_hybrid") or {}).get(bucket))}
 
 def _driver_function(name: str) -> str:
     """The source of function ``name`` of the toolchain driver (``toolchains/drivers/rockchip_driver.py``),
@@ -350,7 +435,9 @@ BUCKETS = {buckets}
 # rknn.config() switches, set from the optimiser's plan.
 CONFIG = {config}
 
-# Used with --int8 only: the RK3588 takes w8a8 (asymmetric, per-channel weights).
+# Used with --int8 only: the RK3588 takes w8a8 (asymmetric, per-channel weights). A bucket's own "quantization"
+# (the calibration Flex-DSA's exploration found accurate on your held-out samples) takes its place, its "hybrid"
+# says whether the float layers below stay float16, and "int8": False means exploration shipped float16.
 QUANTIZATION = {quant}
 
 # precision "mixed": per bucket, the [input, output] tensors of the layers Flex-DSA's sensitivity search keeps
@@ -387,10 +474,13 @@ def loaded(bucket, config, verbose):
 
 
 def convert(bucket, int8=False, dataset=None, check=False, verbose=False):
-    config = dict(CONFIG, **(QUANTIZATION if int8 else {{}}))
+    if int8 and bucket.get("int8") is False:
+        print(bucket["name"] + ":", bucket["explored"] + "; built float16")
+        int8 = False
+    config = dict(CONFIG, **(bucket.get("quantization", QUANTIZATION) if int8 else {{}}))
     rknn = loaded(bucket, config, verbose)
     try:
-        hybrid = HYBRID.get(bucket["name"]) if int8 else None
+        hybrid = HYBRID.get(bucket["name"]) if int8 and bucket.get("hybrid", True) else None
         if hybrid:
             # A first step 1 lists the toolkit's tensor names (it renames as it rewrites); ours are mapped onto
             # them, and a second step 1 on a fresh load keeps those subgraphs float16.

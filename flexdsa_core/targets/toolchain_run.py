@@ -40,6 +40,7 @@ EVAL_SAMPLES = 8
 def run_toolchain(
     target: TargetSpec, adapter, buckets, partition: dict, original_source, *, root, seed: int, workdir,
     precision: dict | None = None, calibration: dict[str, list[dict]] | None = None, accuracy=None,
+    bucket_options: dict[str, dict] | None = None,
 ) -> tuple[dict, dict[str, Path]]:
     from flexdsa_core.validate import make_inputs, run
 
@@ -59,7 +60,7 @@ def run_toolchain(
     for bucket in buckets:
         model_path = folder / adapter.model_filename(bucket)
         ir.save(bucket.model, model_path)
-        feeds = make_inputs(ir.to_proto(bucket.model), seed=seed)
+        feeds = make_inputs(ir.to_proto(bucket.model), seed=seed, dims=bucket_dims(bucket))
         references[bucket.name] = run(original_source, feeds)
         inputs = {}
         for name, array in feeds.items():
@@ -67,6 +68,8 @@ def run_toolchain(
             np.save(path, array)
             inputs[name] = str(path)
         entry = {"name": bucket.name, "onnx": str(model_path), "inputs": inputs}
+        if (bucket_options or {}).get(bucket.name):  # what vendor exploration chose for this bucket
+            entry["options"] = bucket_options[bucket.name]
         samples = (calibration or {}).get(bucket.name)
         if samples:
             entry["dataset"] = _write_samples(folder, bucket.name, samples)
@@ -134,6 +137,20 @@ def run_toolchain(
         "warnings": warnings,
         "summary": summary,
     }, files
+
+
+def bucket_dims(bucket) -> dict[str, int]:
+    """The bucket's value of every symbolic dim its model's inputs still name: the one shape a model kept
+    dynamic (the original, shipped where the vendor alone built it better) is compiled and checked at."""
+    dims = dict(bucket.at)
+    for value in bucket.model.graph.inputs:
+        given = bucket.input_shapes.get(value.name)
+        if value.shape is None or given is None or len(given) != value.shape.rank():
+            continue
+        for dim, size in zip(value.shape, given, strict=True):
+            if not isinstance(dim, int) and getattr(dim, "value", None) and isinstance(size, int):
+                dims[str(dim.value)] = size
+    return dims
 
 
 def _write_samples(folder: Path, bucket: str, samples: list[dict]) -> list[dict[str, str]]:

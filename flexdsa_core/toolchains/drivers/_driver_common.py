@@ -27,7 +27,11 @@ def run_request(
 ) -> int:
     """The core's contract: read ``request.json``, run ``handle_bucket(bucket, out_dir, options)`` per bucket
     until one reports an error, and always write ``result.json`` (``ok``, ``versions``, ``buckets``,
-    ``error``, then ``extra``'s keys; ``log`` with the traceback when the driver itself failed)."""
+    ``error``, then ``extra``'s keys; ``log`` with the traceback when the driver itself failed).
+
+    A bucket's own ``options`` are laid over the request's (candidates of one exploration differ in precision
+    or switches). With ``continue_on_error`` in the request (an exploration: one candidate the vendor refuses
+    must not stop the others) every bucket runs, each error stays in its own entry, and ``ok`` is true."""
     result: dict = {
         "ok": False,
         "versions": versions(packages),
@@ -40,10 +44,17 @@ def run_request(
         out_dir = Path(request["out_dir"])
         out_dir.mkdir(parents=True, exist_ok=True)
         options = request.get("options") or {}
+        keep_going = bool(request.get("continue_on_error"))
         for bucket in request["buckets"]:
-            entry = handle_bucket(bucket, out_dir, options)
+            try:
+                entry = handle_bucket(bucket, out_dir, {**options, **(bucket.get("options") or {})})
+            except Exception as err:
+                if not keep_going:
+                    raise
+                entry = {"name": bucket.get("name"), "error": f"{type(err).__name__}: {err}",
+                         "log": traceback.format_exc()}  # fmt: skip
             result["buckets"].append(entry)
-            if entry.get("error"):
+            if entry.get("error") and not keep_going:
                 result["error"] = f"bucket {bucket['name']}: {entry['error']}"
                 break
         else:

@@ -31,7 +31,8 @@ float model on the samples is below ``min_cosine``, default 0.99); ``uint16_tens
 names]}`` at uint16 under ``mixed``; ``weight_type`` "uint8"; ``per_channel`` (bool); ``provider``: QNN
 provider options (default ``backend_type=htp``); ``dataset``: calibration samples, each a list of .npy
 paths in graph-input order or a dict input name -> .npy path (a bucket's own ``dataset`` comes first);
-``why``: a sentence the result repeats (why this precision ran).
+``why``: a sentence the result repeats (why this precision ran); ``vendor_preprocess``: run QNN's own
+``qnn_preprocess_model`` on the model first (the vendor alone's build of an original model).
 """
 
 from __future__ import annotations
@@ -76,6 +77,15 @@ def compile_bucket(bucket: dict, out_dir: Path, options: dict) -> dict:
     started = time.perf_counter()
     out_dir.mkdir(parents=True, exist_ok=True)
     model_path = bucket["onnx"]
+    if options.get("vendor_preprocess"):
+        # The vendor alone: QNN's own documented preparation of a model (qnn_preprocess_model: its fusions and
+        # shape inference), as a user without us would run it before the EP.
+        from onnxruntime.quantization.execution_providers.qnn import qnn_preprocess_model
+
+        prepared = out_dir / f"{name}.qnn_preprocessed.onnx"
+        if qnn_preprocess_model(model_path, str(prepared)):
+            model_path = str(prepared)
+            entry["notes"].append("prepared with qnn_preprocess_model, as QNN's documentation asks")
     graph = onnx.load(model_path, load_external_data=False).graph
     feeds = {key: np.load(path) for key, path in bucket.get("inputs", {}).items()}
     missing = [

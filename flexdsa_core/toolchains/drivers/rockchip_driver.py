@@ -10,7 +10,11 @@ dataset), ``export_rknn`` to ``out_dir/model.<bucket>.rknn``, ``init_runtime()``
 simulator), ``inference`` on the given .npy inputs (4-D inputs passed as NCHW so that the outputs compare
 with ONNX Runtime's), outputs saved as .npy.
 
-``options`` (all optional): ``target_platform`` (default rk3588); rknn.config() switches
+A bucket may give ``input_shapes`` (input name -> static shape) instead of ``inputs``: the build and its
+layer table without a simulator run (an exploration candidate scored by the toolkit's estimate alone).
+
+``options`` (all optional): ``simulate`` and ``export`` (default true: run the simulator on the inputs,
+write the .rknn); ``target_platform`` (default rk3588); rknn.config() switches
 ``optimization_level``, ``op_target``, ``remove_reshape``, ``enable_flash_attention``, ``single_core_mode``,
 ``disable_rules``, ``float_dtype``, ``quantized_dtype``, ``quantized_algorithm``, ``quantized_method``,
 ``mean_values``, ``std_values``; ``dtype: "int8"`` with a dataset (the bucket's own ``dataset``, the core's
@@ -75,7 +79,11 @@ def compile_bucket(bucket: dict, out_dir: Path, options: dict) -> dict:
     initializers = {init.name for init in graph.initializer}
     input_names = [value.name for value in graph.input if value.name not in initializers]
     feeds = {key: np.load(path) for key, path in bucket.get("inputs", {}).items()}
-    shapes = [list(feeds[n].shape) if n in feeds else _static_shape(graph, n) for n in input_names]
+    given = bucket.get("input_shapes") or {}  # an estimate-only candidate: shapes without inputs
+    shapes = [
+        list(feeds[n].shape) if n in feeds else list(given[n]) if n in given else _static_shape(graph, n)
+        for n in input_names
+    ]
     rknn_name = f"model.{name}.rknn"
     started = time.perf_counter()
     crash = ""
@@ -95,7 +103,8 @@ def compile_bucket(bucket: dict, out_dir: Path, options: dict) -> dict:
     if error:
         entry["error"] = error
         return entry
-    entry["artifacts"].append(rknn_name)
+    if options.get("export", True):
+        entry["artifacts"].append(rknn_name)
     output_names = [value.name for value in graph.output]
     outputs = outputs or []
     sample_outputs = outputs[1:] if options.get("samples") else []
@@ -177,9 +186,9 @@ def _build(onnx_path, input_names, shapes, rknn_path, feeds, options, out_dir, n
                 return "rknn.hybrid_quantization_step2 failed (see the log)", None
         elif rknn.build(do_quantization=quantize, dataset=dataset) != 0:
             return "rknn.build failed (see the log for the toolkit's reason)", None
-        if rknn.export_rknn(str(rknn_path)) != 0:
+        if options.get("export", True) and rknn.export_rknn(str(rknn_path)) != 0:
             return f"rknn.export_rknn could not write {rknn_path.name}", None
-        if not feeds:
+        if not feeds or not options.get("simulate", True):
             return None, []
         if rknn.init_runtime() != 0:
             return "rknn.init_runtime (simulator) failed", None

@@ -331,6 +331,10 @@ def test_fixture_compiles_and_simulates_within_tolerance(name, buckets):
             assert output["cosine"] >= 0.9999, (name, output)
         # Our partition and rknn-toolkit2's agree on all but the Conv over a sourced limit it splits itself.
         assert entry["placement_agreement"]["share"] >= 0.98, json.dumps(entry["placement_agreement"])
+        # The vendor alone compiled the original at the same shapes, and ours is never worse by its estimate.
+        vendor = result.report["vendor"]["buckets"][bucket]
+        assert vendor["vendor_alone"]["cycles"] > 0 and vendor["ours"]["cycles"] > 0
+        assert vendor["ratio"] <= 1.0 and vendor["ours"]["cpu_nodes"] <= vendor["vendor_alone"]["cpu_nodes"]
 
 
 def test_mixed_bundle_convert_script_keeps_the_float_layers_float16(tmp_path):
