@@ -572,7 +572,7 @@ class FlexDSAOptimizer:
         recompile = functools.partial(
             self._compile, tracker, buckets, options, cost_model=cost_model, progress=report_progress
         )
-        comp, recompile = self._loadable(recompile, disabled, rollbacks := [])
+        comp = self._loadable(recompile, disabled, rollbacks := [])
         for stage in ("passes", "fusion", "memory"):
             report_progress.finish(stage)
 
@@ -958,21 +958,14 @@ class FlexDSAOptimizer:
 
     def _loadable(self, recompile, disabled: frozenset[str], rollbacks: list[dict]):
         """The first compile whose every bucket ONNX Runtime loads: a rewrite that makes an unloadable graph
-        (or breaks a later stage) is found by bisection, switched off and recorded (``invalid_graph``).
-        Returns it and a ``recompile`` for the later bisections that answers None for such a variant."""
-
-        def loadable_or_none(switched_off: frozenset[str]) -> Compilation | None:
-            try:
-                return recompile(switched_off)
-            except UnloadableGraph:
-                return None
-
+        (or breaks a later stage) is found by bisection (``_bisect`` counts such a variant as bad), switched
+        off and recorded (``invalid_graph``)."""
         for _ in range(MAX_ROLLBACKS + 1):
             try:
-                return recompile(disabled), loadable_or_none
+                return recompile(disabled)
             except UnloadableGraph as failure:
-                culprit, fixed = self._bisect(failure.comp, lambda c: c is not None, loadable_or_none)
-                if culprit is None or fixed is None:
+                culprit, _ = self._bisect(failure.comp, lambda compiled: True, recompile)
+                if culprit is None:
                     if failure.error is not None:
                         raise failure.error from None
                     raise InternalGraphError(
@@ -992,6 +985,7 @@ class FlexDSAOptimizer:
         """
         applied = list(comp.applied)
         base = set(comp.disabled)
+        recompile = functools.partial(_loadable_or_none, recompile)
         everything = recompile(frozenset(base | set(applied)))
         if not applied or everything is None or not is_good(everything):  # None: a variant that does not load
             return None, comp
@@ -1168,6 +1162,14 @@ def _user_samples(runs: dict) -> dict:
         calibration[name] = samples[:cut]
         held_out[name] = samples[cut:] or samples
     return {"calibration": calibration or None, "held_out": held_out or None}
+
+
+def _loadable_or_none(recompile, switched_off: frozenset[str]) -> Compilation | None:
+    """``recompile(switched_off)``, or None where that variant does not load in ONNX Runtime (``_bisect``)."""
+    try:
+        return recompile(switched_off)
+    except UnloadableGraph:
+        return None
 
 
 def _sha256(source: bytes | Path) -> str:
