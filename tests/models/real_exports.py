@@ -17,6 +17,8 @@ through ``REAL_EXPORTS``; anything else may call the fetchers by name (``ppocr_r
 | ``silero_vad_spox`` | spox, opset 16 | the same model in one ``If`` with subgraphs, anonymous dims |
 | ``silero_vad_half`` | PyTorch TorchScript exporter, fp16 weights | float16 compute inside a float32 interface |
 | ``magika`` | tf2onnx 1.16 from JAX, opset 15 | Google's file-type classifier: int32 shape arithmetic, ``unk__`` dims |
+| ``torch_cnn_torchscript`` | PyTorch 2.13 TorchScript exporter, opset 13 | a CNN trained here (``torch_exports_build.py``): dynamic batch, height, width; quadrant means as Shape/Slice arithmetic |
+| ``torch_cnn_dynamo`` | PyTorch 2.13 dynamo exporter, opset 18 | the same trained CNN as the dynamo exporter writes it |
 | ``tf2onnx_int32`` | built here | the int32 shape patterns tf2onnx writes (Shape -> Cast(int32) -> Concat/Slice/Mul -> Cast(int64) -> Reshape/Expand/ConstantOfShape) |
 | ``onnxscript_mlp`` | onnxscript ``@script``, opset 18 | a transformer MLP block written in onnxscript: dims named ``batch_size`` and ``sequence_length`` |
 
@@ -46,6 +48,8 @@ __all__ = [
     "ppocr_rec",
     "silero_vad",
     "tf2onnx_int32",
+    "torch_cnn",
+    "torch_env",
 ]
 
 # package -> the version whose models the fixtures are
@@ -208,6 +212,43 @@ def onnxscript_mlp() -> Path:
     return _write_built("onnxscript_mlp", build, source)
 
 
+TORCH_VERSION = "2.13.0"
+
+
+def torch_env() -> Path:
+    """The Python of a virtual environment with torch, onnxscript and onnxruntime, made once in the cache:
+    torch never enters the project's own environment (as the vendor toolchains do not)."""
+    folder = cache_dir() / f"torch-env-{TORCH_VERSION}"
+    python = folder / "bin" / "python"
+    ready = folder / ".ready"
+    if ready.is_file():
+        return python
+    subprocess.run([sys.executable, "-m", "venv", "--clear", str(folder)], check=True, timeout=300)
+    install = [str(python), "-m", "pip", "install", "-q", f"torch=={TORCH_VERSION}", "onnxscript", "onnxruntime"]
+    done = subprocess.run(install, capture_output=True, text=True, timeout=1800)
+    if done.returncode != 0:
+        raise RuntimeError(f"could not install torch {TORCH_VERSION} for the fixtures: {done.stderr.strip()[-500:]}")
+    ready.write_text(TORCH_VERSION)
+    return python
+
+
+def torch_cnn(exporter: str = "torchscript") -> Path:
+    """A small CNN trained here (``torch_exports_build.py``), exported by PyTorch's ``torchscript`` or
+    ``dynamo`` exporter; built once in ``torch_env()`` and kept under a name that changes with the builder."""
+    builder = Path(__file__).with_name("torch_exports_build.py")
+    digest = hashlib.sha256(builder.read_bytes() + TORCH_VERSION.encode()).hexdigest()[:10]
+    folder = cache_dir() / "models" / f"torch-{digest}"
+    target = folder / f"cnn_{exporter}.onnx"
+    if not target.is_file():
+        partial = folder.with_name(folder.name + ".part")
+        done = subprocess.run([str(torch_env()), str(builder), str(partial)], capture_output=True, text=True,
+                              timeout=1800)  # fmt: skip
+        if done.returncode != 0:
+            raise RuntimeError(f"building the torch fixtures failed: {done.stderr.strip()[-800:]}")
+        partial.replace(folder)
+    return target
+
+
 @dataclass(frozen=True)
 class RealExport:
     """One fixture: how to get it, who exported it, and what a run of it needs to know."""
@@ -226,6 +267,8 @@ REAL_EXPORTS: dict[str, RealExport] = {
     "silero_vad_spox": RealExport(lambda: silero_vad("spox"), "spox (opset 16)", True),
     "silero_vad_half": RealExport(lambda: silero_vad("half"), "PyTorch TorchScript exporter, fp16 (opset 16)", True),
     "magika": RealExport(magika_classifier, "tf2onnx 1.16 from JAX (opset 15)", True),
+    "torch_cnn_torchscript": RealExport(lambda: torch_cnn("torchscript"), "PyTorch 2.13 TorchScript exporter (opset 13), trained here", True),
+    "torch_cnn_dynamo": RealExport(lambda: torch_cnn("dynamo"), "PyTorch 2.13 dynamo exporter (opset 18), trained here", True),
     "tf2onnx_int32": RealExport(tf2onnx_int32, "built here in tf2onnx's int32 form (opset 15)", False),
     "onnxscript_mlp": RealExport(onnxscript_mlp, "onnxscript @script (opset 18)", False),
 }
