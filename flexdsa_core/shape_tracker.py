@@ -6,7 +6,9 @@
    with the op that produced it. Where ONNX's data propagation loses a dim (``Slice(table, 0, seq)``
    becomes ``[unk__0, 8]``), onnxruntime's sympy-based symbolic inference is asked for those tensors only.
 2. ``buckets``: the values each dynamic dim is specialised to, per dim: the request's ``shape_buckets``,
-   else the target's ``default_shape_buckets``, else (static-shape targets only) ``batch -> 1``. One bucket
+   else the target's ``default_shape_buckets`` (its ``batch``/``seq`` entries serve every dim of that kind,
+   ``batch_size``, ``sequence_length``...), else on static-shape targets the plan's value; defaults are
+   capped by what the model runs (``plan``: ``shape_plan``'s kinds, memory budget and candidates). One bucket
    per combination, named ``batch1_seq128``. A dim nobody bucketed stays symbolic; a model with nothing
    bucketed keeps one bucket, ``dynamic`` (or ``static`` when the model has no dynamic dim). With the
    request's ``observed_shapes`` and no ``shape_buckets``, the observed dims' values come from traffic
