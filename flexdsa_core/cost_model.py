@@ -44,9 +44,12 @@ the ONNX Runtime version and settings, and a fingerprint of this CPU: never weig
 layers in one model, and across jobs sharing a cache, are measured once. ``CostModel.stats`` counts
 hits, misses and the measuring time hits saved.
 
-Symbolic dims are specialised before costing: a dim named in ``dims`` (a shape bucket) takes that
-value; otherwise a dim whose name says batch (``batch``, ``batch_size``, ``N``, ``B``...) and an unnamed
-leading dim become 1, and any other symbolic dim becomes 128.
+Symbolic dims are specialised before costing: a dim named in ``dims`` (the Shape Tracker's plan,
+``shape_plan``: the optimizer passes every open dim's value) takes that value; otherwise a dim whose name
+says batch (``batch``, ``batch_size``, ``N``, ``B``...) and an unnamed leading dim become 1, and any other
+symbolic dim becomes 128. The whole graph's shapes come from ONNX shape inference at those values
+(``shape_plan.static_shapes``, nothing allocated); only what it leaves open is probed by running nodes,
+never with a dim nobody could size (reported unknown) nor with inputs over ``memory_budget_bytes``.
 
 Over 500 lines because ``CostModel`` keeps, for one job, the shapes it costs at, the kernel cache and
 the side-by-side comparisons that all decisions share; the work per op is in ``op_costs.py`` and the
