@@ -78,6 +78,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="then the int8 and mixed columns beside ONNX Runtime's quantize_dynamic/quantize_static on the same "
         "models (bench/precision.py; minutes per model)",
     )
+    parser.add_argument(
+        "--exports",
+        action="store_true",
+        help="then every real export on every target: success, time, peak RSS against the model's size "
+        "(bench/exports.py)",
+    )
     args = parser.parse_args(argv)
     args.models = _subset(parser, args.models, BENCH_MODELS, QUICK_MODELS if args.quick else BENCH_MODELS)
     args.tools = _subset(parser, args.tools, TOOLS, tuple(TOOLS))
@@ -576,6 +582,11 @@ def main(argv: list[str] | None = None) -> dict:
 
         precision_args = ["--models", ",".join(args.models), "--rounds", str(args.rounds), "--warmup", str(args.warmup)]
         report["precision"] = precision_main(precision_args)
+    if args.exports:
+        from bench.exports import main as exports_main
+
+        print("\nReal exports on every target (bench/exports.py):", flush=True)
+        report["exports"] = exports_main([])
     return report
 
 

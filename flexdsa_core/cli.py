@@ -60,6 +60,12 @@ def optimize(
     toolchains_dir: Path = typer.Option(
         DEFAULT_TOOLCHAINS_DIR, help="Vendor toolchains (`flexdsa toolchains install`); those ready here are run."
     ),
+    memory_limit_mb: int | None = typer.Option(
+        None,
+        "--memory-limit-mb",
+        help="Address-space limit of this run in MiB, as the service applies per job (default: 3/4 of this "
+        "machine's memory, at most 16384; 0: none). Past it the run ends with a clear message.",
+    ),
 ) -> None:
     """Optimise MODEL for TARGET; writes the package (models, manifest, report.json, fusion_plan.json) to OUT."""
     from pydantic import ValidationError
@@ -72,6 +78,7 @@ def optimize(
     from flexdsa_core.options import RequestSpec
 
     console = Console(stderr=True)
+    limit_mb = None
     try:
         extra = json.loads(spec.read_text()) if spec else {}
         request = RequestSpec.model_validate(
@@ -96,6 +103,7 @@ def optimize(
                 bar.update(task, completed=fraction, stage=stage, description=message)
 
             cache = None if no_cache else DiskCache(cache_dir)
+            limit_mb = _limit_memory(memory_limit_mb)  # from here on, the model's work counts against it
             result = optimizer.optimize(
                 model, request.options(), cache=cache, progress=progress, calibration=calibration
             )
@@ -107,11 +115,71 @@ def optimize(
         console.print(f"[red]error:[/red] {spec} is not valid JSON: {err}")
         raise typer.Exit(2) from None
     except FlexDSAError as err:
-        console.print(f"[red]error ({err.code}):[/red] {err.message}")
+        console.print(f"[red]error ({err.code}):[/red] {err.message}", soft_wrap=True)
+        raise typer.Exit(1) from None
+    except Exception as err:
+        if not _out_of_memory(err):
+            incident, path = _record_incident(cache_dir.parent / "incidents")
+            console.print(
+                f"[red]error (internal_error):[/red] the optimizer failed unexpectedly ({type(err).__name__}); "
+                f"incident {incident}, details in {path} (quote it when you report this)",
+                highlight=False, soft_wrap=True,
+            )  # fmt: skip
+            raise typer.Exit(1) from None
+        console.print(
+            f"[red]error (memory_limit_exceeded):[/red] the run needed more memory than --memory-limit-mb "
+            f"{limit_mb} allows; give smaller shape_buckets or input_shapes, or raise the limit",
+            highlight=False, soft_wrap=True,
+        )  # fmt: skip
         raise typer.Exit(1) from None
     if not quiet:
         Console().print(result.summary(), markup=False, highlight=False)
         Console().print(f"Wrote {len(written)} files to {out}/: {', '.join(p.name for p in written)}")
+
+
+def _limit_memory(limit_mb: int | None) -> int | None:
+    """Cap this process's address space like the service caps a job (soft limit: a vendor toolchain it
+    starts may raise it again). None: 3/4 of the machine's memory, at most 16 GiB; 0: no limit."""
+    import os
+    import sys
+
+    if limit_mb == 0 or not sys.platform.startswith("linux"):
+        return None
+    if limit_mb is None:
+        try:
+            physical = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") >> 20
+        except (ValueError, OSError):
+            return None
+        limit_mb = min(16384, physical * 3 // 4)
+    import resource
+
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    limit = limit_mb << 20
+    if hard != resource.RLIM_INFINITY:
+        limit = min(limit, hard)
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    if soft != resource.RLIM_INFINITY and soft < limit:  # already tighter (ulimit -v): keep it
+        return soft >> 20
+    resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+    return limit_mb
+
+
+def _out_of_memory(error: BaseException) -> bool:
+    """Python's MemoryError, or ONNX Runtime failing an allocation (it raises its own error types)."""
+    text = str(error)
+    return isinstance(error, MemoryError) or "bad_alloc" in text or "Failed to allocate memory" in text
+
+
+def _record_incident(folder: Path) -> tuple[str, Path]:
+    """A short id and the file holding the current traceback (the service keeps these as incidents)."""
+    import traceback
+    import uuid
+
+    incident = uuid.uuid4().hex[:12]
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{incident}.txt"
+    path.write_text(traceback.format_exc())
+    return incident, path
 
 
 @app.command()

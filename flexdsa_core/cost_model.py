@@ -44,9 +44,12 @@ the ONNX Runtime version and settings, and a fingerprint of this CPU: never weig
 layers in one model, and across jobs sharing a cache, are measured once. ``CostModel.stats`` counts
 hits, misses and the measuring time hits saved.
 
-Symbolic dims are specialised before costing: a dim named in ``dims`` (a shape bucket) takes that
-value; otherwise a dim whose name says batch (``batch``, ``batch_size``, ``N``, ``B``...) and an unnamed
-leading dim become 1, and any other symbolic dim becomes 128.
+Symbolic dims are specialised before costing: a dim named in ``dims`` (the Shape Tracker's plan,
+``shape_plan``: the optimizer passes every open dim's value) takes that value; otherwise a dim whose name
+says batch (``batch``, ``batch_size``, ``N``, ``B``...) and an unnamed leading dim become 1, and any other
+symbolic dim becomes 128. The whole graph's shapes come from ONNX shape inference at those values
+(``shape_plan.static_shapes``, nothing allocated); only what it leaves open is probed by running nodes,
+never with a dim nobody could size (reported unknown) nor with inputs over ``memory_budget_bytes``.
 
 Over 500 lines because ``CostModel`` keeps, for one job, the shapes it costs at, the kernel cache and
 the side-by-side comparisons that all decisions share; the work per op is in ``op_costs.py`` and the
@@ -158,6 +161,8 @@ class CostModel:
         self.measure_seconds = 0.0
         # Lowered (128 -> 64 -> ...) when a model refuses the default, e.g. a position table of 64.
         self.representative_dim = REPRESENTATIVE_DIM
+        # No shape probe may feed more than this (``shape_plan.memory_budget``; None: not bounded here).
+        self.memory_budget_bytes: int | None = None
         self._notes: dict[str, None] = {}
         self._memo: dict[str, dict] = {}
         # Shape probes by what decides their result (``_probe_key``): the same subgraph at the same shapes
@@ -420,6 +425,8 @@ class CostModel:
         except (TypeError, ValueError):
             return None
         dims = tuple(self._dim(dim, axis) for axis, dim in enumerate(value.shape))
+        if any(d < 0 for d in dims):  # a dim nobody could size (an exporter's -1): unknown, never allocated
+            return None
         const = value.const_value is not None
         small = None
         if const and np.dtype(dtype).kind in "iu" and math.prod(dims) <= _SMALL_CONST:
@@ -463,7 +470,16 @@ class CostModel:
         produced = [out for n in nodes for out in n.outputs]
         if all(v in known or _is_static(v) for v in produced):
             return {}
-        produced_set = set(produced)
+        # The Shape Tracker's answer first (ONNX shape inference at the plan's dims, nothing allocated): for the
+        # whole graph at once, what it sizes is not probed.
+        found_static: dict[ir.Value, TensorInfo] = {}
+        graph = nodes[0].graph
+        if not known and graph is not None and len(nodes) == len(graph) and isinstance(graph, ir.Graph):
+            found_static = self._static_infos(graph, produced)
+            produced = [v for v in produced if v not in found_static]
+            if not produced:
+                return found_static
+        produced_set = {out for n in nodes for out in n.outputs}
         # The graph's own names where it has them: control-flow subgraphs refer to outer values by name.
         names: dict[ir.Value, str] = {}
         used: set[str] = set()
@@ -480,7 +496,7 @@ class CostModel:
                 if value is not None and value not in produced_set and value not in names:
                     name_of(value)
                     external.append(value)
-        for value in produced:
+        for value in (out for n in nodes for out in n.outputs):
             if value not in names:
                 name_of(value)
         # Running the nodes copies every constant they read into the probe; past this budget (a model with
@@ -489,18 +505,28 @@ class CostModel:
             v.const_value.nbytes for v in external if v.const_value is not None and v.const_value.nbytes
         )
         if constant_bytes > _PROBE_CONSTANT_BUDGET_BYTES:
-            return {}
+            return found_static
         opsets = dict(opsets or self._opsets_of(nodes[0]))
         for n in nodes:
             opsets.setdefault(n.domain, _DEFAULT_OPSETS.get(n.domain, 1))
         infos = {value: known.get(value) or self.concrete(value) for value in external}
         if any(info is None for info in infos.values()):
-            return {}
+            self._note("shapes not probed: an input's shape could not be sized (reported unknown)")
+            return found_static
+        fed_bytes = sum(
+            math.prod(infos[v].shape) * np.dtype(infos[v].dtype).itemsize for v in external if v.const_value is None
+        )
+        if self.memory_budget_bytes and fed_bytes > self.memory_budget_bytes:
+            self._note(
+                f"a shape probe was skipped: its inputs would take {fed_bytes / 2**20:.0f} MiB, over the memory "
+                f"budget of {self.memory_budget_bytes / 2**20:.0f} MiB"
+            )
+            return found_static
         key = _probe_key(nodes, external, infos, known, opsets, self.representative_dim)
         if key is not None:
             results = self._reused_probe(key)
             if results is not _NOT_PROBED:
-                return _probe_found(produced, results)
+                return {**found_static, **_probe_found(produced, results)}
         started = time.perf_counter()
         dim_before = self.representative_dim
         proto_nodes, graph_inputs, initializers, fed = [], [], [], []
@@ -539,7 +565,24 @@ class CostModel:
             if results is not None and self.representative_dim == dim_before:
                 # Shared like a measurement (a probe at a lowered dim is this model's story, not the key's).
                 self._cache_put_raw(key, {"outputs": results, "measure_s": time.perf_counter() - started})
-        return _probe_found(produced, results)
+        return {**found_static, **_probe_found(produced, results)}
+
+    def _static_infos(self, graph: ir.Graph, produced: Sequence[ir.Value]) -> dict[ir.Value, TensorInfo]:
+        """``shape_plan.static_shapes`` of the graph at this model's dims, for the values in ``produced``."""
+        from flexdsa_core.shape_plan import static_shapes
+
+        shapes = static_shapes(graph, self.dims)
+        found = {}
+        for value in produced:
+            entry = shapes.get(value.name) if value.name else None
+            if entry is None:
+                continue
+            shape, dtype = entry
+            small = None
+            if value.const_value is not None and np.dtype(dtype).kind in "iu" and math.prod(shape) <= _SMALL_CONST:
+                small = value.const_value.numpy()
+            found[value] = TensorInfo(tuple(shape), dtype, value.const_value is not None, small)
+        return found
 
     def _reused_probe(self, key: str):
         """A probe's outputs from this job's memo or the shared cache; ``_NOT_PROBED`` when neither has it."""

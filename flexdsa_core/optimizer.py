@@ -40,12 +40,13 @@ from flexdsa_core.calibration import CalibrationError, check_calibration, load_c
 from flexdsa_core.cost_model import CostModel, machine_fingerprint
 from flexdsa_core.delivery import check_delivery
 from flexdsa_core.dims import is_batch_dim
-from flexdsa_core.errors import ValidationFailedError
+from flexdsa_core.errors import FlexDSAError, ValidationFailedError
 from flexdsa_core.fusion_switcher import FusionSwitcher
 from flexdsa_core.fusions import discover_rules
 from flexdsa_core.in_memory import InMemoryModel, arrays_scope
 from flexdsa_core.ingest import Ingested, ingest, needs_external_data, save_model
 from flexdsa_core.invariants import check_invariants
+from flexdsa_core.loadable import InternalGraphError, UnloadableGraph, load_refusal, plain_reason
 from flexdsa_core.memory_planner import plan_memory
 from flexdsa_core.options import OptimizeOptions
 from flexdsa_core.padding_check import check_padding
@@ -68,6 +69,7 @@ from flexdsa_core.precision import (
 from flexdsa_core.preflight import check_buckets, check_disabled, refuse_impossible_tensors, switchable_names
 from flexdsa_core.report import build_report, render_summary, report_summary
 from flexdsa_core.serialized import kept_bytes, model_bytes, serialization_scope
+from flexdsa_core.shape_plan import ShapePlan
 from flexdsa_core.shape_tracker import Bucket, ShapeTracker
 from flexdsa_core.significance import (
     MIN_ROUNDS,
@@ -394,12 +396,22 @@ class FlexDSAOptimizer:
                 if stage.progress:
                     progress(stage.name, index / len(buckets), f"{stage.progress} ({bucket.name})")
                 start = time.perf_counter()
-                stage.run(run)
+                try:
+                    stage.run(run)
+                except (FlexDSAError, MemoryError):
+                    raise  # the user's to fix, or the machine's: not a rewrite to roll back
+                except Exception as error:  # noqa: BLE001 - a stage that broke on what a rewrite made
+                    raise UnloadableGraph(comp, f"{stage.run.__name__.strip('_')}[{bucket.name}]",
+                                          plain_reason(error), error) from error  # fmt: skip
                 if stage.name:
                     comp.stage_seconds[stage.name] += time.perf_counter() - start
                 if stage.check and options.debug_invariants:
                     supported = self.adapter_supports if stage.supported else None
                     check_invariants(run.model, stage=f"{stage.name}[{bucket.name}]", supported=supported)
+            # Never a graph ONNX Runtime refuses: each finished bucket is loaded once (nothing run).
+            refusal = load_refusal(run.model)
+            if refusal is not None:
+                raise UnloadableGraph(comp, f"load[{bucket.name}]", refusal)
             comp.buckets.append(
                 BucketModel(
                     bucket.name, run.model, bucket.input_shapes(run.model), run.legalized.portable, run.at
@@ -565,20 +577,23 @@ class FlexDSAOptimizer:
         stage_seconds["shapes"] += time.perf_counter() - start
         report_progress.finish("shapes")
 
+        # One source of shapes: the dims no bucket fixes take the Shape Tracker's representative values (held
+        # to the memory budget, where the model runs), for the costing, the memory plan and validation alike.
+        plan = _free_dims_plan(tracker, buckets, shape_report)
         cost_model = CostModel(
-            self.target, cache=cache, calibrate=options.calibrate and self.target.calibrated
+            self.target, cache=cache, calibrate=options.calibrate and self.target.calibrated, dims=plan.dims
         )
+        cost_model.memory_budget_bytes = plan.budget_bytes
         disabled = frozenset(options.disabled_rules)
         # The pipeline again with other rewrites switched off: what the bisections below call.
         recompile = functools.partial(
             self._compile, tracker, buckets, options, cost_model=cost_model, progress=report_progress
         )
-        comp = recompile(disabled)
+        comp = self._loadable(recompile, disabled, rollbacks := [])
         for stage in ("passes", "fusion", "memory"):
             report_progress.finish(stage)
 
         # Stage 8, validate: every bucket against the original; on a mismatch, bisect and roll back.
-        rollbacks: list[dict] = []
         validation: list[dict] = []
         reference_cache = _References(original_source, options.seed, original_digest, original_in_memory)
         if options.validate_outputs:
@@ -982,6 +997,27 @@ class FlexDSAOptimizer:
             f"Optimised outputs still differ after {MAX_ROLLBACKS} rollbacks: {failure}"
         )
 
+    def _loadable(self, recompile, disabled: frozenset[str], rollbacks: list[dict]):
+        """The first compile whose every bucket ONNX Runtime loads: a rewrite that makes an unloadable graph
+        (or breaks a later stage) is found by bisection (``_bisect`` counts such a variant as bad), switched
+        off and recorded (``invalid_graph``)."""
+        for _ in range(MAX_ROLLBACKS + 1):
+            try:
+                return recompile(disabled)
+            except UnloadableGraph as failure:
+                culprit, _ = self._bisect(failure.comp, lambda compiled: True, recompile)
+                if culprit is None:
+                    if failure.error is not None:
+                        raise failure.error from None
+                    raise InternalGraphError(
+                        f"the optimised graph does not load in ONNX Runtime ({failure.stage}: {failure.reason}) "
+                        "and switching off every rewrite did not fix it"
+                    ) from None
+                rollbacks.append({"rewrite": culprit, "reason": "invalid_graph",
+                                  "detail": f"{failure.stage}: {failure.reason}"})  # fmt: skip
+                disabled = frozenset(disabled | {culprit})
+        raise InternalGraphError(f"the optimised graph still does not load after {MAX_ROLLBACKS} rollbacks")
+
     def _bisect(self, comp, is_good, recompile):
         """Find one applied rewrite whose removal makes ``is_good`` hold.
 
@@ -990,19 +1026,21 @@ class FlexDSAOptimizer:
         """
         applied = list(comp.applied)
         base = set(comp.disabled)
+        recompile = functools.partial(_loadable_or_none, recompile)
         everything = recompile(frozenset(base | set(applied)))
-        if not applied or not is_good(everything):
+        if not applied or everything is None or not is_good(everything):  # None: a variant that does not load
             return None, comp
         lo, hi = 0, len(applied)
         while hi - lo > 1:
             mid = (lo + hi) // 2
             candidate = recompile(frozenset(base | set(applied[:mid])))
-            if is_good(candidate):
+            if candidate is not None and is_good(candidate):
                 hi = mid
             else:
                 lo = mid
         culprit = applied[hi - 1]
-        return culprit, recompile(frozenset(base | {culprit}))
+        without = recompile(frozenset(base | {culprit}))
+        return (culprit, without) if without is not None else (None, comp)
 
     def _never_slower(self, comp, original_source, options, rollbacks, references, recompile, progress, cache=None):
         """Time original and optimised side by side (paired rounds, a confidence bound: ``significance``);
@@ -1166,6 +1204,14 @@ def _user_samples(runs: dict) -> dict:
     return {"calibration": calibration or None, "held_out": held_out or None}
 
 
+def _loadable_or_none(recompile, switched_off: frozenset[str]) -> Compilation | None:
+    """``recompile(switched_off)``, or None where that variant does not load in ONNX Runtime (``_bisect``)."""
+    try:
+        return recompile(switched_off)
+    except UnloadableGraph:
+        return None
+
+
 def _sha256(source: bytes | Path) -> str:
     if isinstance(source, Path):
         digest = hashlib.sha256()
@@ -1281,6 +1327,19 @@ def _in_opset(op_type: str, opset_range: tuple[int, int]) -> bool:
     except onnx.defs.SchemaError:
         return False
     return schema.since_version <= opset_range[1]
+
+
+def _free_dims_plan(tracker: ShapeTracker, buckets: list[Bucket], shape_report) -> ShapePlan:
+    """``tracker.plan`` for the dynamic dims no bucket fixes (at the first bucket's values), merged into the
+    report's ``shapes.plan`` beside the default buckets' choice."""
+    free = [name for name in shape_report.dims if name not in buckets[0].dims]
+    plan = tracker.plan(free, fixed=buckets[0].dims)
+    merged = dict(shape_report.plan or {})
+    fresh = plan.as_dict()
+    merged["dims"] = {**merged.get("dims", {}), **fresh["dims"]}
+    merged["notes"] = [*merged.get("notes", []), *fresh["notes"]]
+    shape_report.plan = {**fresh, **merged}
+    return plan
 
 
 def _proto_without_weights(model: ir.Model) -> onnx.ModelProto:

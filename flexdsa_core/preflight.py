@@ -62,47 +62,77 @@ def check_disabled(names: Sequence[str], target: TargetSpec | str) -> None:
 
 
 def check_buckets(tracker, buckets) -> None:
-    """Refuse the first bucket ONNX Runtime cannot load the model at (see the module docstring)."""
+    """Refuse the first bucket ONNX Runtime cannot load the model at (see the module docstring), naming the
+    model's limit where a smaller value of one dim loads ("this model takes at most 64 positions")."""
+    for bucket in buckets:
+        if not bucket.dims:
+            continue
+        reason = _dry_load_refusal(tracker, tracker.specialize(bucket))
+        if reason is None:
+            continue
+        dims = ", ".join(f"{name}={value}" for name, value in bucket.dims.items())
+        limit = _limit_text(tracker, bucket)
+        raise InvalidOptionsError(
+            f"shape bucket {bucket.name!r} ({dims}) cannot run on this model: "
+            + (f"{limit[0]} ({reason[:300]}). Choose {limit[1]} in shape_buckets." if limit else
+               f"{reason[:300]}. Choose smaller values in shape_buckets (or input_shapes), within what the model "
+               "supports."),
+            details={"bucket": bucket.name, "dims": dict(bucket.dims), "reason": reason[:300],
+                     **({"limit": limit[2]} if limit else {})},
+        )  # fmt: skip
+
+
+def _limit_text(tracker, bucket) -> tuple[str, str, dict] | None:
+    """("this model takes at most 64 positions", "seq <= 64", {"dim": "seq", "max": 64}) for the first dim
+    of ``bucket`` whose value the model refuses while a smaller one loads (binary search over dry loads)."""
+    for name, value in bucket.dims.items():
+        if value <= 1 or tracker.dim_kind(name) == "batch":
+            continue
+        def loads(candidate: int, name: str = name) -> bool:
+            return _dry_load_refusal(tracker, tracker.specialize_at({**bucket.dims, name: candidate})) is None
+
+        if not loads(1):
+            continue
+        low, high = 1, value  # loads(low), not loads(high)
+        while high - low > 1:
+            middle = (low + high) // 2
+            low, high = (middle, high) if loads(middle) else (low, middle)
+        what = "positions" if tracker.dim_kind(name) == "sequence" else f"for dim {name!r}"
+        return f"this model takes at most {low} {what}", f"{name} <= {low}", {"dim": name, "max": low}
+    return None
+
+
+def _dry_load_refusal(tracker, model) -> str | None:
+    """Why ONNX Runtime refuses to load ``model`` (a specialisation of ``tracker``'s model), or None."""
     import onnxruntime as ort
 
     from flexdsa_core.passes import run_passes
     from flexdsa_core.passes.folding import ConstantFoldingPass, ShapeFoldingPass
     from flexdsa_core.passes.partial_shapes import PartialShapeFoldingPass
 
-    for bucket in buckets:
-        if not bucket.dims:
-            continue
-        # The bucket's specialisation (dims bound, shape arithmetic folded; cached for the pipeline), with its
-        # inferred shapes dropped so that ONNX Runtime infers them afresh from the bound inputs.
-        model = tracker.specialize(bucket)
-        # What the bucket's dims decide, folded as the pipeline will: the ends of a Slice of a position
-        # table become constants, so ONNX Runtime sees the table's real length.
-        run_passes(model, [ShapeFoldingPass(), PartialShapeFoldingPass(), ConstantFoldingPass(_FOLD_BYTES)])
-        for node in ir.traversal.RecursiveGraphIterator(model.graph):
-            for value in node.outputs:
-                if not value.is_graph_output():
-                    value.shape = None
-        weights = sum(
-            v.const_value.nbytes for v in model.graph.initializers.values() if v.const_value is not None
+    # What the bucket's dims decide, folded as the pipeline will: the ends of a Slice of a position
+    # table become constants, so ONNX Runtime sees the table's real length.
+    run_passes(model, [ShapeFoldingPass(), PartialShapeFoldingPass(), ConstantFoldingPass(_FOLD_BYTES)])
+    for node in ir.traversal.RecursiveGraphIterator(model.graph):
+        for value in node.outputs:
+            if not value.is_graph_output():
+                value.shape = None
+    weights = sum(
+        v.const_value.nbytes for v in model.graph.initializers.values() if v.const_value is not None
+    )
+    if weights > _DRY_LOAD_LIMIT_BYTES:
+        return None
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    options.log_severity_level = 4
+    try:
+        ort.InferenceSession(
+            ir.to_proto(model).SerializeToString(), options, providers=["CPUExecutionProvider"]
         )
-        if weights > _DRY_LOAD_LIMIT_BYTES:
-            return
-        options = ort.SessionOptions()
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-        options.log_severity_level = 4
-        try:
-            ort.InferenceSession(
-                ir.to_proto(model).SerializeToString(), options, providers=["CPUExecutionProvider"]
-            )
-        except Exception as error:  # noqa: BLE001 - any refusal at these shapes is the answer
-            reason = str(error).splitlines()[0]
-            reason = re.sub(r"^\[ONNXRuntimeError\] : \d+ : [A-Z_]+ : ", "", reason)
-            dims = ", ".join(f"{name}={value}" for name, value in bucket.dims.items())
-            raise InvalidOptionsError(
-                f"shape bucket {bucket.name!r} ({dims}) cannot run on this model: {reason[:300]}. "
-                "Choose smaller values in shape_buckets (or input_shapes), within what the model supports.",
-                details={"bucket": bucket.name, "dims": dict(bucket.dims), "reason": reason[:300]},
-            ) from None
+    except Exception as error:  # noqa: BLE001 - any refusal at these shapes is the answer
+        reason = str(error).splitlines()[0]
+        return re.sub(r"^\[ONNXRuntimeError\] : \d+ : [A-Z_]+ : ", "", reason)
+    return None
 
 
 def check_request(

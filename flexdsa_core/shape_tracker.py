@@ -6,7 +6,9 @@
    with the op that produced it. Where ONNX's data propagation loses a dim (``Slice(table, 0, seq)``
    becomes ``[unk__0, 8]``), onnxruntime's sympy-based symbolic inference is asked for those tensors only.
 2. ``buckets``: the values each dynamic dim is specialised to, per dim: the request's ``shape_buckets``,
-   else the target's ``default_shape_buckets``, else (static-shape targets only) ``batch -> 1``. One bucket
+   else the target's ``default_shape_buckets`` (its ``batch``/``seq`` entries serve every dim of that kind,
+   ``batch_size``, ``sequence_length``...), else on static-shape targets the plan's value; defaults are
+   capped by what the model runs (``plan``: ``shape_plan``'s kinds, memory budget and candidates). One bucket
    per combination, named ``batch1_seq128``. A dim nobody bucketed stays symbolic; a model with nothing
    bucketed keeps one bucket, ``dynamic`` (or ``static`` when the model has no dynamic dim). With the
    request's ``observed_shapes`` and no ``shape_buckets``, the observed dims' values come from traffic
@@ -34,6 +36,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import onnx
 import onnx_ir as ir
 from onnx_ir.passes.common import RemoveUnusedNodesPass, ShapeInferencePass
 from onnxscript.optimizer import fold_constants
@@ -43,6 +46,19 @@ from flexdsa_core.cost_model import CostModel, measure_sgemm_peak
 from flexdsa_core.dims import is_batch_dim  # noqa: F401 - re-exported for callers of the tracker
 from flexdsa_core.errors import InvalidOptionsError
 from flexdsa_core.options import ObservedShape
+from flexdsa_core.shape_plan import (
+    CANDIDATES,
+    MIN_HALVED_DIM,
+    REPRESENTATIVE_BATCH,
+    REPRESENTATIVE_DIM,
+    ShapePlan,
+    dim_kind,
+    is_anonymous_dim,
+    largest_tensor,
+    memory_budget,
+    static_shapes,
+    weight_bytes,
+)
 from flexdsa_core.targets.spec import TargetSpec
 from flexdsa_core.traffic_buckets import (  # noqa: F401 - re-exported with the tracker
     TrafficChoice,
@@ -75,6 +91,10 @@ MAX_BUCKETS = 64
 # Each distinct observed value of a dim costs one specialisation and one graph costing (~0.1 s on a small
 # BERT); past this many, rounding the traffic's values (e.g. to multiples of 8) is the better request.
 MAX_TRAFFIC_VALUES = 64
+# A target default given for "batch"/"seq" applies to every dim of that kind (``batch_size``, ``sequence_length``).
+_DEFAULT_KEYS = {"batch": "batch", "sequence": "seq"}
+# Above this much weight the run check of ``ShapeTracker.plan`` is not made (it would hold the weights twice).
+_RUN_CHECK_MAX_BYTES = 512 << 20
 # ONNX shape inference names the dims it cannot relate to any input ``unk__<n>`` (data-dependent sizes).
 _ONNX_FRESH_DIM = re.compile(r"^unk__\d+$")
 
@@ -90,6 +110,13 @@ def _dim_out(dim: int | ir.SymbolicDim) -> Dim | None:
 
 def _shape_out(shape: ir.Shape | None) -> list[Dim | None] | None:
     return None if shape is None else [_dim_out(d) for d in shape.dims]
+
+
+def _placeholder_dim(dim: int | ir.SymbolicDim) -> bool:
+    """An input dim that says only "unknown": unnamed, a negative int, or a placeholder name ('?', '-1')."""
+    if isinstance(dim, int):
+        return dim < 0
+    return dim.value is None or str(dim.value).strip() in ("", "?", "-1", "None")
 
 
 def _free_symbols(dim: ir.SymbolicDim) -> frozenset[str]:
@@ -350,6 +377,8 @@ class ShapeReport:
     notes: list[str] = field(default_factory=list)
     # ``TrafficChoice.as_dict()`` when the buckets came from the request's observed_shapes.
     from_traffic: dict[str, Any] | None = None
+    # ``ShapePlan.as_dict()``: the values dims nobody bucketed take (default buckets, costing), and the budget.
+    plan: dict[str, Any] | None = None
 
     @property
     def dynamic_dims(self) -> list[str]:
@@ -367,6 +396,7 @@ class ShapeReport:
             "refined_examples": self.refined[:10],
             "notes": self.notes,
             **({"from_traffic": self.from_traffic} if self.from_traffic is not None else {}),
+            **({"plan": self.plan} if self.plan is not None else {}),
         }
 
 
@@ -429,6 +459,8 @@ class ShapeTracker:
         self._buckets: list[Bucket] = []
         self._specialized: dict[str, ir.Model] = {}
         self._specialization_info: dict[str, dict[str, Any]] = {}
+        self._plans: dict[tuple, ShapePlan] = {}
+        self._refusals: dict[tuple, str | None] = {}
 
     def apply_input_shapes(self, input_shapes: Mapping[str, Sequence[Dim]] | None) -> None:
         """Apply ``options.input_shapes`` (see the module function) and start over from inference."""
@@ -471,11 +503,12 @@ class ShapeTracker:
         }
         named: dict[str, str] = {}
         for value in _runtime_inputs(self.model):
-            if value.shape is None or not value.shape.has_unknown_dim():
+            if value.shape is None or not any(_placeholder_dim(dim) for dim in value.shape.dims):
                 continue
             dims = list(value.shape.dims)
             for axis, dim in enumerate(dims):
-                if isinstance(dim, ir.SymbolicDim) and dim.value is None:
+                # A dim written as -1, '?' or '' (paddle2onnx, older exporters) is unknown, not one shared symbol.
+                if _placeholder_dim(dim):
                     base = fresh = f"{_sanitize_identifier(value.name)}_dim{axis}"
                     n = 1
                     while fresh in taken:
@@ -539,25 +572,24 @@ class ShapeTracker:
                 details={"unknown_dims": unknown, "dynamic_dims": list(report.dims)},
             )
         values: dict[str, list[int]] = {}
-        for dim_name, where in report.dims.items():
+        defaulted: dict[str, list[int] | None] = {}  # dims the target's defaults decide, capped by the model
+        for dim_name in report.dims:
             if dim_name in requested:
                 values[dim_name] = _checked_values(dim_name, requested[dim_name], "shape_buckets")
-            elif dim_name in target.default_shape_buckets:
-                values[dim_name] = _checked_values(
-                    dim_name,
-                    target.default_shape_buckets[dim_name],
-                    f"target {target.name!r} default_shape_buckets",
+                continue
+            kind = self.dim_kind(dim_name)
+            default = target.default_shape_buckets.get(dim_name) or target.default_shape_buckets.get(
+                _DEFAULT_KEYS.get(kind, "")
+            )
+            if default:
+                defaulted[dim_name] = _checked_values(
+                    dim_name, default, f"target {target.name!r} default_shape_buckets"
                 )
             elif target.static_shapes:
-                if not is_batch_dim(dim_name):
-                    input_name, axis = where[0]
-                    raise InvalidOptionsError(
-                        f"Target {target.name!r} needs static shapes, and dim {dim_name!r} (input {input_name!r}, "
-                        f"axis {axis}) has no bucket. Pass options.shape_buckets, e.g. "
-                        f'{{"{dim_name}": [128]}}, or fix it with options.input_shapes.',
-                        details={"dim": dim_name, "input": input_name, "axis": axis},
-                    )
-                values[dim_name] = [DEFAULT_BATCH]
+                defaulted[dim_name] = [DEFAULT_BATCH] if kind == "batch" else None
+        if defaulted:
+            values.update(self._defaults(values, defaulted, target))
+            values = {name: values[name] for name in report.dims if name in values}  # the inputs' order
         if not values:
             name = DYNAMIC_BUCKET if report.dims else STATIC_BUCKET
             self._buckets = [Bucket(name, {})]
@@ -573,6 +605,156 @@ class ShapeTracker:
         for combo in itertools.product(*(values[n] for n in names)):
             self._buckets.append(self._new_bucket(dict(zip(names, combo, strict=True))))
         return list(self._buckets)
+
+    def dim_kind(self, dim_name: str) -> str:
+        """``shape_plan.dim_kind`` of one of the inputs' dynamic dims, from its name and where it sits."""
+        where = []
+        inputs = {v.name: v for v in _runtime_inputs(self.model)}
+        for input_name, axis in self.infer().dims.get(dim_name, []):
+            value = inputs[input_name]
+            dtype = value.dtype.numpy().name if value.dtype is not None else None
+            where.append((axis, len(value.shape), dtype))
+        return dim_kind(dim_name, where)
+
+    def _defaults(
+        self, requested: Mapping[str, list[int]], defaulted: Mapping[str, list[int] | None], target: TargetSpec
+    ) -> dict[str, list[int]]:
+        """Values for the dims the target's defaults decide (``defaulted``: dim -> the default's values, or None
+        where the target has none and the plan chooses), capped by what the model runs: the plan's first
+        candidate at or under each default that the model runs at, with the request's dims at their first value."""
+        fixed = {name: vals[0] for name, vals in requested.items()}
+        preferred = {name: vals[0] for name, vals in defaulted.items() if vals}
+        plan = self.plan(list(defaulted), fixed=fixed, preferred=preferred)
+        chosen: dict[str, list[int]] = {}
+        for name, vals in defaulted.items():
+            # The default as the target gives it where the model runs at its first value, else the plan's value.
+            chosen[name] = list(vals) if vals and plan.dims[name] == vals[0] else [plan.dims[name]]
+            if vals and chosen[name] != list(vals):
+                plan.why[name] = f"target {target.name!r} default {vals} changed for this model: {plan.why.get(name)}"
+            elif vals:
+                plan.why[name] = f"target {target.name!r} default_shape_buckets"
+        self.infer().plan = plan.as_dict()
+        return chosen
+
+    def plan(
+        self,
+        names: Sequence[str],
+        *,
+        fixed: Mapping[str, int] | None = None,
+        preferred: Mapping[str, int] | None = None,
+    ) -> ShapePlan:
+        """Representative values for the dynamic dims ``names`` (the others at ``fixed``), by the rules of
+        ``shape_plan``: by kind, held to the memory budget, and moved along ``CANDIDATES`` until the model
+        runs (``preferred``: where to start for a dim, e.g. a target's default)."""
+        fixed = dict(fixed or {})
+        key = (tuple(names), tuple(sorted(fixed.items())), tuple(sorted((preferred or {}).items())))
+        if key in self._plans:
+            return self._plans[key]
+        budget, basis = memory_budget(weight_bytes(self.model))
+        plan = ShapePlan(budget_bytes=budget, budget_basis=basis)
+        if not names:
+            self._plans[key] = plan
+            return plan
+        kinds = {name: self.dim_kind(name) for name in names}
+        plan.kinds = kinds
+        start = {
+            name: (preferred or {}).get(name) or (REPRESENTATIVE_BATCH if kind == "batch" else REPRESENTATIVE_DIM)
+            for name, kind in kinds.items()
+        }
+        weights = set(self.model.graph.initializers) | {
+            out.name for node in self.model.graph if node.op_type == "Constant" for out in node.outputs
+        }
+        # Held to the budget: the largest tensor at these values, from shape inference alone.
+        caps = dict(start)
+        for _ in range(16):
+            shapes = static_shapes(self.model, {**fixed, **caps})
+            largest, size = largest_tensor(shapes, skip=weights)
+            plan.largest_tensor, plan.largest_bytes = largest, size or None
+            if size <= budget:
+                break
+            open_dims = [n for n in caps if kinds[n] != "batch" and caps[n] > MIN_HALVED_DIM]
+            if not open_dims:
+                plan.notes.append(
+                    f"tensor {largest!r} takes {size / 2**20:.0f} MiB at the smallest values tried, over the "
+                    f"memory budget of {budget / 2**20:.0f} MiB"
+                )
+                break
+            for name in open_dims:
+                caps[name] = max(MIN_HALVED_DIM, caps[name] // 2)
+        for name in names:
+            if caps[name] != start[name]:
+                plan.why[name] = (
+                    f"lowered from {start[name]} to {caps[name]}: at {start[name]} a tensor would exceed the memory "
+                    f"budget of {budget / 2**20:.0f} MiB"
+                )
+        # Moved until the model runs (a position table caps a sequence, an STFT needs a minimum length).
+        chosen, refusal, tried = dict(caps), None, []
+        # An anonymous dim off axis 0 may be a batch in disguise (a recurrent state's [2, batch, 128]).
+        disguised = [n for n in names if kinds[n] == "other" and is_anonymous_dim(n)]
+        for candidate in (None, *CANDIDATES["other"]):
+            trial = {
+                name: caps[name] if candidate is None or kinds[name] == "batch" else candidate for name in names
+            }
+            if candidate is not None and candidate > max(start.values()) and not self._within(
+                {**fixed, **trial}, budget, weights
+            ):
+                continue  # larger than the start only where the budget allows it
+            variants = [trial, *({**trial, name: REPRESENTATIVE_BATCH} for name in disguised)]
+            for variant in variants:
+                if variant in tried:
+                    continue
+                tried.append(variant)
+                reason = self._refusal({**fixed, **variant})
+                if reason is None:
+                    chosen = variant
+                    break
+                refusal = refusal or reason
+            else:
+                continue
+            break
+        else:
+            plan.notes.append(f"the model runs at none of the values tried: {refusal}")
+        for name in names:
+            if chosen[name] != caps[name]:
+                plan.why[name] = (
+                    f"the model does not run at {caps[name]} ({refusal}); it runs at {chosen[name]}"
+                )
+            plan.why.setdefault(name, f"{kinds[name]} dim: {'1' if kinds[name] == 'batch' else 'the representative size'}")
+        plan.dims = chosen
+        self._plans[key] = plan
+        return plan
+
+    def _within(self, dims: Mapping[str, int], budget: int, skip: set[str]) -> bool:
+        return largest_tensor(static_shapes(self.model, dims), skip=skip)[1] <= budget
+
+    def _refusal(self, dims: Mapping[str, int]) -> str | None:
+        """Why ONNX Runtime cannot run the model at ``dims`` (None: it runs). Loaded once and run once on
+        seeded inputs; above ``_RUN_CHECK_MAX_BYTES`` of weights only shape inference is asked."""
+        key = tuple(sorted(dims.items()))
+        if key in self._refusals:
+            return self._refusals[key]
+        import onnxruntime as ort
+
+        from flexdsa_core.in_memory import InMemoryModel
+        from flexdsa_core.validate import make_inputs, run
+
+        reason = None
+        if weight_bytes(self.model) <= _RUN_CHECK_MAX_BYTES:
+            proto = onnx.ModelProto()
+            for value in _runtime_inputs(self.model):
+                proto.graph.input.append(ir.serde.serialize_value(value))
+            try:
+                feeds = make_inputs(proto, dims=dict(dims))
+                options = ort.SessionOptions()
+                options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+                options.intra_op_num_threads = 1
+                options.log_severity_level = 4  # a refusal here is an answer, not an error to log
+                session = InMemoryModel.from_ir(self.model, finished=False).session(options)
+                run(session, feeds, what="a shape check")
+            except Exception as error:  # noqa: BLE001 - ORT raises many types; its words are the reason
+                reason = re.sub(r"^\[ONNXRuntimeError\] : \d+ : [A-Z_]+ : ", "", str(error).splitlines()[0])[:200]
+        self._refusals[key] = reason
+        return reason
 
     def _observed(
         self, observed: Sequence[ObservedShape | Mapping[str, Any]]
@@ -656,6 +838,10 @@ class ShapeTracker:
         self._specialized[bucket.name] = model
         self._specialization_info[bucket.name] = info
         return model.clone()
+
+    def specialize_at(self, dims: Mapping[str, int]) -> ir.Model:
+        """``specialize`` for dims that are no bucket (a check at other values): not kept."""
+        return self._specialized_model(dims)[0]
 
     def _specialized_model(self, dims: Mapping[str, int]) -> tuple[ir.Model, dict[str, Any]]:
         """``specialize``'s work, uncached: the model with ``dims`` bound, and its node counts."""

@@ -501,7 +501,9 @@ def _rebuild_concat(
     plan = _slices_plan(tracked.dims, ctx, lambda value: _defined_before(value, node, order))
     if plan is None:
         return False
-    new_node_count = sum(1 + (coefficient != 1) for kind, _, coefficient in plan if kind == "dims") + 1
+    # Shape slices are int64: an int32 shape (tf2onnx's arithmetic) is cast back so every consumer keeps its type.
+    cast_back = output.dtype == ir.DataType.INT32
+    new_node_count = sum(1 + (coefficient != 1) for kind, _, coefficient in plan if kind == "dims") + 1 + cast_back
     if new_node_count >= _exclusive_cone_size(node):
         return False
     pieces, new_nodes = [], []
@@ -527,12 +529,20 @@ def _rebuild_concat(
         piece.type = ir.TensorType(ir.DataType.INT64)
     concat = ir.node("Concat", pieces, {"axis": 0}, name=names.fresh(f"{node.name or 'Concat'}_partial"))
     concat.outputs[0].name = names.fresh(f"{output.name}_partial")
-    concat.outputs[0].type = output.type
+    concat.outputs[0].type = ir.TensorType(ir.DataType.INT64)
     concat.outputs[0].shape = output.shape
     new_nodes.append(concat)
+    rebuilt = concat.outputs[0]
+    if cast_back:
+        cast = ir.node("Cast", [rebuilt], {"to": ir.DataType.INT32}, name=names.fresh(f"{concat.name}_Cast"))
+        cast.outputs[0].name = names.fresh(f"{output.name}_partial_int32")
+        cast.outputs[0].type = output.type
+        cast.outputs[0].shape = output.shape
+        new_nodes.append(cast)
+        rebuilt = cast.outputs[0]
     graph.insert_before(node, new_nodes)
-    ir.convenience.replace_all_uses_with(output, concat.outputs[0])
-    ctx.values[concat.outputs[0]] = tracked
+    ir.convenience.replace_all_uses_with(output, rebuilt)
+    ctx.values[rebuilt] = tracked
     return True
 
 

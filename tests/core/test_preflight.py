@@ -73,6 +73,24 @@ def test_a_bucket_the_model_cannot_run_is_refused_naming_it():
         FlexDSAOptimizer("cpu-ort").optimize(positions_model(), options)
 
 
+def test_the_refusal_names_the_models_limit_the_same_way_on_every_target():
+    # The same mistake, one message: on cpu-ort and on a static part alike, naming the position table's length.
+    for target in ("cpu-ort", "rockchip-rk3588"):
+        options = OptimizeOptions(shape_buckets={"seq": [512]})
+        with pytest.raises(InvalidOptionsError, match=r"this model takes at most 64 positions .*seq <= 64") as caught:
+            check_request(positions_model(), options, load_target(target))
+        assert caught.value.details["limit"] == {"dim": "seq", "max": 64}
+
+
+def test_default_buckets_adapt_to_the_model_on_a_static_part():
+    # rockchip's default seq 128 is longer than this model's 64 positions: the default is capped, not refused.
+    result = FlexDSAOptimizer("rockchip-rk3588").optimize(positions_model(), OptimizeOptions(measure_latency=False))
+    assert [b.name for b in result.buckets] == ["batch1_seq64"]
+    seq = result.report["shapes"]["plan"]["dims"]["seq"]
+    assert seq["value"] == 64 and "default [128] changed" in seq["why"]
+    assert result.report["validation"]["ok"]
+
+
 def test_buckets_the_model_can_run_pass_and_compile():
     options = OptimizeOptions(shape_buckets={"seq": [16, 64]}, measure_latency=False)
     check_request(positions_model(), options, load_target("cpu-ort"))

@@ -81,6 +81,45 @@ def test_broken_rewrite_is_found_rolled_back_and_reported(with_broken_rule):
     assert "LeakyRelu" not in next(iter(report["nodes"]["after"].values()))
 
 
+class _ShiftAsInt32(RewriteRuleClassBase):
+    """Relu(Add(x, c)) → Relu(Sub(x, Cast<int32>(c))): deliberately unloadable (Sub of float and int32)."""
+
+    def pattern(self, op, x, c):
+        return op.Relu(op.Add(x, c))
+
+    def rewrite(self, op, x, c):
+        return op.Relu(op.Sub(x, op.Cast(c, to=onnx.TensorProto.INT32)))
+
+
+UNLOADABLE_RULE = make_rule(
+    "unloadable_for_test", "Relu(x + c) → Relu(x - int32(c)) (a type error on purpose)", ["Relu", "Sub", "Cast"],
+    [_ShiftAsInt32.rule()], order=1,
+)  # fmt: skip
+
+
+def test_a_rewrite_that_makes_an_unloadable_graph_is_rolled_back_with_its_reason(monkeypatch):
+    import flexdsa_core.fusion_switcher as switcher_module
+
+    original_judge = switcher_module.FusionSwitcher._judge
+
+    def judge_taking_it(self, model, rewrite_rule, delta, **how):
+        judgement = original_judge(self, model, rewrite_rule, delta, **how)
+        if rewrite_rule.name and "ShiftAsInt32" in rewrite_rule.name:
+            judgement.taken = True
+        return judgement
+
+    monkeypatch.setattr(switcher_module.FusionSwitcher, "_judge", judge_taking_it)
+    optimizer = FlexDSAOptimizer("cpu-ort", rules=(UNLOADABLE_RULE, *discover_rules()))
+    result = optimizer.optimize(_model(), OptimizeOptions(measure_latency=False))
+    report = result.report
+    [rollback] = report["rollbacks"]
+    assert rollback["rewrite"] == "unloadable_for_test" and rollback["reason"] == "invalid_graph"
+    assert "int32" in rollback["detail"] and "load[" in rollback["detail"], rollback["detail"]
+    assert "unloadable_for_test" in report["disabled_rewrites"]
+    assert report["validation"]["ok"]
+    assert "Cast" not in next(iter(report["nodes"]["after"].values()))
+
+
 def test_mismatch_fails_the_job_when_rollback_is_off(with_broken_rule):
     with pytest.raises(ValidationFailedError, match="differ from the original"):
         with_broken_rule.optimize(

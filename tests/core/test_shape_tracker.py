@@ -188,9 +188,14 @@ def test_target_defaults_fill_the_dims_the_request_leaves_out():
     assert [b.name for b in buckets] == ["batch4_seq128", "batch4_seq512"]
 
 
-def test_static_target_defaults_batch_to_one_and_asks_for_other_dims():
-    with pytest.raises(InvalidOptionsError, match=r"'seq'.*shape_buckets"):
-        tracker().buckets(None, STATIC_TARGET)
+def test_static_target_defaults_batch_to_one_and_plans_the_other_dims():
+    # No default for seq on this target: the Shape Tracker's plan gives it the representative size, and says so.
+    t = tracker()
+    [bucket] = t.buckets(None, STATIC_TARGET)
+    assert bucket.name == "batch1_seq128"
+    plan = t.infer().plan
+    assert plan["dims"]["seq"]["kind"] == "sequence" and plan["dims"]["seq"]["value"] == 128
+    assert plan["memory_budget_bytes"] >= 64 << 20
     [bucket] = tracker().buckets({"seq": [64]}, STATIC_TARGET)
     assert bucket.name == "batch1_seq64"
 

@@ -252,8 +252,13 @@ def test_impossible_shape_bucket_is_422_naming_the_bucket(env, headers):
     spec = {"target": "cpu-ort", "shape_buckets": {"seq": [32, 128]}}
     error = _assert_error(env.submit(headers, model=positions_model(), spec=spec), 422, "invalid_options")
     assert "shape bucket 'seq128' (seq=128) cannot run" in error["message"]
+    assert "this model takes at most 64 positions" in error["message"] and "seq <= 64" in error["message"]
     assert error["details"]["bucket"] == "seq128" and error["details"]["dims"] == {"seq": 128}
+    assert error["details"]["limit"] == {"dim": "seq", "max": 64}
     assert _job_count(env, headers) == 0 and env.enqueued == []
+    # Without shape_buckets on a static part the default seq 128 is capped for this model, not refused: queued.
+    capped = env.submit(headers, model=positions_model(), spec={"target": "rockchip-rk3588"})
+    assert capped.status_code == 202, capped.text
     # The same model with buckets it can run is queued.
     ok = env.submit(
         headers, model=positions_model(), spec={"target": "cpu-ort", "shape_buckets": {"seq": [32]}}

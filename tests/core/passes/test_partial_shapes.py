@@ -160,6 +160,33 @@ def test_symbolic_shape_for_another_op_is_rebuilt_from_a_slice():
     assert_same_outputs(parse(text), optimized, feeds={"x": np.ones((7, 2), np.float32)})
 
 
+def test_an_int32_shape_rebuilt_from_slices_stays_int32():
+    # tf2onnx computes shapes in int32 (Shape -> Cast(int32) -> Concat ... -> Cast(int64) -> Expand): the
+    # rebuilt Concat is int64 (Shape slices are) and is cast back, so the int32 consumers still load.
+    text = (
+        HEAD
+        + """g (float[batch,2] x) => (float[batch,3,4] y) {
+        s64 = Shape(x)
+        s = Cast<to = 6>(s64)
+        i0 = Constant<value = int32 {0}>()
+        b = Gather<axis = 0>(s, i0)
+        axes = Constant<value = int64[1] {0}>()
+        b1 = Unsqueeze(b, axes)
+        rest = Constant<value = int32[2] {3, 4}>()
+        shape = Concat<axis = 0>(b1, rest)
+        one = Constant<value = int32[3] {1, 1, 1}>()
+        shape2 = Max(shape, one)
+        target = Cast<to = 7>(shape2)
+        y = ConstantOfShape<value = float[1] {1}>(target)
+    }"""
+    )
+    optimized = assert_rewrites(NAME, text, ["Shape", "Concat", "Cast", "Constant", "Max", "Cast", "ConstantOfShape"])
+    concat, cast = (n for n in optimized.graph.node if n.op_type in ("Concat", "Cast") and n.input[0] != "shape2")
+    assert onnx.helper.get_attribute_value(cast.attribute[0]) == onnx.TensorProto.INT32
+    assert cast.input[0] == concat.output[0]
+    assert_same_outputs(parse(text), optimized, feeds={"x": np.ones((7, 2), np.float32)})
+
+
 def test_two_symbolic_dims_in_other_places_are_not_folded():
     # [seq, batch, 8] from x:[batch, seq, 8]: neither dim is x's at that axis; the target stays computed.
     text = (

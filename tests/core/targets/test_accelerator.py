@@ -169,10 +169,13 @@ def test_vendor_outputs_and_placement_are_compared(tmp_path):
     assert agreement["differ"] == [{"node": "b", "ours": "cpu", "vendor": "accelerator"}]
 
 
-def test_a_dynamic_dim_left_on_a_static_part_is_refused_naming_it():
-    from flexdsa_core.errors import InvalidOptionsError
-
+def test_a_dynamic_dim_left_on_a_static_part_takes_the_plans_value_and_says_why():
+    # No default at all on this part: the Shape Tracker's plan sizes seq, capped by BERT's 64 positions.
     spec = {**CUSTOM, "default_shape_buckets": {}}
     request = RequestSpec.model_validate({"target": spec, "measure_latency": False})
-    with pytest.raises(InvalidOptionsError, match=r"'custom-npu' needs static shapes, and dim 'seq' .* has no bucket"):
-        FlexDSAOptimizer(request.target_spec()).optimize(fixture("bert"), request.options())
+    result = FlexDSAOptimizer(request.target_spec()).optimize(fixture("bert"), request.options())
+    assert [b.name for b in result.buckets] == ["batch1_seq64"]
+    plan = result.report["shapes"]["plan"]["dims"]
+    assert plan["seq"]["value"] == 64 and plan["seq"]["kind"] == "sequence"
+    assert "does not run at 128" in plan["seq"]["why"]
+    assert result.report["validation"]["ok"]

@@ -1,0 +1,148 @@
+"""``python -m bench.exports``: every real export of ``tests/models/real_exports.py`` on every target, with the
+default spec, as a user runs it: ``flexdsa optimize MODEL --target T`` in a subprocess.
+
+Per model x target: success (exit 0 and validated), wall time, and peak memory against the model's size.
+Peak RSS is the process tree's, sampled every 20 ms, or the kernel's ``ru_maxrss`` if larger
+(``bench.large.run_measured``). The figure of merit follows issue 22's goal: the run's own memory,
+``peak RSS - RSS of the same interpreter with the same imports and no model`` (measured once, ``baseline``),
+against ``4 x model size + the largest activation at the bucket's shapes`` (``report.json`` →
+``shapes.plan.largest_tensor``); and, since a small model's run is dominated by fixed costs (ONNX Runtime
+sessions and thread pools, libraries imported on first use), the same against the peak of a run on a
+one-node model (``over empty``, the table's ratio). Vendor toolchains are not run (``--toolchains-dir`` an empty folder): their
+compilers are subprocesses with memory of their own, outside this question. The CLI's own memory limit is
+left at its default. Writes ``bench/results/exports.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from bench import REPO_ROOT, RESULTS_DIR
+from bench.large import run_measured
+
+TARGETS = (
+    "cpu-ort", "rockchip-rk3588", "qualcomm-sm8650", "huawei-ascend310b", "nvidia-orin-nano", "amd-xdna2",
+    "xilinx-kv260",
+)  # fmt: skip
+BASELINE = (
+    "import flexdsa_core.cli, flexdsa_core.optimizer, onnxruntime, onnx, onnx_ir, numpy, resource; "
+    "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)"
+)
+
+
+def baseline_rss() -> int:
+    """Peak RSS of an interpreter that imported what ``flexdsa optimize`` imports, and did nothing else."""
+    out = subprocess.run([sys.executable, "-c", BASELINE], capture_output=True, text=True, check=True, cwd=REPO_ROOT)
+    return int(out.stdout.strip().splitlines()[-1])
+
+
+def empty_model(path: Path) -> Path:
+    """A one-node model (Relu over [batch, 8]): the pipeline's fixed cost, whatever the model."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])], "empty",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 8])],
+    )  # fmt: skip
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9), path)
+    return path
+
+
+def run_one(model: Path, target: str, work: Path, timeout_s: float) -> dict:
+    out = work / "out"
+    shutil.rmtree(out, ignore_errors=True)
+    command = [
+        sys.executable, "-m", "flexdsa_core.cli", "optimize", str(model), "--target", target, "-o", str(out), "-q",
+        "--cache-dir", str(work / "kernels"), "--toolchains-dir", str(work / "no-toolchains"),
+    ]  # fmt: skip
+    shutil.rmtree(work / "kernels", ignore_errors=True)  # cold: every run measures what it needs
+    run = run_measured(command, work / "log.txt", timeout_s)
+    log = (work / "log.txt").read_text(errors="replace").strip().splitlines()
+    entry = {
+        "exit_code": run["exit_code"],
+        "seconds": round(run["seconds"], 2),
+        "peak_rss_bytes": run["peak_rss_bytes"],
+        "timed_out": run["timed_out"],
+    }
+    report_path = out / "report.json"
+    if run["exit_code"] == 0 and report_path.is_file():
+        report = json.loads(report_path.read_text())
+        plan = (report.get("shapes") or {}).get("plan") or {}
+        entry["validated"] = bool((report.get("validation") or {}).get("ok"))
+        entry["buckets"] = list((report.get("shapes") or {}).get("buckets") or []) or None
+        entry["largest_tensor_bytes"] = (plan.get("largest_tensor") or {}).get("bytes") or 0
+        entry["memory_budget_bytes"] = plan.get("memory_budget_bytes")
+        entry["rollbacks"] = [f"{r['rewrite']} ({r['reason']})" for r in report.get("rollbacks", [])]
+    else:
+        entry["validated"] = False
+        entry["error"] = log[-1][:300] if log else "(no output)"
+    return entry
+
+
+def main(argv: list[str] | None = None) -> dict:
+    sys.path.insert(0, str(REPO_ROOT))
+    from tests.models.real_exports import REAL_EXPORTS
+
+    parser = argparse.ArgumentParser(prog="python -m bench.exports", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", help=f"comma-separated subset of {','.join(REAL_EXPORTS)}")
+    parser.add_argument("--targets", help=f"comma-separated subset of {','.join(TARGETS)}")
+    parser.add_argument("--timeout", type=float, default=900, help="seconds one run may take")
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR / "exports.json")
+    args = parser.parse_args(argv)
+    models = args.models.split(",") if args.models else list(REAL_EXPORTS)
+    targets = args.targets.split(",") if args.targets else list(TARGETS)
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    baseline = baseline_rss()
+    print(f"baseline RSS (imports only): {baseline / 2**20:.0f} MiB", flush=True)
+    results: dict = {"baseline_rss_bytes": baseline, "models": {}}
+    header = (f"{'model':<24}{'MB':>6} {'target':<18}{'ok':>4}{'s':>7}{'peak MiB':>10}{'net MiB':>9}"
+              f"{'over empty':>11}{'goal MiB':>9}{'ratio':>7}")  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="bench-exports-") as folder:
+        work = Path(folder)
+        # The pipeline's fixed cost per target (sessions, thread pools, lazily imported libraries): a one-node model.
+        empty = {target: run_one(empty_model(work / "empty.onnx"), target, work, args.timeout)["peak_rss_bytes"]
+                 for target in targets}  # fmt: skip
+        results["empty_model_peak_rss_bytes"] = empty
+        print("one-node model, peak RSS: " + ", ".join(f"{t} {v / 2**20:.0f} MiB" for t, v in empty.items()))
+        print(header, flush=True)
+        for name in models:
+            path = REAL_EXPORTS[name].fetch()
+            size = path.stat().st_size
+            per_target = results["models"].setdefault(name, {"model_bytes": size, "exporter": REAL_EXPORTS[name].exporter})
+            for target in targets:
+                entry = run_one(path, target, work, args.timeout)
+                net = max(0, entry["peak_rss_bytes"] - baseline)
+                over_empty = max(0, entry["peak_rss_bytes"] - empty[target])
+                goal = 4 * size + entry.get("largest_tensor_bytes", 0)
+                entry.update(net_rss_bytes=net, over_empty_bytes=over_empty, goal_bytes=goal,
+                             net_over_goal=round(net / goal, 2) if goal else None,
+                             over_empty_over_goal=round(over_empty / goal, 2) if goal else None)  # fmt: skip
+                per_target[target] = entry
+                ok = "yes" if entry["validated"] else "NO"
+                print(f"{name:<24}{size / 1e6:>6.1f} {target:<18}{ok:>4}{entry['seconds']:>7.1f}"
+                      f"{entry['peak_rss_bytes'] / 2**20:>10.0f}{net / 2**20:>9.0f}{over_empty / 2**20:>11.0f}"
+                      f"{goal / 2**20:>9.0f}{entry['over_empty_over_goal'] or 0:>7.2f}" + (f"  {entry.get('error', '')}" if not entry["validated"] else ""),
+                      flush=True)  # fmt: skip
+                args.out.write_text(json.dumps(results, indent=1))
+    runs = [e for m in results["models"].values() for t, e in m.items() if isinstance(e, dict)]
+    passed = sum(e["validated"] for e in runs)
+    within = sum(1 for e in runs if e["validated"] and (e["net_over_goal"] or 0) <= 1)
+    within_empty = sum(1 for e in runs if e["validated"] and (e["over_empty_over_goal"] or 0) <= 1)
+    print(f"\n{passed}/{len(runs)} runs validated; within 4 x model + largest activation: {within}/{len(runs)} "
+          f"counted above the imports, {within_empty}/{len(runs)} above the one-node model's run")
+    results["summary"] = {"runs": len(runs), "validated": passed, "within_memory_goal": within,
+                          "within_memory_goal_over_empty_run": within_empty}  # fmt: skip
+    args.out.write_text(json.dumps(results, indent=1))
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,72 @@
+"""``flexdsa optimize`` ends a failure with one plain line: an internal error names an incident whose file
+holds the traceback, a run past its memory limit says which limit, and the limit is really applied."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from flexdsa_core import cli
+from flexdsa_core.optimizer import FlexDSAOptimizer
+from tests.models import fixture
+
+
+def _run(tmp_path, *extra):
+    runner = CliRunner()
+    return runner.invoke(
+        cli.app,
+        ["optimize", str(fixture("resnet")), "-o", str(tmp_path / "out"), "--cache-dir", str(tmp_path / "kernels"),
+         "--no-measure", "-q", *extra],
+    )  # fmt: skip
+
+
+def _one_line(result) -> str:
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1, result.output
+    return lines[0]
+
+
+def test_an_internal_error_is_one_line_with_an_incident_file(tmp_path, monkeypatch):
+    def broken(self, *args, **kwargs):
+        raise KeyError("a bug deep inside the pipeline")
+
+    monkeypatch.setattr(FlexDSAOptimizer, "optimize", broken)
+    result = _run(tmp_path, "--memory-limit-mb", "0")
+    assert result.exit_code == 1
+    line = _one_line(result)
+    assert "Traceback" not in result.output
+    found = re.search(r"incident ([0-9a-f]{12}), details in (\S+)", line)
+    assert found and "internal_error" in line and "KeyError" in line, line
+    incident_file = tmp_path / "incidents" / f"{found.group(1)}.txt"
+    assert str(incident_file) == found.group(2)
+    assert "a bug deep inside the pipeline" in incident_file.read_text()
+    assert "Traceback" in incident_file.read_text()
+
+
+@pytest.mark.parametrize("error", [MemoryError(), RuntimeError("std::bad_alloc while allocating a tensor")])
+def test_running_out_of_memory_says_which_limit(tmp_path, monkeypatch, error):
+    def hungry(self, *args, **kwargs):
+        raise error
+
+    monkeypatch.setattr(FlexDSAOptimizer, "optimize", hungry)
+    monkeypatch.setattr(cli, "_limit_memory", lambda limit_mb: 4096)  # not this test process's own limit
+    result = _run(tmp_path, "--memory-limit-mb", "4096")
+    assert result.exit_code == 1
+    line = _one_line(result)
+    assert "memory_limit_exceeded" in line and "--memory-limit-mb 4096" in line, line
+
+
+def test_the_memory_limit_is_applied_to_the_process():
+    code = (
+        "import resource; from flexdsa_core.cli import _limit_memory; "
+        "print(_limit_memory(3000), resource.getrlimit(resource.RLIMIT_AS)[0] >> 20)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["3000", "3000"]
+    default = "from flexdsa_core.cli import _limit_memory; print(_limit_memory(None))"
+    out = subprocess.run([sys.executable, "-c", default], capture_output=True, text=True, check=True).stdout
+    assert 0 < int(out) <= 16384
