@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import io
+import json
 from pathlib import Path
 
 import numpy as np
@@ -197,11 +198,19 @@ def test_qnn_int8_calibrates_on_our_samples_and_fp32_runs_htp_fp16():
 
 
 def test_rknn_mixed_keeps_the_sensitive_layers_float16_by_hybrid_quantisation():
+    """The hybrid keeping the stand-in's float layers float16 is the one int8 build rknn's simulator finds
+    accurate on the held-out samples (plain w8a8 misses, the vendor alone's too); on this tiny MLP it costs the
+    same cycles as float16 by rknn's estimate, so the plainer float16 ships and the report says why."""
     checks.toolchain_or_skip("rockchip", "rknn-toolkit2")
     result = _with_toolchain("rockchip-rk3588", _sensitive_mlp(), "mixed", _mlp_calibration(), **MLP_ACCURACY)
-    entry = _judged(result)
-    assert "on 16 calibration sample(s)" in entry["quantization"]  # the user's samples our stage calibrated on
-    assert "kept float16 by hybrid quantisation" in entry["quantization"]
+    plan = json.loads(result.artifacts["fusion_plan.json"])["batch1"]["vendor_exploration"]
+    tried = {c["candidate"]: c for c in plan["candidates"]}
+    hybrid, plain = tried["w8a8 + float16 hybrid"], tried["w8a8"]
+    assert hybrid["accuracy"]["ok"] and not plain["accuracy"]["ok"]
+    assert not tried["vendor alone: w8a8"]["accuracy"]["ok"]
+    assert hybrid["accuracy"]["samples"] > 0 and hybrid["vendor"]["cycles"] >= tried["ours"]["vendor"]["cycles"]
+    vendor = result.report["vendor"]["buckets"]["batch1"]
+    assert vendor["precision"] == "float16" and "no quantised candidate met the accuracy target more cheaply" in vendor["decision"]
     assert "model.batch1.rknn" in result.artifacts
 
 
