@@ -136,7 +136,8 @@ class RockchipAdapter(AcceleratorAdapter):
 
     def vendor_precisions(self, target: TargetSpec, report: dict) -> dict[str, dict]:
         """w8a8 (the toolkit's default calibration, what it makes alone), w8a8 with its MMSE calibration, and
-        under ``mixed`` the hybrid keeping our float layers float16 and float16 itself."""
+        under ``mixed`` the hybrid keeping our float layers float16, the toolkit's own automatic hybrid, and
+        float16 itself."""
         requested = (report.get("precision") or {}).get("requested")
         if requested not in ("int8", "mixed"):
             return {}
@@ -146,6 +147,9 @@ class RockchipAdapter(AcceleratorAdapter):
             hybrid = self.toolchain_options(target, report).get("custom_hybrid") or {}
             if any(hybrid.values()):
                 found["w8a8 + float16 hybrid"] = {**int8, "custom_hybrid": hybrid}
+            # The toolkit's own automatic hybrid: layers whose quantised output falls below its cosine threshold
+            # stay float16 (build(auto_hybrid=True)).
+            found["w8a8 + the toolkit's auto hybrid"] = {**int8, "auto_hybrid": True}
             found["float16"] = {"dtype": "float16", "custom_hybrid": {}}
         return found
 
@@ -394,7 +398,9 @@ def _explored_quantization(report: dict, bucket: str) -> dict:
     if options.get("dtype") != "int8":
         return {"explored": "float16: no quantised build met the accuracy target more cheaply", "int8": False}
     chosen = {key: options[key] for key in _QUANT_CONFIG if key in options}
-    return {"quantization": chosen, "hybrid": bool((options.get("custom_hybrid") or {}).get(bucket))}
+    return {"quantization": chosen, "hybrid": bool((options.get("custom_hybrid") or {}).get(bucket)),
+            "auto_hybrid": bool(options.get("auto_hybrid"))}  # fmt: skip
+
 
 def _driver_function(name: str) -> str:
     """The source of function ``name`` of the toolchain driver (``toolchains/drivers/rockchip_driver.py``),
@@ -504,7 +510,7 @@ def convert(bucket, int8=False, dataset=None, check=False, verbose=False):
                 model_input=stem + ".model", data_input=stem + ".data", model_quantization_cfg=stem + ".quantization.cfg"
             ) != 0:
                 raise RuntimeError("hybrid_quantization_step2 failed for " + bucket["onnx"])
-        elif rknn.build(do_quantization=int8, dataset=dataset) != 0:
+        elif rknn.build(do_quantization=int8, dataset=dataset, auto_hybrid=int8 and bucket.get("auto_hybrid", False)) != 0:
             raise RuntimeError("build failed for " + bucket["onnx"] + " (run with --verbose for the reason)")
         if rknn.export_rknn(bucket["rknn"]) != 0:
             raise RuntimeError("export_rknn failed for " + bucket["rknn"])
