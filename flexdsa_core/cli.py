@@ -103,10 +103,13 @@ def optimize(
                 bar.update(task, completed=fraction, stage=stage, description=message)
 
             cache = None if no_cache else DiskCache(cache_dir)
-            limit_mb = _limit_memory(memory_limit_mb)  # from here on, the model's work counts against it
-            result = optimizer.optimize(
-                model, request.options(), cache=cache, progress=progress, calibration=calibration
-            )
+            limit_mb, previous = _limit_memory(memory_limit_mb)  # from here on, the model's work counts against it
+            try:
+                result = optimizer.optimize(
+                    model, request.options(), cache=cache, progress=progress, calibration=calibration
+                )
+            finally:  # the cap is this run's: a caller running the CLI in its own process (tests) gets its own back
+                _restore_memory_limit(previous)
         written = result.write(out)
     except ValidationError as err:
         console.print(f"[red]error:[/red] invalid options: {err}")
@@ -137,31 +140,39 @@ def optimize(
         Console().print(f"Wrote {len(written)} files to {out}/: {', '.join(p.name for p in written)}")
 
 
-def _limit_memory(limit_mb: int | None) -> int | None:
+def _limit_memory(limit_mb: int | None) -> tuple[int | None, tuple[int, int] | None]:
     """Cap this process's address space like the service caps a job (soft limit: a vendor toolchain it
-    starts may raise it again). None: 3/4 of the machine's memory, at most 16 GiB; 0: no limit."""
+    starts may raise it again). None: 3/4 of the machine's memory, at most 16 GiB; 0: no limit. Returns the
+    limit in MiB and the limits to restore afterwards (None: nothing was changed)."""
     import os
     import sys
 
     if limit_mb == 0 or not sys.platform.startswith("linux"):
-        return None
+        return None, None
     if limit_mb is None:
         try:
             physical = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") >> 20
         except (ValueError, OSError):
-            return None
+            return None, None
         limit_mb = min(16384, physical * 3 // 4)
     import resource
 
-    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    previous = resource.getrlimit(resource.RLIMIT_AS)
+    soft, hard = previous
     limit = limit_mb << 20
     if hard != resource.RLIM_INFINITY:
         limit = min(limit, hard)
-    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
     if soft != resource.RLIM_INFINITY and soft < limit:  # already tighter (ulimit -v): keep it
-        return soft >> 20
+        return soft >> 20, None
     resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
-    return limit_mb
+    return limit_mb, previous
+
+
+def _restore_memory_limit(previous: tuple[int, int] | None) -> None:
+    if previous is not None:
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_AS, previous)
 
 
 def _out_of_memory(error: BaseException) -> bool:

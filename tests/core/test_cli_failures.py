@@ -53,7 +53,7 @@ def test_running_out_of_memory_says_which_limit(tmp_path, monkeypatch, error):
         raise error
 
     monkeypatch.setattr(FlexDSAOptimizer, "optimize", hungry)
-    monkeypatch.setattr(cli, "_limit_memory", lambda limit_mb: 4096)  # not this test process's own limit
+    monkeypatch.setattr(cli, "_limit_memory", lambda limit_mb: (4096, None))  # not this test process's own limit
     result = _run(tmp_path, "--memory-limit-mb", "4096")
     assert result.exit_code == 1
     line = _one_line(result)
@@ -63,10 +63,21 @@ def test_running_out_of_memory_says_which_limit(tmp_path, monkeypatch, error):
 def test_the_memory_limit_is_applied_to_the_process():
     code = (
         "import resource; from flexdsa_core.cli import _limit_memory; "
-        "print(_limit_memory(3000), resource.getrlimit(resource.RLIMIT_AS)[0] >> 20)"
+        "print(_limit_memory(3000)[0], resource.getrlimit(resource.RLIMIT_AS)[0] >> 20)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["3000", "3000"]
-    default = "from flexdsa_core.cli import _limit_memory; print(_limit_memory(None))"
+    default = "from flexdsa_core.cli import _limit_memory; print(_limit_memory(None)[0])"
     out = subprocess.run([sys.executable, "-c", default], capture_output=True, text=True, check=True).stdout
     assert 0 < int(out) <= 16384
+
+
+def test_an_in_process_run_gives_the_process_its_own_limit_back(tmp_path):
+    """A caller running the CLI in its own process (a test, a notebook) keeps its address space afterwards: a
+    browser or a vendor compiler it starts later would otherwise inherit the run's cap."""
+    import resource
+
+    before = resource.getrlimit(resource.RLIMIT_AS)
+    result = _run(tmp_path, "--memory-limit-mb", "12000")
+    assert result.exit_code == 0, result.output
+    assert resource.getrlimit(resource.RLIMIT_AS) == before

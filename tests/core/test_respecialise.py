@@ -25,12 +25,13 @@ def bert():
 def test_the_proposal_beats_one_large_bucket(bert):
     found = propose(bert, load_target("rockchip-rk3588"), TRAFFIC, [{"dims": {"batch": 1, "seq": 64}}], 3)
     assert found["current"]["buckets"] == {"batch": [1], "seq": [64]}
-    assert found["default"]["buckets"] == {"batch": [1], "seq": [128]}
+    # The target's default seq 128 is capped by what the fixture runs (a 64-row position table).
+    assert found["default"]["buckets"] == {"batch": [1], "seq": [64]}
     seq = found["proposed"]["buckets"]["seq"]
     assert len(seq) == 3 and seq[-1] == 64
     assert (
         found["gain"]["cost_vs_current"] < 1
-        and found["gain"]["cost_vs_default"] < found["gain"]["cost_vs_current"]
+        and found["gain"]["cost_vs_default"] <= found["gain"]["cost_vs_current"]
     )
     assert found["proposed"]["padding_waste"] < found["current"]["padding_waste"]
     assert found["requests"] == sum(n for _, n in TRAFFIC) and "roofline" in found["cost_basis"]
