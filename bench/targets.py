@@ -221,12 +221,12 @@ def print_vendor(rows: list[dict]) -> None:
             flush=True,
         )
     ratios = [r["ratio"] for r in rows if r["ratio"]]
-    for samples in sorted({r["samples"] for r in rows}):
-        chosen = [r["ratio"] for r in rows if r["samples"] == samples and r["ratio"]]
+    for with_samples in (False, True):
+        chosen = [r["ratio"] for r in rows if bool(r["samples"]) == with_samples and r["ratio"]]
         if chosen:
             geomean = math.exp(sum(math.log(x) for x in chosen) / len(chosen))
-            print(f"geomean ratio {'with' if samples else 'without'} samples: {geomean:.3f} over {len(chosen)} models "
-                  f"(worst {max(chosen):.3f})")  # fmt: skip
+            print(f"geomean ratio {'with' if with_samples else 'without'} samples: {geomean:.3f} over {len(chosen)} "
+                  f"models (worst {max(chosen):.3f})")  # fmt: skip
     if ratios:
         print("ratio: ours / the vendor alone's best build that keeps the accuracy target (float16, or its own w8a8 "
               "where accurate on the held-out samples)")  # fmt: skip
