@@ -122,10 +122,11 @@ def _vendor_estimate(report: dict, bucket: str | None) -> dict | None:
     vendor = report.get("vendor") or {}
     rows = vendor.get("buckets") or {}
     row = rows.get(bucket) or next(iter(rows.values()), None)
-    cycles = ((row or {}).get("ours") or {}).get("cycles")
-    if cycles is None:
+    ours = (row or {}).get("ours") or {}
+    if ours.get("cycles") is None:
         return None
-    return {"cycles": cycles, "source": f"{VENDOR_ESTIMATE}: {vendor.get('measure') or vendor.get('tool')}"}
+    return {"cycles": ours["cycles"], "cpu_nodes": ours.get("cpu_nodes"),
+            "source": f"{VENDOR_ESTIMATE}: {ours.get('source') or vendor.get('measure') or vendor.get('tool')}"}  # fmt: skip
 
 
 def _vendor_alone(report: dict, bucket: str | None) -> dict | None:
@@ -135,6 +136,10 @@ def _vendor_alone(report: dict, bucket: str | None) -> dict | None:
     if not row:
         return None
     alone = row.get("vendor_alone_best") or row.get("vendor_alone") or {}
+    if alone.get("error"):
+        return {"cycles": None, "ours_cycles": (row.get("ours") or {}).get("cycles"), "ratio": None,
+                "error": f"the vendor alone could not build the original: {alone['error']}",
+                "source": vendor.get("tool")}  # fmt: skip
     return {
         "cycles": alone.get("cycles"),
         "ours_cycles": (row.get("ours") or {}).get("cycles"),
