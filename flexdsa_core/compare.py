@@ -209,7 +209,8 @@ def render_comparison(rows: list[dict]) -> str:
         else:
             lines.append("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(r)).rstrip())
     lines.append("[m] measured on this CPU  [r] roofline estimate from the target's spec  [v] vendor simulator  "
-                 "[h] held-out samples  [o] ONNX Runtime validation (max abs diff)  * without the CPU-fallback part  - not known")  # fmt: skip
+                 "[h] held-out samples  [o] ONNX Runtime validation (max abs diff)  * partial: the spec leaves a figure "
+                 "unsourced or CPU-fallback time out (see the row's detail)  - not known")  # fmt: skip
     return "\n".join(lines)
 
 

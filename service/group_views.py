@@ -26,7 +26,8 @@ VALUE_W = 190
 ROW_H = 22
 PANEL_GAP = 30
 
-SOURCE_CLASS = {MEASURED_HERE: "measured", ROOFLINE: "estimate", NOT_KNOWN: "unknown"}
+PLACEMENT = "Subgraph Mapper"  # the accelerator's share of FLOPs: our partition, neither timed nor estimated
+SOURCE_CLASS = {MEASURED_HERE: "measured", ROOFLINE: "estimate", NOT_KNOWN: "unknown", PLACEMENT: "placement"}
 
 
 def source_class(source: str | None) -> str:
@@ -58,7 +59,7 @@ def chart(rows: list[dict]) -> dict[str, Any]:
         _panel("Latency", "ms", done, lambda r: (_ms(r["latency"]["seconds"]), r["latency"]["source"]), _num),
         _panel("Energy per inference", "mJ", done, lambda r: (_ms(r["energy"]["joules"]), r["energy"]["source"]), _num),
         _panel("FLOPs on the accelerator", "%", done,
-               lambda r: (_pct(r.get("accelerator_flop_share")), "Subgraph Mapper"), _num),
+               lambda r: (_pct(r.get("accelerator_flop_share")), PLACEMENT), _num),
     ]  # fmt: skip
     y = 0
     for panel in panels:
@@ -85,7 +86,7 @@ def table(rows: list[dict]) -> list[dict[str, Any]]:
             "target": row["target"], "job_id": row.get("job_id"), "status": row.get("status"), "error": None,
             "bucket": row.get("bucket"),
             "latency": _cell(_num(_ms(row["latency"]["seconds"]), " ms"), row["latency"]["source"], row["latency"].get("detail"),
-                             note="accelerator part only" if row["latency"].get("partial") else None),
+                             note="partial (hover: what it leaves out)" if row["latency"].get("partial") else None),
             "energy": _cell(_num(_ms(row["energy"]["joules"]), " mJ"), row["energy"]["source"], row["energy"].get("detail")),
             "vendor_estimate": _cell(_num(vendor_estimate.get("cycles"), " cycles"), vendor_estimate.get("source") or NOT_KNOWN, None),
             "accuracy": _cell(_accuracy(accuracy), accuracy.get("source"), accuracy.get("detail")),
@@ -94,7 +95,8 @@ def table(rows: list[dict]) -> list[dict[str, Any]]:
             "bundle": _filesize(row.get("bundle_bytes")) if row.get("bundle_bytes") is not None else "–",
             "vendor_alone": _cell(
                 f"{alone['ratio']:.3f}× its cycles" if alone.get("ratio") is not None else "–",
-                alone.get("source") or NOT_KNOWN, "ours / the vendor compiler alone, by the vendor's own estimate",
+                f"vendor estimate: {alone['source']}" if alone.get("source") else NOT_KNOWN,
+                alone.get("error") or "ours / the vendor compiler alone, by the vendor's own estimate",
             ),
         })  # fmt: skip
     return cells
