@@ -1,6 +1,11 @@
 """``flexdsa submit``: send a model to a Flex-DSA server, follow the job, fetch its artifacts.
 
     flexdsa submit model.onnx --target cpu-ort --server http://host:8000 --wait -o out/
+    flexdsa submit model.onnx --targets all --server http://host:8000        # which chip? compared
+
+With ``--targets a,b,c`` (or ``all``) the server makes one job group, one job per target; submit then
+follows the group (``GET /groups/{id}``) until every job has ended, prints the comparison table (each figure
+with its source), and with ``-o`` downloads each target's artifacts into ``OUT/<target>/``.
 
 Posts to ``/optimize`` (the model plus a spec JSON built from ``--spec FILE`` and the options), then, with
 ``--wait`` or ``-o``, polls ``GET /jobs/{id}`` under a progress bar until the job ends and downloads every
@@ -83,6 +88,9 @@ class Client:
     def job(self, job_id: str) -> dict:
         return self._call("GET", f"/jobs/{job_id}").json()
 
+    def group(self, group_id: str) -> dict:
+        return self._call("GET", f"/groups/{group_id}").json()
+
     def artifacts(self, job_id: str) -> list[dict]:
         return self._call("GET", f"/jobs/{job_id}/artifacts").json()["items"]
 
@@ -152,8 +160,10 @@ def _sha256_of_digest(header: str | None) -> str | None:
     return None
 
 
-def build_spec(target: str, spec_file: Path | None, objective: str | None, disable: list[str]) -> dict:
-    """The request spec: the file's keys, then the command line's (``--target`` always wins)."""
+def build_spec(
+    target: str | None, spec_file: Path | None, objective: str | None, disable: list[str], targets: str | None = None
+) -> dict:
+    """The request spec: the file's keys, then the command line's (``--target``/``--targets`` always win)."""
     spec: dict = {}
     if spec_file is not None:
         try:
@@ -162,7 +172,15 @@ def build_spec(target: str, spec_file: Path | None, objective: str | None, disab
             raise ClientError(f"Cannot read the spec file {spec_file}: {err}") from None
         if not isinstance(spec, dict):
             raise ClientError(f"{spec_file} must hold a JSON object (the request spec).")
-    spec["target"] = target
+    if (target is None) == (targets is None):
+        raise ClientError("Name one target with --target, or several to compare with --targets a,b,c (or all).")
+    if targets is not None:
+        spec.pop("target", None)
+        names = [name.strip() for name in targets.split(",") if name.strip()]
+        spec["targets"] = "all" if names == ["all"] else names
+    else:
+        spec.pop("targets", None)
+        spec["target"] = target
     if objective:
         spec["objective"] = objective
     if disable:
@@ -227,7 +245,16 @@ def fetch_artifacts(client: Client, job_id: str, out: Path) -> list[Path]:
 
 def submit(
     model: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="The ONNX model to send.")],
-    target: Annotated[str, typer.Option("--target", "-t", help="Target name (GET /targets on the server).")],
+    target: Annotated[
+        str | None, typer.Option("--target", "-t", help="Target name (GET /targets on the server).")
+    ] = None,
+    targets: Annotated[
+        str | None,
+        typer.Option(
+            "--targets",
+            help="Compare several targets: comma-separated names, or 'all'. Waits and prints the comparison.",
+        ),
+    ] = None,
     server: Annotated[
         str, typer.Option(envvar="FLEXDSA_SERVER", help="Server base URL (or FLEXDSA_SERVER).")
     ] = "http://127.0.0.1:8000",
@@ -263,9 +290,12 @@ def submit(
     console = Console(stderr=True)
     client = None
     try:
-        request = build_spec(target, spec, objective, disable or [])
+        request = build_spec(target, spec, objective, disable or [], targets)
         client = Client(server, api_key)
         created = client.submit(model, request, idempotency_key)
+        if "group_id" in created:
+            _follow_group(client, console, created, server, out, quiet, timeout)
+            return
         job_id = created["job_id"]
         typer.echo(job_id)
         if not quiet:
@@ -318,6 +348,56 @@ def _speed_text(summary: dict) -> str:
     if summary.get("target") == "cpu-ort" and summary.get("speedup"):
         return f", {summary['speedup']:.2f}x the original in ONNX Runtime on the compiling machine"
     return ""
+
+
+def wait_for_group(client: Client, group_id: str, quiet: bool, timeout_s: float | None) -> dict:
+    """Poll the group until every job has ended, under a bar counting the ended jobs."""
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    deadline = time.monotonic() + timeout_s if timeout_s else None
+    columns = (TextColumn("[bold]{task.fields[status]:<9}"), BarColumn(), TextColumn("{task.completed:.0f}/{task.total:.0f} targets"),
+               TimeElapsedColumn())  # fmt: skip
+    with Progress(*columns, console=Console(stderr=True), disable=quiet, transient=True) as bar:
+        task = bar.add_task("", total=1, status="queued")
+        while True:
+            group = client.group(group_id)
+            ended = sum(job["status"] in TERMINAL for job in group["jobs"])
+            bar.update(task, total=len(group["jobs"]), completed=ended, status=group["status"])
+            if group["status"] not in ("queued", "running"):
+                return group
+            if deadline is not None and time.monotonic() > deadline:
+                raise ClientError(
+                    f"Group {group_id} is still {group['status']} after {timeout_s:.0f} s; follow it with "
+                    f"GET /groups/{group_id}, or run submit again with a longer --timeout."
+                )
+            time.sleep(POLL_S)
+
+
+def _follow_group(client: Client, console, created: dict, server: str, out: Path | None, quiet: bool,
+                  timeout: float | None) -> None:  # fmt: skip
+    """The --targets path: print the group id, wait for every job, print the comparison, fetch bundles."""
+    from flexdsa_core.compare import render_comparison
+
+    group_id = created["group_id"]
+    typer.echo(group_id)
+    if not quiet:
+        console.print(
+            f"Comparing {len(created['jobs'])} targets: group {group_id}. Status: {server.rstrip('/')}{created['status_url']}"
+        )
+    group = wait_for_group(client, group_id, quiet, timeout)
+    typer.echo(render_comparison(group["comparison"]))
+    if out is not None:
+        for job in group["jobs"]:
+            if job["status"] == "succeeded":
+                written = fetch_artifacts(client, job["job_id"], safe_destination(out, job["target"]))
+                if not quiet:
+                    console.print(f"Wrote {len(written)} files to {out}/{job['target']}/")
+    failed = [job for job in group["jobs"] if job["status"] != "succeeded"]
+    if failed:
+        console.print(f"[red]{len(failed)} of {len(group['jobs'])} targets did not succeed:[/red] "
+                      + ", ".join(f"{job['target']} ({job['status']})" for job in failed))  # fmt: skip
+        raise typer.Exit(1)
 
 
 def register(app: typer.Typer) -> None:

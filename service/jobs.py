@@ -484,6 +484,7 @@ def job_out(job: Job, root_path: str = "") -> JobOut:
         report_summary=job.report_summary,
         parent_job_id=job.parent_job_id,
         bundle_version=job.bundle_version or 1,
+        group_id=job.group_id,
         error=_job_error(job.error),
         links=JobLinks(self=base, events=f"{base}/events", artifacts=f"{base}/artifacts"),
     )

@@ -166,6 +166,10 @@ class Job(Base):
     # Re-specialise by itself once the served traffic's padding waste passes this share (None: only on request).
     auto_respecialise_waste: Mapped[float | None] = mapped_column(Float, nullable=True)
     respecialise_max_buckets: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    # One upload compared across several targets: the group this job is one target of (None: submitted alone).
+    group_id: Mapped[str | None] = mapped_column(
+        ForeignKey("job_groups.id", ondelete="SET NULL"), nullable=True, index=True
+    )
 
     tenant: Mapped[Tenant] = relationship()
     events: Mapped[list[JobEvent]] = relationship(
@@ -280,3 +284,20 @@ class JobTraffic(Base):
     requests: Mapped[int] = mapped_column(BigInteger, default=0)
     dropped: Mapped[int] = mapped_column(BigInteger, default=0)
     entries: Mapped[list[dict[str, Any]]] = mapped_column(JSONType)
+
+
+class JobGroup(Base):
+    """One upload compared across several targets (``POST /optimize`` with ``targets``): one job per target
+    on the same stored model; ``GET /groups/{id}`` reads the jobs' reports into a comparison."""
+
+    __tablename__ = "job_groups"
+    __table_args__ = (Index("ix_job_groups_tenant_created", "tenant_id", "created_at"),)
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True, default=lambda: str(uuid.uuid4()))
+    tenant_id: Mapped[int] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    targets: Mapped[list[str]] = mapped_column(JSONType)
+    model_filename: Mapped[str] = mapped_column(String(255))
+    model_sha256: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    jobs: Mapped[list[Job]] = relationship(order_by="Job.target", viewonly=True)

@@ -116,6 +116,7 @@ def _progress_reporter(channel: _Channel, delay_s: float = 0.0):
 def run(request: dict, channel: _Channel) -> dict:
     """Run one job's pipeline; return the result message (FlexDSAError and bugs become error messages)."""
     from flexdsa_core import FlexDSAError, RequestSpec
+    from flexdsa_core.compare import comparison_row
     from service.config import Settings
     from service.storage import (
         DISK_FULL_ERRNOS,
@@ -158,6 +159,12 @@ def run(request: dict, channel: _Channel) -> dict:
         )
         artifacts = [_store_artifact(store, name, content) for name, content in sorted(result.artifacts.items())]
         summary = result.report_summary()
+        # The row a job group's comparison reads (GET /groups/{id}): kept with the summary, so a group is
+        # answered from the job rows alone.
+        try:
+            summary["comparison"] = comparison_row(result.report)
+        except Exception:  # a report shape the comparison does not know must not fail a finished job
+            log.exception("no comparison row for this job's report")
         return {"type": "result", "artifacts": artifacts, "report_summary": summary,
                 "cache_stats": _cache_stats(cache, summary)}
     except BlobNotFoundError:

@@ -42,8 +42,9 @@ def load_target(name: str) -> TargetSpec:
     try:
         return _builtin_specs()[name]
     except KeyError:
-        known = ", ".join(sorted(_builtin_specs()))
-        raise TargetNotFoundError(f"Unknown target {name!r}. Built-in targets: {known}.") from None
+        from flexdsa_core.compare import unknown_target_message
+
+        raise TargetNotFoundError(unknown_target_message(name, sorted(_builtin_specs()))) from None
 
 
 def get_adapter(target: TargetSpec) -> PlatformAdapter:

@@ -630,7 +630,9 @@ def _static_inputs(model: ir.Model) -> dict[str, list[int]]:
 
 def _original_file(source: bytes | Path, folder: Path) -> Path:
     if isinstance(source, Path):
-        return source
+        # The vendor's compiler runs in a folder of its own: a path relative to ours would name nothing there
+        # (`flexdsa optimize tests/models/m.onnx` lost the vendor-alone baseline to a FileNotFoundError).
+        return source.resolve()
     path = folder / "original.onnx"
     if not path.exists():
         path.write_bytes(source)

@@ -6,10 +6,10 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
-from service import jobs
+from service import groups
 from service.api.deps import AdmittedSubmit, SessionDep, SettingsDep, StoreDep
-from service.models import Job
-from service.schemas import ERROR_RESPONSES, ErrorResponse, JobCreated
+from service.models import Job, JobGroup
+from service.schemas import ERROR_RESPONSES, ErrorResponse, GroupCreated, JobCreated
 from service.upload import check_content_length, complete_on_upload_thread, receive_model_upload
 
 router = APIRouter(tags=["jobs"])
@@ -35,7 +35,9 @@ _MULTIPART_BODY = {
                         },
                         "spec": {
                             "type": "string",
-                            "description": 'RequestSpec as a JSON string, e.g. {"target": "cpu-ort"}',
+                            "description": 'RequestSpec as a JSON string, e.g. {"target": "cpu-ort"}; or, '
+                            'to compare one model across targets, "targets" in place of "target": a list of '
+                            'names or "all" (one job group, one job per target; answered with GroupCreated)',
                             "contentMediaType": "application/json",
                             "contentSchema": {"$ref": "#/components/schemas/RequestSpec"},
                         },
@@ -61,11 +63,17 @@ def _created(request: Request, job: Job, *, replayed: bool) -> JSONResponse:
     return JSONResponse(body.model_dump(), status_code=202, headers=headers)
 
 
+def _group_created(request: Request, group: JobGroup, *, replayed: bool) -> JSONResponse:
+    body = groups.group_created(group, request.scope.get("root_path", ""))
+    headers = {"Location": body.status_url, **({"Idempotent-Replayed": "true"} if replayed else {})}
+    return JSONResponse(body.model_dump(), status_code=202, headers=headers)
+
+
 @router.post(
     "/optimize",
     status_code=202,
-    response_model=JobCreated,
-    summary="Submit a model for optimisation",
+    response_model=JobCreated | GroupCreated,
+    summary="Submit a model for optimisation (one target, or several compared)",
     openapi_extra=_MULTIPART_BODY,
     responses={
         **ERROR_RESPONSES,
@@ -85,6 +93,11 @@ async def optimize(
     # The admission decided everything that depends only on the key before a byte of the body was read: an
     # Idempotency-Key retry gets the first request's job, an over-limit tenant its 429.
     if admission.replayed is not None:
+        if admission.replayed.group_id is not None:
+            group_id = admission.replayed.group_id
+            return await run_in_threadpool(
+                lambda: _group_created(request, session.get(JobGroup, group_id), replayed=True)
+            )
         return _created(request, admission.replayed, replayed=True)
 
     check_content_length(request, settings.max_upload_bytes)
@@ -97,8 +110,16 @@ async def optimize(
     else:
         received = pending  # completed inside accept_upload: a small submit costs one hand-off from here
     job, replayed, size = await run_in_threadpool(
-        jobs.accept_upload, session, settings, store, admission.tenant, received, admission.idempotency_key
+        groups.accept_upload, session, settings, store, admission.tenant, received, admission.idempotency_key
     )
+    if isinstance(job, JobGroup):
+        request.app.state.metrics.upload_bytes.inc(size)
+        response = await run_in_threadpool(_group_created, request, job, replayed=replayed)
+        if not replayed:
+            for member in job.jobs:  # loaded by _group_created
+                cached = member.cached_from_job_id is not None
+                request.app.state.metrics.jobs_submitted.labels(str(cached).lower()).inc()
+        return response
 
     metrics = request.app.state.metrics
     metrics.upload_bytes.inc(size)

@@ -48,6 +48,7 @@
       const file = form.elements.model.files[0];
       if (!file) return say("Choose an .onnx file first.", true);
       if (file.size > Number(form.dataset.maxBytes)) return say("That file is larger than the upload limit.", true);
+      const compared = Array.from(form.querySelectorAll("input[name=targets]:checked"), (box) => box.value);
       const spec = {
         target: form.elements.target.value,
         objective: form.elements.objective.value,
@@ -55,6 +56,11 @@
         measure_latency: form.elements.measure_latency.checked,
         disabled_rules: Array.from(form.querySelectorAll("input[name=disabled_rules]:checked"), (box) => box.value),
       };
+      if (compared.length) {
+        // Several targets: one job group, answered with its comparison page.
+        delete spec.target;
+        spec.targets = compared.includes("all") ? "all" : compared;
+      }
       const body = new FormData();
       body.append("model", file, file.name);
       body.append("spec", JSON.stringify(spec));
@@ -66,6 +72,7 @@
         const answer = await response.json().catch(() => null);
         if (!response.ok || !answer) throw new Error(errorText(answer, response));
         say(answer.cached ? "Answered from an identical earlier job." : "Queued.");
+        if (answer.group_id) return window.location.assign(root + "/ui/groups/" + encodeURIComponent(answer.group_id));
         window.location.assign(root + "/ui/jobs/" + encodeURIComponent(answer.job_id));
       } catch (err) {
         say(err.message, true);
