@@ -263,9 +263,15 @@ class RequestSpec(OptimizeOptions):
     target: str | dict = Field(
         ..., description="Built-in target name (GET /targets) or a custom TargetSpec object."
     )
+    cache: Literal["use", "refresh"] = Field(
+        "use",
+        description="use: an identical earlier job of the tenant (same model, spec, target, toolchain state and "
+        "compiler version) answers at once with its artifacts; refresh: run the pipeline again regardless (the "
+        "new run then answers later identical requests).",
+    )
 
     def options(self) -> OptimizeOptions:
-        return OptimizeOptions.model_validate(self.model_dump(exclude={"target"}))
+        return OptimizeOptions.model_validate(self.model_dump(exclude={"target", "cache"}))
 
     def target_spec(self):
         from flexdsa_core.targets import TargetSpec, load_target

@@ -35,9 +35,19 @@ class ClientError(Exception):
 def _error_message(response) -> str:
     try:
         error = response.json()["error"]
-        return f"{error['message']} ({error['code']}, HTTP {response.status_code})"
+        text = f"{error['message']} ({error['code']}, HTTP {response.status_code})"
     except Exception:
         return f"HTTP {response.status_code}: {response.text[:300]}"
+    # A refused spec names each wrong field in details: print them, the message alone says "see details".
+    details = error.get("details")
+    if isinstance(details, list):
+        lines = [
+            f"{'.'.join(str(p) for p in item.get('loc', ()))}: {item.get('msg', '')}"
+            for item in details[:10]
+            if isinstance(item, dict) and item.get("msg")
+        ]
+        text += "".join(f"\n  {line}" for line in lines)
+    return text
 
 
 class Client:
@@ -256,6 +266,13 @@ def submit(
         float | None, typer.Option(help="Give up waiting after this many seconds (default: never).")
     ] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print only the job id and errors.")] = False,
+    refresh: Annotated[
+        bool, typer.Option("--refresh", help="Run again even if an identical earlier job could answer.")
+    ] = False,
+    cache: Annotated[
+        str | None,
+        typer.Option(help="use (default): an identical earlier job answers at once; refresh: same as --refresh."),
+    ] = None,
 ) -> None:
     """Submit MODEL to a Flex-DSA server; with --wait/-o follow it and download its artifacts."""
     from rich.console import Console
@@ -264,6 +281,8 @@ def submit(
     client = None
     try:
         request = build_spec(target, spec, objective, disable or [])
+        if refresh or cache:
+            request["cache"] = "refresh" if refresh else cache  # the server refuses a value it does not know
         client = Client(server, api_key)
         created = client.submit(model, request, idempotency_key)
         job_id = created["job_id"]

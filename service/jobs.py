@@ -31,7 +31,7 @@ from service.config import Settings
 from service.dispatch import enqueue as dispatch
 from service.edge import check_spec_json
 from service.errors import Conflict, InvalidRequest, QuotaExceeded, storage_io
-from service.job_cache import job_cache_key, job_cache_source
+from service.job_cache import job_cache_key, job_cache_source, refresh_requested
 from service.models import Artifact, Job, JobStatus, Tenant, utcnow
 from service.schemas import JobError, JobLinks, JobOut
 from service.storage import ArtifactStore
@@ -269,7 +269,9 @@ def _record_job(
     calibration_key: str | None,
 ) -> tuple[Job, bool]:
     _check_quota(session, settings, tenant)
-    cache_key = job_cache_key(upload.sha256, spec, target, upload.calibration and upload.calibration.sha256)
+    cache_key = job_cache_key(
+        upload.sha256, spec, target, upload.calibration and upload.calibration.sha256, settings.toolchains_dir
+    )
     job = Job(
         tenant_id=tenant.id,
         status=JobStatus.queued.value,
@@ -288,7 +290,7 @@ def _record_job(
     )
     try:
         with session.no_autoflush:
-            source = job_cache_source(session, tenant.id, cache_key)
+            source = None if refresh_requested(spec) else job_cache_source(session, tenant.id, cache_key)
         session.add(job)
         if source is None:
             job.record("queued", f"Queued for {target.name}.")
@@ -351,7 +353,9 @@ def create_derived_job(
     target = spec.target_spec()
     with _one_writer_at_a_time(session):
         _check_quota(session, settings, tenant)
-        cache_key = job_cache_key(parent.model_sha256, spec, target, parent.calibration_blob_key)
+        cache_key = job_cache_key(
+            parent.model_sha256, spec, target, parent.calibration_blob_key, settings.toolchains_dir
+        )
         job = Job(
             tenant_id=tenant.id,
             status=JobStatus.queued.value,

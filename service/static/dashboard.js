@@ -55,6 +55,7 @@
         measure_latency: form.elements.measure_latency.checked,
         disabled_rules: Array.from(form.querySelectorAll("input[name=disabled_rules]:checked"), (box) => box.value),
       };
+      if (form.elements.cache_refresh && form.elements.cache_refresh.checked) spec.cache = "refresh";
       const body = new FormData();
       body.append("model", file, file.name);
       body.append("spec", JSON.stringify(spec));
