@@ -324,8 +324,12 @@ def submit(
 
 
 def _speed_text(summary: dict) -> str:
-    """The job's speed figure with its source: the vendor's own measure beside the vendor alone for an
-    accelerator, ONNX Runtime on the compiling machine only where that machine is the target (cpu-ort)."""
+    """The job's speed figure with its source: the report's headline; for a job recorded before headlines,
+    the vendor's own measure beside the vendor alone for an accelerator, ONNX Runtime on the compiling
+    machine only where that machine is the target (cpu-ort)."""
+    top = summary.get("headline")
+    if top:  # the job's one speed-up, as the report, the API and the dashboard give it
+        return f"; speed-up: {top['text']}"
     vendor = summary.get("vendor") or {}
     parts = [
         f"[{bucket}] {row['ratio']:.3f}x the vendor alone ({row['ours']:,.0f} vs {row['vendor_alone']:,.0f} cycles)"
