@@ -6,6 +6,8 @@ Unknown keys are refused (``extra="forbid"``) so a typo never silently does noth
 
 from __future__ import annotations
 
+import difflib
+import typing
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -279,3 +281,29 @@ class RequestSpec(OptimizeOptions):
         if isinstance(self.target, str):
             return load_target(self.target)
         return TargetSpec.model_validate(self.target)
+
+
+def known_keys(loc: tuple | list) -> list[str]:
+    """The keys a spec object accepts at ``loc`` (the path of an unknown key, its last item the key itself):
+    the fields of ``RequestSpec`` or of the nested options object the path leads into; [] where none is known."""
+    model: type[BaseModel] | None = RequestSpec
+    for part in list(loc)[:-1]:
+        field = model.model_fields.get(part) if isinstance(part, str) else None
+        if field is None:
+            return []
+        model = next(
+            (t for t in (field.annotation, *typing.get_args(field.annotation))
+             if isinstance(t, type) and issubclass(t, BaseModel)),
+            None,
+        )  # fmt: skip
+        if model is None:
+            return []
+    return sorted(model.model_fields)
+
+
+def did_you_mean(loc: tuple | list) -> str | None:
+    """The accepted key closest to a mistyped one (``shape_bucket`` -> ``shape_buckets``), or None."""
+    if not loc or not isinstance(loc[-1], str):
+        return None
+    close = difflib.get_close_matches(loc[-1], known_keys(loc), n=1, cutoff=0.6)
+    return close[0] if close else None

@@ -26,6 +26,7 @@ from sqlalchemy.orm import Session
 from flexdsa_core import FlexDSAError, RequestSpec, TargetSpec
 from flexdsa_core.calibration import check_calibration, load_calibration
 from flexdsa_core.errors import InvalidOptionsError
+from flexdsa_core.options import did_you_mean, known_keys
 from flexdsa_core.preflight import check_request
 from service.config import Settings
 from service.dispatch import enqueue as dispatch
@@ -55,12 +56,14 @@ def parse_spec(spec_json: str) -> tuple[RequestSpec, TargetSpec]:
     try:
         spec = RequestSpec.model_validate_json(spec_json)
     except ValidationError as err:
-        details = [
-            {"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")}
-            for e in err.errors(include_url=False)
-        ]
+        details = [_field_error(e) for e in err.errors(include_url=False)]
+        hints = [d["did_you_mean"] for d in details if d.get("did_you_mean")]
         raise InvalidRequest(
-            "The 'spec' field is not a valid request spec; see details.", code="invalid_spec", details=details
+            "The 'spec' field is not a valid request spec"
+            + (f" (did you mean {', '.join(map(repr, hints))}?)" if hints else "")
+            + "; see details.",
+            code="invalid_spec",
+            details=details,
         ) from None
     try:
         target = spec.target_spec()
@@ -74,6 +77,20 @@ def parse_spec(spec_json: str) -> tuple[RequestSpec, TargetSpec]:
         # An unknown target inside a request is a bad request (422), not a missing resource.
         raise InvalidRequest(err.message, code=err.code, details=err.details) from None
     return spec, target
+
+
+def _field_error(error: dict) -> dict:
+    """One field error of the spec; an unknown key names the accepted key it most resembles."""
+    loc = list(error.get("loc", ()))
+    entry = {"loc": loc, "msg": error.get("msg", ""), "type": error.get("type", "")}
+    if entry["type"] == "extra_forbidden":
+        suggestion = did_you_mean(loc)
+        if suggestion:
+            entry["did_you_mean"] = suggestion
+            entry["msg"] = f"Unknown key {loc[-1]!r}: did you mean {suggestion!r}?"
+        else:
+            entry["msg"] = f"Unknown key {loc[-1]!r}. Accepted here: {', '.join(known_keys(loc)) or 'see the API docs'}."
+    return entry
 
 
 def check_model(upload: ReceivedUpload) -> None:
