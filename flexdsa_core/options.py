@@ -225,9 +225,10 @@ class OptimizeOptions(BaseModel):
     debug_invariants: bool = Field(False, description="Check graph invariants between every stage (slower).")
     precision: Precision = Field(
         "fp32",
-        description="fp32 (default); int8 (cpu-ort: static QDQ or dynamic int8, the faster that meets the "
-        "accuracy target); mixed (cpu-ort: int8 with the most sensitive layers kept in float until the target "
-        "holds); fp16 (accelerator targets, float16 weights and arithmetic).",
+        description="fp32 (default); int8 (every target in its own format: on cpu-ort static QDQ or dynamic "
+        "int8, the faster that meets the accuracy target; on an accelerator the vendor's format and quantiser); "
+        "mixed (int8 with the most sensitive layers kept in float until the target holds); fp16 (accelerators "
+        "with float16: float16 weights and arithmetic).",
     )
     accuracy: AccuracyTarget = Field(
         default_factory=AccuracyTarget,
