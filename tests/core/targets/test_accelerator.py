@@ -220,3 +220,20 @@ def test_no_generated_text_carries_shapes_other_than_the_buckets(target):
         for match in four.finditer(text):
             shape = tuple(int(g) for g in match.groups())
             assert shape in ours, f"{name} names shape {shape}, not this model's: ...{text[max(0, match.start() - 80):match.end() + 40]}"
+
+
+def test_a_vendor_failure_reads_as_one_line_naming_the_exception():
+    from flexdsa_core.targets.toolchain_run import one_line_reason
+
+    traceback = (
+        "The rockchip toolchain exited with status 1 without a result. Last lines of its log:\n"
+        "Traceback (most recent call last):\n  File \"convert.py\", line 3, in build\n    rknn.build()\n"
+        "RuntimeError: Unsupported op Foo in layer 3\n"
+    )
+    assert one_line_reason(traceback) == (
+        "The rockchip toolchain exited with status 1 without a result: RuntimeError: Unsupported op Foo in layer 3"
+    )
+    assert one_line_reason("The qualcomm toolchain failed: no context binary") == (
+        "The qualcomm toolchain failed: no context binary"
+    )
+    assert "\n" not in one_line_reason("first line\nsecond line") and one_line_reason("") == "no reason given"
