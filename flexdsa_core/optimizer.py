@@ -677,7 +677,9 @@ class FlexDSAOptimizer:
                 vendor = vendor_section(self.target, self.adapter, exploration, toolchain_report)
             stage_seconds["toolchain"] = time.perf_counter() - start
             if precision is not None and precision.get("vendor_quantiser"):
-                toolchain_files = self._vendor_verdicts(precision, precision_runs, toolchain_report, toolchain_files)
+                toolchain_files = self._vendor_verdicts(
+                    precision, precision_runs, toolchain_report, toolchain_files, vendor=vendor
+                )
 
         # Stage 7, platform adapter: target-ready files per bucket plus the manifest.
         report_progress("adapter", 0.0, "generating artifacts")
@@ -877,7 +879,7 @@ class FlexDSAOptimizer:
         return comp, section, samples_by_bucket, runs
 
     @staticmethod
-    def _vendor_verdicts(precision: dict, runs: dict, toolchain: dict, files: dict) -> dict:
+    def _vendor_verdicts(precision: dict, runs: dict, toolchain: dict, files: dict, vendor: dict | None = None) -> dict:
         """Each bucket's vendor-quantised model judged by the accuracy target (``vendor_verdict``); a bucket
         that misses it loses its quantised artifacts (or the job fails, as ``precision_fallback`` asks)."""
         sections = precision.get("buckets") or {next(iter(runs)): precision}
@@ -897,8 +899,14 @@ class FlexDSAOptimizer:
             elif toolchain.get("ran") and entry.get("accuracy") is not None and entry.get("artifacts"):
                 # The vendor's binary holds the requested precision (its simulator judged it): that is what ships;
                 # the ONNX model beside it stays float, the quantiser's input.
-                section["shipped"] = precision.get("requested") or bucket_run.options.precision
+                # Exploration may have found plain float16 cheaper than any accurate quantised build (its name,
+                # e.g. "float16", against "w8a8" or "w8a8 + float16 hybrid"): then float16 is what ships.
+                chosen = (((vendor or {}).get("buckets") or {}).get(name) or {}).get("precision")
+                float_only = bool(chosen) and "float16" in chosen and "+" not in chosen
+                section["shipped"] = "fp16" if float_only else precision.get("requested") or bucket_run.options.precision
                 section["shipped_in"] = "the vendor binary (" + ", ".join(entry["artifacts"]) + ")"
+                if chosen:
+                    section["shipped_format"] = chosen
         if isinstance(precision.get("shipped"), dict):
             precision["shipped"] = {name: section.get("shipped") for name, section in sections.items()}
         toolchain["artifacts"] = sorted(files)

@@ -235,7 +235,7 @@ def test_a_vendor_quantised_bucket_ships_the_requested_precision_when_its_binary
 
     from flexdsa_core.optimizer import FlexDSAOptimizer as Optimizer
 
-    def case(accuracy_ok: bool | None, ran: bool = True):
+    def case(accuracy_ok: bool | None, ran: bool = True, explored: str | None = None):
         precision = {"requested": "int8", "shipped": "fp32", "vendor_quantiser": True, "warnings": []}
         entry = {"artifacts": ["model.b_qnn.bin", "model.b.qnn_ctx.onnx"]}
         if accuracy_ok is not None:
@@ -243,7 +243,8 @@ def test_a_vendor_quantised_bucket_ships_the_requested_precision_when_its_binary
         toolchain = {"ran": ran, "buckets": {"b": entry}}
         files = {"model.b_qnn.bin": b"x", "model.b.qnn_ctx.onnx": b"y", "model.b.onnx": b"z"}
         run = SimpleNamespace(options=OptimizeOptions(precision="int8", precision_fallback="fp32"))
-        Optimizer._vendor_verdicts(precision, {"b": run}, toolchain, files)
+        vendor = {"buckets": {"b": {"precision": explored}}} if explored else None
+        Optimizer._vendor_verdicts(precision, {"b": run}, toolchain, files, vendor=vendor)
         return precision, files
 
     precision, files = case(True)
@@ -251,3 +252,7 @@ def test_a_vendor_quantised_bucket_ships_the_requested_precision_when_its_binary
     assert "model.b_qnn.bin" in files
     precision, _ = case(None, ran=False)  # the toolchain did not run here: the bundle holds fp32 only
     assert precision["shipped"] == "fp32"
+    # Exploration found float16 cheaper than any accurate quantised build: float16 is in the binary.
+    assert case(True, explored="float16")[0]["shipped"] == "fp16"
+    hybrid, _ = case(True, explored="w8a8 + float16 hybrid")
+    assert hybrid["shipped"] == "int8" and hybrid["shipped_format"] == "w8a8 + float16 hybrid"
