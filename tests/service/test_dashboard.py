@@ -475,6 +475,10 @@ def test_accelerator_job_page_colours_the_graph_tables_the_partition_and_one_lin
         headline = page.locator("#headline").inner_text()
         assert "roofline estimate" in headline and "ONNX Runtime CPU (measured)" not in page.locator("#report .tiles").inner_text()
         page.screenshot(path=str(SHOTS / "flexdsa-dashboard-accelerator.png"), full_page=True)
+        page.goto("/")  # the job list: the same headline with its source, no CPU timing
+        cell = page.locator(f"tr[data-job-id='{job_id}'] [data-field=speedup]").inner_text()
+        assert "roofline estimate" in cell and "×" in cell
+        assert "CPU speed-up" not in page.locator("#job-table thead").inner_text()
     finally:
         context.close()
 
