@@ -304,7 +304,8 @@ def run(args) -> dict:
             env.pop(key, None)
         log = open(tmp / "api.log", "wb")
         server = subprocess.Popen(
-            [sys.executable, "-m", "flexdsa_core.cli", "serve", "--port", str(port), "--workers", str(args.workers)],
+            [sys.executable, "-m", "flexdsa_core.cli", "serve", "--port", str(port),
+             *(["--workers", str(args.workers)] if args.workers else [])],  # none: serve's own default
             cwd=ROOT,
             env=env,
             stdout=log,
@@ -350,7 +351,7 @@ def run(args) -> dict:
     return {
         "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count()},
         "clients": args.clients,
-        "api_workers": args.workers,
+        "api_workers": args.workers or f"serve's default ({_default_api_processes()})",
         "model_mb": args.model_mb,
         "limit_mb_s": round(limit_mb_s, 1),
         "limit_before_after_mb_s": [round(limit_before, 1), round(limit_after, 1)],
@@ -391,8 +392,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-seconds", type=float, default=300)
     parser.add_argument(
-        "--workers", type=int, default=2,
-        help="API processes (`flexdsa serve --workers N`); default 2, as docker-compose.yml runs it",
+        "--workers", type=int, default=None,
+        help="API processes (`flexdsa serve --workers N`); default: none given, serve's own default (one per "
+        "core, bounded), as a user running the README's command gets",
     )
     parser.add_argument(
         "--no-floor", dest="floor", action="store_false",
@@ -427,6 +429,12 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     (out / "ingest.json").write_text(json.dumps(result, indent=2))
     return 0
+
+
+def _default_api_processes() -> int:
+    from service.config import Settings
+
+    return Settings(api_workers=None).api_processes()
 
 
 if __name__ == "__main__":

@@ -37,7 +37,8 @@ def optimize(
         None, help="A JSON file with more options (same keys as the API's spec)."
     ),
     precision: str | None = typer.Option(
-        None, "--precision", help="fp32 (default), int8 or mixed (cpu-ort), fp16 (accelerators)."
+        None, "--precision", help="fp32 (default); int8 or mixed (every target, each in its own format); fp16 (accelerators with "
+        "float16).",
     ),
     calibration: Path | None = typer.Option(
         None,
@@ -197,12 +198,24 @@ def _record_incident(folder: Path) -> tuple[str, Path]:
 def targets(
     toolchains_dir: Path = typer.Option(DEFAULT_TOOLCHAINS_DIR, help="Where vendor toolchains are installed."),
 ) -> None:
-    """List the built-in targets, and how each bundle is checked."""
+    """List the built-in targets, how each bundle is checked, and whether its vendor toolchain is ready."""
     from flexdsa_core.targets import describe_checks, list_targets
+    from flexdsa_core.toolchains import get_toolchain
 
     for spec in list_targets():
         typer.echo(f"{spec.name:<20} {spec.vendor:<10} {spec.description}")
         typer.echo(f"{'':<20} checks: {describe_checks(spec, toolchains_dir)}")
+        if spec.toolchain:
+            typer.echo(f"{'':<20} toolchain: {spec.toolchain}: {_toolchain_state(get_toolchain(spec.toolchain), toolchains_dir)}")
+        else:
+            typer.echo(f"{'':<20} toolchain: none installable (generated scripts and sourced op tables)")
+
+
+def _toolchain_state(toolchain, root: Path) -> str:
+    """``ready (rknn-toolkit2 2.3.2)`` or why not (``not installed: run `flexdsa toolchains install ...```)."""
+    status = toolchain.status(root)
+    versions = ", ".join(f"{k} {v}" for k, v in status.versions.items())
+    return f"ready ({versions})" if status.ready else status.detail
 
 
 toolchains_app = typer.Typer(
@@ -219,13 +232,22 @@ def toolchains_status(
     """Show which vendor toolchains are ready (with no sub-command)."""
     if ctx.invoked_subcommand is not None:
         return
+    _print_toolchains(root)
+
+
+@toolchains_app.command("status")
+def toolchains_status_command(
+    root: Path = typer.Option(DEFAULT_TOOLCHAINS_DIR, "--root", help="Where the environments live."),
+) -> None:
+    """Each vendor toolchain, its targets, and its state: ready with its versions, or what to run."""
+    _print_toolchains(root)
+
+
+def _print_toolchains(root: Path) -> None:
     from flexdsa_core.toolchains import discover_toolchains
 
     for toolchain in discover_toolchains().values():
-        status = toolchain.status(root)
-        versions = ", ".join(f"{k} {v}" for k, v in status.versions.items())
-        state = f"ready ({versions})" if status.ready else status.detail
-        typer.echo(f"{toolchain.name:<10} {', '.join(toolchain.targets):<36} {state}")
+        typer.echo(f"{toolchain.name:<10} {', '.join(toolchain.targets):<36} {_toolchain_state(toolchain, root)}")
 
 
 @toolchains_app.command("install")

@@ -6,6 +6,8 @@ Unknown keys are refused (``extra="forbid"``) so a typo never silently does noth
 
 from __future__ import annotations
 
+import difflib
+import typing
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -223,9 +225,10 @@ class OptimizeOptions(BaseModel):
     debug_invariants: bool = Field(False, description="Check graph invariants between every stage (slower).")
     precision: Precision = Field(
         "fp32",
-        description="fp32 (default); int8 (cpu-ort: static QDQ or dynamic int8, the faster that meets the "
-        "accuracy target); mixed (cpu-ort: int8 with the most sensitive layers kept in float until the target "
-        "holds); fp16 (accelerator targets, float16 weights and arithmetic).",
+        description="fp32 (default); int8 (every target in its own format: on cpu-ort static QDQ or dynamic "
+        "int8, the faster that meets the accuracy target; on an accelerator the vendor's format and quantiser); "
+        "mixed (int8 with the most sensitive layers kept in float until the target holds); fp16 (accelerators "
+        "with float16: float16 weights and arithmetic).",
     )
     accuracy: AccuracyTarget = Field(
         default_factory=AccuracyTarget,
@@ -263,9 +266,15 @@ class RequestSpec(OptimizeOptions):
     target: str | dict = Field(
         ..., description="Built-in target name (GET /targets) or a custom TargetSpec object."
     )
+    cache: Literal["use", "refresh"] = Field(
+        "use",
+        description="use: an identical earlier job of the tenant (same model, spec, target, toolchain state and "
+        "compiler version) answers at once with its artifacts; refresh: run the pipeline again regardless (the "
+        "new run then answers later identical requests).",
+    )
 
     def options(self) -> OptimizeOptions:
-        return OptimizeOptions.model_validate(self.model_dump(exclude={"target"}))
+        return OptimizeOptions.model_validate(self.model_dump(exclude={"target", "cache"}))
 
     def target_spec(self):
         from flexdsa_core.targets import TargetSpec, load_target
@@ -273,3 +282,29 @@ class RequestSpec(OptimizeOptions):
         if isinstance(self.target, str):
             return load_target(self.target)
         return TargetSpec.model_validate(self.target)
+
+
+def known_keys(loc: tuple | list) -> list[str]:
+    """The keys a spec object accepts at ``loc`` (the path of an unknown key, its last item the key itself):
+    the fields of ``RequestSpec`` or of the nested options object the path leads into; [] where none is known."""
+    model: type[BaseModel] | None = RequestSpec
+    for part in list(loc)[:-1]:
+        field = model.model_fields.get(part) if isinstance(part, str) else None
+        if field is None:
+            return []
+        model = next(
+            (t for t in (field.annotation, *typing.get_args(field.annotation))
+             if isinstance(t, type) and issubclass(t, BaseModel)),
+            None,
+        )  # fmt: skip
+        if model is None:
+            return []
+    return sorted(model.model_fields)
+
+
+def did_you_mean(loc: tuple | list) -> str | None:
+    """The accepted key closest to a mistyped one (``shape_bucket`` -> ``shape_buckets``), or None."""
+    if not loc or not isinstance(loc[-1], str):
+        return None
+    close = difflib.get_close_matches(loc[-1], known_keys(loc), n=1, cutoff=0.6)
+    return close[0] if close else None

@@ -647,6 +647,7 @@ def _time_against_fp32(run: PrecisionRun, fp32: Path, candidates: list[_Candidat
         candidate.ratio, candidate.verdict = comparison.ratio, comparison.verdict
         versus_original = paired(samples["original"], samples[candidate.name], min_effect=MODEL_MIN_EFFECT)
         candidate.timing["speedup_vs_original"] = round(1.0 / versus_original.ratio, 4)
+        candidate.timing["vs_original"] = versus_original.as_dict()  # the headline's interval and verdict
     fp32_vs_original = paired(samples["original"], samples["fp32"], min_effect=MODEL_MIN_EFFECT)
     # Kept only when a candidate may ship (``_fast_enough``): these same models are then picked alike
     # by the next compile; "nothing is as fast as fp32" is never kept, so that fallback rests on fresh timings.

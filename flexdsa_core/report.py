@@ -3,6 +3,16 @@
 ``build_report`` assembles ``report.json``; ``report_summary`` is the small subset the service keeps on the
 job row; ``render_summary`` is the readable text the CLI prints. Estimated figures (cost model) and
 measured ones (ONNX Runtime on this machine) are labelled as such and never mixed.
+
+``headline`` is the job's one speed-up, the figure the report, the job row, the API, the CLI and the dashboard
+all show, from the best source for the target, named with it (``SOURCES``):
+
+* a target that runs here (``cpu-ort``): this CPU, measured, in paired rounds: ``1 / median(t_opt / t_orig)``
+  with its 95% interval ``[1 / high, 1 / low]``, and "no significant difference" when the paired comparison's
+  verdict is a tie; in a lower-precision job, the shipped precision's own comparison with the original;
+* an accelerator: the vendor's own estimate of ours against its compiler alone (cycles), where the
+  toolchain ran; else our roofline estimate of the original against the optimised model on the target.
+  This machine's CPU timings never stand for an accelerator (they stay in ``latency``, labelled).
 """
 
 from __future__ import annotations
@@ -96,7 +106,9 @@ def build_report(
     options_json = options.model_dump_json()
     return {
         "flexdsa_version": __version__,
-        "target": {"name": target.name, "version": target.version, "vendor": target.vendor},
+        # measured_here: the target is this machine's CPU (cpu-ort), so timings here are the target's.
+        "target": {"name": target.name, "version": target.version, "vendor": target.vendor,
+                   "measured_here": target.calibrated},  # fmt: skip
         "objective": options.objective,
         "model": ingested.info,
         "warnings": list(ingested.warnings),
@@ -168,9 +180,93 @@ def _explain_gain_beyond_measurement(estimates: dict[str, dict], latency: dict |
         )
 
 
-def report_summary(report: dict) -> dict:
-    """What a job row keeps: small, and enough for the job list and the API's job view."""
+SOURCES = {
+    "measured": "this CPU, measured",
+    "vendor": "vendor estimate",
+    "roofline": "roofline estimate",
+    "simulator": "vendor simulator",
+}
+
+
+def headline(report: dict) -> dict | None:
+    """The job's one speed-up with its source (module docstring); None when nothing gives one."""
+    target = report.get("target") or {}
+    here = target.get("measured_here", target.get("name") == "cpu-ort")
+    return _measured_headline(report) if here else _estimated_headline(report)
+
+
+def _measured_headline(report: dict) -> dict | None:
     latency = report.get("latency") or {}
+    comparison, of = latency.get("comparison"), "fp32"
+    precision = report.get("precision") or {}
+    shipped = precision.get("shipped")
+    if isinstance(shipped, str) and shipped != "fp32":
+        chosen = next((c for c in precision.get("candidates", []) if c.get("name") == shipped), None)
+        versus = ((chosen or {}).get("timing_vs_fp32") or {}).get("vs_original")
+        if versus:
+            comparison, of = versus, shipped
+    if not comparison or not comparison.get("ratio_median"):
+        return None
+    low, high = comparison["ratio_ci"]
+    verdict = {"faster": "faster", "slower": "slower"}.get(comparison["verdict"], "no significant difference")
+    figure = {
+        "speedup": round(1 / comparison["ratio_median"], 4),
+        "interval": [round(1 / high, 4) if high else None, round(1 / low, 4) if low else None],
+        "confidence": comparison.get("confidence"),
+        "verdict": verdict,
+        "against": "the original model",
+        "of": of,
+        "source": SOURCES["measured"],
+        "detail": f"ONNX Runtime CPU, 1 thread, {comparison.get('rounds')} paired rounds",
+    }
+    return {**figure, "text": _headline_text(figure)}
+
+
+def _estimated_headline(report: dict) -> dict | None:
+    vendor = report.get("vendor") or {}
+    for bucket, row in (vendor.get("buckets") or {}).items():
+        if row.get("ratio"):
+            figure = {
+                "speedup": round(1 / row["ratio"], 4), "interval": None, "verdict": None,
+                "against": f"the original compiled by {vendor.get('tool')} alone", "of": row.get("precision") or "fp32",
+                "source": SOURCES["vendor"], "detail": f"{vendor.get('measure') or vendor.get('tool')}, bucket {bucket}",
+            }  # fmt: skip
+            return {**figure, "text": _headline_text(figure)}
+    for bucket, estimate in ((report.get("estimates") or {}).get("per_bucket") or {}).items():
+        before = (estimate.get("before") or {}).get("seconds")
+        after = (estimate.get("after") or {}).get("seconds")
+        if before and after:
+            figure = {
+                "speedup": round(before / after, 4), "interval": None, "verdict": None,
+                "against": "the original model", "of": "fp32", "source": SOURCES["roofline"],
+                "detail": f"cost model from the {report['target']['name']} spec, bucket {bucket}",
+            }  # fmt: skip
+            return {**figure, "text": _headline_text(figure)}
+    return None
+
+
+def _headline_text(figure: dict) -> str:
+    """``1.12x the original model (95% interval 1.05-1.19), this CPU, measured``."""
+    interval, bounds = figure.get("interval"), ""
+    if interval and None not in interval:
+        bounds = f"{round((figure.get('confidence') or 0.95) * 100)}% interval {interval[0]:.2f}-{interval[1]:.2f}"
+    if figure.get("verdict") == "no significant difference":
+        inner = ", ".join(part for part in (f"median {figure['speedup']:.2f}x", bounds) if part)
+        speed = f"no significant difference from {figure['against']} ({inner})"
+    else:
+        speed = f"{figure['speedup']:.2f}x {figure['against']}" + (f" ({bounds})" if bounds else "")
+    of = f" ({figure['of']})" if figure.get("of") not in (None, "fp32") else ""
+    return f"{speed}{of}, {figure['source']}"
+
+
+def report_summary(report: dict) -> dict:
+    """What a job row keeps: small, and enough for the job list and the API's job view. ``speedup`` is the
+    ``headline`` figure (with its interval and source under ``headline``); CPU timings are kept only where the
+    target is this machine's CPU."""
+    target = report.get("target") or {}
+    here = target.get("measured_here", target.get("name") == "cpu-ort")
+    latency = (report.get("latency") or {}) if here else {}
+    top = report.get("headline") or headline(report)
     return {
         "target": report["target"]["name"],
         "nodes_before": report["nodes"]["total_before"],
@@ -180,7 +276,8 @@ def report_summary(report: dict) -> dict:
         "validation_ok": report["validation"]["ok"],
         "latency_before_ms": round(latency["before_s"] * 1e3, 4) if latency.get("before_s") else None,
         "latency_after_ms": round(latency["after_s"] * 1e3, 4) if latency.get("after_s") else None,
-        "speedup": round(latency["speedup"], 4) if latency.get("speedup") else None,
+        "speedup": top["speedup"] if top else None,
+        "headline": top,
         "cache": report["cache"],
         "total_seconds": report["total_seconds"],
         "warnings": list(report.get("warnings", [])),
@@ -236,6 +333,16 @@ def _precision_summary(precision: dict | None) -> dict | None:
     }
 
 
+def _placement_line(report: dict) -> str | None:
+    """How many nodes the Subgraph Mapper puts on the accelerator and how many on its CPU, per bucket."""
+    parts = [
+        f"[{bucket}] {part['accelerator_nodes']} on the accelerator, {part['cpu_nodes']} on the CPU"
+        for bucket, part in (report.get("partition") or {}).items()
+        if part.get("accelerator_nodes") is not None
+    ]
+    return f"Placement     {'; '.join(parts)} (Subgraph Mapper)" if parts else None
+
+
 def render_summary(report: dict) -> str:
     s = report_summary(report)
     lines = [
@@ -278,8 +385,13 @@ def render_summary(report: dict) -> str:
     if s["latency_before_ms"]:
         lines.append(
             f"ORT CPU       {s['latency_before_ms']:.3f} ms -> {s['latency_after_ms']:.3f} ms "
-            f"({s['speedup']:.3f}x, measured, 1 thread, ORT_ENABLE_ALL)"
+            "(this CPU, measured, 1 thread, ORT_ENABLE_ALL, medians)"
         )
+    if s["headline"]:
+        lines.append(f"Speed-up      {s['headline']['text']}")
+    placement = _placement_line(report)
+    if placement:
+        lines.append(placement)
     precision = s.get("precision")
     if precision:
         figures = [f"{key} {precision[key]}" for key in ("min_cosine", "speedup_vs_fp32", "speedup_vs_original")

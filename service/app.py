@@ -120,8 +120,9 @@ def create_app(settings: Settings | None = None, *, embedded_worker: EmbeddedWor
     app = FastAPI(
         title="Flex-DSA",
         version=__version__,
-        description="Verified ONNX model optimisation for edge accelerators. Authenticate with the "
-        '`X-API-Key` header. Every error answers `{"error": {"code", "message", "details"}}`.',
+        description="Verified ONNX model optimisation for edge accelerators. Authenticate with your API key "
+        "in the `X-API-Key` header or as `Authorization: Bearer <key>`. Every error answers "
+        '`{"error": {"code", "message", "details"}}`.',
         lifespan=lifespan,
         # /docs is served by service/api/docs.py with local assets (FastAPI's own loads them from a CDN);
         # ReDoc would need a CDN too, and Swagger UI covers it.

@@ -40,9 +40,19 @@ class ClientError(Exception):
 def _error_message(response) -> str:
     try:
         error = response.json()["error"]
-        return f"{error['message']} ({error['code']}, HTTP {response.status_code})"
+        text = f"{error['message']} ({error['code']}, HTTP {response.status_code})"
     except Exception:
         return f"HTTP {response.status_code}: {response.text[:300]}"
+    # A refused spec names each wrong field in details: print them, the message alone says "see details".
+    details = error.get("details")
+    if isinstance(details, list):
+        lines = [
+            f"{'.'.join(str(p) for p in item.get('loc', ()))}: {item.get('msg', '')}"
+            for item in details[:10]
+            if isinstance(item, dict) and item.get("msg")
+        ]
+        text += "".join(f"\n  {line}" for line in lines)
+    return text
 
 
 class Client:
@@ -283,6 +293,13 @@ def submit(
         float | None, typer.Option(help="Give up waiting after this many seconds (default: never).")
     ] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print only the job id and errors.")] = False,
+    refresh: Annotated[
+        bool, typer.Option("--refresh", help="Run again even if an identical earlier job could answer.")
+    ] = False,
+    cache: Annotated[
+        str | None,
+        typer.Option(help="use (default): an identical earlier job answers at once; refresh: same as --refresh."),
+    ] = None,
 ) -> None:
     """Submit MODEL to a Flex-DSA server; with --wait/-o follow it and download its artifacts."""
     from rich.console import Console
@@ -291,6 +308,8 @@ def submit(
     client = None
     try:
         request = build_spec(target, spec, objective, disable or [], targets)
+        if refresh or cache:
+            request["cache"] = "refresh" if refresh else cache  # the server refuses a value it does not know
         client = Client(server, api_key)
         created = client.submit(model, request, idempotency_key)
         if "group_id" in created:
@@ -335,8 +354,12 @@ def submit(
 
 
 def _speed_text(summary: dict) -> str:
-    """The job's speed figure with its source: the vendor's own measure beside the vendor alone for an
-    accelerator, ONNX Runtime on the compiling machine only where that machine is the target (cpu-ort)."""
+    """The job's speed figure with its source: the report's headline; for a job recorded before headlines,
+    the vendor's own measure beside the vendor alone for an accelerator, ONNX Runtime on the compiling
+    machine only where that machine is the target (cpu-ort)."""
+    top = summary.get("headline")
+    if top:  # the job's one speed-up, as the report, the API and the dashboard give it
+        return f"; speed-up: {top['text']}"
     vendor = summary.get("vendor") or {}
     parts = [
         f"[{bucket}] {row['ratio']:.3f}x the vendor alone ({row['ours']:,.0f} vs {row['vendor_alone']:,.0f} cycles)"

@@ -9,6 +9,7 @@ left out. The graph pictures come from ``service.graph_layout``, cached here by 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from collections import OrderedDict
@@ -120,7 +121,7 @@ def job_view(session: Session, store: ArtifactStore, job: Job, root: str) -> dic
     if report:
         view.update(_report_view(report, fusion_plan))
     if job.status == "succeeded":
-        view["graphs"] = _graph_views(store, job, by_name, manifest)
+        view["graphs"] = _graph_views(store, job, by_name, manifest, report)
     return view
 
 
@@ -165,7 +166,8 @@ def _report_view(report: dict, fusion_plan: dict | None) -> dict[str, Any]:
     # by adapter; an empty section is not shown).
     notes = {
         key: report[key]
-        for key in ("partition", "fallback", "legalisation", "legalization", "adapter", "target_notes")
+        # "partition" is not here: the page shows it as tables (#partition), not as a key/value dump.
+        for key in ("fallback", "legalisation", "legalization", "adapter", "target_notes")
         if report.get(key)
     }
     return {
@@ -195,15 +197,31 @@ def _fusion_candidates(report: dict, fusion_plan: dict | None) -> list[dict]:
 # --- the job's graphs, before and after -------------------------------------------------------------------
 
 
-def _graph_views(store: ArtifactStore, job: Job, by_name: dict[str, Artifact], manifest: dict | None) -> list:
+def _graph_views(
+    store: ArtifactStore, job: Job, by_name: dict[str, Artifact], manifest: dict | None, report: dict | None
+) -> list:
     optimised = _optimised_model_artifact(by_name, manifest)
-    sides = [("Original", job.model_blob_key, job.model_size, job.model_filename)]
+    views = [{"title": "Original", "file": job.model_filename, "placed": False,
+              **graph_svg(store, job.model_blob_key, job.model_size)}]  # fmt: skip
     if optimised is not None:
-        sides.append((f"Optimised ({optimised.name})", optimised.blob_key, optimised.size, optimised.name))
-    return [
-        {"title": title, "file": filename, **graph_svg(store, blob_key, size)}
-        for title, blob_key, size, filename in sides
-    ]
+        placement = _placement_of(optimised.name, manifest, report)
+        views.append({
+            "title": f"Optimised ({optimised.name})", "file": optimised.name, "placed": bool(placement),
+            **graph_svg(store, optimised.blob_key, optimised.size, placement),
+        })  # fmt: skip
+    return views
+
+
+def _placement_of(file: str, manifest: dict | None, report: dict | None) -> dict[str, str] | None:
+    """The Subgraph Mapper's device per node name for the bucket whose model is ``file`` (accelerators)."""
+    partition = (report or {}).get("partition") if isinstance(report, dict) else None
+    if not isinstance(partition, dict) or not partition:
+        return None
+    buckets = (manifest or {}).get("buckets", []) if isinstance(manifest, dict) else []
+    bucket = next((b.get("name") for b in buckets if isinstance(b, dict) and b.get("file") == file), None)
+    part = partition.get(bucket) if bucket in partition else next(iter(partition.values()))
+    placement = part.get("placement") if isinstance(part, dict) else None
+    return placement if isinstance(placement, dict) and placement else None
 
 
 def _optimised_model_artifact(by_name: dict[str, Artifact], manifest: dict | None) -> Artifact | None:
@@ -218,15 +236,21 @@ _svg_cache: OrderedDict[str, dict] = OrderedDict()
 _svg_lock = Lock()
 
 
-def graph_svg(store: ArtifactStore, blob_key: str, size: int) -> dict:
-    """``{"svg": Markup | None, "nodes": n, "note": str}`` for the model stored under ``blob_key``.
+def graph_svg(store: ArtifactStore, blob_key: str, size: int, placement: dict[str, str] | None = None) -> dict:
+    """``{"svg": Markup | None, "nodes": n, "note": str}`` for the model stored under ``blob_key``, its nodes
+    coloured by ``placement`` (node name -> device) when given.
 
-    Blobs are content-addressed, so a rendered SVG stays right for its key forever; a few are kept.
+    Blobs are content-addressed, so a rendered SVG stays right for its key (and placement) forever; a few
+    are kept.
     """
+    cache_key = blob_key
+    if placement:
+        digest = hashlib.sha256(json.dumps(placement, sort_keys=True).encode()).hexdigest()[:16]
+        cache_key = f"{blob_key}|{digest}"
     with _svg_lock:
-        if blob_key in _svg_cache:
-            _svg_cache.move_to_end(blob_key)
-            return _svg_cache[blob_key]
+        if cache_key in _svg_cache:
+            _svg_cache.move_to_end(cache_key)
+            return _svg_cache[cache_key]
     if size > GRAPH_MAX_BYTES:
         view = {
             "svg": None,
@@ -235,12 +259,12 @@ def graph_svg(store: ArtifactStore, blob_key: str, size: int) -> dict:
         }
     else:
         try:
-            view = render_graph(store.read_bytes(blob_key))
+            view = render_graph(store.read_bytes(blob_key), placement)
         except Exception as err:
             log.warning("dashboard: no graph view for %s: %s", blob_key, err)
             view = {"svg": None, "nodes": None, "note": f"The graph could not be read: {err}"}
     with _svg_lock:
-        _svg_cache[blob_key] = view
+        _svg_cache[cache_key] = view
         while len(_svg_cache) > SVG_CACHE_ENTRIES:
             _svg_cache.popitem(last=False)
     return view

@@ -21,7 +21,9 @@ The layout, in three steps:
 3. Drawing. Every edge is a cubic Bézier from the bottom middle of the producer's box to the top middle of
    the user's, both control points half-way down; boxes are classed ``op``, ``op shape`` (ops that only
    compute shapes or move data, drawn pale so the compute stands out) or ``op fused`` (any custom domain:
-   what the optimiser fused). A box's tooltip names its op, node name, inputs and outputs.
+   what the optimiser fused), and, given the Subgraph Mapper's placement, ``on-accelerator`` or ``on-cpu``
+   (drawn green or orange: where each node runs). A box's tooltip names its op, node name, inputs and
+   outputs, and its device.
 """
 
 from __future__ import annotations
@@ -42,8 +44,10 @@ SHAPE_OPS = frozenset(
 LABEL_MAX_CHARS = 18
 
 
-def render_graph(data: bytes) -> dict:
-    """``{"svg": Markup | None, "nodes": n, "note": str}`` for the serialized ONNX model ``data``."""
+def render_graph(data: bytes, placement: dict[str, str] | None = None) -> dict:
+    """``{"svg": Markup | None, "nodes": n, "note": str}`` for the serialized ONNX model ``data``; with
+    ``placement`` (node name -> ``accelerator`` | ``cpu``, the Subgraph Mapper's), each box is classed
+    ``on-accelerator`` or ``on-cpu`` too."""
     proto = onnx.load_model_from_string(data)
     # Counted on the proto, so that an oversized graph is refused before it is converted.
     drawn = sum(1 for node in proto.graph.node if node.op_type != "Constant")
@@ -53,7 +57,7 @@ def render_graph(data: bytes) -> dict:
     nodes = [node for node in graph if node.op_type != "Constant"]
     hidden = len(graph) - len(nodes)
     layers, preds = layer_nodes(graph, nodes)
-    svg = draw(nodes, layers, preds, place(layers, preds))
+    svg = draw(nodes, layers, preds, place(layers, preds), placement)
     note = f"{len(nodes)} nodes" + (f"; {hidden} Constant nodes not drawn" if hidden else "")
     note += ". Hover a box for its name, inputs and outputs."
     return {"svg": svg, "nodes": len(nodes), "note": note}
@@ -108,17 +112,19 @@ def place(layers: list[list[int]], preds: list[list[int]]) -> dict[int, tuple[fl
     return positions
 
 
-def _box_class(node: ir.Node) -> str:
-    if node.domain not in ("", "ai.onnx"):
-        return "op fused"
-    return "op shape" if node.op_type in SHAPE_OPS else "op"
+def _box_class(node: ir.Node, placement: dict[str, str] | None = None) -> str:
+    kind = "op fused" if node.domain not in ("", "ai.onnx") else ("op shape" if node.op_type in SHAPE_OPS else "op")
+    device = (placement or {}).get(node.name or "")
+    if device == "accelerator":
+        return f"{kind} on-accelerator"
+    return f"{kind} on-cpu" if device == "cpu" else kind
 
 
 def _names(values) -> str:
     return ", ".join(value.name or "" if value is not None else "" for value in values)
 
 
-def draw(nodes: list[ir.Node], layers, preds, positions) -> Markup:
+def draw(nodes: list[ir.Node], layers, preds, positions, placement: dict[str, str] | None = None) -> Markup:
     width = max((x for x, _ in positions.values()), default=0) + BOX_W + PAD
     height = len(layers) * (BOX_H + GAP_Y) - GAP_Y + 2 * PAD
     parts = [
@@ -137,12 +143,13 @@ def draw(nodes: list[ir.Node], layers, preds, positions) -> Markup:
         x, y = positions[i]
         op = node.op_type
         label = op if len(op) <= LABEL_MAX_CHARS else op[: LABEL_MAX_CHARS - 1] + "…"
+        device = (placement or {}).get(node.name or "")
         tip = (
             f"{node.domain + '::' if node.domain else ''}{node.op_type} {node.name or ''}\n"
-            f"in: {_names(node.inputs)}\nout: {_names(node.outputs)}"
+            f"in: {_names(node.inputs)}\nout: {_names(node.outputs)}" + (f"\non: {device}" if device else "")
         )
         parts.append(
-            f'<g class="{_box_class(node)}"><title>{html.escape(tip)}</title>'
+            f'<g class="{_box_class(node, placement)}"><title>{html.escape(tip)}</title>'
             f'<rect x="{x:.0f}" y="{y:.0f}" width="{BOX_W}" height="{BOX_H}" rx="4"/>'
             f'<text x="{x + BOX_W / 2:.0f}" y="{y + BOX_H / 2 + 4:.0f}">{html.escape(label)}</text></g>'
         )

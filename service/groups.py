@@ -26,7 +26,7 @@ from service import jobs
 from service.config import Settings
 from service.edge import check_spec_json
 from service.errors import InvalidRequest, NotFound, QuotaExceeded, storage_io
-from service.job_cache import job_cache_key, job_cache_source
+from service.job_cache import job_cache_key, job_cache_source, refresh_requested
 from service.models import Artifact, Job, JobGroup, JobStatus, Tenant
 from service.schemas import GroupCreated, GroupJob, GroupOut
 from service.storage import ArtifactStore
@@ -172,7 +172,9 @@ def _record_group(
     session.flush()
     members = []
     for index, (spec, target) in enumerate(checked):
-        cache_key = job_cache_key(upload.sha256, spec, target, upload.calibration and upload.calibration.sha256)
+        cache_key = job_cache_key(
+            upload.sha256, spec, target, upload.calibration and upload.calibration.sha256, settings.toolchains_dir
+        )
         job = Job(
             tenant_id=tenant.id,
             group_id=group.id,
@@ -192,7 +194,7 @@ def _record_group(
             max_attempts=settings.max_attempts,
         )
         with session.no_autoflush:
-            source = job_cache_source(session, tenant.id, cache_key)
+            source = None if refresh_requested(spec) else job_cache_source(session, tenant.id, cache_key)
         session.add(job)
         if source is None:
             job.record("queued", f"Queued for {target.name} (one of {len(checked)} targets compared).")

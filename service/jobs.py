@@ -26,12 +26,13 @@ from sqlalchemy.orm import Session
 from flexdsa_core import FlexDSAError, RequestSpec, TargetSpec
 from flexdsa_core.calibration import check_calibration, load_calibration
 from flexdsa_core.errors import InvalidOptionsError
+from flexdsa_core.options import did_you_mean, known_keys
 from flexdsa_core.preflight import check_request
 from service.config import Settings
 from service.dispatch import enqueue as dispatch
 from service.edge import check_spec_json
 from service.errors import Conflict, InvalidRequest, QuotaExceeded, storage_io
-from service.job_cache import job_cache_key, job_cache_source
+from service.job_cache import job_cache_key, job_cache_source, refresh_requested
 from service.models import Artifact, Job, JobStatus, Tenant, utcnow
 from service.schemas import JobError, JobLinks, JobOut
 from service.storage import ArtifactStore
@@ -55,12 +56,14 @@ def parse_spec(spec_json: str) -> tuple[RequestSpec, TargetSpec]:
     try:
         spec = RequestSpec.model_validate_json(spec_json)
     except ValidationError as err:
-        details = [
-            {"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")}
-            for e in err.errors(include_url=False)
-        ]
+        details = [_field_error(e) for e in err.errors(include_url=False)]
+        hints = [d["did_you_mean"] for d in details if d.get("did_you_mean")]
         raise InvalidRequest(
-            "The 'spec' field is not a valid request spec; see details.", code="invalid_spec", details=details
+            "The 'spec' field is not a valid request spec"
+            + (f" (did you mean {', '.join(map(repr, hints))}?)" if hints else "")
+            + "; see details.",
+            code="invalid_spec",
+            details=details,
         ) from None
     try:
         target = spec.target_spec()
@@ -74,6 +77,20 @@ def parse_spec(spec_json: str) -> tuple[RequestSpec, TargetSpec]:
         # An unknown target inside a request is a bad request (422), not a missing resource.
         raise InvalidRequest(err.message, code=err.code, details=err.details) from None
     return spec, target
+
+
+def _field_error(error: dict) -> dict:
+    """One field error of the spec; an unknown key names the accepted key it most resembles."""
+    loc = list(error.get("loc", ()))
+    entry = {"loc": loc, "msg": error.get("msg", ""), "type": error.get("type", "")}
+    if entry["type"] == "extra_forbidden":
+        suggestion = did_you_mean(loc)
+        if suggestion:
+            entry["did_you_mean"] = suggestion
+            entry["msg"] = f"Unknown key {loc[-1]!r}: did you mean {suggestion!r}?"
+        else:
+            entry["msg"] = f"Unknown key {loc[-1]!r}. Accepted here: {', '.join(known_keys(loc)) or 'see the API docs'}."
+    return entry
 
 
 def check_model(upload: ReceivedUpload) -> None:
@@ -269,7 +286,9 @@ def _record_job(
     calibration_key: str | None,
 ) -> tuple[Job, bool]:
     _check_quota(session, settings, tenant)
-    cache_key = job_cache_key(upload.sha256, spec, target, upload.calibration and upload.calibration.sha256)
+    cache_key = job_cache_key(
+        upload.sha256, spec, target, upload.calibration and upload.calibration.sha256, settings.toolchains_dir
+    )
     job = Job(
         tenant_id=tenant.id,
         status=JobStatus.queued.value,
@@ -288,7 +307,7 @@ def _record_job(
     )
     try:
         with session.no_autoflush:
-            source = job_cache_source(session, tenant.id, cache_key)
+            source = None if refresh_requested(spec) else job_cache_source(session, tenant.id, cache_key)
         session.add(job)
         if source is None:
             job.record("queued", f"Queued for {target.name}.")
@@ -351,7 +370,9 @@ def create_derived_job(
     target = spec.target_spec()
     with _one_writer_at_a_time(session):
         _check_quota(session, settings, tenant)
-        cache_key = job_cache_key(parent.model_sha256, spec, target, parent.calibration_blob_key)
+        cache_key = job_cache_key(
+            parent.model_sha256, spec, target, parent.calibration_blob_key, settings.toolchains_dir
+        )
         job = Job(
             tenant_id=tenant.id,
             status=JobStatus.queued.value,

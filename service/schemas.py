@@ -76,7 +76,12 @@ class JobOut(BaseModel):
     updated_at: datetime
     queued_seconds: float | None = Field(None, description="From submission to a worker starting it.")
     run_seconds: float | None = Field(None, description="From start to finish (or to now while running).")
-    report_summary: dict[str, Any] | None
+    report_summary: dict[str, Any] | None = Field(
+        ...,
+        description="The report's summary. `speedup` is the job's one headline figure; `headline` gives it "
+        "with its interval, verdict ('no significant difference' on a tie) and source ('this CPU, measured', "
+        "'vendor estimate', 'roofline estimate'). CPU latencies appear only where the target is this CPU.",
+    )
     parent_job_id: str | None = Field(
         None, description="The job whose bundle this one re-specialised from its traffic (POST /jobs/{id}/respecialise)."
     )

@@ -353,6 +353,16 @@ class _FormReceiver:
                 fd, temp_name = tempfile.mkstemp(dir=self.staging_dir, prefix="calibration-")
             self._calibration_handle = StagedFile(fd, self.durable)
             self.result.calibration = ReceivedFile(Path(temp_name))
+        elif b"filename" in params:
+            # A file under another name (curl -F file=@m.onnx) would otherwise be read as a small text field
+            # and refused for its size: say which field the model goes in instead.
+            raise InvalidRequest(
+                f"Form field {name!r} carries a file, but the model goes in the field named 'model' "
+                "(curl -F model=@model.onnx -F spec='{\"target\": \"cpu-ort\"}'); calibration samples go in "
+                "'calibration'.",
+                code="invalid_upload",
+                details={"field": name, "expected": "model"},
+            )
 
     def on_part_data(self, data: bytes, start: int, end: int) -> None:
         chunk = memoryview(data)[start:end]  # hashed and written without a copy

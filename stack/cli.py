@@ -19,8 +19,9 @@ def serve(
         typer.Option(
             min=1,
             max=64,
-            help="API processes sharing the port (default FLEXDSA_API_WORKERS or 1): big uploads are received, "
-            "hashed and written on as many cores. In embedded mode each process runs its own worker.",
+            help="API processes sharing the port (default FLEXDSA_API_WORKERS, else one per core, at most 8): big "
+            "uploads are received, hashed and written on as many cores. In embedded mode each process runs its "
+            "own worker.",
         ),
     ] = None,
 ) -> None:
@@ -34,6 +35,7 @@ def serve(
     settings = settings_or_exit()
     overrides = {k: v for k, v in {"host": host, "port": port, "api_workers": workers}.items() if v is not None}
     settings = settings.model_copy(update=overrides)
+    settings = settings.model_copy(update={"api_workers": settings.api_processes()})
     engine = prepared_engine(settings)
     if settings.auth == "optional":
         with session_scope(make_session_factory(engine)) as session:

@@ -225,9 +225,11 @@ class _JobRun:
     # -- whole-job cache --
 
     def serve_from_job_cache(self) -> bool:
-        from service.job_cache import job_cache_source
+        from service.job_cache import job_cache_source, refresh_requested
         from service.storage import StoreUnavailableError, make_store
 
+        if refresh_requested(self.job.spec):  # the user asked for a fresh run
+            return False
         with self.sessions() as session:
             source = job_cache_source(
                 session, self.job.tenant_id, self.job.job_cache_key, exclude_job_id=self.job.id

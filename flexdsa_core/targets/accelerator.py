@@ -226,8 +226,8 @@ class AcceleratorAdapter(PlatformAdapter):
         lines.append("")
         for number, step in enumerate(self.deploy_steps(buckets, target, report), 1):
             lines.append(f"{number}. {step}")
-        if target.converter and target.converter.command:
-            lines += ["", "Converter reference:", "", "```", target.converter.command, "```"]
+        # No generic "converter reference" command here: the target's sample line carries some other model's
+        # shapes and normalisation; the steps above run this bundle's own scripts, written for its buckets.
         return "\n".join(lines) + "\n"
 
 

@@ -89,7 +89,9 @@ class PlatformAdapter:
             ],
             # How run-time shapes map to buckets (the Shape Tracker's manifest).
             "shapes": report.get("shapes", {}).get("manifest"),
-            "converter": target.converter.model_dump() if target.converter else None,
+            # Which vendor tool finishes the bundle, and what it does: never a generic command line, whose
+            # shapes and normalisation belong to some other model (the bundle's scripts carry this model's).
+            "converter": {"tool": target.converter.tool, "notes": target.converter.notes} if target.converter else None,
         }
 
 

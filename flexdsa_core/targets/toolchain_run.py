@@ -95,12 +95,17 @@ def run_toolchain(
     try:
         result = toolchain.run(root, request, workdir=folder)
     except ToolchainError as err:
+        reason = one_line_reason(err.message)
         return {
             "name": toolchain.name,
             "ran": False,
-            "failed": err.message,
-            "detail": f"the {toolchain.name} toolchain failed: {err.message}",
-            "warnings": [f"vendor toolchain {toolchain.name} failed; the bundle ships uncompiled: {err.message}"],
+            "failed": err.message,  # whole, with the vendor's traceback or log tail
+            "reason": reason,
+            "detail": f"the {toolchain.name} toolchain failed: {reason}",
+            "warnings": [
+                f"vendor toolchain {toolchain.name} failed; the bundle ships uncompiled: {reason} "
+                "(its log: report.json, toolchain.failed)"
+            ],
             "summary": f"{toolchain.name}: failed",
         }, {}
 
@@ -242,3 +247,20 @@ def _agreement(ours: dict[str, str], theirs: dict[str, str]) -> dict:
 
 def _safe(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-_" else "_" for c in name)[:64]
+
+
+def one_line_reason(message: str) -> str:
+    """One line saying why a vendor tool failed: the text before any traceback or log, and the exception a
+    traceback ends with (``RuntimeError: Unsupported op 'X'``), never the traceback itself."""
+    lines = [line.rstrip() for line in message.splitlines() if line.strip()]
+    if not lines:
+        return "no reason given"
+    head = lines[0].removesuffix("Last lines of its log:").strip()
+    if "Traceback (most recent call last):" in message:
+        tail = message.split("Traceback (most recent call last):")[-1]
+        raised = [line.strip() for line in tail.splitlines() if line.strip() and not line.startswith((" ", "\t"))]
+        if raised:
+            head = head.removesuffix("Traceback (most recent call last):").strip().rstrip(":.")
+            return f"{head}: {raised[-1]}" if head and head != raised[-1] else raised[-1]
+    return head if len(lines) == 1 else f"{head} ..."
+

@@ -12,12 +12,13 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Annotated
 
-from fastapi import Cookie, Depends, Header, Path, Request
+from fastapi import Cookie, Depends, Header, Path, Request, Security
+from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
 from service import jobs
-from service.auth import authenticate, ensure_tenant
+from service.auth import authenticate, ensure_tenant, parse_prefix
 from service.config import Settings
 from service.errors import NotFound, Unauthorized
 from service.models import Job, Tenant
@@ -25,6 +26,20 @@ from service.storage import ArtifactStore
 
 API_KEY_HEADER = "X-API-Key"
 API_KEY_COOKIE = "flexdsa_key"
+
+# The two ways a tenant sends its key, declared as OpenAPI security schemes (either one will do). On a tenant
+# route a bearer value is an API key; on an operator surface it is the operator token (``operator_access``).
+api_key_scheme = APIKeyHeader(
+    name=API_KEY_HEADER, scheme_name="ApiKey", auto_error=False,
+    description="The tenant's API key (`fdsa_...`, from `flexdsa keys create`).",
+)  # fmt: skip
+bearer_scheme = HTTPBearer(
+    scheme_name="Bearer", auto_error=False,
+    description="`Authorization: Bearer <api key>` on tenant routes, the same key as X-API-Key; on operator "
+    "surfaces (GET /metrics, /incidents, service-wide /cache/stats) the operator token.",
+)  # fmt: skip
+KeyHeader = Annotated[str | None, Security(api_key_scheme)]
+BearerCredentials = Annotated[HTTPAuthorizationCredentials | None, Security(bearer_scheme)]
 
 
 # async: a plain attribute read needs no thread hand-off (a sync dependency costs one per request).
@@ -56,13 +71,23 @@ SessionDep = Annotated[Session, Depends(get_session)]
 StoreDep = Annotated[ArtifactStore, Depends(get_store)]
 
 
+def bearer_api_key(settings: Settings, bearer: HTTPAuthorizationCredentials | str | None) -> str | None:
+    """The API key a tenant sent as ``Authorization: Bearer``; None for none, or for the operator token (an
+    operator's request to a tenant route carries no tenant's key)."""
+    token = bearer.credentials if isinstance(bearer, HTTPAuthorizationCredentials) else bearer
+    if not token or operator_token_matches(settings, token):
+        return None
+    return token
+
+
 def current_tenant(
     session: SessionDep,
     settings: SettingsDep,
-    x_api_key: Annotated[str | None, Header(alias=API_KEY_HEADER, description="API key `fdsa_...`")] = None,
+    x_api_key: KeyHeader = None,
     flexdsa_key: Annotated[str | None, Cookie(alias=API_KEY_COOKIE, include_in_schema=False)] = None,
+    bearer: BearerCredentials = None,
 ) -> Tenant:
-    key = x_api_key or flexdsa_key
+    key = x_api_key or bearer_api_key(settings, bearer) or flexdsa_key
     if key:
         tenant = authenticate(session, key)
         if tenant is None:
@@ -78,7 +103,8 @@ def current_tenant(
         session.commit()
         return tenant
     raise Unauthorized(
-        f"An API key is required: send it in the {API_KEY_HEADER} header. Create one with `flexdsa keys create`.",
+        f"An API key is required: send it in the {API_KEY_HEADER} header or as 'Authorization: Bearer <key>'. "
+        "Create one with `flexdsa keys create`.",
         code="missing_api_key",
         headers={"WWW-Authenticate": API_KEY_HEADER},
     )
@@ -100,8 +126,9 @@ def admitted_submit(
     request: Request,
     session: SessionDep,
     settings: SettingsDep,
-    x_api_key: Annotated[str | None, Header(alias=API_KEY_HEADER, description="API key `fdsa_...`")] = None,
+    x_api_key: KeyHeader = None,
     flexdsa_key: Annotated[str | None, Cookie(alias=API_KEY_COOKIE, include_in_schema=False)] = None,
+    bearer: BearerCredentials = None,
     idempotency_key: Annotated[
         str | None,
         Header(alias="Idempotency-Key", max_length=255, description="Retries with the same key return the same job"),
@@ -111,7 +138,7 @@ def admitted_submit(
     retry's job; the rate limit and the quota, 429), in one thread hand-off: while big uploads stream, each
     hand-off waits its turn for a thread and the GIL (about 10 ms each in bench.ingest), and a small submit
     makes only this one and the one that records its job."""
-    tenant = current_tenant(session, settings, x_api_key, flexdsa_key)
+    tenant = current_tenant(session, settings, x_api_key, flexdsa_key, bearer)
     replayed = jobs.admit_submit(session, settings, tenant, request.app.state.rate_limiter, idempotency_key)
     return Admission(tenant, replayed, idempotency_key)
 
@@ -162,6 +189,8 @@ def operator_access(request: Request, settings: SettingsDep) -> bool:
     token = bearer_token(request)
     if token is None:
         return False
+    if parse_prefix(token) is not None and not operator_token_matches(settings, token):
+        return False  # a tenant's API key sent as a bearer token: the tenant rule decides
     if not operator_token_matches(settings, token):
         raise Unauthorized(
             "The operator token is not valid (FLEXDSA_OPERATOR_TOKEN, sent as 'Authorization: Bearer ...').",
@@ -201,13 +230,14 @@ def tenant_unless_operator(
     is_operator: IsOperator,
     session: SessionDep,
     settings: SettingsDep,
-    x_api_key: Annotated[str | None, Header(alias=API_KEY_HEADER, description="API key `fdsa_...`")] = None,
+    x_api_key: KeyHeader = None,
     flexdsa_key: Annotated[str | None, Cookie(alias=API_KEY_COOKIE, include_in_schema=False)] = None,
+    bearer: BearerCredentials = None,
 ) -> Tenant | None:
     """None for an operator (who sees every tenant), else the current tenant by the usual rule."""
     if is_operator:
         return None
-    return current_tenant(session, settings, x_api_key, flexdsa_key)
+    return current_tenant(session, settings, x_api_key, flexdsa_key, bearer)
 
 
 TenantUnlessOperator = Annotated[Tenant | None, Depends(tenant_unless_operator)]

@@ -61,6 +61,7 @@
         delete spec.target;
         spec.targets = compared.includes("all") ? "all" : compared;
       }
+      if (form.elements.cache_refresh && form.elements.cache_refresh.checked) spec.cache = "refresh";
       const body = new FormData();
       body.append("model", file, file.name);
       body.append("spec", JSON.stringify(spec));

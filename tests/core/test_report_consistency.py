@@ -136,3 +136,123 @@ def test_a_model_that_runs_at_one_length_only_is_validated_there_and_says_so():
     assert report["validation"]["ok"] and "second_shape" not in report["validation"]["buckets"][0]
     assert report["validation"]["buckets"][0]["input_shapes"] == report["latency"]["input_shapes"] == {"ids": [1, 64]}
     assert "not validated at a second shape" in at["note"]
+
+
+# --- the headline: one speed-up per job, with its source -------------------------------------------------
+
+
+def _report(target: str, measured_here: bool, **extra) -> dict:
+    return {
+        "target": {"name": target, "version": "1", "vendor": "x", "measured_here": measured_here},
+        "objective": "latency",
+        "nodes": {"total_before": 4, "total_after": 3, "before": {"Add": 4}, "after": {"b": {"Add": 3}}},
+        "fusions": {"applied": [], "candidates": []},
+        "legalization": {}, "rollbacks": [], "validation": {"performed": False, "ok": None, "buckets": []},
+        "memory": {}, "cache": {}, "total_seconds": 1.0, "warnings": [],
+        **extra,
+    }  # fmt: skip
+
+
+def _latency(ratio: float, low: float, high: float, verdict: str) -> dict:
+    comparison = {"verdict": verdict, "ratio_median": ratio, "ratio_ci": [low, high], "confidence": 0.95,
+                  "min_effect": 0.03, "rounds": 21, "first_s": 0.002, "second_s": 0.00062}  # fmt: skip
+    # before/after medians measured apart can say 3.23x while the paired rounds say "tie" (issue 23)
+    return {"before_s": 0.002, "after_s": 0.00062, "speedup": 3.23, "comparison": comparison}
+
+
+def test_a_tie_is_no_significant_difference_everywhere_never_the_ratio_of_medians():
+    from flexdsa_core.report import headline, render_summary, report_summary
+
+    report = _report("cpu-ort", True, latency=_latency(0.616, 0.18, 0.99, "tie"))
+    top = headline(report)
+    assert top["verdict"] == "no significant difference" and top["source"] == "this CPU, measured"
+    assert top["speedup"] == pytest.approx(1 / 0.616, abs=1e-3)
+    assert top["interval"] == [pytest.approx(1 / 0.99, abs=1e-3), pytest.approx(1 / 0.18, abs=1e-3)]
+    assert "no significant difference" in top["text"] and "95% interval 1.01-5.56" in top["text"]
+    summary = report_summary(report)
+    assert summary["speedup"] == top["speedup"] != 3.23 and summary["headline"] == top
+    assert f"Speed-up      {top['text']}" in render_summary(report)
+
+    faster = headline(_report("cpu-ort", True, latency=_latency(0.8, 0.75, 0.85, "faster")))
+    assert faster["verdict"] == "faster" and faster["text"].startswith("1.25x the original model (95% interval")
+
+
+def test_an_accelerator_job_shows_no_cpu_timing_and_names_its_estimate():
+    from flexdsa_core.report import headline, render_summary, report_summary
+
+    estimates = {"per_bucket": {"b": {"before": {"seconds": 2e-4}, "after": {"seconds": 1e-4}}}}
+    partition = {"b": {"accelerator_nodes": 3, "cpu_nodes": 1}}
+    report = _report("nvidia-orin-nano", False, latency=_latency(1.19, 1.1, 1.3, "slower"),
+                     estimates=estimates, partition=partition)  # fmt: skip
+    top = headline(report)
+    assert top["source"] == "roofline estimate" and top["speedup"] == 2.0 and top["interval"] is None
+    summary = report_summary(report)
+    assert summary["latency_before_ms"] is None and summary["latency_after_ms"] is None
+    assert summary["speedup"] == 2.0
+    text = render_summary(report)
+    assert "ORT CPU" not in text and "roofline estimate" in text
+    assert "Placement     [b] 3 on the accelerator, 1 on the CPU" in text
+    # Where the vendor's own estimate exists, it is the headline: ours against the vendor's compiler alone.
+    report["vendor"] = {"tool": "rknn-toolkit2", "measure": "cycles", "buckets": {"b": {"ratio": 0.8, "precision": "int8"}}}
+    top = headline(report)
+    assert top["source"] == "vendor estimate" and top["speedup"] == 1.25 and top["of"] == "int8"
+    assert "rknn-toolkit2 alone" in top["text"]
+
+
+def test_an_int8_job_headlines_the_shipped_precision():
+    from flexdsa_core.report import headline, report_summary
+
+    versus = {"verdict": "faster", "ratio_median": 0.84, "ratio_ci": [0.8, 0.88], "confidence": 0.95,
+              "min_effect": 0.03, "rounds": 21, "first_s": 1.0, "second_s": 0.84}  # fmt: skip
+    precision = {"requested": "int8", "shipped": "int8_static",
+                 "candidates": [{"name": "int8_static", "time_ratio_vs_fp32": 0.7,
+                                 "timing_vs_fp32": {"speedup_vs_original": 1.1905, "vs_original": versus}}]}  # fmt: skip
+    report = _report("cpu-ort", True, latency=_latency(0.95, 0.93, 0.97, "faster"), precision=precision)
+    top = headline(report)
+    assert top["of"] == "int8_static" and top["speedup"] == pytest.approx(1.1905, abs=1e-4)
+    summary = report_summary(report)
+    assert summary["speedup"] == summary["precision"]["speedup_vs_original"] == top["speedup"]
+
+
+def test_a_real_accelerator_job_has_no_this_machine_warning_or_cpu_figure():
+    import onnx
+
+    model = onnx.load_from_string(positions_model())
+    result = FlexDSAOptimizer("rockchip-rk3588").optimize(
+        model, OptimizeOptions(latency_repeats=3), cache=LRUCache()
+    )
+    report = result.report
+    assert report["latency"]["measured"]  # kept in report.json, labelled as this CPU's
+    assert not any("on this machine" in w for w in report["warnings"])
+    summary = result.report_summary()
+    assert summary["latency_before_ms"] is None and summary["headline"] == report["headline"]
+    assert report["headline"]["source"] in ("roofline estimate", "vendor estimate")
+    assert "ORT CPU" not in result.summary() and "Placement     [" in result.summary()
+
+
+def test_a_vendor_quantised_bucket_ships_the_requested_precision_when_its_binary_is_kept():
+    from types import SimpleNamespace
+
+    from flexdsa_core.optimizer import FlexDSAOptimizer as Optimizer
+
+    def case(accuracy_ok: bool | None, ran: bool = True, explored: str | None = None):
+        precision = {"requested": "int8", "shipped": "fp32", "vendor_quantiser": True, "warnings": []}
+        entry = {"artifacts": ["model.b_qnn.bin", "model.b.qnn_ctx.onnx"]}
+        if accuracy_ok is not None:
+            entry["accuracy"] = {"ok": accuracy_ok, "loss": 0.001, "measured_on": "4 held-out samples"}
+        toolchain = {"ran": ran, "buckets": {"b": entry}}
+        files = {"model.b_qnn.bin": b"x", "model.b.qnn_ctx.onnx": b"y", "model.b.onnx": b"z"}
+        run = SimpleNamespace(options=OptimizeOptions(precision="int8", precision_fallback="fp32"))
+        vendor = {"buckets": {"b": {"precision": explored}}} if explored else None
+        Optimizer._vendor_verdicts(precision, {"b": run}, toolchain, files, vendor=vendor)
+        return precision, files
+
+    precision, files = case(True)
+    assert precision["shipped"] == "int8" and "model.b_qnn.bin" in precision["shipped_in"]
+    assert "model.b_qnn.bin" in files
+    precision, _ = case(None, ran=False)  # the toolchain did not run here: the bundle holds fp32 only
+    assert precision["shipped"] == "fp32"
+    # Exploration found float16 cheaper than any accurate quantised build: float16 is in the binary.
+    assert case(True, explored="float16")[0]["shipped"] == "fp16"
+    hybrid, _ = case(True, explored="w8a8 + float16 hybrid")
+    assert hybrid["shipped"] == "int8" and hybrid["shipped_format"] == "w8a8 + float16 hybrid"

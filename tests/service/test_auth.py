@@ -172,3 +172,35 @@ def test_optional_auth_acts_as_default_tenant(tmp_path):
             assert session.scalar(select(Tenant.name).where(Tenant.name == "default")) == "default"
         # A wrong key is still refused: the caller meant a tenant, not 'default'.
         assert client.get("/jobs", headers={"X-API-Key": "fdsa_000000000000_x"}).status_code == 401
+
+
+def test_bearer_api_key_is_the_same_tenant_as_x_api_key(env, headers):
+    from tests.service.conftest import OPERATOR_HEADERS
+
+    bearer = {"Authorization": f"Bearer {headers['X-API-Key']}"}
+    job_id = env.submit(bearer).json()["job_id"]
+    listed = env.client.get("/jobs", headers=headers).json()["items"]
+    assert [j["id"] for j in listed] == [job_id]  # submitted with Bearer, seen with X-API-Key
+    assert env.client.get(f"/jobs/{job_id}", headers=bearer).status_code == 200
+    other = {"Authorization": f"Bearer {env.new_key()['X-API-Key']}"}
+    assert env.client.get(f"/jobs/{job_id}", headers=other).status_code == 404  # another tenant's
+    wrong = env.client.get("/jobs", headers={"Authorization": "Bearer fdsa_000000000000_nope"})
+    assert wrong.status_code == 401 and wrong.json()["error"]["code"] == "invalid_api_key"
+    # /cache/stats answers both: a tenant's key as a bearer token gets the tenant's view, the operator token
+    # the service's; an operator surface refuses a tenant's key.
+    assert env.client.get("/cache/stats", headers=bearer).json()["scope"] == "tenant"
+    assert env.client.get("/cache/stats", headers=OPERATOR_HEADERS).json()["scope"] == "service"
+    metrics = env.client.get("/metrics", headers=bearer)
+    assert metrics.status_code == 401 and metrics.json()["error"]["code"] == "operator_token_required"
+    assert env.client.get("/metrics", headers=OPERATOR_HEADERS).status_code == 200
+
+
+def test_openapi_declares_both_ways_to_send_the_key(env):
+    document = env.client.get("/openapi.json").json()
+    schemes = document["components"]["securitySchemes"]
+    assert schemes["ApiKey"] == {"type": "apiKey", "in": "header", "name": "X-API-Key", "description": schemes["ApiKey"]["description"]}
+    assert schemes["Bearer"]["type"] == "http" and schemes["Bearer"]["scheme"] == "bearer"
+    jobs = document["paths"]["/jobs"]["get"]["security"]
+    assert {"ApiKey": []} in jobs and {"Bearer": []} in jobs
+    optimize = document["paths"]["/optimize"]["post"]["security"]
+    assert {"ApiKey": []} in optimize and {"Bearer": []} in optimize

@@ -100,6 +100,42 @@ def test_failed_job_exits_1_with_its_error(server, tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def test_the_headline_speedup_agrees_across_report_api_and_cli(server, cli, tmp_path):
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"latency_repeats": 9}))
+    out = tmp_path / "out"
+    result = cli("submit", BERT, "--target", "cpu-ort", "--server", server, "--spec", spec, "-o", out)
+    assert result.exit_code == 0, result.output
+    job = httpx.get(f"{server}/jobs/{result.stdout.strip().splitlines()[0]}").json()
+    report = json.loads((out / "report.json").read_text())
+    top = report["headline"]
+    assert top["source"] == "this CPU, measured" and len(top["interval"]) == 2
+    assert job["report_summary"]["headline"] == top and job["report_summary"]["speedup"] == top["speedup"]
+    assert f"speed-up: {top['text']}" in " ".join(result.output.split())
+
+
+def test_refresh_runs_again_where_the_cache_would_answer(server, cli, tmp_path):
+    from tests.service.conftest import tiny_onnx
+
+    model = tmp_path / "tiny.onnx"
+    model.write_bytes(tiny_onnx(alpha=0.37))
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"measure_latency": False}))
+    common = ("submit", model, "--target", "cpu-ort", "--server", server, "--spec", spec, "--wait")
+    first = cli(*common)
+    assert first.exit_code == 0, first.output
+    cached = cli(*common)
+    assert cached.exit_code == 0 and "answered from an identical earlier job" in " ".join(cached.output.split())
+    for flag in (["--refresh"], ["--cache", "refresh"]):
+        fresh = cli(*common, *flag)
+        assert fresh.exit_code == 0, fresh.output
+        assert "answered from an identical earlier job" not in " ".join(fresh.output.split())
+        job = httpx.get(f"{server}/jobs/{fresh.stdout.strip().splitlines()[0]}").json()
+        assert job["spec"]["cache"] == "refresh" and job["cached_from_job_id"] is None and job["status"] == "succeeded"
+    wrong = cli(*common, "--cache", "sometimes")
+    assert wrong.exit_code == 2 and "cache" in wrong.output
+
+
 @pytest.mark.parametrize(
     ("args", "expected"),
     [

@@ -410,3 +410,92 @@ def test_dashboard_downloads_follow_the_redirect_to_the_object_store(browser, on
             assert hashlib.sha256(data).hexdigest() == items[name]["sha256"]
     finally:
         context.close()
+
+
+def _round_model() -> bytes:
+    """Relu, Round, Add on [1, 16]: Round is not in the rk3588 op table, so one node falls back to the CPU."""
+    graph = onnx.parser.parse_graph(
+        "g (float[1, 16] x) => (float[1, 16] y) { a = Relu(x)\n b = Round(a)\n y = Add(b, a) }"
+    )
+    return onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)], ir_version=9).SerializeToString()
+
+
+@pytest.fixture(scope="module")
+def broken_vendor(tmp_path_factory) -> Iterator[LiveServer]:
+    """A server whose rockchip toolchain is installed (ready.json with the code's pins) but whose environment's
+    python dies in the vendor's build with a Python traceback, as a broken vendor install does."""
+    from flexdsa_core.toolchains import get_toolchain
+
+    root = tmp_path_factory.mktemp("toolchains")
+    toolchain = get_toolchain("rockchip")
+    python = toolchain.python(root)
+    python.parent.mkdir(parents=True)
+    python.write_text(
+        "#!/bin/sh\nexec python3 -c 'def build():\n    raise RuntimeError(\"Unsupported op Foo in layer 3\")\nbuild()'\n"
+    )
+    python.chmod(0o755)
+    (toolchain.home(root) / "ready.json").write_text(
+        json.dumps({"requirements": [list(g) for g in toolchain.requirements], "versions": {"rknn-toolkit2": "x"}})
+    )
+    with embedded_server(tmp_path_factory.mktemp("dashboard-vendor"), toolchains_dir=str(root)) as server:
+        yield server
+
+
+def test_accelerator_job_page_colours_the_graph_tables_the_partition_and_one_lines_a_vendor_failure(
+    browser, broken_vendor
+):
+    job_id = submit(broken_vendor.url, _round_model(), {"target": "rockchip-rk3588", "measure_latency": False})
+    context = browser.new_context(base_url=broken_vendor.url, viewport={"width": 1400, "height": 900})
+    try:
+        page = context.new_page()
+        page.goto(f"/ui/jobs/{job_id}")
+        page.wait_for_selector("#job[data-status=succeeded]", timeout=JOB_TIMEOUT_MS)
+        page.goto(f"/ui/jobs/{job_id}")  # the finished page, with its report (not the live one it reloads from)
+        # The partition is a table (one row per bucket), never a key/value dump of the mapper's dict.
+        assert page.locator("#partition + table tbody tr").count() == 1
+        assert page.locator("dl.kv dt", has_text="accelerator_flop_share").count() == 0
+        assert page.locator("dl.kv dt", has_text="placement").count() == 0
+        # The optimised graph's nodes are coloured by device, with a legend.
+        optimised = page.locator("#graphs svg.graph").nth(1)
+        assert optimised.locator("g.on-cpu").count() == 1 and "Round" in optimised.locator("g.on-cpu").text_content()
+        assert optimised.locator("g.on-accelerator").count() >= 1
+        assert page.locator("#graph-legend .key.accelerator").is_visible()
+        assert page.locator("#graph-legend .key.cpu").is_visible()
+        # The vendor's failure: one line with the exception, its traceback only behind a toggle.
+        failed = page.locator("#toolchain-failed").inner_text()
+        assert "RuntimeError: Unsupported op Foo in layer 3" in failed and "Traceback" not in failed
+        log = page.locator("#toolchain ~ details.more pre").first
+        assert not log.is_visible()
+        page.locator("#toolchain ~ details.more summary").first.click()
+        assert log.is_visible() and "Traceback (most recent call last)" in log.inner_text()
+        assert "Traceback" not in page.locator("#vendor ~ table").first.inner_text()  # the vendor-alone row too
+        warnings = page.locator("#warnings").inner_text()
+        assert "Unsupported op Foo" in warnings and "Traceback" not in warnings
+        # The headline names its source; this machine's CPU is not the part.
+        headline = page.locator("#headline").inner_text()
+        assert "roofline estimate" in headline and "ONNX Runtime CPU (measured)" not in page.locator("#report .tiles").inner_text()
+        page.screenshot(path=str(SHOTS / "flexdsa-dashboard-accelerator.png"), full_page=True)
+        page.goto("/")  # the job list: the same headline with its source, no CPU timing
+        cell = page.locator(f"tr[data-job-id='{job_id}'] [data-field=speedup]").inner_text()
+        assert "roofline estimate" in cell and "×" in cell
+        assert "CPU speed-up" not in page.locator("#job-table thead").inner_text()
+    finally:
+        context.close()
+
+
+def test_the_upload_forms_refresh_box_runs_an_identical_job_again(page, live):
+    model = tiny_onnx(0.77)
+    first = submit(live.url, model, {"target": "cpu-ort", "measure_latency": False})
+    wait_for_job(live.url, first)
+    page.goto("/")
+    form = page.locator("#upload-form")
+    form.locator("input[name=model]").set_input_files(
+        {"name": "model.onnx", "mimeType": "application/octet-stream", "buffer": model}
+    )
+    form.locator("input[name=measure_latency]").uncheck()
+    form.locator("input[name=cache_refresh]").check()
+    form.locator("button[type=submit]").click()
+    page.wait_for_url(re.compile(r"/ui/jobs/[0-9a-f-]{36}$"))
+    job_id = page.locator("#job").get_attribute("data-job-id")
+    job = wait_for_job(live.url, job_id)
+    assert job_id != first and job["spec"]["cache"] == "refresh" and job["cached_from_job_id"] is None

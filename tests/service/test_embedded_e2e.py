@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import io
 import json
+import shutil
+import subprocess
 import zipfile
 
 from fastapi.testclient import TestClient
@@ -39,6 +41,12 @@ def test_embedded_job_runs_to_completion(tmp_path):
         with zipfile.ZipFile(io.BytesIO(bundle.content)) as archive:
             assert sorted(archive.namelist()) == sorted(a["name"] for a in artifacts)
             assert archive.read("report.json") == client.get(f"/jobs/{job_id}/artifacts/report.json").content
+        # Unzipped as a user does, every file is readable by its group and others (0644), not 0600.
+        if shutil.which("unzip"):
+            (tmp_path / "bundle.zip").write_bytes(bundle.content)
+            subprocess.run(["unzip", "-q", "bundle.zip", "-d", "unzipped"], cwd=tmp_path, check=True)
+            modes = {p.name: p.stat().st_mode & 0o777 for p in (tmp_path / "unzipped").rglob("*") if p.is_file()}
+            assert modes and set(modes.values()) == {0o644}, modes
         again = submit().json()
         assert again["cached"] is True and again["status"] == "succeeded"
 

@@ -34,3 +34,18 @@ def test_two_api_processes_share_the_port_and_run_each_job_once(tmp_path):
         assert all(job["attempts"] == 1 for job in jobs), [job["attempts"] for job in jobs]
         listed = httpx.get(f"{server.url}/jobs", timeout=10).json()["items"]
         assert sorted(j["id"] for j in listed) == sorted(job_ids)
+
+
+def test_serve_starts_one_api_process_per_core_by_default_bounded_and_overridable(monkeypatch, tmp_path):
+    import os
+
+    from service.config import MAX_DEFAULT_API_WORKERS, Settings
+
+    monkeypatch.delenv("FLEXDSA_API_WORKERS", raising=False)
+    cores = len(os.sched_getaffinity(0))
+    assert Settings(data_dir=tmp_path).api_processes() == min(cores, MAX_DEFAULT_API_WORKERS)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(96)))  # a big machine: bounded
+    assert Settings(data_dir=tmp_path).api_processes() == MAX_DEFAULT_API_WORKERS
+    assert Settings(data_dir=tmp_path, api_workers=1).api_processes() == 1  # --workers 1
+    monkeypatch.setenv("FLEXDSA_API_WORKERS", "3")
+    assert Settings(data_dir=tmp_path).api_processes() == 3

@@ -97,6 +97,60 @@ def test_whole_job_cache_answers_identical_request_at_once(env, headers):
     assert other["cached"] is False and other["status"] == "queued"
 
 
+def _install_toolchain_marker(root, name: str, versions: dict[str, str]) -> None:
+    """Make toolchain ``name`` ready under ``root`` the way ``Toolchain.install`` leaves it: its environment's
+    python and, written last, ``ready.json`` naming the code's pins and the installed versions."""
+    from flexdsa_core.toolchains import get_toolchain
+
+    toolchain = get_toolchain(name)
+    python = toolchain.python(root)
+    python.parent.mkdir(parents=True, exist_ok=True)
+    python.write_text("#!/bin/sh\n")
+    (toolchain.home(root) / "ready.json").write_text(
+        json.dumps({"requirements": [list(g) for g in toolchain.requirements], "versions": versions})
+    )
+
+
+def test_a_toolchain_installed_after_a_job_makes_the_same_submission_recompile(env, headers, tmp_path, monkeypatch):
+    monkeypatch.setattr(env.settings, "toolchains_dir", tmp_path / "toolchains")
+    spec = {"target": "rockchip-rk3588"}
+    before = env.submit(headers, spec=spec).json()
+    env.finish(before["job_id"], artifacts={"bundle.zip": b"PK-without-rknn"})
+    assert env.submit(headers, spec=spec).json()["cached"] is True  # nothing changed yet
+
+    _install_toolchain_marker(tmp_path / "toolchains", "rockchip", {"rknn-toolkit2": "2.3.2"})
+    targets = {t["name"]: t for t in env.client.get("/targets", headers=headers).json()}
+    assert targets["rockchip-rk3588"]["toolchain_ready"] is True
+    after = env.submit(headers, spec=spec).json()
+    assert after["cached"] is False and after["status"] == "queued" and after["job_id"] in env.enqueued
+    env.finish(after["job_id"], artifacts={"bundle.zip": b"PK-with-rknn"})
+    again = env.submit(headers, spec=spec).json()
+    assert again["cached"] is True and env.job(again["job_id"]).cached_from_job_id == after["job_id"]
+
+    # Other versions installed: another toolchain state, another run.
+    _install_toolchain_marker(tmp_path / "toolchains", "rockchip", {"rknn-toolkit2": "2.4.0"})
+    assert env.submit(headers, spec=spec).json()["cached"] is False
+    # A target without a toolchain is untouched by any of this: cpu-ort still answers from its cache.
+    cpu = env.submit(headers, spec={"target": "cpu-ort"}).json()
+    env.finish(cpu["job_id"])
+    assert env.submit(headers, spec={"target": "cpu-ort"}).json()["cached"] is True
+
+
+def test_cache_refresh_runs_again_and_then_answers_later_requests(env, headers):
+    spec = {"target": "cpu-ort", "objective": "energy"}
+    first = env.submit(headers, spec=spec).json()["job_id"]
+    env.finish(first, artifacts={"bundle.zip": b"PK-old"})
+    refreshed = env.submit(headers, spec={**spec, "cache": "refresh"}).json()
+    assert refreshed["cached"] is False and refreshed["status"] == "queued"
+    assert refreshed["job_id"] in env.enqueued
+    env.finish(refreshed["job_id"], artifacts={"bundle.zip": b"PK-new"})
+    # The refreshed run is the newest original: an ordinary resubmission now gets its artifacts.
+    later = env.submit(headers, spec=spec).json()
+    assert later["cached"] is True and env.job(later["job_id"]).cached_from_job_id == refreshed["job_id"]
+    wrong = env.submit(headers, spec={**spec, "cache": "never"})
+    assert wrong.status_code == 422 and "cache" in json.dumps(wrong.json())
+
+
 def test_get_job_reports_state_progress_and_timings(env, headers):
     job_id = env.submit(headers).json()["job_id"]
     queued = env.client.get(f"/jobs/{job_id}", headers=headers).json()

@@ -271,3 +271,24 @@ def test_a_huge_offset_is_422_not_a_database_overflow(env, headers):
     response = env.client.get("/jobs?limit=1&offset=9223372036854775808", headers=headers)
     _assert_error(response, 422, "invalid_request")
     assert env.client.get("/jobs?limit=1&offset=2147483647", headers=headers).status_code == 200
+
+
+def test_a_file_under_another_field_name_is_422_naming_the_model_field(env, headers):
+    response = env.client.post(
+        "/optimize", headers=headers,
+        files={"file": ("m.onnx", tiny_onnx() * 200, "application/octet-stream")},  # far over a text field's 4 KiB
+        data={"spec": '{"target": "cpu-ort"}'},
+    )  # fmt: skip
+    error = _assert_error(response, 422, "invalid_upload")
+    assert "'file' carries a file" in error["message"] and "field named 'model'" in error["message"]
+    assert error["details"] == {"field": "file", "expected": "model"}
+
+
+def test_a_mistyped_spec_key_gets_did_you_mean(env, headers):
+    spec = {"target": "cpu-ort", "shape_bucket": {"seq": [8]}, "accuracy": {"min_cosin": 0.9}, "zzz": 1}
+    error = _assert_error(env.submit(headers, spec=spec), 422, "invalid_spec")
+    assert "did you mean" in error["message"] and "'shape_buckets'" in error["message"]
+    by_key = {tuple(d["loc"]): d for d in error["details"]}
+    assert by_key[("shape_bucket",)]["did_you_mean"] == "shape_buckets"
+    assert by_key[("accuracy", "min_cosin")]["did_you_mean"] == "min_cosine"
+    assert "did_you_mean" not in by_key[("zzz",)] and "Accepted here: " in by_key[("zzz",)]["msg"]

@@ -186,6 +186,17 @@ def test_identical_submission_is_served_from_the_job_cache(settings, monkeypatch
     assert load_job(settings, other).cached_from_job_id is None
 
 
+def test_a_refresh_job_runs_the_pipeline_although_a_twin_succeeded(settings):
+    first = create_job(settings)
+    assert execute_job(first, settings=settings, worker_id="t1") == "succeeded"
+    refresh = create_job(settings, spec={"target": "cpu-ort", "cache": "refresh"})
+    assert load_job(settings, refresh).job_cache_key == load_job(settings, first).job_cache_key
+    assert execute_job(refresh, settings=settings, worker_id="t1") == "succeeded"
+    job = load_job(settings, refresh)
+    assert job.cached_from_job_id is None and "cached" not in [e.kind for e in job.events]
+    assert [e.stage for e in job.events if e.kind == "progress"][0] == "ingest"
+
+
 def test_models_sharing_layers_hit_the_kernel_cache(settings, redis_client):
     from service.cache_stats import read_cache_stats
 

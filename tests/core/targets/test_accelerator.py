@@ -14,6 +14,7 @@ import pytest
 from pydantic import ValidationError
 
 from flexdsa_core import FlexDSAOptimizer, RequestSpec
+from flexdsa_core.targets import list_targets
 from flexdsa_core.targets.accelerator import name_nodes, write_default_attributes
 from flexdsa_core.targets.toolchain_run import _agreement, _compare
 from flexdsa_core.toolchains import Toolchain, ToolchainError
@@ -179,3 +180,60 @@ def test_a_dynamic_dim_left_on_a_static_part_takes_the_plans_value_and_says_why(
     assert plan["seq"]["value"] == 64 and plan["seq"]["kind"] == "sequence"
     assert "does not run at 128" in plan["seq"]["why"]
     assert result.report["validation"]["ok"]
+
+
+CONV_96 = """
+<ir_version: 9, opset_import: ["" : 17]>
+g (float[1, 3, 96, 96] x, float[8, 3, 3, 3] w, float[8] b) => (float[1, 8, 96, 96] y)
+{ c = Conv <pads = [1, 1, 1, 1]> (x, w, b)
+  y = Relu (c) }
+"""
+_ACCELERATORS = [t.name for t in list_targets() if t.name != "cpu-ort"]
+
+
+@pytest.mark.parametrize("target", _ACCELERATORS)
+def test_no_generated_text_carries_shapes_other_than_the_buckets(target):
+    """Issue 23: a generic converter snippet (RKNN input_size_list [[1,3,640,640]], ATC input:1,3,224,224) in
+    the README or manifest would build a wrong model; every shape the bundle's text names is this model's."""
+    import re
+
+    import onnx
+
+    proto = parse(CONV_96)
+    rng = np.random.default_rng(0)
+    for name, shape in (("w", (8, 3, 3, 3)), ("b", (8,))):
+        proto.graph.initializer.append(onnx.numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32), name))
+    request = RequestSpec.model_validate(
+        {"target": target, "measure_latency": False, "allow_synthetic_calibration": True}
+    )
+    result = FlexDSAOptimizer(request.target_spec()).optimize(proto, request.options())
+    readme = result.artifacts["README.md"].decode()
+    manifest = json.loads(result.artifacts["manifest.json"])
+    assert "Converter reference" not in readme and "command" not in (manifest.get("converter") or {})
+    texts = {"README.md": readme, "manifest.json": json.dumps(manifest)}
+    texts.update({name: data.decode() for name, data in result.artifacts.items()
+                  if isinstance(data, bytes) and name.endswith((".py", ".sh", ".json", ".cfg", ".txt", ".md"))
+                  and name not in ("report.json", "fusion_plan.json")})  # fmt: skip
+    four = re.compile(r"(?<![\d.])(\d+)\s*,\s*(\d+)\s*,\s*(\d+)\s*,\s*(\d+)(?![\d.])")
+    ours = {(1, 3, 96, 96), (1, 8, 96, 96), (1, 96, 96, 3), (1, 96, 96, 8), (8, 3, 3, 3)}
+    for name, text in texts.items():
+        for match in four.finditer(text):
+            shape = tuple(int(g) for g in match.groups())
+            assert shape in ours, f"{name} names shape {shape}, not this model's: ...{text[max(0, match.start() - 80):match.end() + 40]}"
+
+
+def test_a_vendor_failure_reads_as_one_line_naming_the_exception():
+    from flexdsa_core.targets.toolchain_run import one_line_reason
+
+    traceback = (
+        "The rockchip toolchain exited with status 1 without a result. Last lines of its log:\n"
+        "Traceback (most recent call last):\n  File \"convert.py\", line 3, in build\n    rknn.build()\n"
+        "RuntimeError: Unsupported op Foo in layer 3\n"
+    )
+    assert one_line_reason(traceback) == (
+        "The rockchip toolchain exited with status 1 without a result: RuntimeError: Unsupported op Foo in layer 3"
+    )
+    assert one_line_reason("The qualcomm toolchain failed: no context binary") == (
+        "The qualcomm toolchain failed: no context binary"
+    )
+    assert "\n" not in one_line_reason("first line\nsecond line") and one_line_reason("") == "no reason given"
