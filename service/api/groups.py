@@ -19,7 +19,6 @@ from service.models import JobGroup
 from service.schemas import ERROR_RESPONSES, GroupOut
 
 router = APIRouter(tags=["jobs"], responses=ERROR_RESPONSES)
-pages = APIRouter(include_in_schema=False)
 
 
 def group_of_current_tenant(
@@ -42,7 +41,7 @@ def get_group(request: Request, group: GroupOfCurrentTenant, session: SessionDep
     return groups.group_out(session, group, root(request))
 
 
-@pages.get("/ui/groups/{group_id}", response_class=HTMLResponse)
+@router.get("/ui/groups/{group_id}", response_class=HTMLResponse, include_in_schema=False)
 def group_page(request: Request, group_id: str, session: SessionDep, tenant: PageTenant):
     if tenant is None:
         return login_redirect(request)
@@ -61,5 +60,3 @@ def group_page(request: Request, group_id: str, session: SessionDep, tenant: Pag
         active=view.status in ("queued", "running"),
     )
 
-
-router.include_router(pages)

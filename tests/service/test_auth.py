@@ -54,7 +54,8 @@ PUBLIC_ROUTES = {
     "/docs/static/{name}": {"name": "swagger-ui.css"},
 }
 REFUSED = {401, 403, 404}
-UNKNOWN_IDS = {"job_id": "00000000-0000-4000-8000-000000000000", "incident_id": "ffffffffffff", "name": "bundle.zip"}
+UNKNOWN_IDS = {"job_id": "00000000-0000-4000-8000-000000000000", "incident_id": "ffffffffffff", "name": "bundle.zip",
+               "group_id": "00000000-0000-4000-8000-000000000001"}
 
 
 def _id_routes() -> list[tuple[str, str]]:
@@ -95,7 +96,11 @@ def _victim(env) -> tuple[dict, dict, list[str]]:
             )
         )  # fmt: skip
         session.commit()
-    values = {"job_id": job_id, "incident_id": tag, "name": "bundle.zip"}
+    # A job group of the same tenant, for the group routes.
+    grouped = env.submit(headers, model=model_bytes(MASKED), spec={"targets": ["cpu-ort"]}, filename=f"secret-{tag}.onnx")
+    assert grouped.status_code == 202, grouped.text
+    group_id = grouped.json()["group_id"]
+    values = {"job_id": job_id, "incident_id": tag, "name": "bundle.zip", "group_id": group_id}
     return headers, values, [f"victim-{tag}", f"secret-{tag}", f"artifact-secret-{tag}", f"trace-secret-{tag}"]
 
 
