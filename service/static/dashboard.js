@@ -62,9 +62,20 @@
         spec.targets = compared.includes("all") ? "all" : compared;
       }
       if (form.elements.cache_refresh && form.elements.cache_refresh.checked) spec.cache = "refresh";
+      if (form.elements.precision && form.elements.precision.value !== "fp32") spec.precision = form.elements.precision.value;
+      const buckets = form.elements.shape_buckets ? form.elements.shape_buckets.value.trim() : "";
+      if (buckets) {
+        try {
+          spec.shape_buckets = JSON.parse(buckets);
+        } catch (err) {
+          return say('Shape buckets must be JSON, for example {"batch": [1], "seq": [32, 64]}.', true);
+        }
+      }
       const body = new FormData();
       body.append("model", file, file.name);
       body.append("spec", JSON.stringify(spec));
+      const samples = form.elements.calibration ? form.elements.calibration.files[0] : null;
+      if (samples) body.append("calibration", samples, samples.name);
       const button = form.querySelector("button[type=submit]");
       button.disabled = true;
       say("Uploading " + file.name + "…");

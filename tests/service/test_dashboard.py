@@ -499,3 +499,41 @@ def test_the_upload_forms_refresh_box_runs_an_identical_job_again(page, live):
     job_id = page.locator("#job").get_attribute("data-job-id")
     job = wait_for_job(live.url, job_id)
     assert job_id != first and job["spec"]["cache"] == "refresh" and job["cached_from_job_id"] is None
+
+
+def test_the_upload_forms_precision_calibration_and_shape_buckets_reach_the_job(page, live, tmp_path):
+    """A model that needs buckets or samples can be optimised from the page alone: a bucket the model cannot take
+    is refused before queuing with the model's limit on the form, and precision with samples reaches the job."""
+    import numpy as np
+
+    page.goto("/")
+    form = page.locator("#upload-form")
+    form.locator("input[name=model]").set_input_files(str(REPO / "examples" / "tiny_bert.onnx"))
+    form.locator("select[name=target]").select_option("rockchip-rk3588")
+    form.locator("input[name=shape_buckets]").fill('{"batch": [1], "seq": [512]}')
+    form.locator("button[type=submit]").click()
+    message = page.locator("#upload-message.error")
+    message.wait_for()
+    assert "64" in message.inner_text(), message.inner_text()  # tiny_bert's position table: 64 rows
+    form.locator("input[name=shape_buckets]").fill("{seq: 32")
+    form.locator("button[type=submit]").click()
+    page.wait_for_function("() => document.querySelector('#upload-message').textContent.includes('must be JSON')")
+
+    samples = tmp_path / "samples.npz"
+    np.savez(samples, x=np.random.default_rng(0).standard_normal((9, 8)).astype(np.float32))
+    form.locator("input[name=model]").set_input_files(
+        {"name": "model.onnx", "mimeType": "application/octet-stream", "buffer": tiny_onnx(0.41)}
+    )
+    form.locator("select[name=target]").select_option("cpu-ort")
+    form.locator("input[name=shape_buckets]").fill("")
+    form.locator("select[name=precision]").select_option("int8")
+    form.locator("input[name=calibration]").set_input_files(str(samples))
+    form.locator("input[name=measure_latency]").uncheck()
+    form.locator("button[type=submit]").click()
+    page.wait_for_url(re.compile(r"/ui/jobs/[0-9a-f-]{36}$"))
+    job_id = page.locator("#job").get_attribute("data-job-id")
+    job = wait_for_job(live.url, job_id)
+    assert job["status"] == "succeeded", job
+    assert job["spec"]["precision"] == "int8"
+    report = httpx.get(f"{live.url}/jobs/{job_id}/artifacts/report.json", follow_redirects=True).json()
+    assert report["precision"]["calibration"] == {"source": "uploaded", "samples": 9, "input_shapes": {"x": [1, 8]}}
