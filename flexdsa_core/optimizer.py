@@ -42,7 +42,6 @@ from flexdsa_core.delivery import check_delivery
 from flexdsa_core.dims import is_batch_dim
 from flexdsa_core.errors import FlexDSAError, ValidationFailedError
 from flexdsa_core.fusion_switcher import FusionSwitcher
-from flexdsa_core.fusions import discover_rules
 from flexdsa_core.in_memory import InMemoryModel, arrays_scope
 from flexdsa_core.ingest import Ingested, ingest, needs_external_data, save_model
 from flexdsa_core.invariants import check_invariants
@@ -50,7 +49,6 @@ from flexdsa_core.loadable import InternalGraphError, UnloadableGraph, load_refu
 from flexdsa_core.memory_planner import plan_memory
 from flexdsa_core.options import OptimizeOptions
 from flexdsa_core.padding_check import check_padding
-from flexdsa_core.passes import generic_passes
 from flexdsa_core.passes.manager import run_passes
 from flexdsa_core.precision import (
     QDQ_OPAQUE_WEIGHT_OPS,
@@ -66,8 +64,10 @@ from flexdsa_core.precision import (
     synthetic_calibration_warning,
     vendor_verdict,
 )
-from flexdsa_core.preflight import check_buckets, check_disabled, refuse_impossible_tensors, switchable_names
+from flexdsa_core.preflight import check_buckets, check_disabled, refuse_impossible_tensors
+from flexdsa_core.registry import Registry
 from flexdsa_core.report import build_report, render_summary, report_summary
+from flexdsa_core.rewrites import KINDS
 from flexdsa_core.serialized import kept_bytes, model_bytes, serialization_scope
 from flexdsa_core.shape_plan import ShapePlan
 from flexdsa_core.shape_tracker import Bucket, ShapeTracker
@@ -342,12 +342,14 @@ class FlexDSAOptimizer:
         self.target = load_target(target) if isinstance(target, str) else target
         self.adapter: PlatformAdapter = get_adapter(self.target)
         self.toolchain_root = Path(toolchain_root) if toolchain_root is not None else None
-        self.rules = tuple(rules) if rules is not None else tuple(discover_rules())
+        # Every rewrite this target runs, of every kind (passes, fusion rules, legalisations): one registry.
+        self.registry = Registry(self.target, rules)
+        self.rules = self.registry.fusions
         self.clock = clock or ModelClock()
 
     def switchable_rewrites(self) -> dict[str, list[str]]:
-        """Every name ``disabled_rules`` accepts for this target, by kind (``preflight.switchable_names``)."""
-        return switchable_names(self.target)
+        """Every name ``disabled_rules`` accepts for this target, by kind (the registry's)."""
+        return self.registry.names()
 
     def _check_disabled(self, options: OptimizeOptions) -> None:
         check_disabled(options.disabled_rules, self.target)
@@ -389,7 +391,7 @@ class FlexDSAOptimizer:
             _Stage(None, self._record),
         )
         comp = Compilation(disabled, [], [], {}, {}, {}, {}, Counter())
-        passes = [p for p in generic_passes(options) if p.name not in disabled]
+        passes = [p.make(options) for p in self.registry.passes if p.name not in disabled]
         for index, bucket in enumerate(buckets):
             run = _BucketRun(bucket, tracker, options, disabled, cost_model, passes, comp)
             for stage in stages:
@@ -698,6 +700,10 @@ class FlexDSAOptimizer:
             total_seconds=time.perf_counter() - started,
             shape_notes=reference_cache.notes,
         )
+        # What changed the graph, by kind, as the registry declares it (pass, fusion, legalisation).
+        report["rewrites_applied_by_kind"] = {
+            kind: [name for name in comp.applied if self.registry.kind_of(name) == kind] for kind in KINDS
+        }
         for bucket_name, plan in comp.fusion_plans.items():
             report["warnings"].extend(f"[{bucket_name}] {w}" for w in plan.get("delivery_warnings", []))
         if latency:
@@ -833,15 +839,17 @@ class FlexDSAOptimizer:
         cpu_formats = options.precision in ("int8", "mixed") and vendor is not None and vendor.vendor is None
         fp32_models, unfused_models = [b.model for b in comp.buckets], [None] * len(comp.buckets)
         if cpu_formats:
-            # ONNX Runtime's offline layout pass (NCHWc, its internal fusions) is for the float graph; the
-            # quantiser takes ours, and ONNX Runtime fuses the quantised graph itself when it loads it.
-            fp32_models = [b.model for b in recompile(frozenset(comp.disabled | {"ort_layout"})).buckets]
+            # Rewrites for the float model only (ONNX Runtime's offline layout pass: NCHWc, its internal
+            # fusions) are left out: the quantiser takes our graph, and ONNX Runtime fuses the quantised graph
+            # itself when it loads it.
+            float_only = self.registry.float_only()
+            fp32_models = [b.model for b in recompile(frozenset(comp.disabled | float_only)).buckets]
             # The same model without the fusions whose com.microsoft ops hold weights the QDQ quantiser
             # leaves in float: quantising before them may be faster (measured, as a candidate).
             opaque = {r.name for r in self.rules if set(r.produces) & QDQ_OPAQUE_WEIGHT_OPS}
             if opaque & set(comp.applied):
                 unfused_models = [
-                    b.model for b in recompile(frozenset(comp.disabled | opaque | {"ort_layout"})).buckets
+                    b.model for b in recompile(frozenset(comp.disabled | opaque | float_only)).buckets
                 ]
         sections, runs, models = {}, {}, []
         for index, bucket in enumerate(comp.buckets):

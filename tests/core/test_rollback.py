@@ -28,7 +28,7 @@ class _ShiftedReluAsLeakyRelu(RewriteRuleClassBase):
 
 BROKEN_RULE = make_rule(
     "broken_for_test", "Relu(x + c) → LeakyRelu(x) (wrong on purpose)", ["LeakyRelu"],
-    [_ShiftedReluAsLeakyRelu.rule()], order=1,
+    [_ShiftedReluAsLeakyRelu.rule()],
 )  # fmt: skip
 
 
@@ -93,7 +93,7 @@ class _ShiftAsInt32(RewriteRuleClassBase):
 
 UNLOADABLE_RULE = make_rule(
     "unloadable_for_test", "Relu(x + c) → Relu(x - int32(c)) (a type error on purpose)", ["Relu", "Sub", "Cast"],
-    [_ShiftAsInt32.rule()], order=1,
+    [_ShiftAsInt32.rule()],
 )  # fmt: skip
 
 
