@@ -263,7 +263,7 @@ def test_the_never_slower_check_stops_once_slower_is_plainly_ruled_out():
     """An optimised model at 0.955-0.985 of the original: "slower?" is plainly no after the first look; whether
     it is also significantly faster (the 0.97 threshold) is no question the check asks, and is timed on only
     where it is (the fastest-variant switch)."""
-    from flexdsa_core.optimizer import _sequential_comparison
+    from flexdsa_core.verify.latency import _sequential_comparison
 
     class AlternatingRounds:  # validate.LatencyRounds with fixed per-round times
         def __init__(self, models, feeds, **_):
