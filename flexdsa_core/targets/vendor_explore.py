@@ -164,7 +164,7 @@ class VendorCompiler:
         """Compile each (precision) candidate calibrated on its bucket's ``datasets`` and run it in the vendor's
         simulator on the ``judged`` samples; ``accuracy`` scores the outputs against the original's
         (``references``). Never cached: an accuracy verdict rests on this run's outputs."""
-        from flexdsa_core.precision import score
+        from flexdsa_core.accuracy import score
 
         entries = []
         for index, candidate in enumerate(candidates):
