@@ -18,6 +18,9 @@ rknn-toolkit2's per-layer cycle table), per shape bucket:
 
 The optimizer validates changed models against the original again, and the toolchain's final compile
 (``toolchain_run``) runs the winner in the vendor's simulator.
+
+Over 500 lines because the four steps above, the precision candidates the vendor compiles and the traffic
+figures all read and fill one ``Exploration`` per job, and the report's ``vendor`` section is made from it.
 """
 
 from __future__ import annotations
