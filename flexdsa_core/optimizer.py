@@ -3,7 +3,7 @@
     result = FlexDSAOptimizer("cpu-ort").optimize("model.onnx", OptimizeOptions(), cache=..., progress=...)
 
 ``_optimize`` reads top to bottom: the stages that make the model (ingest, shapes, compile), the verifiers
-that judge it (``verifiers()``: validation, padding, never-slower, precision, vendor toolchain; each answers a
+that judge it (``verifiers()``: validation, padding, never-slower, precision, vendor exploration and toolchain; each answers a
 ``verify.Verdict`` with its evidence, and those that can undo a rewrite share ``verify.roll_back``), then the
 bundle. ``_compile_buckets`` is the per-bucket pipeline (shapes -> generic passes -> Fusion Switcher ->
 legalise -> memory plan -> Subgraph Mapper), run under a set of switched-off rewrites; every rewrite it
@@ -69,7 +69,7 @@ from flexdsa_core.validate import run_budget
 from flexdsa_core.verify import Verifier
 from flexdsa_core.verify.latency import ModelClock, NeverSlower
 from flexdsa_core.verify.precision import Precision
-from flexdsa_core.verify.toolchain import Toolchain, VendorVerdicts
+from flexdsa_core.verify.toolchain import Toolchain, VendorExploration, VendorVerdicts
 from flexdsa_core.verify.validation import Padding, References, Validation
 
 __all__ = ["Compilation", "FlexDSAOptimizer", "ModelClock", "OptimizeResult", "Progress"]
@@ -205,7 +205,7 @@ class FlexDSAOptimizer:
         # The stages that make the model, each from what the one before left in ``job``:
         self._ingest(job, model)  # parse and check; external data stays lazy and inside the upload
         self._shapes(job)  # Shape Tracker: named dims, buckets, one shape plan, the cost model at it
-        self._compile(job)  # per bucket: passes, fusions, legalisation, memory, mapper (``_compile_bucket``)
+        self._compile(job)  # per bucket: passes, fusions, legalisation, memory, mapper (``_compile_buckets``)
         # The verifiers that judge it, each a verdict with its evidence; validation and the never-slower check
         # undo a rewrite through the one rollback (``verify.roll_back``):
         for verifier in self.verifiers():
@@ -221,7 +221,8 @@ class FlexDSAOptimizer:
             Padding(),  # whether the runtime may pad a request up to its bucket
             NeverSlower(),  # cpu-ort: timed against the original; a rewrite that costs time is rolled back
             Precision(),  # int8/mixed/fp16 judged on held-out samples, never slower than fp32
-            Toolchain(),  # accelerators: vendor exploration and the vendor's own build and simulator
+            VendorExploration(),  # accelerators: forms scored by the vendor's own estimate, vendor alone beside
+            Toolchain(),  # accelerators: the vendor's own build and simulator of what ships
             VendorVerdicts(),  # the vendor-quantised model judged by the accuracy target
         )
 
@@ -464,6 +465,8 @@ class FlexDSAOptimizer:
         report["rewrites_applied_by_kind"] = {
             kind: [name for name in comp.applied if self.registry.kind_of(name) == kind] for kind in KINDS
         }
+        # Each verifier's verdict in one place (its evidence is the report's section of the same subject).
+        report["verdicts"] = {name: {"ok": v.ok, "failure": v.failure} for name, v in job.verdicts.items()}
         for bucket_name, plan in comp.fusion_plans.items():
             report["warnings"].extend(f"[{bucket_name}] {w}" for w in plan.get("delivery_warnings", []))
         if latency:

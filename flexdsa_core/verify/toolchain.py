@@ -30,10 +30,39 @@ from flexdsa_core.verify import Verdict, Verifier
 from flexdsa_core.verify.validation import validate_buckets
 
 
-class Toolchain(Verifier):
-    """Exploration scored by the vendor, then the final vendor build of every bucket (module docstring)."""
+class VendorExploration(Verifier):
+    """Exploration scored by the vendor's own estimate, the vendor alone beside it (where it gives one):
+    forms only its compiler can judge, never worse than the original compiled by the vendor alone. The
+    vendor's figure is one more cost source; a changed bucket is validated against the original again."""
 
-    name, stage, message = "toolchain", "toolchain", "compiling with the vendor toolchain"
+    name, stage, message = "vendor_exploration", "toolchain", "compiling with the vendor toolchain"
+
+    def applies(self, job: Job) -> bool:
+        return isinstance(job.optimizer.adapter, AcceleratorAdapter)
+
+    def verify(self, job: Job) -> Verdict:
+        optimizer, options, precision = job.optimizer, job.options, job.precision
+        exploration = explore(
+            optimizer.target, optimizer.adapter, job.comp.buckets, job.original_source,
+            root=optimizer.toolchain_root, workdir=job.workdir, cache=job.cache,
+            progress=lambda f, m: job.progress("toolchain", 0.6 * f, m),
+            precision={**(precision or {}), "requested": options.precision},
+            accuracy=options.accuracy, **_user_samples(job.precision_runs),
+            traffic=_traffic_request(options, job.buckets),
+        )  # fmt: skip
+        if exploration is not None:
+            job.comp, job.validation = _explored(
+                job, job.comp, exploration, job.original_source, options, job.references, job.validation,
+                job.cost_model,
+            )  # fmt: skip
+        job.exploration = exploration
+        return Verdict(True, exploration.report if exploration is not None else None)
+
+
+class Toolchain(Verifier):
+    """The final vendor build of every bucket, run in the vendor's simulator (module docstring)."""
+
+    name, stage = "toolchain", "toolchain"
 
     def applies(self, job: Job) -> bool:
         return isinstance(job.optimizer.adapter, AcceleratorAdapter)
@@ -41,21 +70,7 @@ class Toolchain(Verifier):
     def verify(self, job: Job) -> Verdict:
         optimizer, options, comp, precision = job.optimizer, job.options, job.comp, job.precision
         target, adapter, original_source, workdir = optimizer.target, optimizer.adapter, job.original_source, job.workdir
-        report_progress, precision_runs = job.progress, job.precision_runs
-        vendor = None
-        # Exploration scored by the vendor's own estimate, the vendor alone beside it (where it gives one):
-        # forms only its compiler can judge, never worse than the original compiled by the vendor alone.
-        exploration = explore(
-            target, adapter, comp.buckets, original_source, root=optimizer.toolchain_root,
-            workdir=workdir, cache=job.cache, progress=lambda f, m: report_progress("toolchain", 0.6 * f, m),
-            precision={**(precision or {}), "requested": options.precision},
-            accuracy=options.accuracy, **_user_samples(precision_runs),
-            traffic=_traffic_request(options, job.buckets),
-        )  # fmt: skip
-        if exploration is not None:
-            comp, job.validation = _explored(
-                job, comp, exploration, original_source, options, job.references, job.validation, job.cost_model
-            )
+        precision_runs, exploration, vendor = job.precision_runs, job.exploration, None
         compile_final = functools.partial(
             run_toolchain, target, adapter, partition=comp.partition, original_source=original_source,
             root=optimizer.toolchain_root, seed=options.seed, workdir=workdir,
