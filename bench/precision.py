@@ -19,7 +19,7 @@ ORT_ENABLE_ALL, 1 thread, round-robin (``bench/measure.py``); the ratio is the m
 
     ort-dynamic   quantize_dynamic(original) with its defaults (s8 weights per tensor): "nothing else done"
     ort-static    quantize_static(original, QDQ, u8 activations, s8 per-channel weights, reduce_range
-                  as this CPU needs (see flexdsa_core/precision.py), MinMax on the same samples)
+                  as this CPU needs (see flexdsa_core/precision/formats.py), MinMax on the same samples)
     flexdsa-int8  FlexDSAOptimizer('cpu-ort').optimize(precision='int8', calibration=samples)
     flexdsa-mixed the same with precision='mixed'
 

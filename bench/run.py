@@ -414,6 +414,35 @@ def _compile_table(models: dict[str, dict]) -> str:
     )
 
 
+# Stages that are not graph work: checking the output (validation, padding, the never-slower timing), the
+# precision search and the vendor's own compiler. What is left is what onnxsim's total compares with.
+CHECK_STAGES = frozenset({"validate", "padding_check", "measure", "precision", "toolchain"})
+
+
+def _stage_table(models: dict[str, dict]) -> str:
+    """Per model, the cold run's seconds per stage (the report's ``compile_seconds``), their graph-work sum
+    and onnxsim's total beside it."""
+    stages: list[str] = []
+    for m in models.values():
+        for stage in ((m["tools"].get(OURS, {}).get("compile", {}).get("cold") or {}).get("stages") or {}):
+            if stage not in stages:
+                stages.append(stage)
+    rows = []
+    for name, m in models.items():
+        found = (m["tools"].get(OURS, {}).get("compile", {}).get("cold") or {}).get("stages") or {}
+        sim = m["tools"].get("onnxsim", {})
+        sim_s = sim.get("seconds") if sim.get("ok") else None
+        graph_work = sum(v for k, v in found.items() if k not in CHECK_STAGES) if found else None
+        rows.append([name, *[_fmt(found.get(stage), 3) for stage in stages], _fmt(graph_work, 3), _fmt(sim_s),
+                     _fmt(graph_work / sim_s if graph_work is not None and sim_s else None)])  # fmt: skip
+    return _table(
+        "Flex-DSA seconds per stage, cold kernel cache (defaults); graph work = every stage but "
+        f"{', '.join(sorted(CHECK_STAGES))}; beside onnxsim's total",
+        ["model", *stages, "graph work", "onnxsim", "graph/sim"],
+        rows,
+    )
+
+
 def print_report(report: dict) -> None:
     models, tools = report["models"], report["meta"]["tools"]
     variants = [CONTROL, *tools]
@@ -451,6 +480,7 @@ def print_report(report: dict) -> None:
         )
     )
     out.append(_compile_table(models))
+    out.append(_stage_table(models))
     for level in LEVELS:
         rows = []
         for name, m in models.items():

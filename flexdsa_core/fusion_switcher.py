@@ -1,7 +1,7 @@
 """The Fusion Switcher: takes each fusion rule where it pays on the target, refuses it where it does not,
 and says why (``fusion_plan.json``).
 
-For each rule, in ``order``:
+For each rule, in ``rewrites.ordered`` order (each after the rules its ``after`` names):
 
 1. switched off by the user → refused;
 2. the target lacks an op in ``rule.produces`` → refused ("target has no X");
@@ -57,6 +57,7 @@ from onnxscript.rewriter import RewriteRule
 from flexdsa_core.cost_model import Cost, CostModel, TensorInfo
 from flexdsa_core.fusions import FusionRule, discover_rules
 from flexdsa_core.fusions.driver import RULE_TAG, ReasonTracer, carry_output_types, drive, removed_nodes
+from flexdsa_core.rewrites import ordered
 from flexdsa_core.targets.spec import TargetSpec, op_key
 
 __all__ = ["RULE_TAG", "FusionPlan", "FusionSwitcher"]
@@ -153,7 +154,7 @@ class FusionSwitcher:
 
     def run(self, model: ir.Model, rules: Sequence[FusionRule] | None = None) -> FusionPlan:
         """Rewrite ``model`` in place to the chosen strategy and return the plan."""
-        rules = sorted(rules if rules is not None else discover_rules(), key=lambda r: (r.order, r.name))
+        rules = ordered(rules if rules is not None else discover_rules())
         plan = FusionPlan(self.target.name, self.objective, self.cost_model.basis)
         onnxscript.optimizer.basic_constant_propagation(model.graph)
         self._shapes = self._graph_shapes(model)

@@ -26,7 +26,7 @@ import onnx_ir as ir
 
 from flexdsa_core.errors import InvalidOptionsError
 from flexdsa_core.options import OptimizeOptions
-from flexdsa_core.targets import TargetSpec, get_adapter, load_target
+from flexdsa_core.targets import TargetSpec, load_target
 
 __all__ = ["check_buckets", "check_disabled", "check_request", "switchable_names"]
 
@@ -37,16 +37,11 @@ _FOLD_BYTES = 1024 * 1024
 
 
 def switchable_names(target: TargetSpec | str) -> dict[str, list[str]]:
-    """Every name ``disabled_rules`` accepts on ``target``: ``passes``, ``fusions`` and ``target`` rewrites."""
-    from flexdsa_core.fusions import discover_rules
-    from flexdsa_core.passes import GENERIC_PASS_NAMES
+    """Every name ``disabled_rules`` accepts on ``target``: ``passes``, ``fusions`` and ``target`` rewrites,
+    exactly the target's ``registry.Registry``."""
+    from flexdsa_core.registry import Registry
 
-    spec = load_target(target) if isinstance(target, str) else target
-    return {
-        "passes": list(GENERIC_PASS_NAMES),
-        "fusions": [rule.name for rule in discover_rules()],
-        "target": list(get_adapter(spec).rewrites),
-    }
+    return Registry(target).names()
 
 
 def check_disabled(names: Sequence[str], target: TargetSpec | str) -> None:

@@ -21,7 +21,7 @@
    is >= the runtime dim (padding per input and axis is reported); when none fits, a new bucket for the
    exact shape is specialised, memory-planned and kept.
 
-Longer than most core modules (about 870 lines) because the four steps share one state, the named dims and
+Over 500 lines (about 1,080) because the four steps share one state, the named dims and
 their bindings, and splitting them would pass that state between modules; the traffic-driven bucket choice,
 which shares none of it, lives in ``traffic_buckets``.
 """

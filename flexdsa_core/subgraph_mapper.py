@@ -37,9 +37,8 @@ import onnx_ir as ir
 from flexdsa_core.cache import KernelCache, LRUCache, kernel_key
 from flexdsa_core.cost_model import CostModel
 from flexdsa_core.targets.accelerator import SHAPE_OPS, AcceleratorAdapter
-from flexdsa_core.targets.spec import TargetSpec, op_key
+from flexdsa_core.targets.spec import ACCELERATOR, CPU, TargetSpec, op_key
 
-ACCELERATOR, CPU = "accelerator", "cpu"
 TILE_COUNTS = (1, 2, 4, 8, 16, 32, 64)
 # A group closes at this many nodes: exploring stays linear in the model's size.
 MAX_GROUP_NODES = 32

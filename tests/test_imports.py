@@ -121,3 +121,37 @@ def test_the_check_finds_an_upward_arrow():
     assert _upward({"service.jobs": {"workers.dispatch"}, "workers.app": {"service.jobs"}}) == [
         ("service.jobs", "workers.dispatch")
     ]
+
+
+# The optimizer's stages, which the targets serve and must never reach back into: a target (spec, adapter,
+# legalisations, toolchain runs) is a leaf the stages call, so what both need sits in targets/ or below.
+STAGES = ("flexdsa_core.optimizer", "flexdsa_core.subgraph_mapper", "flexdsa_core.precision",
+          "flexdsa_core.fusion_switcher", "flexdsa_core.registry", "flexdsa_core.verify", "flexdsa_core.job",
+          "flexdsa_core.compilation")  # fmt: skip
+TARGET_PACKAGES = ("flexdsa_core.targets", "flexdsa_core.toolchains")
+
+
+def _within(module: str, packages: tuple[str, ...]) -> bool:
+    return any(module == package or module.startswith(f"{package}.") for package in packages)
+
+
+def _up_from_targets(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    return sorted(
+        (a, b) for a, targets in graph.items() if _within(a, TARGET_PACKAGES) for b in targets if _within(b, STAGES)
+    )
+
+
+def test_no_arrow_runs_up_from_the_targets_into_the_stages():
+    """targets/ and toolchains/ import neither the optimizer nor its stages (lazy imports inside functions
+    included): the Subgraph Mapper's device names live in targets.spec, accuracy scoring in accuracy."""
+    assert _up_from_targets(_graph()) == []
+
+
+def test_the_check_finds_an_arrow_up_from_the_targets():
+    graph = {"flexdsa_core.targets.estimate": {"flexdsa_core.subgraph_mapper"},
+             "flexdsa_core.targets.rockchip": {"flexdsa_core.precision.formats"},
+             "flexdsa_core.optimizer": {"flexdsa_core.targets"}}  # fmt: skip
+    assert _up_from_targets(graph) == [
+        ("flexdsa_core.targets.estimate", "flexdsa_core.subgraph_mapper"),
+        ("flexdsa_core.targets.rockchip", "flexdsa_core.precision.formats"),
+    ]

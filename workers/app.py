@@ -1,6 +1,6 @@
 """The Celery app: ``celery -A workers.app worker`` runs Flex-DSA jobs from the broker.
 
-The task is thin (STYLE.md 14): it carries a job id and calls ``execute_job``, which claims the job with a
+The task is thin: it carries a job id and calls ``execute_job``, which claims the job with a
 lease in the database, so a re-delivered message is harmless. Delivery settings follow from that:
 
 - ``acks_late`` + ``task_reject_on_worker_lost``: a message is acknowledged only after the job ran, so a

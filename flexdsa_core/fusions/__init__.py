@@ -1,4 +1,5 @@
-"""The fusion rule library, found by discovery: every module here exporting ``RULES`` contributes."""
+"""The fusion rule library, found by discovery: every module here exporting ``RULES`` contributes, in
+``rewrites.ordered`` order (each rule after those its ``after`` names; ties by module name, then as listed)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import pkgutil
 from functools import cache
 
 from flexdsa_core.fusions.base import FusionRule, make_rule
+from flexdsa_core.rewrites import ordered
 
 __all__ = ["FusionRule", "discover_rules", "make_rule"]
 
@@ -24,4 +26,4 @@ def discover_rules() -> tuple[FusionRule, ...]:
                     f"fusion rule name {rule.name!r} defined twice (second in {module.__name__})"
                 )
             rules[rule.name] = rule
-    return tuple(sorted(rules.values(), key=lambda r: (r.order, r.name)))
+    return ordered(rules.values())

@@ -419,17 +419,33 @@ RULES = [
         "Self-attention with its Q/K/V projections (constant weights) → com.microsoft::Attention",
         ["com.microsoft::Attention"],
         _variants(AttentionFusion),
-        order=50,
         alternatives="attention",
         opset_imports={"com.microsoft": 1},
+        # the attention block's norms, rotary embedding and projections are settled first
+        after=(
+            "layer_norm",
+            "skip_layer_norm",
+            "skip_rms_norm",
+            "rotary",
+            "matmul_add_gemm",
+            "transpose_matmul_gemm",
+        ),
     ),
     make_rule(
         "multihead_attention",
         "Scaled-dot-product attention over projected Q/K/V → com.microsoft::MultiHeadAttention",
         ["com.microsoft::MultiHeadAttention"],
         _variants(MultiHeadAttentionFusion),
-        order=50,
         alternatives="attention",
         opset_imports={"com.microsoft": 1},
+        # the attention block's norms, rotary embedding and projections are settled first
+        after=(
+            "layer_norm",
+            "skip_layer_norm",
+            "skip_rms_norm",
+            "rotary",
+            "matmul_add_gemm",
+            "transpose_matmul_gemm",
+        ),
     ),
 ]

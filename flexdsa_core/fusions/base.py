@@ -6,8 +6,9 @@ The rewrite itself is one or more onnxscript ``RewriteRule``s (``pattern`` / ``c
 what ``fusion_plan.json`` says about refused matches.
 
 ``produces`` lists the op keys the rewrite emits ('LayerNormalization', 'com.microsoft::BiasGelu'); the
-rule is legal on a target only when the target supports all of them. ``order`` sequences rules that build
-on each other (LayerNorm before SkipLayerNorm). Rules sharing an ``alternatives`` group consume the same
+rule is legal on a target only when the target supports all of them. ``after`` names the rules one builds on (SkipLayerNorm
+after LayerNorm); the switcher takes rules in ``rewrites.ordered`` order. A rule is a ``rewrites.Rewrite`` of
+kind "fusion", so ``disabled_rules``, bisection and the report know it as they know passes and legalisations. Rules sharing an ``alternatives`` group consume the same
 nodes at different granularities; the switcher costs each (and "none") and keeps the cheapest.
 """
 
@@ -22,15 +23,13 @@ import onnxscript.optimizer
 from onnxscript.rewriter import RewriteRule
 
 from flexdsa_core.fusions.driver import ReasonTracer, drive
+from flexdsa_core.rewrites import Kind, Rewrite
 
 
-@dataclass(frozen=True)
-class FusionRule:
-    name: str
-    summary: str
-    produces: tuple[str, ...]
+@dataclass(frozen=True, kw_only=True)
+class FusionRule(Rewrite):
+    kind: Kind = "fusion"
     rewrite_rules: tuple[RewriteRule, ...]
-    order: int = 100
     alternatives: str | None = None
     # Extra opsets the rewrite needs imported in the model (domain -> version).
     opset_imports: tuple[tuple[str, int], ...] = ()
@@ -63,7 +62,7 @@ def make_rule(
     produces: Sequence[str],
     rewrite_rules: Sequence[RewriteRule],
     *,
-    order: int = 100,
+    after: Sequence[str] = (),
     alternatives: str | None = None,
     opset_imports: dict[str, int] | None = None,
 ) -> FusionRule:
@@ -72,7 +71,7 @@ def make_rule(
         summary=summary,
         produces=tuple(produces),
         rewrite_rules=tuple(rewrite_rules),
-        order=order,
+        after=tuple(after),
         alternatives=alternatives,
         opset_imports=tuple((opset_imports or {}).items()),
     )

@@ -70,15 +70,17 @@ RULES = [
             *BiasGeluFusion.rule("BiasGelu_contrib_gelu", contrib_op=True).commute(),
             *BiasGeluFusion.rule("BiasGelu_onnx_gelu", contrib_op=False).commute(),
         ],
-        order=30,
         opset_imports={"com.microsoft": 1},
+        # takes gelu_erf's Gelu; a rank-2 MatMul + Add is a Gemm's first
+        after=("gelu_erf", "matmul_add_gemm", "transpose_matmul_gemm"),
     ),
     make_rule(
         "bias_fast_gelu",
         "FastGelu(x + constant 1-D bias) → com.microsoft::FastGelu(x, bias)",
         ["com.microsoft::FastGelu"],
         [BiasFastGeluFusion.rule(bias_first) for bias_first in (False, True)],
-        order=30,
         opset_imports={"com.microsoft": 1},
+        # takes gelu_tanh's FastGelu; a rank-2 MatMul + Add is a Gemm's first
+        after=("gelu_tanh", "matmul_add_gemm", "transpose_matmul_gemm"),
     ),
 ]

@@ -123,7 +123,8 @@ RULES = [
         "Fold a constant per-channel Add after a Conv into the Conv's bias.",
         ["Conv"],
         ConvAddBias.rule().commute(),
-        order=20,
+        # the BatchNorm folds first: a folded Conv's bias takes the Add after it
+        after=("conv_bn_fold", "conv_transpose_bn_fold", "gemm_bn_fold"),
     ),
     make_rule(
         "conv_bias_act",
@@ -133,7 +134,8 @@ RULES = [
             *(r for act in ACTIVATIONS for r in ConvBiasAddActivation.rule(act).commute()),
             *(ConvActivation.rule(act) for act in ACTIVATIONS),
         ],
-        order=30,
         opset_imports={"com.microsoft": 1},
+        # a Conv with its BatchNorm and bias Add folded is what FusedConv takes
+        after=("conv_bn_fold", "conv_add_bias"),
     ),
 ]

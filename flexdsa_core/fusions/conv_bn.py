@@ -94,20 +94,17 @@ RULES = [
         "Fold an inference BatchNormalization into the preceding Conv's weights and bias.",
         ["Conv"],
         [ConvBatchNormFold.rule()],
-        order=10,
     ),
     make_rule(
         "conv_transpose_bn_fold",
         "Fold an inference BatchNormalization into the preceding ConvTranspose's weights and bias.",
         ["ConvTranspose"],
         [ConvTransposeBatchNormFold.rule()],
-        order=10,
     ),
     make_rule(
         "gemm_bn_fold",
         "Fold an inference BatchNormalization into the preceding Gemm's weights and bias.",
         ["Gemm"],
         [GemmBatchNormFold.rule()],
-        order=10,
     ),
 ]

@@ -92,15 +92,17 @@ RULES = [
         "GELU written as 0.5 * x * (1 + Erf(x / sqrt 2)) → com.microsoft::Gelu",
         ["com.microsoft::Gelu"],
         _variants(GeluErfFusion),
-        order=20,
         opset_imports={"com.microsoft": 1},
+        # norms first (the fixtures' node names depend on this order)
+        after=("layer_norm", "rms_norm"),
     ),
     make_rule(
         "gelu_tanh",
         "GELU written as 0.5 * x * (1 + Tanh(sqrt(2/pi) * (x + 0.044715 x^3))) → com.microsoft::FastGelu",
         ["com.microsoft::FastGelu"],
         _variants(GeluTanhFusion),
-        order=20,
         opset_imports={"com.microsoft": 1},
+        # norms first (the fixtures' node names depend on this order)
+        after=("layer_norm", "rms_norm"),
     ),
 ]

@@ -51,7 +51,8 @@ RULES = [
         "Gemm + activation into com.microsoft::FusedGemm.",
         ["com.microsoft::FusedGemm"],
         [GemmActivation.rule(act) for act in ACTIVATIONS],
-        order=40,
         opset_imports={"com.microsoft": 1},
+        # fuses the activation into the Gemms those make
+        after=("gemm_bn_fold", "matmul_add_gemm", "transpose_matmul_gemm"),
     ),
 ]

@@ -118,6 +118,5 @@ RULES = [
             *LayerNormFusion.rule(affine=False, root="mul").commute(),
             *LayerNormBiasFusion.rule().commute(),
         ],
-        order=10,
     )
 ]

@@ -80,6 +80,5 @@ RULES = [
             for variant in (TransposeABMatMulAdd, TransposeAMatMulAdd, TransposeBMatMulAdd, MatMulAdd)
             for rewrite in variant.rule().commute()
         ],
-        order=20,
     ),
 ]

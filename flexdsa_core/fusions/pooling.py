@@ -97,6 +97,14 @@ RULES = [
         "ReduceMean over all spatial axes (in one or two steps) into GlobalAveragePool.",
         ["GlobalAveragePool", "Flatten"],
         [ReduceMeanTwice.rule(), ReduceMeanSpatial.rule()],
-        order=50,
+        # a norm's ReduceMeans are the norm's
+        after=(
+            "layer_norm",
+            "rms_norm",
+            "skip_layer_norm",
+            "skip_rms_norm",
+            "attention",
+            "multihead_attention",
+        ),
     ),
 ]

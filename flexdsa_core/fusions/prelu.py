@@ -109,6 +109,7 @@ RULES = [
             )
             for rewrite in variant.rule().commute()
         ],
-        order=50,
+        # an attention mask's Where is attention's, not a PReLU spelling
+        after=("attention", "multihead_attention"),
     ),
 ]

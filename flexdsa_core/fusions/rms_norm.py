@@ -119,6 +119,5 @@ RULES = [
             *RmsNormFusion.rule(scaled=False, root="mul").commute(),
             *RmsNormFusion.rule(scaled=False, root="div").commute(),
         ],
-        order=10,
     )
 ]

@@ -203,7 +203,8 @@ RULES = [
         "Rotary embedding written as x * cos + rotate_half(x) * sin → com.microsoft::RotaryEmbedding",
         ["com.microsoft::RotaryEmbedding"],
         RotaryEmbeddingFusion.rule().commute(),
-        order=45,
         opset_imports={"com.microsoft": 1},
+        # after the norms and activations around the attention block it sits in
+        after=("silu", "skip_layer_norm", "skip_rms_norm"),
     )
 ]

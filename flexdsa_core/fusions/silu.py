@@ -67,7 +67,6 @@ RULES = [
             for scaled, swap_scale in ((False, False), (True, False), (True, True))
             for swap_root in (False, True)
         ],
-        order=20,
         opset_imports={"com.microsoft": 1},
     )
 ]

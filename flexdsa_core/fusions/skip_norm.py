@@ -100,15 +100,17 @@ RULES = [
         "LayerNormalization(x + skip [+ bias]) → com.microsoft::SkipLayerNormalization (4th output = the sum)",
         ["com.microsoft::SkipLayerNormalization"],
         _variants(SkipLayerNormFusion, "SkipLayerNorm"),
-        order=40,
         opset_imports={"com.microsoft": 1},
+        # takes layer_norm's LayerNormalization; the Gemm rules claim their bias Adds first
+        after=("layer_norm", "matmul_add_gemm", "transpose_matmul_gemm", "gemm_act"),
     ),
     make_rule(
         "skip_rms_norm",
         "RMSNormalization(x + skip [+ bias]) → com.microsoft::SkipSimplifiedLayerNormalization (4th output = the sum)",
         ["com.microsoft::SkipSimplifiedLayerNormalization"],
         _variants(SkipRmsNormFusion, "SkipRmsNorm"),
-        order=40,
         opset_imports={"com.microsoft": 1},
+        # takes rms_norm's RMSNormalization; the Gemm rules claim their bias Adds first
+        after=("rms_norm", "matmul_add_gemm", "transpose_matmul_gemm", "gemm_act"),
     ),
 ]

@@ -152,7 +152,8 @@ RULES = [
         "A Transpose feeding a rank-2 MatMul into Gemm's transA/transB.",
         ["Gemm"],
         [variant.rule() for variant in (TransposeABToGemm, TransposeAToGemm, TransposeBToGemm)],
-        order=25,
+        # a MatMul + Add keeps its bias in the Gemm
+        after=("matmul_add_gemm",),
     ),
     make_rule(
         "transpose_matmul_fused",
@@ -166,7 +167,8 @@ RULES = [
             *(rewrite for variant in _scale_variants() for rewrite in variant.rule().commute()),
         ],
         # After the attention rules (order 50): they need the raw Q·Kᵀ Transpose and scale to match.
-        order=70,
         opset_imports={"com.microsoft": 1},
+        # what attention and the Gemm rules leave of the Transposes and scales
+        after=("attention", "multihead_attention", "transpose_matmul_gemm", "weighted_sum"),
     ),
 ]

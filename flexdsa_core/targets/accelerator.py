@@ -55,7 +55,7 @@ class AcceleratorAdapter(PlatformAdapter):
         return None
 
     def legalize_model(self, model: ir.Model, target: TargetSpec, disabled: frozenset[str]) -> Legalized:
-        return Legalized(model)
+        return self.apply_legalisations(Legalized(model), target, disabled)
 
     def vendor_files(self, buckets: list[BucketModel], target: TargetSpec, report: dict) -> dict[str, bytes]:
         return {}
@@ -132,8 +132,6 @@ class AcceleratorAdapter(PlatformAdapter):
         return f"{key}: {'; '.join(broken)}{source}; stays on the accelerator, split by the vendor compiler"
 
     # ---- legalisation -----------------------------------------------------------------------------
-    rewrites: tuple[str, ...] = ()
-
     def legalize(self, model: ir.Model, target: TargetSpec, disabled: frozenset[str]) -> Legalized:
         named = name_nodes(model)
         explicit = write_default_attributes(model)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import onnx_ir as ir
 
+from flexdsa_core.rewrites import Legalisation, ordered
 from flexdsa_core.targets.spec import TargetSpec, op_key
 
 
@@ -55,12 +56,26 @@ class PlatformAdapter:
     def supports(self, target: TargetSpec, op_type: str, domain: str = "") -> bool:
         return op_key(op_type, domain) in self.supported_op_keys(target)
 
-    # Names of the adapter's own rewrites; users (and the bisection) switch them off like any rule.
-    rewrites: tuple[str, ...] = ()
+    # The adapter's own rewrites (``rewrites.Legalisation``), declared like fusion rules: users (and the
+    # bisection) switch them off by name like any rule, and ``registry.Registry`` lists them.
+    legalisations: tuple[Legalisation, ...] = ()
+
+    @property
+    def rewrites(self) -> tuple[str, ...]:
+        """The names of ``legalisations``, in the order they apply."""
+        return tuple(rewrite.name for rewrite in ordered(self.legalisations))
 
     def legalize(self, model: ir.Model, target: TargetSpec, disabled: frozenset[str]) -> Legalized:
-        """Rewrite what the target's toolchain would mishandle. The default leaves the model unchanged."""
-        return Legalized(model)
+        """Rewrite what the target's toolchain would mishandle: the declared legalisations, in order."""
+        return self.apply_legalisations(Legalized(model), target, disabled)
+
+    def apply_legalisations(self, result: Legalized, target: TargetSpec, disabled: frozenset[str]) -> Legalized:
+        """Apply each declared legalisation not in ``disabled`` to ``result``; one that changed the model is
+        recorded in ``result.applied``. Those without ``apply`` are honoured by an adapter step of their own."""
+        for rewrite in ordered(self.legalisations):
+            if rewrite.apply is not None and rewrite.name not in disabled and rewrite.apply(result, target):
+                result.applied.append(rewrite.name)
+        return result
 
     def generate(
         self, buckets: list[BucketModel], target: TargetSpec, report: dict, *, workdir: Path | None = None

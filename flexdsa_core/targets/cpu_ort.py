@@ -17,6 +17,7 @@ import onnx_ir.passes.common as common_passes
 
 from flexdsa_core.in_memory import InMemoryModel
 from flexdsa_core.ingest import needs_external_data
+from flexdsa_core.rewrites import Legalisation
 from flexdsa_core.targets.base import BucketModel, Legalized, PlatformAdapter
 from flexdsa_core.targets.spec import TargetSpec, op_key
 
@@ -197,63 +198,77 @@ def cpu_features() -> dict[str, object]:
     }
 
 
+def _pin_residual_sum(result: Legalized, target: TargetSpec) -> bool:
+    pinned = pin_unfused_residuals(result.model)
+    if pinned:
+        result.notes.append(
+            f"{pinned} residual Add(s) before a normalisation written as Sum, so that ONNX Runtime's "
+            "load-time SkipLayerNormalization fusion, which the Fusion Switcher measured as slower here, "
+            "does not undo its decision"
+        )
+    return bool(pinned)
+
+
+def _ort_layout(result: Legalized, target: TargetSpec) -> bool:
+    model = result.model
+    calls = sorted(
+        {
+            f"{n.domain}::{n.op_type}"
+            for n in model.graph
+            if (n.domain, n.op_type, n.overload) in model.functions
+        }
+    )
+    if calls:
+        # ORT's offline pass inlines model-local functions: a fusion that produces one (weighted_sum's
+        # flexdsa::WeightedSum, for a target that runs it natively) would vanish from the delivered file.
+        result.notes.append(
+            f"ONNX Runtime's offline pass skipped: it would inline the model-local function(s) {', '.join(calls)}"
+        )
+        return False
+    if (share := convolution_share(model)) < ORT_LAYOUT_MIN_CONV_SHARE:
+        result.notes.append(
+            f"ONNX Runtime's offline pass skipped: convolutions are {share:.0%} of the heavy kernels (under "
+            f"{ORT_LAYOUT_MIN_CONV_SHARE:.0%}), and its blocked layout for them is what pays offline; ONNX "
+            "Runtime applies its other graph transformers itself when it loads the model"
+        )
+        return False
+    tuned = ort_layout(model)
+    if tuned is None:
+        result.notes.append(
+            "ONNX Runtime's offline layout pass skipped: the model keeps its weights in external data"
+        )
+        return False
+    result.model = tuned
+    if any(node.domain == _NCHWC_DOMAIN for node in tuned.graph):
+        # Blocked for this CPU's vector width: ship the graph from before it as well.
+        result.portable = model
+        result.notes.append(
+            "ONNX Runtime's own layout transformers (NCHWc blocked convolutions) run offline: "
+            f"this model is specific to CPUs like this one ({cpu_features()['machine']}); "
+            "its .portable.onnx beside it runs anywhere"
+        )
+    else:
+        result.notes.append(
+            "ONNX Runtime's own graph transformers run offline; nothing hardware-specific resulted, "
+            "so this model runs on any CPU"
+        )
+    return True
+
+
 class CpuOrtAdapter(PlatformAdapter):
     vendor = "generic"
-    rewrites = ("pin_residual_sum", "ort_layout")
-
-    def legalize(self, model: ir.Model, target: TargetSpec, disabled: frozenset[str]) -> Legalized:
-        result = Legalized(model)
-        if "pin_residual_sum" not in disabled:
-            pinned = pin_unfused_residuals(model)
-            if pinned:
-                result.applied.append("pin_residual_sum")
-                result.notes.append(
-                    f"{pinned} residual Add(s) before a normalisation written as Sum, so that ONNX Runtime's "
-                    "load-time SkipLayerNormalization fusion, which the Fusion Switcher measured as slower here, "
-                    "does not undo its decision"
-                )
-        calls = sorted(
-            {
-                f"{n.domain}::{n.op_type}"
-                for n in model.graph
-                if (n.domain, n.op_type, n.overload) in model.functions
-            }
-        )
-        if "ort_layout" not in disabled and calls:
-            # ORT's offline pass inlines model-local functions: a fusion that produces one (weighted_sum's
-            # flexdsa::WeightedSum, for a target that runs it natively) would vanish from the delivered file.
-            result.notes.append(
-                f"ONNX Runtime's offline pass skipped: it would inline the model-local function(s) {', '.join(calls)}"
-            )
-        elif "ort_layout" not in disabled and (share := convolution_share(model)) < ORT_LAYOUT_MIN_CONV_SHARE:
-            result.notes.append(
-                f"ONNX Runtime's offline pass skipped: convolutions are {share:.0%} of the heavy kernels (under "
-                f"{ORT_LAYOUT_MIN_CONV_SHARE:.0%}), and its blocked layout for them is what pays offline; ONNX "
-                "Runtime applies its other graph transformers itself when it loads the model"
-            )
-        elif "ort_layout" not in disabled:
-            tuned = ort_layout(model)
-            if tuned is None:
-                result.notes.append(
-                    "ONNX Runtime's offline layout pass skipped: the model keeps its weights in external data"
-                )
-            else:
-                result.model = tuned
-                result.applied.append("ort_layout")
-                if any(node.domain == _NCHWC_DOMAIN for node in tuned.graph):
-                    # Blocked for this CPU's vector width: ship the graph from before it as well.
-                    result.portable = model
-                    result.notes.append(
-                        "ONNX Runtime's own layout transformers (NCHWc blocked convolutions) run offline: "
-                        f"this model is specific to CPUs like this one ({cpu_features()['machine']}); "
-                        "its .portable.onnx beside it runs anywhere"
-                    )
-                else:
-                    result.notes.append(
-                        "ONNX Runtime's own graph transformers run offline; nothing hardware-specific resulted, "
-                        "so this model runs on any CPU"
-                    )
-        return result
+    legalisations = (
+        Legalisation(
+            name="pin_residual_sum", apply=_pin_residual_sum, produces=("Sum",),
+            summary="A residual Add before a normalisation the Fusion Switcher left unfused written as Sum, so "
+            "ONNX Runtime's load-time SkipLayerNormalization fusion does not undo the decision.",
+        ),
+        Legalisation(
+            name="ort_layout", apply=_ort_layout, after=("pin_residual_sum",), float_only=True,
+            summary="ONNX Runtime's own graph transformers run offline (NCHWc blocked convolutions where "
+            "convolutions dominate); for the float model only: the int8 quantiser takes the graph before it.",
+        ),
+    )  # fmt: skip
 
     def supported_op_keys(self, target: TargetSpec) -> frozenset[str]:
         if target.supported_ops == ["*"]:

@@ -17,12 +17,10 @@ from __future__ import annotations
 import onnx_ir as ir
 
 from flexdsa_core.cost_model import Cost
-from flexdsa_core.targets.spec import TargetSpec
+from flexdsa_core.targets.spec import ACCELERATOR, TargetSpec
 
 
 def target_estimate(target: TargetSpec, mapping, graph_cost: Cost, memory: dict) -> dict:
-    from flexdsa_core.subgraph_mapper import ACCELERATOR
-
     notes = list(mapping.notes)
     kernel_seconds = [g.seconds for g in mapping.groups]
     accelerator_s = sum(s for s in kernel_seconds if s is not None) if kernel_seconds else 0.0

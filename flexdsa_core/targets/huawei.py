@@ -25,7 +25,7 @@ import onnx_ir as ir
 from flexdsa_core.targets.accelerator import AcceleratorAdapter
 from flexdsa_core.targets.base import BucketModel, Legalized
 from flexdsa_core.targets.bundle_inputs import input_dims, requested_precision, runtime_inputs
-from flexdsa_core.targets.opset_convert import convert_opset, rewrite_names, since_version
+from flexdsa_core.targets.opset_convert import convert_opset, opset_legalisations, since_version
 from flexdsa_core.targets.spec import TargetSpec
 
 SOC_VERSION = "Ascend310B1"  # Atlas 200I DK A2 (H7, H20)
@@ -75,7 +75,7 @@ def fusion_switch_plan(report: dict, target: TargetSpec) -> dict[str, str]:
 
 class HuaweiAdapter(AcceleratorAdapter):
     vendor = "huawei"
-    rewrites = rewrite_names()
+    legalisations = opset_legalisations()
 
     # ---- legality -----------------------------------------------------------------------------------
     def fallback_reason(self, node: ir.Node, target: TargetSpec) -> str | None:

@@ -28,6 +28,7 @@ import shlex
 import numpy as np
 import onnx_ir as ir
 
+from flexdsa_core.rewrites import counting
 from flexdsa_core.targets.accelerator import AcceleratorAdapter
 from flexdsa_core.targets.base import BucketModel, Legalized
 from flexdsa_core.targets.bundle_inputs import input_dims, requested_precision, runtime_inputs
@@ -37,8 +38,8 @@ from flexdsa_core.targets.opset_convert import (
     convert_opset,
     default_opset,
     is_used,
+    opset_legalisations,
     replace_node,
-    rewrite_names,
 )
 from flexdsa_core.targets.spec import TargetSpec
 
@@ -76,7 +77,13 @@ def profile(buckets: list[BucketModel]) -> dict[str, dict[str, list[int]]]:
 
 class NvidiaAdapter(AcceleratorAdapter):
     vendor = "nvidia"
-    rewrites = (*rewrite_names(), LAYER_NORM_Y_ONLY, COMPRESS_TO_GATHER)
+    legalisations = (
+        *opset_legalisations(),
+        counting(LAYER_NORM_Y_ONLY, lambda model: layer_norm_y_only(model),
+                 "LayerNormalization's unused Mean/InvStdDev outputs dropped (TensorRT's parser takes Y only)."),
+        counting(COMPRESS_TO_GATHER, lambda model: compress_to_gather(model),
+                 "Compress with a constant condition -> Gather of the kept indices."),
+    )  # fmt: skip
 
     # ---- legality -----------------------------------------------------------------------------------
     def node_reason(self, node: ir.Node, target: TargetSpec) -> str | None:
@@ -92,17 +99,8 @@ class NvidiaAdapter(AcceleratorAdapter):
         model, applied, notes = conversion.model, list(conversion.applied), list(conversion.notes)
         if conversion.refused:
             notes.append(conversion.refused)
-        for name, rewrite in (
-            (LAYER_NORM_Y_ONLY, layer_norm_y_only),
-            (COMPRESS_TO_GATHER, compress_to_gather),
-        ):
-            if name in disabled:
-                continue
-            count = rewrite(model)
-            if count:
-                applied.append(name)
-                notes.append(f"{name}: {count} node(s)")
-        return Legalized(model, applied, notes)
+        # Then the declared legalisations with an ``apply`` of their own (the converter's are done above).
+        return self.apply_legalisations(Legalized(model, applied, notes), target, disabled)
 
     # ---- the bundle ---------------------------------------------------------------------------------
     def vendor_files(self, buckets: list[BucketModel], target: TargetSpec, report: dict) -> dict[str, bytes]:

@@ -40,6 +40,8 @@ import onnx
 import onnx_ir as ir
 import onnx_ir.passes.common
 
+from flexdsa_core.rewrites import Legalisation
+
 OPSET_UPGRADE = "opset_upgrade"
 OPSET_DOWNGRADE = "opset_downgrade"
 
@@ -86,6 +88,20 @@ def decomposition(op_type: str, rewrite: str):
 def rewrite_names() -> tuple[str, ...]:
     """Every name a user may switch off, in a stable order."""
     return (OPSET_UPGRADE, OPSET_DOWNGRADE, *sorted({name for name, _ in _DECOMPOSITIONS.values()}))
+
+
+def opset_legalisations() -> tuple[Legalisation, ...]:
+    """The converter's switchable steps as declared legalisations (``rewrites.Legalisation``). They have no
+    ``apply`` of their own: ``convert_opset`` honours them together, in one walk over the graph."""
+    ops: dict[str, list[str]] = {}
+    for op_type, (name, _) in _DECOMPOSITIONS.items():
+        ops.setdefault(name, []).append(op_type)
+    return (
+        Legalisation(name=OPSET_UPGRADE, summary="The ai.onnx opset raised into the target's range."),
+        Legalisation(name=OPSET_DOWNGRADE, summary="The ai.onnx opset lowered into the target's range."),
+        *(Legalisation(name=name, summary=f"{', '.join(sorted(ops[name]))} decomposed where the target's opset "
+                       "lacks it.") for name in rewrite_names()[2:]),
+    )  # fmt: skip
 
 
 class Emitter:

@@ -12,6 +12,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 ONNX_DOMAIN = ""
+# Where the Subgraph Mapper places a node: on the target's accelerator, or on the CPU beside it.
+ACCELERATOR, CPU = "accelerator", "cpu"
 
 
 def op_key(op_type: str, domain: str = ONNX_DOMAIN) -> str:

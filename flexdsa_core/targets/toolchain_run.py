@@ -183,7 +183,7 @@ def _write_samples(folder: Path, bucket: str, samples: list[dict]) -> list[dict[
 
 def _sample_accuracy(reference: list[dict], outputs: list[dict[str, str]], accuracy) -> dict:
     """``precision.score`` of the vendor's outputs on the judged samples against the original's."""
-    from flexdsa_core.precision import score
+    from flexdsa_core.accuracy import score
 
     if len(outputs) != len(reference):
         return {"ok": False, "loss": 1.0, "outputs": {},

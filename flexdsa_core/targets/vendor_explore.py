@@ -18,6 +18,9 @@ rknn-toolkit2's per-layer cycle table), per shape bucket:
 
 The optimizer validates changed models against the original again, and the toolchain's final compile
 (``toolchain_run``) runs the winner in the vendor's simulator.
+
+Over 500 lines because the four steps above, the precision candidates the vendor compiles and the traffic
+figures all read and fill one ``Exploration`` per job, and the report's ``vendor`` section is made from it.
 """
 
 from __future__ import annotations
@@ -164,7 +167,7 @@ class VendorCompiler:
         """Compile each (precision) candidate calibrated on its bucket's ``datasets`` and run it in the vendor's
         simulator on the ``judged`` samples; ``accuracy`` scores the outputs against the original's
         (``references``). Never cached: an accuracy verdict rests on this run's outputs."""
-        from flexdsa_core.precision import score
+        from flexdsa_core.accuracy import score
 
         entries = []
         for index, candidate in enumerate(candidates):

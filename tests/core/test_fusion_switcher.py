@@ -382,9 +382,10 @@ def test_plan_json_lists_every_candidate_with_labels():
     model = _relu_model()
     plan = _cpu_switcher(disabled={"test_bloat"}).run(model, [DEDUPE_RELU, BLOAT, SKIP_LN])
     doc = json.loads(json.dumps(plan.to_json()))
+    # No rule names another in ``after``: they are considered in the order given (``rewrites.ordered``).
     assert [c["rule"] for c in doc["candidates"]] == [
-        "test_bloat",
         "test_dedupe_relu",
+        "test_bloat",
         "test_skip_layer_norm",
     ]
     assert doc["applied"] == ["test_dedupe_relu"]

@@ -28,7 +28,7 @@ class _ShiftedReluAsLeakyRelu(RewriteRuleClassBase):
 
 BROKEN_RULE = make_rule(
     "broken_for_test", "Relu(x + c) → LeakyRelu(x) (wrong on purpose)", ["LeakyRelu"],
-    [_ShiftedReluAsLeakyRelu.rule()], order=1,
+    [_ShiftedReluAsLeakyRelu.rule()],
 )  # fmt: skip
 
 
@@ -93,7 +93,7 @@ class _ShiftAsInt32(RewriteRuleClassBase):
 
 UNLOADABLE_RULE = make_rule(
     "unloadable_for_test", "Relu(x + c) → Relu(x - int32(c)) (a type error on purpose)", ["Relu", "Sub", "Cast"],
-    [_ShiftAsInt32.rule()], order=1,
+    [_ShiftAsInt32.rule()],
 )  # fmt: skip
 
 
@@ -263,7 +263,7 @@ def test_the_never_slower_check_stops_once_slower_is_plainly_ruled_out():
     """An optimised model at 0.955-0.985 of the original: "slower?" is plainly no after the first look; whether
     it is also significantly faster (the 0.97 threshold) is no question the check asks, and is timed on only
     where it is (the fastest-variant switch)."""
-    from flexdsa_core.optimizer import _sequential_comparison
+    from flexdsa_core.verify.latency import _sequential_comparison
 
     class AlternatingRounds:  # validate.LatencyRounds with fixed per-round times
         def __init__(self, models, feeds, **_):

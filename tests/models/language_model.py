@@ -1,5 +1,5 @@
 """A one-layer language model with a big, near-tied classifier head, written as ONNX: what the exact top-k
-re-scoring of a quantised head (``flexdsa_core.int8_forms.exact_top_k``) is tested on, in the rewrite's tests
+re-scoring of a quantised head (``flexdsa_core.precision.cpu_forms.exact_top_k``) is tested on, in the rewrite's tests
 and through the pipeline. Random weights leave its logits close together, so int8 of the head alone flips
 the top-1 of a few percent of rows, as on the bench GPT-2."""
 

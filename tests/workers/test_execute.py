@@ -1,4 +1,4 @@
-"""``execute_job`` called directly against real PostgreSQL and Redis (STYLE.md 14: not eager mode)."""
+"""``execute_job`` called directly against real PostgreSQL and Redis (not Celery's eager mode)."""
 
 from __future__ import annotations
 

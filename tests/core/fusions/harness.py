@@ -1,4 +1,4 @@
-"""The one shape of a fusion-rule test (STYLE.md 10): ONNX text in, apply only that rule, assert the
+"""The one shape of a fusion-rule test: ONNX text in, apply only that rule, assert the
 op-type list, run the ONNX checker, and compare numerics with ONNX Runtime against the unfused graph."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""int8_forms: our Attention and tied-weight FusedMatMul rewritten into the MatMuls ONNX Runtime's dynamic int8
+"""precision.cpu_forms: our Attention and tied-weight FusedMatMul rewritten into the MatMuls ONNX Runtime's dynamic int8
 quantiser takes. Exact in fp32 (checked in ONNX Runtime), quantised to int8 MatMuls, and left alone where
 the rewrite would change what the op computes. A quantised classifier head with its top-k re-scored in fp32
 keeps the fp32 head's top-1 where plain int8 flips it."""
@@ -13,8 +13,9 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from flexdsa_core.int8_forms import EXACT_TOP_K, classifier_head, dynamic_form
-from flexdsa_core.precision import Int8Format, _quantize_dynamic
+from flexdsa_core.precision import Int8Format
+from flexdsa_core.precision.cpu_forms import EXACT_TOP_K, classifier_head, dynamic_form
+from flexdsa_core.precision.quantise import _quantize_dynamic
 from flexdsa_core.validate import run
 from tests.models.language_model import language_model
 

@@ -1,6 +1,6 @@
 """Per-op int8 against fp32 timings in the kernel cache: a layer measured once on a machine is not profiled again.
 
-``int8_costing.profile_int8_vs_fp32`` times every quantisable layer of a model in interleaved rounds; what
+``costing.profile_int8_vs_fp32`` times every quantisable layer of a model in interleaved rounds; what
 ``decide`` needs of one layer is its per-round seconds ``(t_fp32[i], t_int8[i])``. Those are stored in the
 kernel cache, as the Fusion Switcher's kernel measurements are, under a key made of:
 

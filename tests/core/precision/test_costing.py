@@ -11,11 +11,12 @@ import io
 import numpy as np
 import onnx
 
-import flexdsa_core.precision as precision_module
+import flexdsa_core.precision as precision_package
 from flexdsa_core import FlexDSAOptimizer, OptimizeOptions
-from flexdsa_core.int8_costing import _OTHER, attribute, decide, profile_int8_vs_fp32, quantised_nodes
 from flexdsa_core.options import AccuracyTarget
-from flexdsa_core.precision import _quantize_static, int8_format
+from flexdsa_core.precision import int8_format
+from flexdsa_core.precision.costing import _OTHER, attribute, decide, profile_int8_vs_fp32, quantised_nodes
+from flexdsa_core.precision.quantise import _quantize_static
 from flexdsa_core.validate import run
 
 ROUNDS = 12
@@ -25,6 +26,20 @@ def _rounds(ms: float, spread: float = 0.02) -> list[float]:
     """``ROUNDS`` timings around ``ms`` milliseconds, a fixed +-spread pattern (no clock, no randomness)."""
     return [ms * 1e-3 * (1 + spread * ((i % 3) - 1)) for i in range(ROUNDS)]
 
+
+
+def _patch(monkeypatch, name: str, replacement) -> None:
+    """Replace ``name`` in every module of the precision package that imported it (each looks it up in its
+    own namespace), failing loudly if none did (the test would then measure nothing it injected)."""
+    import importlib
+    import pkgutil
+
+    modules = [importlib.import_module(f"{precision_package.__name__}.{m.name}")
+               for m in pkgutil.iter_modules(precision_package.__path__)]  # fmt: skip
+    holders = [m for m in modules if hasattr(m, name)]
+    assert holders, f"no precision module uses {name}"
+    for module in holders:
+        monkeypatch.setattr(module, name, replacement)
 
 def test_decide_keeps_float_only_where_int8_is_measured_slower():
     timings = {
@@ -111,15 +126,15 @@ def test_an_op_measured_slower_in_int8_stays_float_with_its_reason(monkeypatch, 
     def measured(fp32, int8, layers, feed, workdir, *, rounds, warmup=3):
         return {name: injected.get(name, (_rounds(0.01), _rounds(0.01))) for name in layers}
 
-    real_quantize, built = precision_module._quantize_static, {}
+    real_quantize, built = _quantize_static, {}
 
     def keep_a_copy(fp32, out, *args, **nodes):  # the real quantiser; its output kept for the checks below
         real_quantize(fp32, out, *args, **nodes)
         built[out.name] = (tmp_path / out.name).write_bytes(out.read_bytes()) and tmp_path / out.name
         return out
 
-    monkeypatch.setattr(precision_module, "profile_int8_vs_fp32", measured)
-    monkeypatch.setattr(precision_module, "_quantize_static", keep_a_copy)
+    _patch(monkeypatch, "profile_int8_vs_fp32", measured)
+    _patch(monkeypatch, "_quantize_static", keep_a_copy)
     buffer = io.BytesIO()
     np.savez(buffer, x=np.concatenate([s["x"] for s in _samples()]))
     model = _mlp()
@@ -158,7 +173,7 @@ def test_mixed_tries_the_kept_float_layers_back_by_measured_gain_and_keeps_them_
     def measured(fp32, int8, layers, feed, workdir, *, rounds, warmup=3):
         return {name: (_rounds(1.0), _rounds(0.5)) for name in layers}
 
-    monkeypatch.setattr(precision_module, "profile_int8_vs_fp32", measured)
+    _patch(monkeypatch, "profile_int8_vs_fp32", measured)
     result = FlexDSAOptimizer("cpu-ort").optimize(
         _sensitive_mlp(), OptimizeOptions(precision="mixed", accuracy=NOT_A_CLASSIFIER, latency_repeats=9),
         calibration=_mlp_calibration(),

@@ -1,7 +1,7 @@
 """Per-op int8 against fp32 figures in the kernel cache (issues 7 and 8): a compile whose layers were all
 measured before on this machine does not profile; the figures are shared by identical layers, never across
 CPUs whose vector extensions differ or across int8 formats. Real ONNX Runtime profiles throughout; the
-profiles are counted by ``int8_costing.PROFILES``, which ``profile_int8_vs_fp32`` itself increments."""
+profiles are counted by ``precision.costing.PROFILES``, which ``profile_int8_vs_fp32`` itself increments."""
 
 from __future__ import annotations
 
@@ -14,7 +14,9 @@ import pytest
 
 from flexdsa_core import FlexDSAOptimizer, OptimizeOptions
 from flexdsa_core.cache import LRUCache
-from flexdsa_core.int8_cache import (
+from flexdsa_core.kernel_timing import _machine_fingerprint
+from flexdsa_core.precision import Int8Format, int8_format
+from flexdsa_core.precision.cache import (
     CACHED,
     MEASURED,
     CostingScope,
@@ -22,9 +24,8 @@ from flexdsa_core.int8_cache import (
     layer_signatures,
     timing_keys,
 )
-from flexdsa_core.int8_costing import PROFILES, decide, profile_int8_vs_fp32, quantised_nodes
-from flexdsa_core.kernel_timing import _machine_fingerprint
-from flexdsa_core.precision import Int8Format, _quantize_static, int8_format
+from flexdsa_core.precision.costing import PROFILES, decide, profile_int8_vs_fp32, quantised_nodes
+from flexdsa_core.precision.quantise import _quantize_static
 from tests.core.test_precision import _clear_images, _npz
 from tests.models import fixture
 

@@ -12,7 +12,7 @@ ReorderInput) to its nearest mapped neighbour in ORT's optimised graph. Per node
 time is significantly more than its fp32 time stays float ("measured slower"); a tie keeps int8.
 
 ``decide`` is a pure function of those timings, so the same measurements always give the same decisions
-(tests inject them); the timings are kept in the kernel cache per node (``int8_cache``), so a second compile
+(tests inject them); the timings are kept in the kernel cache per node (``precision.cache``), so a second compile
 decides from the same figures without profiling. The whole model chosen is then timed against fp32 like every candidate: a per-op
 decision cannot see every Q/DQ its neighbours' choices add, the never-slower guard does.
 """

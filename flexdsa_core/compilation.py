@@ -1,0 +1,131 @@
+"""What one run of the compile pipeline makes (``Compilation``) and the one bisection every rollback shares.
+
+``bisect(comp, is_good, recompile)`` finds the applied rewrite whose removal makes ``is_good`` hold, by
+recompiling with halves of ``comp.applied`` switched off; validation, the never-slower check and the
+loadability check (``loadable``) all undo a rewrite through it.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import onnx_ir as ir
+
+from flexdsa_core.loadable import InternalGraphError, UnloadableGraph
+from flexdsa_core.targets import BucketModel
+
+MAX_ROLLBACKS = 6
+
+
+@dataclass
+class Compilation:
+    """One run of the pipeline under one set of switched-off rewrites."""
+
+    disabled: frozenset[str]
+    buckets: list[BucketModel]
+    applied: list[str]  # rewrites that changed the graph, in order of first effect
+    pass_records: dict[str, list[dict]]
+    fusion_plans: dict[str, dict]
+    memory: dict[str, dict]
+    estimates: dict[str, dict]
+    stage_seconds: Counter
+    legalization: dict[str, list[str]] = field(default_factory=dict)
+    partition: dict[str, dict] = field(default_factory=dict)
+
+
+Recompile = Callable[[frozenset[str]], Compilation]
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One stage of the per-bucket pipeline: its name (for timing and progress; None: untimed bookkeeping),
+    what runs it, the progress message, and whether the invariants are checked after it (``supported``:
+    also that every op is in the target's table)."""
+
+    name: str | None
+    run: Callable[[BucketRun], None]
+    progress: str | None = None
+    check: bool = False
+    supported: bool = False
+
+
+@dataclass
+class BucketRun:
+    """What the stages of one bucket hand each other: the model as it goes, and what the report keeps."""
+
+    bucket: object
+    tracker: object
+    options: object
+    disabled: frozenset[str]
+    cost_model: object
+    passes: list
+    comp: Compilation
+    model: ir.Model | None = None
+    at: dict[str, int] = field(default_factory=dict)  # the free symbolic dims' values (``BucketModel.at``)
+    records: list = field(default_factory=list)
+    plan: object = None
+    legalized: object = None
+    mapping: object = None
+    cost_before: object = None
+
+    def applied(self, name: str) -> None:
+        if name not in self.comp.applied:
+            self.comp.applied.append(name)
+
+
+def loadable_or_none(recompile: Recompile, switched_off: frozenset[str]) -> Compilation | None:
+    """``recompile(switched_off)``, or None where that variant does not load in ONNX Runtime (``bisect``)."""
+    try:
+        return recompile(switched_off)
+    except UnloadableGraph:
+        return None
+
+
+def bisect(comp: Compilation, is_good: Callable[[Compilation], bool], recompile: Recompile):
+    """Find one applied rewrite whose removal makes ``is_good`` hold.
+
+    Invariant: switching off ``applied[:hi]`` is good and ``applied[:lo]`` is bad; the culprit is
+    ``applied[hi-1]`` once ``hi == lo + 1``. Returns (culprit, compilation without it) or (None, comp).
+    """
+    applied = list(comp.applied)
+    base = set(comp.disabled)
+    recompile = functools.partial(loadable_or_none, recompile)
+    everything = recompile(frozenset(base | set(applied)))
+    if not applied or everything is None or not is_good(everything):  # None: a variant that does not load
+        return None, comp
+    lo, hi = 0, len(applied)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        candidate = recompile(frozenset(base | set(applied[:mid])))
+        if candidate is not None and is_good(candidate):
+            hi = mid
+        else:
+            lo = mid
+    culprit = applied[hi - 1]
+    without = recompile(frozenset(base | {culprit}))
+    return (culprit, without) if without is not None else (None, comp)
+
+
+def loadable(recompile: Recompile, disabled: frozenset[str], rollbacks: list[dict]) -> Compilation:
+    """The first compile whose every bucket ONNX Runtime loads: a rewrite that makes an unloadable graph
+    (or breaks a later stage) is found by bisection (``bisect`` counts such a variant as bad), switched
+    off and recorded (``invalid_graph``)."""
+    for _ in range(MAX_ROLLBACKS + 1):
+        try:
+            return recompile(disabled)
+        except UnloadableGraph as failure:
+            culprit, _ = bisect(failure.comp, lambda compiled: True, recompile)
+            if culprit is None:
+                if failure.error is not None:
+                    raise failure.error from None
+                raise InternalGraphError(
+                    f"the optimised graph does not load in ONNX Runtime ({failure.stage}: {failure.reason}) "
+                    "and switching off every rewrite did not fix it"
+                ) from None
+            rollbacks.append({"rewrite": culprit, "reason": "invalid_graph",
+                              "detail": f"{failure.stage}: {failure.reason}"})  # fmt: skip
+            disabled = frozenset(disabled | {culprit})
+    raise InternalGraphError(f"the optimised graph still does not load after {MAX_ROLLBACKS} rollbacks")

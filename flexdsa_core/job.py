@@ -1,0 +1,137 @@
+"""``Job``: the state of one ``FlexDSAOptimizer.optimize`` call, handed from stage to stage and verifier to
+verifier (the optimizer instance itself holds only what every call shares: target, adapter, registry).
+
+Each stage and verifier reads what the earlier ones left here and adds its own part; ``timed`` and
+``progress`` are the one set of timing and progress hooks they all go through.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import onnx
+import onnx_ir as ir
+
+from flexdsa_core.compilation import Compilation
+from flexdsa_core.in_memory import InMemoryModel
+from flexdsa_core.ingest import needs_external_data, save_model
+from flexdsa_core.options import OptimizeOptions
+from flexdsa_core.serialized import model_bytes
+
+Progress = Callable[[str, float, str], None]
+
+# Share of the whole run each stage takes, for one overall progress fraction.
+STAGE_WEIGHTS = {
+    "ingest": 0.05, "shapes": 0.05, "passes": 0.15, "fusion": 0.30, "memory": 0.05,
+    "adapter": 0.05, "validate": 0.20, "measure": 0.10, "report": 0.05, "precision": 0.0,
+}  # fmt: skip
+
+
+class StageProgress:
+    """Turns stage-local progress into one overall fraction for the caller's callback."""
+
+    def __init__(self, callback: Progress | None) -> None:
+        self.callback = callback
+        self.done = 0.0
+
+    def __call__(self, stage: str, local: float = 0.0, message: str = "") -> None:
+        if self.callback is not None:
+            overall = min(1.0, self.done + STAGE_WEIGHTS.get(stage, 0.0) * max(0.0, min(local, 1.0)))
+            self.callback(stage, overall, message)
+
+    def finish(self, stage: str) -> None:
+        self.done = min(1.0, self.done + STAGE_WEIGHTS.get(stage, 0.0))
+
+
+@dataclass
+class Job:
+    """One optimisation in flight. ``optimizer``: the ``FlexDSAOptimizer`` (target, adapter, registry, clock)."""
+
+    optimizer: Any
+    options: OptimizeOptions
+    cache: Any
+    progress: StageProgress
+    workdir: Path
+    calibration: Any = None
+    started: float = field(default_factory=time.perf_counter)
+    stage_seconds: Counter = field(default_factory=Counter)
+    # ingest
+    ingested: Any = None
+    original_source: bytes | Path | None = None
+    original_digest: str | None = None
+    original_in_memory: InMemoryModel | None = None
+    nodes_before: dict[str, int] = field(default_factory=dict)
+    samples: list[dict] | None = None
+    # shapes and compile
+    tracker: Any = None
+    shape_report: Any = None
+    buckets: list = field(default_factory=list)
+    cost_model: Any = None
+    recompile: Callable[[frozenset[str]], Compilation] | None = None
+    comp: Compilation | None = None
+    rollbacks: list[dict] = field(default_factory=list)
+    # what the verifiers found (``verify.Verdict`` by verifier name) and the parts the report shows
+    verdicts: dict[str, Any] = field(default_factory=dict)
+    references: Any = None
+    validation: list[dict] = field(default_factory=list)
+    padding: dict | None = None
+    latency: dict | None = None
+    precision: dict | None = None
+    precision_samples: dict | None = None
+    precision_runs: dict = field(default_factory=dict)
+    toolchain_report: dict = field(default_factory=dict)
+    toolchain_files: dict = field(default_factory=dict)
+    vendor: dict | None = None
+    exploration: Any = None
+
+    @contextmanager
+    def timed(self, stage: str):
+        """Adds the seconds the block takes to ``stage_seconds[stage]``."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.stage_seconds[stage] += time.perf_counter() - start
+
+    def runtime(self, model: ir.Model) -> bytes | Path | InMemoryModel:
+        """What ONNX Runtime loads a finished model from: its weights read from memory, or for models with
+        external data a file written with its data."""
+        if not needs_external_data(model):
+            return InMemoryModel.from_ir(model)
+        return self.model_source(model)
+
+    def model_source(self, model: ir.Model) -> bytes | Path:
+        """What ONNX Runtime loads: bytes, or for models with external data a file written with its data."""
+        if not needs_external_data(model):
+            return model_bytes(model)  # once per finished model (``serialized``)
+        folder = Path(tempfile.mkdtemp(prefix="validate-", dir=self.workdir))
+        return save_model(model, folder / "model.onnx")[0]
+
+
+def proto_without_weights(model: ir.Model) -> onnx.ModelProto:
+    """The graph's inputs and Gather tables' shapes, enough to build validation inputs, without copying weights."""
+    proto = onnx.ModelProto()
+    graph = proto.graph
+    for value in model.graph.inputs:
+        graph.input.append(ir.serde.serialize_value(value))
+    for name, init in model.graph.initializers.items():
+        tensor = graph.initializer.add()
+        tensor.name = name
+        if init.shape is not None:
+            tensor.dims.extend(int(d) for d in init.shape)
+    for node in model.graph:
+        if node.op_type == "Gather" and node.domain == "":
+            copy = graph.node.add()
+            copy.op_type = "Gather"
+            copy.input.extend(v.name if v is not None else "" for v in node.inputs)
+            axis = node.attributes.get("axis")
+            if axis is not None:
+                copy.attribute.append(onnx.helper.make_attribute("axis", axis.as_int()))
+    return proto

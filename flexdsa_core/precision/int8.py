@@ -1,0 +1,331 @@
+"""int8 (and mixed) on cpu-ort: every candidate built, scored, timed, and the one that ships chosen.
+
+The candidates are listed in the package docstring (``flexdsa_core/precision/__init__.py``); ``_int8`` runs
+them in order, with the per-op costing (``_op_costing``: ops measured slower in int8 stay float) and the
+calibration methods beyond MinMax where the all-int8 model misses the target. ``_no_int8`` fails or falls
+back to fp32 naming the most sensitive layers.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from pathlib import Path
+
+import onnx
+import onnx_ir as ir
+
+from flexdsa_core.accuracy import describe as _describe
+from flexdsa_core.errors import ValidationFailedError
+from flexdsa_core.precision.cache import CACHED, CostingScope, cached_profile
+from flexdsa_core.precision.costing import decide, profile_int8_vs_fp32, quantised_nodes
+from flexdsa_core.precision.cpu_forms import (
+    EXACT_TOP_K,
+)
+from flexdsa_core.precision.formats import Int8Format, cpu_int8_features, int8_format
+from flexdsa_core.precision.mixed import _dynamic_mixed, _float_islands, _layer_table, _mixed, _sensitivity
+from flexdsa_core.precision.quantise import (
+    PROFILE_WARMUP,
+    WEIGHT_COMPUTE_OPS,
+    _cached_time_shares,
+    _classifier_head,
+    _quantize_dynamic,
+    _static_recipe,
+    _weight_layers,
+)
+from flexdsa_core.precision.scoring import (
+    PrecisionRun,
+    _Candidate,
+    _classifier_outputs,
+    _confirm,
+    _pick,
+    _save,
+    _score_on_calibration,
+    _scored,
+    _scored_search,
+    _thin_evidence,
+    _time_against_fp32,
+)
+from flexdsa_core.significance import KERNEL_MIN_EFFECT, MIN_ROUNDS
+from flexdsa_core.version import __version__
+
+# Calibration methods tried beyond MinMax when the all-int8 model misses the target (ONNX Runtime's).
+CALIBRATION_METHODS = ("Percentile", "Entropy")
+
+
+def _op_costing(run: PrecisionRun, fp32: Path, static: _Candidate, report: dict, fmt: Int8Format):
+    """Each quantisable node's int8 kernel against its fp32 kernel on this CPU (``costing``), from the
+    kernel cache where every node's figures are there (``cache``): the decisions, the nodes measured
+    slower, and per node where its figures came from."""
+    nodes = quantised_nodes(onnx.load(str(static.path)))
+    rounds = max(run.options.latency_repeats, MIN_ROUNDS)
+    target = (str(getattr(run.target, "name", "")), str(getattr(run.target, "version", "")))
+    scope = CostingScope(fmt.as_dict(), rounds, PROFILE_WARMUP, target, __version__)
+    started = time.perf_counter()
+    timings, sources = cached_profile(
+        fp32, static.path, [n for n, _ in nodes], run.samples[0], run.workdir,
+        cache=run.cache, scope=scope, profile=profile_int8_vs_fp32,
+    )  # fmt: skip
+    decisions = decide(timings)
+    slower = frozenset(name for name, d in decisions.items() if d.precision == "float32")
+    origins = Counter("kernel cache" if source == CACHED else "measured" for source in sources.values())
+    report["op_costing"] = {
+        "engine": "onnxruntime CPUExecutionProvider profiler, ORT_ENABLE_ALL, 1 thread, interleaved rounds",
+        "rounds": rounds,
+        "models": f"fp32 against {static.name} (every quantisable op int8)",
+        "rule": f"float where int8 is significantly slower (95% interval of the ratio above 1 + {KERNEL_MIN_EFFECT})",
+        "quantisable": len(nodes),
+        "measured_slower": len(slower),
+        "fp32_ms": round(sum(d.fp32_ms or 0.0 for d in decisions.values()), 3),
+        "int8_ms": round(sum(d.int8_ms or 0.0 for d in decisions.values()), 3),
+        # Whether this compile ran the profile, and per source how many nodes' figures came from it.
+        "profiled": origins["measured"] > 0,
+        "figures": {"measured": origins["measured"], "kernel_cache": origins["kernel cache"]},
+        "seconds": round(time.perf_counter() - started, 3),
+    }
+    return decisions, slower, sources
+
+
+def _int8(run: PrecisionRun, report: dict) -> ir.Model | None:
+    options = run.options
+    fmt = int8_format(run.target)
+    report["format"] = fmt.as_dict()
+    if fmt.runs_here:
+        report["cpu"] = cpu_int8_features()
+    fp32 = _save(run.fp32_model, run.workdir / "fp32.onnx")
+    reference = run.reference()
+    cache = run.workdir / "calibration_ranges.json"
+    if run.packed(fp32):  # outputs packing unlike quantities: their tails stay float in every static candidate
+        report["packed_outputs"] = run.packed(fp32)
+
+    static = _Candidate("static_qdq", run.workdir / "static.onnx", "static QDQ of the fused fp32 model",
+                        recipe=_static_recipe(run, fp32, cache, fmt))  # fmt: skip
+    builders = [(static, lambda: static.recipe(run.calibration, "fold0", static.path))]
+    if run.unfused_model is not None:
+        unfused_fp32 = _save(run.unfused_model, run.workdir / "fp32_unfused.onnx")
+        unfused = _Candidate(
+            "static_qdq_unfused", run.workdir / "static_unfused.onnx",
+            "static QDQ of the model compiled without our fusions whose com.microsoft ops hold weights "
+            "(FusedConv, FusedGemm, FusedMatMul, Attention: the QDQ quantiser leaves those in float)",
+        )  # fmt: skip
+        cache_unfused = run.workdir / "calibration_ranges_unfused.json"
+        unfused.recipe = _static_recipe(run, unfused_fp32, cache_unfused, fmt)
+        builders.append((unfused, lambda: unfused.recipe(run.calibration, "fold0", unfused.path)))
+    dynamic = _Candidate(
+        "dynamic", run.workdir / "dynamic.onnx",
+        "dynamic int8 (weights s8, activations per run) of every MatMul with a constant weight, our Attention and "
+        "tied-weight FusedMatMul first rewritten to MatMuls the quantiser takes (precision.cpu_forms)",
+    )  # fmt: skip
+    dynamic.recipe = lambda samples, tag, out: _quantize_dynamic(fp32, out, fmt)  # calibrates on nothing
+    if fmt.runs_here:  # dynamic int8 is an ONNX Runtime CPU technique, not an accelerator format
+        builders.append((dynamic, lambda: _quantize_dynamic(fp32, dynamic.path, fmt, require_int8=True)))
+    candidates: list[_Candidate] = []
+    for index, (candidate, build) in enumerate(builders):
+        run.report(0.3 * index / len(builders), f"int8 candidate {candidate.name}")
+        candidates.append(_scored(run, candidate, build, reference))
+    head = None
+    if fmt.runs_here:  # a big classifier head (an LM's) whose top-1 int8 would flip: its top-k re-scored exactly
+        head, why = _classifier_head(fp32, _classifier_outputs(reference[0], options.accuracy))
+        report["classifier_head"] = (
+            {"node": head.node, "output": head.output, "classes": head.classes, "exact_top_k": EXACT_TOP_K}
+            if head is not None else {"node": None, "why": why}
+        )  # fmt: skip
+    exact_head = _Candidate(
+        "dynamic_exact_head", run.workdir / "dynamic_exact_head.onnx",
+        f"dynamic int8 of every MatMul (as 'dynamic'), the classifier head's top {EXACT_TOP_K} per row re-scored "
+        "exactly in fp32 (precision.cpu_forms.exact_top_k)",
+    )  # fmt: skip
+    if head is not None and dynamic.error is None and not dynamic.accuracy.get("ok"):
+        run.report(0.3, f"int8 candidate {exact_head.name}")
+        build = lambda: _quantize_dynamic(fp32, exact_head.path, fmt, head=head)  # noqa: E731
+        exact_head.recipe = lambda samples, tag, out: _quantize_dynamic(fp32, out, fmt, head=head)
+        candidates.append(_scored(run, exact_head, build, reference))
+
+    layers = _weight_layers(onnx.load(str(static.path))) if static.error is None else []
+    # The static model that quantises more layers is the base of the per-op costing and of mixed: ONNX
+    # Runtime's quantiser leaves our com.microsoft::FusedConv/FusedGemm in float, so on CNNs the graph
+    # without those fusions is the base (ResNet-18 here: 1.77x vs 1.05x for all-int8 on the fused graph).
+    base_fp32, base_cache, base = fp32, cache, static
+    if run.unfused_model is not None and unfused.error is None and static.error is None:
+        unfused_layers = _weight_layers(onnx.load(str(unfused.path)))
+        if len(unfused_layers) > len(layers):
+            layers, base_fp32, base_cache, base = unfused_layers, unfused_fp32, cache_unfused, unfused
+    weight_layers = [(name, op) for name, op in layers if op in WEIGHT_COMPUTE_OPS]
+
+    measured = options.measure_latency and fmt.runs_here
+    decisions, slower, sources = {}, frozenset(), {}
+    if measured and base.error is None:
+        run.report(0.3, "timing every quantisable op in int8 against fp32")
+        try:
+            decisions, slower, sources = _op_costing(run, base_fp32, base, report, fmt)
+        except Exception as err:  # noqa: BLE001 - without per-op times the candidates are still timed whole
+            report["op_costing"] = {"error": f"{type(err).__name__}: {str(err).splitlines()[0][:300]}"}
+    full = base
+    if slower:  # the all-int8 model with the ops measured slower in int8 kept float
+        costed = _Candidate(
+            "static_qdq_costed", run.workdir / "static_costed.onnx",
+            f"static QDQ of {base.name}'s graph with the {len(slower)} ops measured slower in int8 kept float",
+        )  # fmt: skip
+        costed.recipe = _static_recipe(run, base_fp32, base_cache, fmt, nodes_to_exclude=sorted(slower))
+        build = lambda: costed.recipe(run.calibration, "fold0", costed.path)  # noqa: E731
+        costed.int8_nodes = frozenset(n for n, _ in quantised_nodes(onnx.load(str(base.path)))) - slower
+        full = _scored(run, costed, build, reference)
+        candidates.append(full)
+    if base.error is None and full.error is None and not full.accuracy.get("ok"):
+        full = _calibration_methods(run, base_fp32, base_cache, fmt, full, slower, candidates, report)
+    weights_int8 = [name for name, _ in weight_layers if name not in slower]
+    if base.error is None and weights_int8:  # what keeps ViT: its residual stream and attention stay float
+        weights = _Candidate(
+            "static_qdq_weights", run.workdir / "static_weights.onnx",
+            f"static QDQ of the weight layers only ({len(weights_int8)} Conv/MatMul/Gemm with initializer "
+            f"weights, of {base.name}'s graph); activation-only ops (residual Add, LayerNorm, Softmax, "
+            "attention-score MatMul) stay float",
+            int8_nodes=frozenset(weights_int8),
+        )  # fmt: skip
+        weights.recipe = _static_recipe(run, base_fp32, base_cache, fmt, nodes_to_quantize=weights_int8)
+        build = lambda: weights.recipe(run.calibration, "fold0", weights.path)  # noqa: E731
+        candidates.append(_scored(run, weights, build, reference))
+
+    sensitivity, kept_reasons, table_model, search = {}, {}, full, None
+    if options.precision == "mixed" and base.error is None and weight_layers:
+        report["mixed_base"] = base.name
+        mixed, sensitivity, kept_reasons, search = _mixed(
+            run, base_fp32, weight_layers, reference, base_cache, fmt, full, slower,
+            {name: d.fp32_ms - d.int8_ms for name, d in decisions.items() if d.precision == "int8" and d.comparison},
+        )  # fmt: skip
+        mixed.how += f" (from {base.name})"
+        mixed.recipe = (
+            full.recipe if mixed.int8_nodes is None
+            else _static_recipe(run, base_fp32, base_cache, fmt, nodes_to_quantize=sorted(mixed.int8_nodes))
+        )  # fmt: skip
+        candidates.append(mixed)
+        table_model = mixed
+        if search["scope"] == "weight layers" and full.error is None:  # float islands in the all-int8 model
+            islands = _scored_search(
+                lambda: _float_islands(run, base_fp32, weight_layers, sensitivity, base_cache, fmt, slower, full)
+            )
+            candidates.append(islands)
+        dynamic_ok = dynamic.accuracy.get("ok") or (exact_head.error is None and exact_head.accuracy.get("ok"))
+        if fmt.runs_here and dynamic.error is None and not dynamic_ok and sensitivity:
+            build_dynamic_mixed = lambda: _dynamic_mixed(run, fp32, fmt, sensitivity, reference, head)  # noqa: E731
+            candidates.append(_scored_search(build_dynamic_mixed))
+
+    if measured:
+        run.report(0.85, "timing the int8 candidates against fp32")
+        runnable = [c for c in candidates if c.error is None and c.accuracy.get("ok")]
+        if runnable:
+            report["timing"] = _time_against_fp32(run, fp32, runnable)
+    chosen, refuted = _pick(candidates, measured), []
+    while chosen is not None and not _confirm(run, chosen):  # k-fold: the pooled held-out figure decides
+        refuted.append(chosen)
+        chosen = _pick([c for c in candidates if c not in refuted], measured)
+    for candidate in candidates:
+        candidate.accuracy.setdefault("measured_on", run.measured_on())
+        if candidate.error is None and candidate.calibration_accuracy is None and candidate.path.is_file():
+            _score_on_calibration(run, candidate)
+    report["candidates"] = [c.as_dict() for c in candidates]
+    if base.error is None and (decisions or search is not None):
+        outside = (
+            "not a weight layer; the mixed search quantises weight layers only ("
+            + search.get("why_weight_layers", "")
+            + ")"
+            if search is not None and search["scope"] == "weight layers"
+            else "not quantised in this model"
+        )
+        rows = quantised_nodes(onnx.load(str(base.path)))
+        in_int8 = frozenset() if table_model.error else table_model.int8_nodes
+        table = _layer_table(
+            frozenset(n for n, _ in rows) if in_int8 is None else in_int8, rows, decisions, sensitivity,
+            kept_reasons, outside,
+        )  # fmt: skip
+        shares = _cached_time_shares(run, base_fp32)
+        for row in table:
+            row["time_share"] = round(shares.get(row["layer"], 0.0), 4)
+            if row["layer"] in sources:  # measured in this compile, or read from the kernel cache
+                row["timing_source"] = sources[row["layer"]]
+        report["layers"] = table
+        report["layers_model"] = table_model.name
+        if search is not None:
+            report["search"] = search
+    if chosen is None:
+        return _no_int8(run, report, candidates, weight_layers, reference, base_cache, fmt, base_fp32)
+    report["shipped"] = chosen.name
+    report["accuracy"] = chosen.accuracy
+    report["calibration_accuracy"] = chosen.calibration_accuracy
+    report["warnings"].extend(_thin_evidence(chosen.accuracy, options.accuracy))
+    return ir.from_proto(onnx.load(str(chosen.path)))
+
+
+def _calibration_methods(run, fp32: Path, cache: Path, fmt: Int8Format, full: _Candidate, slower: frozenset[str],
+                         candidates: list[_Candidate], report: dict) -> _Candidate:  # fmt: skip
+    """The all-int8 model (``full``) misses the target with MinMax ranges: the same model calibrated by
+    ONNX Runtime's Percentile (ranges clipped at the 99.999th percentile: one outlier no longer stretches a
+    scale) and Entropy (the range keeping the most information, KL divergence) methods, each a candidate.
+    The method whose model judges best (least loss on the held-out samples) calibrates the later candidates
+    (weights only, mixed); ``precision.calibration_method`` says which and why."""
+    tried = {"MinMax": full.accuracy.get("loss")}
+    best = full
+    nodes = {"nodes_to_exclude": sorted(slower)} if slower else {}
+    for method in CALIBRATION_METHODS:
+        run.method = method
+        candidate = _Candidate(
+            f"static_qdq_{method.lower()}", run.workdir / f"static_{method.lower()}.onnx",
+            f"{full.how}, calibrated by {method} instead of MinMax",
+            recipe=_static_recipe(run, fp32, cache, fmt, **nodes), int8_nodes=full.int8_nodes,
+        )  # fmt: skip
+        run.report(0.3, f"int8 candidate {candidate.name}")
+        _scored(run, candidate, lambda c=candidate: c.recipe(run.calibration, "fold0", c.path), run.reference())
+        candidates.append(candidate)
+        tried[method] = None if candidate.error else candidate.accuracy.get("loss")
+        if candidate.error is None and candidate.accuracy.get("loss", 1.0) < best.accuracy.get("loss", 1.0):
+            best = candidate
+    run.method = "MinMax" if best is full else best.name.rsplit("_", 1)[-1].capitalize()
+    report["calibration_method"] = {
+        "chosen": run.method, "loss_by_method": tried,
+        "why": "MinMax's all-int8 model missed the target on the held-out samples; the method with the least loss "
+        "there calibrates the later candidates",
+    }  # fmt: skip
+    return best
+
+
+def _no_int8(run, report, candidates, layers, reference, cache, fmt, fp32) -> None:
+    """No int8 model both meets the target and is not slower than fp32: fp32 with a warning, or a failure
+    that names the layers which miss the target."""
+    accurate = [c for c in candidates if c.accuracy.get("ok") and c.error is None]
+    if accurate:  # accurate but slower: the never-slower guard keeps fp32, whatever the fallback setting
+        report["shipped"] = "fp32"
+        report["warnings"].append(
+            "no int8 model was faster than the fp32 one on this machine ("
+            + ", ".join(f"{c.name}: time ratio {c.ratio:.3f}" for c in accurate if c.ratio is not None)
+            + "); shipped fp32 (never-slower guard)"
+        )
+        return None
+    best = max((c for c in candidates if c.error is None), key=lambda c: 1 - c.accuracy["loss"], default=None)
+    missed = _describe(best.accuracy, run.options.accuracy) if best else "every quantiser failed"
+    worst_layers = ""
+    if layers and not any("sensitivity" in row for row in report.get("layers", [])):
+        sensitivity = _sensitivity(run, fp32, layers, reference, cache, fmt)
+        ranked = sorted(sensitivity.items(), key=lambda item: -item[1]["loss"])[:5]
+        rows = {row["layer"]: row for row in report.get("layers", [])}
+        for name, entry in sensitivity.items():
+            rows.setdefault(name, {"layer": name}).update(sensitivity=entry["loss"], alone=entry["outputs"])
+        if not report.get("layers"):  # no per-op costing: the five most sensitive layers
+            report["layers"] = [rows[name] for name, _ in ranked]
+        worst_layers = "; most sensitive layers: " + ", ".join(f"{n} (loss {s['loss']:.4f})" for n, s in ranked)
+    message = (
+        f"no int8 model meets the accuracy target on {run.measured_on()} (best: {best.name if best else '-'}, "
+        f"{missed}){worst_layers}"
+    )
+    if run.options.precision == "mixed":  # float everywhere is the end of mixed's search: fp32, said so
+        report["shipped"] = "fp32"
+        report["warnings"].append(f"{message}; mixed kept every layer in float, so fp32 shipped")
+        return None
+    if run.options.precision_fallback == "fp32":
+        report["shipped"] = "fp32"
+        report["warnings"].append(f"{message}; shipped fp32 as precision_fallback asks")
+        return None
+    raise ValidationFailedError(
+        f"{message}. Use precision 'mixed' to keep the sensitive layers in float, relax 'accuracy', or set "
+        "precision_fallback 'fp32'.",
+        details={"precision": report},
+    )

@@ -1,0 +1,242 @@
+"""The vendor toolchain as a verifier (accelerators, where it installs): each bucket compiled with the
+vendor's own compiler at the requested precision (its quantiser calibrated on the same samples as ours),
+run in the vendor's simulator/emulator and compared with the original; our predicted placement is held
+against the vendor's. Vendor-scored exploration (``targets.vendor_explore``) runs first, as the vendor's
+own cost source: forms only its compiler can judge, never worse than the original compiled by the vendor
+alone. Its verdict: the vendor's build ran and its outputs hold (or no toolchain is installed: said so).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import functools
+
+import onnx_ir as ir
+
+from flexdsa_core.compilation import Compilation
+from flexdsa_core.cost_model import CostModel
+from flexdsa_core.job import Job
+from flexdsa_core.memory_planner import plan_memory
+from flexdsa_core.options import OptimizeOptions
+from flexdsa_core.precision import vendor_verdict
+from flexdsa_core.report import SOURCES
+from flexdsa_core.subgraph_mapper import SubgraphMapper
+from flexdsa_core.targets import BucketModel
+from flexdsa_core.targets.accelerator import AcceleratorAdapter
+from flexdsa_core.targets.estimate import target_estimate
+from flexdsa_core.targets.toolchain_run import run_toolchain
+from flexdsa_core.targets.vendor_explore import explore, vendor_section
+from flexdsa_core.verify import Verdict, Verifier
+from flexdsa_core.verify.validation import validate_buckets
+
+
+class VendorExploration(Verifier):
+    """Exploration scored by the vendor's own estimate, the vendor alone beside it (where it gives one):
+    forms only its compiler can judge, never worse than the original compiled by the vendor alone. The
+    vendor's figure is one more cost source; a changed bucket is validated against the original again."""
+
+    name, stage, message = "vendor_exploration", "toolchain", "compiling with the vendor toolchain"
+
+    def applies(self, job: Job) -> bool:
+        return isinstance(job.optimizer.adapter, AcceleratorAdapter)
+
+    def verify(self, job: Job) -> Verdict:
+        optimizer, options, precision = job.optimizer, job.options, job.precision
+        exploration = explore(
+            optimizer.target, optimizer.adapter, job.comp.buckets, job.original_source,
+            root=optimizer.toolchain_root, workdir=job.workdir, cache=job.cache,
+            progress=lambda f, m: job.progress("toolchain", 0.6 * f, m),
+            precision={**(precision or {}), "requested": options.precision},
+            accuracy=options.accuracy, **_user_samples(job.precision_runs),
+            traffic=_traffic_request(options, job.buckets),
+        )  # fmt: skip
+        if exploration is not None:
+            job.comp, job.validation = _explored(
+                job, job.comp, exploration, job.original_source, options, job.references, job.validation,
+                job.cost_model,
+            )  # fmt: skip
+        job.exploration = exploration
+        return Verdict(True, exploration.report if exploration is not None else None)
+
+
+class Toolchain(Verifier):
+    """The final vendor build of every bucket, run in the vendor's simulator (module docstring)."""
+
+    name, stage = "toolchain", "toolchain"
+
+    def applies(self, job: Job) -> bool:
+        return isinstance(job.optimizer.adapter, AcceleratorAdapter)
+
+    def verify(self, job: Job) -> Verdict:
+        optimizer, options, comp, precision = job.optimizer, job.options, job.comp, job.precision
+        target, adapter, original_source, workdir = optimizer.target, optimizer.adapter, job.original_source, job.workdir
+        precision_runs, exploration, vendor = job.precision_runs, job.exploration, None
+        compile_final = functools.partial(
+            run_toolchain, target, adapter, partition=comp.partition, original_source=original_source,
+            root=optimizer.toolchain_root, seed=options.seed, workdir=workdir,
+            precision={**(precision or {}), "requested": options.precision},
+            # The vendor's quantiser calibrates on the part of the samples ours calibrated on; its simulator is
+            # judged on the part held out (the bundle's calibration.npz keeps them all, for the user's run).
+            calibration={name: r.calibration or r.samples for name, r in precision_runs.items()} or None,
+            accuracy=options.accuracy, held_out={name: r.judged for name, r in precision_runs.items()},
+        )  # fmt: skip
+        toolchain_report, toolchain_files = compile_final(
+            comp.buckets, bucket_options=exploration.bucket_options if exploration else None
+        )
+        if exploration is not None and not toolchain_report.get("ran") and toolchain_report.get("failed"):
+            # Never worse than the vendor alone: our form crashed the vendor's final build; the original does not.
+            comp, exploration = _vendor_fallback(comp, exploration, toolchain_report["failed"])
+            toolchain_report, toolchain_files = compile_final(comp.buckets)
+        if exploration is not None:
+            vendor = vendor_section(target, adapter, exploration, toolchain_report)
+        job.comp, job.exploration, job.vendor = comp, exploration, vendor
+        job.toolchain_report, job.toolchain_files = toolchain_report, toolchain_files
+        return Verdict(
+            bool(toolchain_report.get("ran")) or not toolchain_report.get("failed"), toolchain_report,
+            toolchain_report.get("failed") or None,
+        )  # fmt: skip
+
+
+class VendorVerdicts(Verifier):
+    """Each bucket's vendor-quantised model judged by the accuracy target on held-out samples (after the
+    toolchain ran it): a bucket that misses it loses its quantised artifacts, or the job fails."""
+
+    name, stage, timed_as = "vendor_accuracy", "toolchain", None
+
+    def applies(self, job: Job) -> bool:
+        accelerator = isinstance(job.optimizer.adapter, AcceleratorAdapter)
+        return bool(accelerator and job.precision is not None and job.precision.get("vendor_quantiser"))
+
+    def verify(self, job: Job) -> Verdict:
+        job.toolchain_files = _vendor_verdicts(
+            job.precision, job.precision_runs, job.toolchain_report, job.toolchain_files, vendor=job.vendor
+        )
+        missed = [name for name, entry in (job.toolchain_report.get("buckets") or {}).items() if entry.get("shipped") is False]
+        return Verdict(not missed, job.precision, f"vendor-quantised buckets below the target: {missed}" if missed else None)
+
+
+def _describe(job: Job, comp: Compilation, bucket: BucketModel, cost_model: CostModel) -> None:
+    """Memory plan, partition and estimates of a bucket whose model changed after ``_compile``."""
+    comp.memory[bucket.name] = plan_memory(bucket.model, dims=bucket.at).as_dict()
+    mapping = SubgraphMapper(job.optimizer.target, job.optimizer.adapter, cost_model, cost_model.cache).map(bucket.model)
+    comp.partition[bucket.name] = mapping.as_dict()
+    cost = cost_model.graph_cost(bucket.model)
+    estimates = dict(comp.estimates.get(bucket.name) or {})
+    estimates["after"] = cost.as_dict()
+    estimates["on_target"] = target_estimate(job.optimizer.target, mapping, cost, comp.memory[bucket.name])
+    comp.estimates[bucket.name] = estimates
+
+
+def _explored(job: Job, comp, exploration, original_source, options, references, validation, cost_model):
+    """The buckets exploration chose: a changed model is validated against the original again (and kept
+    only if it holds: else the bucket goes back to our plain model, said in the decision); a bucket that
+    ships the original model is the original, so nothing of ours is left in it to validate."""
+    chosen = {b.name: b for b in exploration.buckets}
+    if options.validate_outputs and exploration.changed:
+        changed = copy.copy(comp)
+        changed.buckets = [chosen[b.name] for b in comp.buckets if b.name in exploration.changed]
+        results = {r.bucket: r for r in validate_buckets(job, changed)}
+        for name, result in results.items():
+            if not result.ok:
+                chosen[name] = next(b for b in comp.buckets if b.name == name)
+                exploration.changed.discard(name)
+                exploration.report["buckets"][name]["decision"] += (
+                    f"; not shipped: it failed validation against the original ({result.describe_failure()})"
+                )
+            else:
+                validation = [result.as_dict() if v.get("bucket") == name else v for v in validation]
+    comp = copy.copy(comp)
+    comp.buckets = [chosen[b.name] for b in comp.buckets]
+    comp.partition, comp.estimates, comp.memory = dict(comp.partition), dict(comp.estimates), dict(comp.memory)
+    for bucket in comp.buckets:
+        if bucket.name in exploration.changed:  # the report describes the model that ships
+            _describe(job, comp, bucket, cost_model)
+    for name in exploration.original:
+        part = comp.partition.get(name)
+        if part is not None:
+            part.setdefault("notes", []).append(
+                "this bucket ships the original model (see report.vendor): the partition above is our prediction "
+                "for our model; the vendor's own placement of the original is under toolchain.buckets"
+            )
+    return comp, validation
+
+
+def _vendor_fallback(comp, exploration, failure: str):
+    """The vendor's final build failed on a model of ours where the vendor alone built the original: every
+    bucket that has a vendor-alone build ships the original instead, and says why."""
+    sources = {}
+    for name, row in exploration.report["buckets"].items():
+        if row["vendor_alone"].get("cycles") is not None and name not in exploration.original:
+            sources[name] = row
+    if not sources:
+        return comp, exploration
+    original = ir.load(exploration.original_file) if exploration.original_file else None
+    if original is None:
+        return comp, exploration
+    comp = copy.copy(comp)
+    comp.buckets = [
+        dataclasses.replace(b, model=original, portable=None) if b.name in sources else b for b in comp.buckets
+    ]
+    for name, row in sources.items():
+        exploration.original.add(name)
+        exploration.changed.discard(name)
+        row["decision"] += f"; the vendor's final build of our model failed ({failure.splitlines()[0][:300]}): the original model ships"
+    return comp, exploration
+
+
+def _vendor_verdicts(precision: dict, runs: dict, toolchain: dict, files: dict, vendor: dict | None = None) -> dict:
+    """Each bucket's vendor-quantised model judged by the accuracy target (``vendor_verdict``); a bucket
+    that misses it loses its quantised artifacts (or the job fails, as ``precision_fallback`` asks)."""
+    sections = precision.get("buckets") or {next(iter(runs)): precision}
+    for name, bucket_run in runs.items():
+        entry = (toolchain.get("buckets") or {}).get(name) or {}
+        section = sections[name]
+        section["toolchain_accuracy"] = (
+            {**entry["accuracy"], "source": SOURCES["simulator"]} if entry.get("accuracy") else None
+        )
+        ok = vendor_verdict(bucket_run, section, name, entry.get("accuracy"), bool(toolchain.get("ran")))
+        if section is not precision:
+            precision["warnings"].extend(w for w in section["warnings"] if w not in precision["warnings"])
+        if not ok:
+            for artifact in entry.get("artifacts", []):
+                files.pop(artifact, None)
+            entry["shipped"] = False
+        elif toolchain.get("ran") and entry.get("accuracy") is not None and entry.get("artifacts"):
+            # The vendor's binary holds the requested precision (its simulator judged it): that is what ships;
+            # the ONNX model beside it stays float, the quantiser's input.
+            # Exploration may have found plain float16 cheaper than any accurate quantised build (its name,
+            # e.g. "float16", against "w8a8" or "w8a8 + float16 hybrid"): then float16 is what ships.
+            chosen = (((vendor or {}).get("buckets") or {}).get(name) or {}).get("precision")
+            float_only = bool(chosen) and "float16" in chosen and "+" not in chosen
+            section["shipped"] = "fp16" if float_only else precision.get("requested") or bucket_run.options.precision
+            section["shipped_in"] = "the vendor binary (" + ", ".join(entry["artifacts"]) + ")"
+            if chosen:
+                section["shipped_format"] = chosen
+    if isinstance(precision.get("shipped"), dict):
+        precision["shipped"] = {name: section.get("shipped") for name, section in sections.items()}
+    toolchain["artifacts"] = sorted(files)
+    return files
+
+
+def _traffic_request(options: OptimizeOptions, buckets) -> dict | None:
+    """Observed traffic and each bucket's dims, for the vendor's expected cost per request (``vendor_explore``)."""
+    if not options.observed_shapes:
+        return None
+    observed = [{"dims": dict(entry.dims), "count": entry.count} for entry in options.observed_shapes]
+    named = {dim for entry in observed for dim in entry["dims"]}
+    fixed = {dim: value for bucket in buckets for dim, value in bucket.dims.items() if dim not in named}
+    return {"observed": observed, "bucket_dims": {b.name: dict(b.dims) for b in buckets}, "fixed": fixed}
+
+
+def _user_samples(runs: dict) -> dict:
+    """The user's samples per bucket for vendor exploration, split as the precision stage split them
+    (``holdout``): the vendor quantises on the calibration part and is judged on the held-out part. Synthetic
+    samples never judge accuracy, so buckets calibrated on them are left out."""
+    calibration, held_out = {}, {}
+    for name, precision_run in runs.items():
+        if precision_run.synthetic or not precision_run.samples:
+            continue
+        calibration[name] = precision_run.calibration or precision_run.samples
+        held_out[name] = precision_run.judged or calibration[name]
+    return {"calibration": calibration or None, "held_out": held_out or None}
