@@ -233,7 +233,7 @@ def test_a_real_accelerator_job_has_no_this_machine_warning_or_cpu_figure():
 def test_a_vendor_quantised_bucket_ships_the_requested_precision_when_its_binary_is_kept():
     from types import SimpleNamespace
 
-    from flexdsa_core.optimizer import FlexDSAOptimizer as Optimizer
+    from flexdsa_core.verify.toolchain import _vendor_verdicts
 
     def case(accuracy_ok: bool | None, ran: bool = True, explored: str | None = None):
         precision = {"requested": "int8", "shipped": "fp32", "vendor_quantiser": True, "warnings": []}
@@ -244,7 +244,7 @@ def test_a_vendor_quantised_bucket_ships_the_requested_precision_when_its_binary
         files = {"model.b_qnn.bin": b"x", "model.b.qnn_ctx.onnx": b"y", "model.b.onnx": b"z"}
         run = SimpleNamespace(options=OptimizeOptions(precision="int8", precision_fallback="fp32"))
         vendor = {"buckets": {"b": {"precision": explored}}} if explored else None
-        Optimizer._vendor_verdicts(precision, {"b": run}, toolchain, files, vendor=vendor)
+        _vendor_verdicts(precision, {"b": run}, toolchain, files, vendor=vendor)
         return precision, files
 
     precision, files = case(True)
