@@ -293,7 +293,8 @@ def run(
     used as it is, so that one model checked at two shapes is loaded once."""
     sess = model if isinstance(model, ort.InferenceSession) else session(model)
     names = [o.name for o in sess.get_outputs()]
-    return {name: owned(value) for name, value in zip(names, guarded_run(sess, names, feeds, what=what), strict=True)}
+    outputs = guarded_run(sess, names, feeds, what=what)
+    return {name: owned(value) for name, value in zip(names, outputs, strict=True)}
 
 
 def compare(
