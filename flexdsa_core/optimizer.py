@@ -93,6 +93,7 @@ from flexdsa_core.validate import (
     make_inputs,
     run,
     run_budget,
+    second_shape_dims,
     session,
 )
 from flexdsa_core.version import __version__
@@ -303,7 +304,8 @@ class _References:
         shapes = [(feeds, reference)]
         if second and bucket.at:
             if bucket.name not in self._second:
-                small = make_inputs(_proto_without_weights(bucket.model), seed=self.seed)
+                proto = _proto_without_weights(bucket.model)
+                small = make_inputs(proto, seed=self.seed, dims=second_shape_dims(bucket.at))
                 same = {k: v.shape for k, v in small.items()} == {k: v.shape for k, v in feeds.items()}
                 self._second[bucket.name] = None if same else self._second_shape(bucket, small, outputs)
             if self._second[bucket.name] is not None:
