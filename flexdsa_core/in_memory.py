@@ -64,6 +64,17 @@ def arrays_scope() -> Iterator[None]:
         _arrays.reset(token)
 
 
+def release_arrays() -> None:
+    """Forget what the current ``arrays_scope`` kept (the job's sessions are done): the arrays go with the
+    last session that reads them, before the artifacts are serialised (on PP-OCRv4 rec, 22 MiB of copies
+    of its 10 MiB of weights, of the models validated, legalised and probed on the way)."""
+    kept = _arrays.get()
+    if kept is not None:
+        kept.clear()
+        kept.models.clear()
+        kept.nbytes = 0
+
+
 def aligned(array: np.ndarray) -> np.ndarray:
     """A C-contiguous copy of ``array`` starting on an ``ALIGNMENT``-byte boundary."""
     buffer = np.empty(array.nbytes + ALIGNMENT, dtype=np.uint8)

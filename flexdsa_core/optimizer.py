@@ -43,7 +43,7 @@ from flexdsa_core.dims import is_batch_dim
 from flexdsa_core.errors import FlexDSAError, ValidationFailedError
 from flexdsa_core.fusion_switcher import FusionSwitcher
 from flexdsa_core.fusions import discover_rules
-from flexdsa_core.in_memory import InMemoryModel, arrays_scope
+from flexdsa_core.in_memory import InMemoryModel, arrays_scope, release_arrays
 from flexdsa_core.ingest import Ingested, ingest, needs_external_data, save_model
 from flexdsa_core.invariants import check_invariants
 from flexdsa_core.loadable import InternalGraphError, UnloadableGraph, load_refusal, plain_reason
@@ -259,6 +259,12 @@ class _References:
         self._main: dict[tuple, tuple[dict[str, int], dict, dict]] = {}
         self._second: dict[str, tuple[dict, dict] | None] = {}  # bucket -> the second shape's, or None
         self.notes: dict[str, str] = {}  # bucket -> why its shape is not the costed one
+
+    def release(self) -> None:
+        """Let go of the original's in-memory copy and of the reference inputs and outputs (the notes stay)."""
+        self.in_memory = None
+        self._main.clear()
+        self._second.clear()
 
     @property
     def runtime(self) -> bytes | Path | InMemoryModel:
@@ -682,6 +688,13 @@ class FlexDSAOptimizer:
                 toolchain_files = self._vendor_verdicts(
                     precision, precision_runs, toolchain_report, toolchain_files, vendor=vendor
                 )
+
+        # Every ONNX Runtime run of the original is done: its in-memory copy (for a model whose weights are
+        # Constant nodes, the whole upload again), the reference outputs and the arrays kept for sessions go
+        # before the artifacts are serialised, where the job's memory peaks.
+        original_in_memory = None
+        reference_cache.release()
+        release_arrays()
 
         # Stage 7, platform adapter: target-ready files per bucket plus the manifest.
         report_progress("adapter", 0.0, "generating artifacts")
