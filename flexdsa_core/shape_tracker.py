@@ -270,6 +270,21 @@ def _weights_as_inputs(model: ir.Model) -> None:
         model.graph.initializers.pop(name)
         value.const_value = None
         model.graph.inputs.append(value)
+    # Weights written as Constant nodes (paddle2onnx writes all of its so) alike: the inference turns every
+    # Constant into a numpy array it keeps, and copies it into a one-node model to infer it (PP-OCRv4 det:
+    # 25 MiB for 4.7 MB of weights). The node goes; a typed input of the same name stands for its output.
+    for node in list(model.graph):
+        attribute = node.attributes.get("value") if node.op_type == "Constant" and node.domain in ("", "ai.onnx") else None
+        tensor = attribute.value if attribute is not None else None
+        if tensor is None or not hasattr(tensor, "shape") or len(node.outputs) != 1 or node.outputs[0].is_graph_output():
+            continue
+        if math.prod(tensor.shape.numpy()) <= (_VALUE_INT_ELEMENTS if tensor.dtype.is_integer() else _VALUE_FLOAT_ELEMENTS):
+            continue
+        output = node.outputs[0]
+        standing = ir.Value(name=output.name, type=ir.TensorType(tensor.dtype), shape=ir.Shape(tensor.shape.numpy()))
+        output.replace_all_uses_with(standing)
+        model.graph.remove(node, safe=True)
+        model.graph.inputs.append(standing)
 
 
 def _infer_shapes(model: ir.Model) -> None:
