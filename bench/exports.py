@@ -8,8 +8,12 @@ Peak RSS is the process tree's, sampled every 20 ms, or the kernel's ``ru_maxrss
 against ``4 x model size + the largest activation at the bucket's shapes`` (``report.json`` →
 ``shapes.plan.largest_tensor``); and, since a small model's run is dominated by fixed costs (ONNX Runtime
 sessions and thread pools, libraries imported on first use), the same against the peak of a run on a
-one-node model (``over empty``, the table's ratio). Vendor toolchains are not run (``--toolchains-dir`` an empty folder): their
-compilers are subprocesses with memory of their own, outside this question. The CLI's own memory limit is
+one-node model (``over empty``). Both ratios are printed: ``net/goal`` is the goal as issue 22 states it (the
+run's memory above what importing the pipeline costs); ``empty/goal`` charges the model only with what it
+adds to a run of the smallest model (ONNX Runtime's first session, its kernel registry and thread pool, the
+libraries imported on first use: 16 MiB on cpu-ort here). A ratio at most 1 meets the goal. Vendor
+toolchains are not run (``--toolchains-dir`` an empty folder): their compilers are subprocesses with memory of
+their own, outside this question. The CLI's own memory limit is
 left at its default. Writes ``bench/results/exports.json``.
 """
 
@@ -104,7 +108,7 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"baseline RSS (imports only): {baseline / 2**20:.0f} MiB", flush=True)
     results: dict = {"baseline_rss_bytes": baseline, "models": {}}
     header = (f"{'model':<24}{'MB':>6} {'target':<18}{'ok':>4}{'s':>7}{'peak MiB':>10}{'net MiB':>9}"
-              f"{'over empty':>11}{'goal MiB':>9}{'ratio':>7}")  # fmt: skip
+              f"{'over empty':>11}{'goal MiB':>9}{'net/goal':>9}{'empty/goal':>11}")  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="bench-exports-") as folder:
         work = Path(folder)
         # The pipeline's fixed cost per target (sessions, thread pools, lazily imported libraries): a one-node model.
@@ -129,7 +133,8 @@ def main(argv: list[str] | None = None) -> dict:
                 ok = "yes" if entry["validated"] else "NO"
                 print(f"{name:<24}{size / 1e6:>6.1f} {target:<18}{ok:>4}{entry['seconds']:>7.1f}"
                       f"{entry['peak_rss_bytes'] / 2**20:>10.0f}{net / 2**20:>9.0f}{over_empty / 2**20:>11.0f}"
-                      f"{goal / 2**20:>9.0f}{entry['over_empty_over_goal'] or 0:>7.2f}" + (f"  {entry.get('error', '')}" if not entry["validated"] else ""),
+                      f"{goal / 2**20:>9.0f}{entry['net_over_goal'] or 0:>9.2f}{entry['over_empty_over_goal'] or 0:>11.2f}"
+                      + (f"  {entry.get('error', '')}" if not entry["validated"] else ""),
                       flush=True)  # fmt: skip
                 args.out.write_text(json.dumps(results, indent=1))
     runs = [e for m in results["models"].values() for t, e in m.items() if isinstance(e, dict)]

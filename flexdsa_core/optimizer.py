@@ -37,7 +37,7 @@ from flexdsa_core.cost_model import CostModel
 from flexdsa_core.delivery import check_delivery
 from flexdsa_core.errors import FlexDSAError
 from flexdsa_core.fusion_switcher import FusionSwitcher
-from flexdsa_core.in_memory import InMemoryModel, arrays_scope
+from flexdsa_core.in_memory import InMemoryModel, arrays_scope, release_arrays
 from flexdsa_core.ingest import Ingested, ingest
 from flexdsa_core.invariants import check_invariants
 from flexdsa_core.job import Job, Progress, StageProgress, proto_without_weights
@@ -443,6 +443,12 @@ class FlexDSAOptimizer:
         options, comp, tracker, cache = job.options, job.comp, job.tracker, job.cache
         latency, precision, padding = job.latency, job.precision, job.padding
         toolchain_report, vendor, exploration = job.toolchain_report, job.vendor, job.exploration
+        # Every ONNX Runtime run of the original is done: its in-memory copy (for a model whose weights are
+        # Constant nodes, the whole upload again), the reference outputs and the arrays kept for sessions go
+        # before the artifacts are serialised, where the job's memory peaks.
+        job.original_in_memory = None
+        job.references.release()
+        release_arrays()
         job.progress("adapter", 0.0, "generating artifacts")
         job.stage_seconds.update(comp.stage_seconds)
         report = build_report(

@@ -167,6 +167,10 @@ def static_shapes(
         else:
             graph.input.append(ir.serde.serialize_value(value))
     for node in model:
+        large = _large_constant(node)
+        if large is not None:  # a weight written as a Constant node (paddle2onnx): its typed shape, not its bytes
+            graph.input.append(large)
+            continue
         graph.node.append(ir.serde.serialize_node(node))
     for value in model.outputs:
         out = onnx.ValueInfoProto()
@@ -193,6 +197,22 @@ def static_shapes(
                 continue
             found[info.name] = (tuple(shape), dtype)
     return found
+
+
+def _large_constant(node: ir.Node) -> onnx.ValueInfoProto | None:
+    """A typed graph input standing for ``node``'s output where ``node`` is a ``Constant`` whose tensor is
+    larger than ``_KEEP_CONSTANT_BYTES`` (None otherwise): shape inference reads such a tensor's shape and
+    type only, like a large initializer's, so its bytes need not be copied into the proto (PP-OCRv4 rec:
+    10 MiB of weights, copied and re-parsed on every call)."""
+    if node.op_type != "Constant" or node.domain not in ("", "ai.onnx") or len(node.outputs) != 1:
+        return None
+    attribute = node.attributes.get("value")
+    tensor = attribute.value if attribute is not None else None
+    if tensor is None or not hasattr(tensor, "nbytes") or tensor.nbytes <= _KEEP_CONSTANT_BYTES:
+        return None
+    return onnx.helper.make_tensor_value_info(
+        node.outputs[0].name, int(tensor.dtype), [int(d) for d in tensor.shape]
+    )
 
 
 def largest_tensor(shapes: Mapping[str, tuple[tuple[int, ...], str]], skip: set[str] = frozenset()) -> tuple[str | None, int]:

@@ -27,7 +27,7 @@ from flexdsa_core.holdout import SplitPlan
 from flexdsa_core.options import AccuracyTarget, OptimizeOptions
 from flexdsa_core.precision.formats import int8_format
 from flexdsa_core.significance import MIN_ROUNDS, MODEL_MIN_EFFECT, paired
-from flexdsa_core.validate import latency_samples, session
+from flexdsa_core.validate import latency_samples, owned, session
 from flexdsa_core.version import __version__
 
 # Ops an output's tail may pass through back to the layers that compute it (no weights: cheap in float).
@@ -46,7 +46,8 @@ def _outputs(source, samples: list[dict], level=ort.GraphOptimizationLevel.ORT_E
     # A float16 model without keep_io_types takes float16: the same samples, cast (as its caller would).
     halves = {i.name for i in sess.get_inputs() if i.type == "tensor(float16)"}
     feeds = [{k: v.astype(np.float16) if k in halves else v for k, v in feed.items()} for feed in samples]
-    return [dict(zip(names, sess.run(names, feed), strict=True)) for feed in feeds]
+    # Kept by the caller: copied out of the session's arena (``owned``), which then goes with the session.
+    return [{n: owned(v) for n, v in zip(names, sess.run(names, feed), strict=True)} for feed in feeds]
 
 
 class _Samples:

@@ -18,7 +18,7 @@ from flexdsa_core.job import Job, proto_without_weights
 from flexdsa_core.memory_planner import plan_memory
 from flexdsa_core.padding_check import check_padding
 from flexdsa_core.targets import BucketModel
-from flexdsa_core.validate import compare, make_inputs, run, session
+from flexdsa_core.validate import compare, make_inputs, run, second_shape_dims, session
 from flexdsa_core.verify import Verdict, Verifier, roll_back
 
 
@@ -44,6 +44,12 @@ class References:
         self._main: dict[tuple, tuple[dict[str, int], dict, dict]] = {}
         self._second: dict[str, tuple[dict, dict] | None] = {}  # bucket -> the second shape's, or None
         self.notes: dict[str, str] = {}  # bucket -> why its shape is not the costed one
+
+    def release(self) -> None:
+        """Let go of the original's in-memory copy and of the reference inputs and outputs (the notes stay)."""
+        self.in_memory = None
+        self._main.clear()
+        self._second.clear()
 
     @property
     def runtime(self) -> bytes | Path | InMemoryModel:
@@ -89,7 +95,8 @@ class References:
         shapes = [(feeds, reference)]
         if second and bucket.at:
             if bucket.name not in self._second:
-                small = make_inputs(proto_without_weights(bucket.model), seed=self.seed)
+                proto = proto_without_weights(bucket.model)
+                small = make_inputs(proto, seed=self.seed, dims=second_shape_dims(bucket.at))
                 same = {k: v.shape for k, v in small.items()} == {k: v.shape for k, v in feeds.items()}
                 self._second[bucket.name] = None if same else self._second_shape(bucket, small, outputs)
             if self._second[bucket.name] is not None:

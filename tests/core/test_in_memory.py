@@ -89,3 +89,33 @@ def test_a_kernel_with_a_large_constant_is_timed_from_memory():
     a = np.ones((4, 512), np.float32)
     np.testing.assert_allclose(sess.run(None, {"a": a})[0], a @ weight, rtol=1e-5, atol=1e-4)
     assert sess.flexdsa_weights[0][0].ctypes.data % in_memory.ALIGNMENT == 0
+
+
+def _constant_weights_proto() -> onnx.ModelProto:
+    """The MLP with its weights as Constant nodes, as paddle2onnx writes every weight."""
+    proto = _mlp_proto()
+    constants = [
+        onnx.helper.make_node("Constant", [], [tensor.name], value=tensor) for tensor in proto.graph.initializer
+    ]
+    del proto.graph.initializer[:]
+    nodes = [*constants, *proto.graph.node]
+    del proto.graph.node[:]
+    proto.graph.node.extend(nodes)
+    return proto
+
+
+def test_weights_written_as_constant_nodes_go_to_onnx_runtime_from_memory_with_the_same_outputs():
+    """A Constant holding a weight reaches ONNX Runtime as an in-memory initializer (it makes every Constant
+    an initializer on load: the same graph), from an onnx_ir model and from a parsed upload alike; the model
+    is left as it was, and small constants stay nodes."""
+    proto = _constant_weights_proto()
+    feeds = {"x": np.random.default_rng(1).standard_normal((3, 256)).astype(np.float32)}
+    want = _outputs(proto.SerializeToString(), feeds)
+    model = ir.serde.deserialize_model(proto)
+    before = {node.outputs[0].name: node.attributes["value"].value for node in model.graph if node.op_type == "Constant"}
+    for loaded in (InMemoryModel.from_ir(model, finished=False), InMemoryModel.from_proto(proto, model)):
+        assert sorted(loaded.weights) == ["w1", "w2"]  # the 32-byte bias stays a Constant in the protobuf
+        assert len(loaded.proto) < 2048 < proto.ByteSize()
+        np.testing.assert_array_equal(_outputs(loaded, feeds), want)
+    after = {node.outputs[0].name: node.attributes["value"].value for node in model.graph if node.op_type == "Constant"}
+    assert after.keys() == {"w1", "w2", "b"} and all(after[name] is before[name] for name in after)

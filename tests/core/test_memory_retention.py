@@ -1,0 +1,80 @@
+"""What a job keeps after ONNX Runtime is done must not keep ONNX Runtime's memory (issue 22's memory goal).
+
+ONNX Runtime's outputs are numpy views of its allocator's memory: an output the pipeline keeps (the reference
+outputs of validation, a sample's result) would keep every chunk the session's arena grew to alive after the
+session is gone. Measured in a subprocess (a fresh interpreter, its resident memory read from /proc), with a
+margin of half the chunk: no timing is involved."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from flexdsa_core.validate import DEFAULT_OTHER_DIM, run, second_shape_dims
+
+REPO = Path(__file__).resolve().parents[2]
+
+# One 64 MiB intermediate (x tiled 16384 times) reduced to one float per row: the session's arena grows a
+# chunk of at least 64 MiB for a 4-byte output.
+BIG_INTERMEDIATE = """
+<ir_version: 9, opset_import: ["" : 17]>
+g (float[batch, 1024] x) => (float[batch] y) {
+    reps = Constant <value = int64[2] {1, 16384}> ()
+    big = Tile(x, reps)
+    axes = Constant <value = int64[1] {1}> ()
+    y = ReduceSum <keepdims = 0> (big, axes)
+}
+"""
+
+PROBE = """
+import json, os, sys
+import numpy as np, onnx
+from flexdsa_core.validate import run
+
+def rss():
+    with open("/proc/self/statm") as handle:
+        return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+model = onnx.parser.parse_model(sys.argv[1]).SerializeToString()
+feeds = {"x": np.ones((1, 1024), np.float32)}
+run(model, feeds)  # once, so that what the first session loads for good (kernels, thread pools) is counted
+before = rss()
+kept = [run(model, feeds) for _ in range(3)]  # three sessions, each output kept as validation keeps them
+print(json.dumps({"grown": rss() - before, "value": float(kept[0]["y"][0])}))
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/statm").is_file(), reason="reads resident memory from /proc")
+def test_kept_outputs_do_not_keep_the_sessions_arena():
+    probe = subprocess.run(
+        [sys.executable, "-c", PROBE, BIG_INTERMEDIATE], capture_output=True, text=True, cwd=REPO, timeout=300,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )  # fmt: skip
+    assert probe.returncode == 0, probe.stderr[-2000:]
+    found = json.loads(probe.stdout.strip().splitlines()[-1])
+    assert found["value"] == 16384 * 1024
+    # Three kept outputs of 4 bytes each; with the arenas they held, three chunks of at least 64 MiB.
+    assert found["grown"] < 32 * 2**20, f"{found['grown'] / 2**20:.0f} MiB still resident after the sessions"
+
+
+def test_run_returns_arrays_that_own_their_memory():
+    model = onnx.parser.parse_model(BIG_INTERMEDIATE.replace("16384", "4"))
+    outputs = run(model.SerializeToString(), {"x": np.ones((2, 1024), np.float32)})
+    assert outputs["y"].base is None and outputs["y"].flags.owndata
+    np.testing.assert_array_equal(outputs["y"], np.full(2, 4096, np.float32))
+
+
+def test_the_second_validation_shape_never_takes_a_dim_held_at_1_past_2():
+    """An unnamed batch (tf2onnx's ``unk__``) at 1 in its bucket went to 8 at the second shape: 8x the
+    bucket's activations. Other dims keep the small defaults, and the shape still differs from the bucket's."""
+    at = {"unk__214": 1, "batch_size": 1, "sequence_length": 128, "height": 4, "width": 1}
+    dims = second_shape_dims(at)
+    assert dims == {"unk__214": 2, "batch_size": 2, "sequence_length": DEFAULT_OTHER_DIM, "height": 8, "width": 2}
+    assert dims != at
