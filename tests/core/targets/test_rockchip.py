@@ -20,7 +20,7 @@ from tests.core.targets import _bundle_checks as checks
 
 TARGET = load_target("rockchip-rk3588")
 DRIVER = (
-    Path(__file__).resolve().parents[3] / "flexdsa_core" / "toolchains" / "drivers" / "rockchip_driver.py"
+    Path(__file__).resolve().parents[3] / "flexdsa_core" / "targets" / "rockchip" / "driver.py"
 )
 
 

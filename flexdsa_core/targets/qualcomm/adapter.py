@@ -3,7 +3,7 @@ backend, v75): limits the constraint language cannot say, and the bundle's QNN s
 
 The op table (what the QNN EP maps, Q1) and the per-op limits that are attribute or constant-input rules
 (ArgMax ``select_last_index``, CumSum ``reverse``, Pad ``wrap``, pool dilations, run-time shape inputs)
-are data in ``data/qualcomm-sm8650.json``. What is here needs the graph; each rule is what onnxruntime-qnn
+are data in ``sm8650.json`` beside it. What is here needs the graph; each rule is what onnxruntime-qnn
 2.7.0's HTP validation refused on a probe graph, its REASON quoted:
 
 * tensors of rank above 5 ("Failed to add node.": HTP tensors have at most 5 dims);
@@ -63,6 +63,7 @@ HTP_LACKS = {
 
 class QualcommAdapter(AcceleratorAdapter):
     vendor = "Qualcomm"
+    provider_options = PROVIDER_OPTIONS
     vendor_needs_inputs = True  # the EP compiles a session: it quantises on and runs a sample
     vendor_package = "onnxruntime-qnn"
     vendor_alone_options = {"vendor_preprocess": True}  # qnn_preprocess_model, as QNN's documentation asks

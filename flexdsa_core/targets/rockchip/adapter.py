@@ -2,7 +2,7 @@
 ONNX front end needs, and the bundle's ``convert_rknn.py``.
 
 The op table and the per-op limits (Conv kernel <= 31, MaxPool ceil_mode, batch 1 for Softmax, ...) are
-data in ``data/rockchip-rk3588.json``; what is here needs the graph:
+data in ``rk3588.json`` beside it; what is here needs the graph:
 
 * integer tensors: the NPU computes int8/float16 (R2), so an op on a run-time int64/int32 tensor (token
   ids, an attention mask before its Cast, an embedding lookup's indices) runs on the RKNN CPU runtime;
@@ -404,7 +404,7 @@ def _driver_function(name: str) -> str:
     """The source of function ``name`` of the toolchain driver (``toolchains/drivers/rockchip_driver.py``),
     copied into the bundle's script so both map names with the one definition. Read as text, never
     imported: the driver belongs to the toolkit's own environment."""
-    path = Path(__file__).resolve().parent.parent / "toolchains" / "drivers" / "rockchip_driver.py"
+    path = Path(__file__).resolve().with_name("driver.py")
     source = path.read_text()
     for node in ast.parse(source).body:
         if isinstance(node, ast.FunctionDef) and node.name == name:

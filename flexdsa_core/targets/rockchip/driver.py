@@ -2,7 +2,7 @@
 
 Runs inside the rockchip toolchain's own environment (never imported by the core)::
 
-    python rockchip_driver.py request.json result.json
+    python driver.py request.json result.json
 
 Per bucket: ``RKNN(verbose=True)``, ``config(target_platform='rk3588', ...)``, ``load_onnx`` with the
 bucket's inputs and their static shapes, ``build`` (float16 unless the options ask for int8 with a
@@ -48,11 +48,10 @@ import time
 import traceback
 from pathlib import Path
 
-try:  # run as a script in the vendor environment (no flexdsa_core there): this folder is sys.path[0]
-    import _driver_common as common
-except ModuleNotFoundError:  # imported by file path (the tests), or run with -P / PYTHONSAFEPATH
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    import _driver_common as common
+# Run as a script in the vendor environment, where flexdsa_core is not installed: what every driver shares is
+# imported by plain name from the toolchains' common folder (a folder of its own, so nothing else is shadowed).
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "toolchains" / "drivers"))
+import _driver_common as common  # noqa: E402
 
 TABLE_TITLE = "Network Layer Information Table"
 ROW = re.compile(
