@@ -1,6 +1,9 @@
-"""The amd vendor: AMD Ryzen AI XDNA 2 NPU through the Vitis AI EP; its toolchain (AMD Quark) serves xilinx-kv260 too.
+"""The amd vendor: AMD Ryzen AI XDNA 2 NPU through ONNX Runtime's Vitis AI EP.
 
-In this folder: spec ``xdna2.json``, adapter ``adapter.py``, toolchain ``toolchain.py`` and its ``driver.py``, the bundle's scripts in ``templates/``."""
+In this folder: its spec ``xdna2.json``, the adapter (``adapter.py``), the toolchain AMD Quark (``toolchain.py``, which quantises
+for xilinx-kv260 too) and its ``driver.py``, and the bundle's ``templates/run_npu.py``. The quantise script
+it shares with xilinx is ``targets/templates/quantize_vitis_ai.py``.
+"""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
-"""The cpu_ort vendor: a generic CPU running ONNX Runtime's CPU execution provider.
+"""The cpu_ort vendor: a generic CPU running ONNX Runtime's CPU execution provider (the calibrated target).
 
-In this folder: spec ``cpu-ort.json``, adapter ``adapter.py``."""
+In this folder: its spec ``cpu-ort.json`` and the adapter with its legalisations (``adapter.py``).
+"""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
-"""The huawei vendor: Huawei Ascend 310B through ATC (no toolchain installs here).
+"""The huawei vendor: Huawei Ascend 310B through ATC, the CANN offline compiler.
 
-In this folder: spec ``ascend310b.json``, adapter ``adapter.py``."""
+In this folder: its spec ``ascend310b.json`` and the adapter with its legalisations (``adapter.py``); no toolchain installs here.
+"""
 
 from __future__ import annotations
 

@@ -1,6 +1,8 @@
-"""The nvidia vendor: NVIDIA Jetson Orin Nano through TensorRT (no toolchain installs here).
+"""The nvidia vendor: NVIDIA Jetson Orin Nano through TensorRT.
 
-In this folder: spec ``orin-nano.json``, adapter ``adapter.py``, the bundle's scripts in ``templates/``."""
+In this folder: its spec ``orin-nano.json``, the adapter with its legalisations (``adapter.py``) and the bundle's
+``templates/build_engine.py``; no toolchain installs here.
+"""
 
 from __future__ import annotations
 

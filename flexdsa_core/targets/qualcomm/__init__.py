@@ -1,6 +1,8 @@
 """The qualcomm vendor: Qualcomm Snapdragon 8 Gen 3 Hexagon NPU through ONNX Runtime's QNN execution provider.
 
-In this folder: spec ``sm8650.json``, adapter ``adapter.py``, toolchain ``toolchain.py`` and its ``driver.py``, the bundle's scripts in ``templates/``."""
+In this folder: its spec ``sm8650.json``, the adapter (``adapter.py``), the toolchain (``toolchain.py``) and its ``driver.py``, run
+in the toolchain's environment, and the bundle's ``templates/compile_qnn.py`` and ``templates/run_qnn.py``.
+"""
 
 from __future__ import annotations
 

@@ -1,6 +1,8 @@
-"""The xilinx vendor: AMD/Xilinx Kria KV260 DPU through Vitis AI (quantised by the amd toolchain).
+"""The xilinx vendor: AMD/Xilinx Kria KV260 DPU through Vitis AI.
 
-In this folder: spec ``kv260.json``, adapter ``adapter.py``."""
+In this folder: its spec ``kv260.json`` and the adapter (``adapter.py``); quantised by the amd toolchain (it lists this
+target), with the quantise script shared with amd (``targets/templates/quantize_vitis_ai.py``).
+"""
 
 from __future__ import annotations
 
