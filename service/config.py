@@ -161,13 +161,6 @@ class Settings(BaseSettings):
     log_format: Literal["json", "text"] = Field(
         "json", description="json: one object per line with job_id/tenant_id/incident; text: for a terminal."
     )
-    # Test-only hooks, read by the pipeline process (workers/child.py) from the settings it is handed; never
-    # set in production. FLEXDSA_TEST_OPTIMIZER=module:Class swaps the optimizer (the workers' stand-in).
-    test_optimizer: str | None = Field(None, pattern=r"^[\w.]+:\w+$")
-    # Sleep at every stage change, so that a job is deterministically slow.
-    test_stage_delay_s: float = Field(0.0, ge=0)
-    # os.abort() in the pipeline process before optimising: a native crash.
-    test_child_abort: bool = False
 
     @property
     def mode(self) -> Mode:

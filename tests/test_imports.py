@@ -155,3 +155,37 @@ def test_the_check_finds_an_arrow_up_from_the_targets():
         ("flexdsa_core.targets.estimate", "flexdsa_core.subgraph_mapper"),
         ("flexdsa_core.targets.rockchip", "flexdsa_core.precision.formats"),
     ]
+
+
+# A vendor is one folder (targets/<vendor>/: spec, adapter, legalisations, toolchain, driver, templates), found
+# by discovery: nothing outside it imports into it (the core asks get_adapter / get_toolchain), and no vendor
+# imports another's folder (what two vendors share, such as _vitis_ai, sits in targets/ beside them).
+def _vendor_packages() -> tuple[str, ...]:
+    from flexdsa_core.targets.vendors import module_name, vendor_folders
+
+    return tuple(module_name(vendor) for vendor in vendor_folders())
+
+
+def _into_vendors(graph: dict[str, set[str]], vendors: tuple[str, ...]) -> list[tuple[str, str]]:
+    def vendor_of(module: str) -> str | None:
+        return next((v for v in vendors if module == v or module.startswith(f"{v}.")), None)
+
+    return sorted((a, b) for a, targets in graph.items() for b in targets
+                  if vendor_of(b) is not None and vendor_of(a) != vendor_of(b))  # fmt: skip
+
+
+def test_a_vendor_is_reached_only_through_discovery():
+    vendors = _vendor_packages()
+    assert {"flexdsa_core.targets.rockchip", "flexdsa_core.targets.cpu_ort"} <= set(vendors)
+    assert _into_vendors(_graph(), vendors) == []
+
+
+def test_the_check_finds_an_arrow_into_a_vendor():
+    vendors = ("flexdsa_core.targets.qualcomm", "flexdsa_core.targets.xilinx")
+    graph = {"flexdsa_core.targets.deploy_manifest": {"flexdsa_core.targets.qualcomm.adapter"},
+             "flexdsa_core.targets.xilinx.adapter": {"flexdsa_core.targets.qualcomm", "flexdsa_core.targets.base"},
+             "flexdsa_core.targets.qualcomm": {"flexdsa_core.targets.qualcomm.adapter"}}  # fmt: skip
+    assert _into_vendors(graph, vendors) == [
+        ("flexdsa_core.targets.deploy_manifest", "flexdsa_core.targets.qualcomm.adapter"),
+        ("flexdsa_core.targets.xilinx.adapter", "flexdsa_core.targets.qualcomm"),
+    ]

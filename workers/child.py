@@ -13,9 +13,9 @@ libraries print goes to stderr (fd 1 is re-pointed there), which the worker keep
 Artifacts are written to the content-addressed store before the result is sent, so the worker only records
 rows; blobs written by an attempt that then dies are harmless (same content, same key).
 
-Test-only hooks come with the settings (``Settings.test_optimizer``, ``test_stage_delay_s``,
-``test_child_abort``; never set in production): they swap the optimizer class, sleep at every stage change
-so a job is deterministically slow, and call ``os.abort()`` before optimising (a native crash).
+Test-only hooks (``workers.testing``; never set in production) come with the request (``"test_hooks"``): they
+swap the optimizer class, sleep at every stage change so a job is deterministically slow, and call
+``os.abort()`` before optimising (a native crash).
 """
 
 from __future__ import annotations
@@ -126,8 +126,10 @@ def run(request: dict, channel: _Channel) -> dict:
         make_store,
     )
     from workers.cache_backends import build_kernel_cache
+    from workers.testing import PipelineHooks
 
     settings = Settings(**request["settings"])
+    hooks = PipelineHooks.model_validate(request.get("test_hooks") or {})
     store = make_store(settings, patient=True)  # an object store's outage is waited out, not a failure
     cache = build_kernel_cache(settings)
     # Every temporary file of this job (the core's included) goes under the folder the worker made for
@@ -144,18 +146,18 @@ def run(request: dict, channel: _Channel) -> dict:
         # Fetched into this job's own folder and checked against its sha256 on the way: the worker needs no
         # folder shared with the API, only the store.
         store.fetch_to(request["model_blob_key"], model_path)
-        if settings.test_child_abort:
+        if hooks.child_abort:
             os.abort()
         extra = {}
         if request.get("calibration_blob_key"):  # handed over like the model: a file in the job's folder
             extra["calibration"] = work_dir / "calibration.npz"
             store.fetch_to(request["calibration_blob_key"], extra["calibration"])
-        optimizer = _optimizer_class(settings.test_optimizer)(
+        optimizer = _optimizer_class(hooks.optimizer)(
             spec.target_spec(), toolchain_root=settings.toolchains_dir
         )
         result = optimizer.optimize(
             model_path, spec.options(), cache=cache,
-            progress=_progress_reporter(channel, settings.test_stage_delay_s), **extra,
+            progress=_progress_reporter(channel, hooks.stage_delay_s), **extra,
         )
         artifacts = [_store_artifact(store, name, content) for name, content in sorted(result.artifacts.items())]
         summary = result.report_summary()

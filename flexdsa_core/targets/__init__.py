@@ -1,15 +1,16 @@
-"""Built-in targets: specs from ``data/*.json``, adapters found by module name (``ADAPTER`` in each module)."""
+"""Built-in targets, one folder per vendor (``targets/<vendor>/``, see ``vendors``): the specs are its ``*.json``,
+its adapter the ``ADAPTER`` its package exports, its toolchain the one whose ``targets`` name the spec."""
 
 from __future__ import annotations
 
 import importlib
 import json
 from functools import cache
-from importlib import resources
 
 from flexdsa_core.errors import TargetNotFoundError
 from flexdsa_core.targets.base import BucketModel, Legalized, PlatformAdapter
 from flexdsa_core.targets.spec import TargetSpec, op_key
+from flexdsa_core.targets.vendors import module_name, spec_files, vendor_folders
 
 __all__ = [
     "BucketModel",
@@ -26,10 +27,24 @@ __all__ = [
 
 @cache
 def _builtin_specs() -> dict[str, TargetSpec]:
+    from flexdsa_core.toolchains import discover_toolchains
+
+    serving = {
+        name: toolchain.name for toolchain in discover_toolchains().values() for name in toolchain.targets
+    }
     specs = {}
-    for entry in resources.files("flexdsa_core.targets").joinpath("data").iterdir():
-        if entry.name.endswith(".json"):
-            spec = TargetSpec.model_validate(json.loads(entry.read_text()))
+    for vendor, folder in vendor_folders().items():
+        for entry in spec_files(folder):
+            data = json.loads(entry.read_text())
+            told = sorted({"adapter", "toolchain"} & set(data))
+            if told:
+                raise ValueError(
+                    f"{vendor}/{entry.name} names {told}: the folder and the toolchain's targets say that"
+                )
+            data.update(adapter=vendor, toolchain=serving.get(data.get("name")))
+            spec = TargetSpec.model_validate(data)
+            if spec.name in specs:
+                raise ValueError(f"target {spec.name!r} is defined twice (second in {vendor}/{entry.name})")
             specs[spec.name] = spec
     return specs
 
@@ -48,13 +63,17 @@ def load_target(name: str) -> TargetSpec:
 
 
 def get_adapter(target: TargetSpec) -> PlatformAdapter:
+    """The adapter of a built-in target's vendor folder; a custom spec may also name a shared one
+    (``accelerator``: a generic accelerator with a CPU beside it)."""
     try:
-        module = importlib.import_module(f"flexdsa_core.targets.{target.adapter}")
+        module = importlib.import_module(module_name(target.adapter))
     except ModuleNotFoundError:
+        module = None
+    if getattr(module, "ADAPTER", None) is None:
         raise TargetNotFoundError(
-            f"Target {target.name!r} names adapter {target.adapter!r}, which does not exist "
-            f"(expected flexdsa_core/targets/{target.adapter}.py)."
-        ) from None
+            f"Target {target.name!r} names adapter {target.adapter!r}, which does not exist (expected a vendor "
+            f"folder flexdsa_core/targets/{target.adapter}/ or a shared module exporting ADAPTER)."
+        )
     return module.ADAPTER
 
 

@@ -1,8 +1,9 @@
 """The platform adapter contract: declared capabilities (the ``TargetSpec``) plus the few methods that differ.
 
-``PlatformAdapter`` does the common work; a vendor file subclasses it, overrides only what its toolchain
-needs, and exports ``ADAPTER``. Adapters are found by module name (``TargetSpec.adapter``), so adding a
-platform is adding one file under ``targets/`` and one spec under ``targets/data/``.
+``PlatformAdapter`` does the common work; a vendor's adapter subclasses it, overrides only what its toolchain
+needs, and its vendor package exports it as ``ADAPTER``. Adapters are found by discovery (the folder a spec lies
+in, ``TargetSpec.adapter``), so adding a platform is adding one folder ``targets/<vendor>/`` holding its spec,
+its adapter and, where one installs, its toolchain (see ``targets.vendors``).
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ class PlatformAdapter:
     """Common behaviour; subclasses set ``vendor`` and override what their toolchain needs."""
 
     vendor = "generic"
+    # Execution provider options its compiled models were made with, for the manifest's artifacts (QNN: the HTP).
+    provider_options: dict[str, str] = {}
 
     def supported_op_keys(self, target: TargetSpec) -> frozenset[str]:
         """Ops the target runs. The spec's list, unless it says '*' (then the adapter must override)."""

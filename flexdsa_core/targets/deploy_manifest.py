@@ -166,7 +166,7 @@ def complete_manifest(
             runtime, load = _QDQ_LOAD.get(target.vendor, _LOAD["onnx"]) if role == "qdq-onnx" else _LOAD[role]
             artifact = {"file": name, "role": role, "runtime": runtime, "load": load}
             if role == "qnn-context":
-                artifact["provider_options"] = _qnn_provider_options()
+                artifact["provider_options"] = _provider_options(target)
             per_bucket[bucket].append(artifact)
     shape_buckets = {
         b["name"]: b for b in ((report.get("shapes") or {}).get("manifest") or {}).get("buckets", [])
@@ -186,11 +186,12 @@ def complete_manifest(
     return json.dumps(manifest, indent=2).encode()
 
 
-def _qnn_provider_options() -> dict[str, str]:
-    """The QNN EP provider options the context binaries were compiled with (the HTP of the part)."""
-    from flexdsa_core.targets.qualcomm import PROVIDER_OPTIONS
+def _provider_options(target: TargetSpec) -> dict[str, str]:
+    """The execution provider options the target's compiled models were made with (QNN: the HTP of the part),
+    as its adapter declares them."""
+    from flexdsa_core.targets import get_adapter
 
-    return dict(PROVIDER_OPTIONS)
+    return dict(get_adapter(target).provider_options)
 
 
 def _runtime_section(report: Mapping[str, Any], target: TargetSpec) -> dict[str, Any]:

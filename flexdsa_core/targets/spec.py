@@ -1,6 +1,6 @@
 """``TargetSpec``: everything the compiler knows about a target, as data.
 
-Built-in specs live in ``targets/data/<name>.json``; every figure there carries where it came from
+Built-in specs live in their vendor's folder, ``targets/<vendor>/<part>.json``; every figure there carries where it came from
 (``sources``), so estimates built on it can say how firm they are. A figure nobody sourced is ``None``,
 never a guess: the cost model then falls back to calibration (cpu-ort) or reports the estimate as partial.
 """
@@ -35,7 +35,9 @@ class TargetSpec(BaseModel):
     name: str = Field(..., pattern=r"^[a-z0-9][a-z0-9._-]{0,63}$")
     version: str = "1"
     vendor: str
-    adapter: str = Field(..., description="Module name under flexdsa_core/targets/ that generates artifacts.")
+    adapter: str = Field(
+        ..., description="The vendor folder under flexdsa_core/targets/ holding the spec (set from where it lies)."
+    )
     description: str = ""
     # Peak throughput in operations per second, per dtype ('float32', 'float16', 'int8'). None = unsourced.
     peak_ops_per_s: dict[str, float | None] = Field(default_factory=dict)
@@ -57,7 +59,8 @@ class TargetSpec(BaseModel):
     # Unsupported ops can run on a CPU beside the accelerator (RKNN/QNN/Vitis AI runtimes); TensorRT has none
     # of its own, so its fallback islands run in ONNX Runtime beside the engine.
     cpu_fallback: bool = True
-    # Vendor toolchain (flexdsa_core/toolchains/<name>.py) that compiles and checks the bundle, if one installs.
+    # Vendor toolchain that compiles and checks the bundle, if one installs: set by discovery, the toolchain whose
+    # ``targets`` name this spec (targets/<vendor>/toolchain.py).
     toolchain: str | None = None
     # What the vendor compiler fuses by itself, by our fusion rule name -> why we leave that pattern to it.
     toolchain_fuses: dict[str, str] = Field(default_factory=dict)

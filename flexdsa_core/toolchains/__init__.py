@@ -1,13 +1,15 @@
 """Vendor toolchains: each vendor compiler in a virtual environment of its own, run as a subprocess.
 
 Vendor compilers (rknn-toolkit2, onnxruntime-qnn, amd-quark) pin old numpy/onnx/protobuf, so none may
-enter the project's environment and the core never imports them. A toolchain is declared in one module
-here exporting ``TOOLCHAIN`` (found by discovery, like fusion rules and targets): the pip requirements of
-its environment and a driver script under ``drivers/`` that runs *inside* that environment.
+enter the project's environment and the core never imports them. A toolchain is declared in its vendor's folder
+(``targets/<vendor>/toolchain.py`` exporting ``TOOLCHAIN``, found by discovery like fusion rules and targets):
+the pip requirements of its environment and the vendor's ``driver.py`` beside it, run *inside* that
+environment. What is shared sits here: the ``Toolchain`` machinery (``base``) and what every driver imports
+(``drivers/_driver_common.py``).
 
 The contract between the core and a driver is one JSON file each way::
 
-    <venv>/bin/python drivers/<driver>.py request.json result.json
+    <venv>/bin/python targets/<vendor>/driver.py request.json result.json
 
 ``request.json``: ``{"action": "compile", "target": {...TargetSpec...}, "out_dir": "...",
 "buckets": [{"name": "b1", "onnx": "/abs/model.b1.onnx", "inputs": {"x": "/abs/x.npy"}}], "options": {...}}``.
@@ -22,9 +24,9 @@ decided, keyed by the ONNX node names it was given; ``outputs`` are its outputs 
 from __future__ import annotations
 
 import importlib
-import pkgutil
 from functools import cache
 
+from flexdsa_core.targets.vendors import has_toolchain, module_name, vendor_folders
 from flexdsa_core.toolchains.base import Toolchain, ToolchainError, ToolchainStatus
 
 __all__ = ["Toolchain", "ToolchainError", "ToolchainStatus", "discover_toolchains", "get_toolchain"]
@@ -33,12 +35,13 @@ __all__ = ["Toolchain", "ToolchainError", "ToolchainStatus", "discover_toolchain
 @cache
 def discover_toolchains() -> dict[str, Toolchain]:
     found: dict[str, Toolchain] = {}
-    for info in pkgutil.iter_modules(__path__):
-        if info.name.startswith("_") or info.name in ("base", "drivers"):
-            continue
-        module = importlib.import_module(f"{__name__}.{info.name}")
-        toolchain = getattr(module, "TOOLCHAIN", None)
-        if toolchain is not None:
+    for vendor, folder in vendor_folders().items():
+        if has_toolchain(folder):
+            toolchain = importlib.import_module(module_name(vendor)).TOOLCHAIN
+            if toolchain.name in found:
+                raise ToolchainError(
+                    f"Toolchain {toolchain.name!r} is declared twice (second in targets/{vendor}/)."
+                )
             found[toolchain.name] = toolchain
     return dict(sorted(found.items()))
 

@@ -19,7 +19,6 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 
 from flexdsa_core.errors import FlexDSAError
@@ -60,7 +59,7 @@ class Toolchain:
     description: str
     targets: tuple[str, ...]
     requirements: tuple[tuple[str, ...], ...]
-    driver: str  # file name under flexdsa_core/toolchains/drivers/
+    driver: str  # path of the driver script, beside the toolchain in its vendor folder (targets/<vendor>/driver.py)
     # Distribution names whose installed versions ready.json records and status() shows.
     version_of: tuple[str, ...] = ()
     timeout_s: float = DEFAULT_TIMEOUT_S
@@ -75,7 +74,7 @@ class Toolchain:
         return self.home(root) / "venv" / "bin" / "python"
 
     def driver_path(self) -> Path:
-        return Path(str(resources.files("flexdsa_core.toolchains").joinpath("drivers", self.driver)))
+        return Path(self.driver)
 
     def install_command(self) -> str:
         """What a user runs to make this toolchain ready (printed in bundles when it is not)."""

@@ -29,8 +29,8 @@ from flexdsa_core.rewrites import (
     ordered,
 )
 from flexdsa_core.targets import list_targets
-from flexdsa_core.targets.cpu_ort import CpuOrtAdapter
-from flexdsa_core.targets.rockchip import _sum_to_add
+from flexdsa_core.targets.cpu_ort.adapter import CpuOrtAdapter
+from flexdsa_core.targets.rockchip.adapter import _sum_to_add
 
 TARGETS = [spec.name for spec in list_targets()]
 

@@ -118,7 +118,7 @@ def test_exhausted_attempts_fail_with_the_last_reason(settings):
 
 
 def test_crash_is_retried_then_given_up(settings, monkeypatch):
-    settings = settings.model_copy(update={"test_child_abort": True})
+    monkeypatch.setenv("FLEXDSA_TEST_CHILD_ABORT", "1")
     job_id = create_job(settings, max_attempts=2)
     # First crash: re-queued (and published again) with the reason recorded.
     assert execute_job(job_id, settings=settings, worker_id="t1") == "queued"
@@ -138,7 +138,7 @@ def test_crash_is_retried_then_given_up(settings, monkeypatch):
 
 
 def test_cancel_while_running_kills_the_pipeline(settings, monkeypatch):
-    settings = settings.model_copy(update={"test_stage_delay_s": 2.0})
+    monkeypatch.setenv("FLEXDSA_TEST_STAGE_DELAY_S", "2.0")
     job_id = create_job(settings)
     threading.Timer(1.0, lambda: _set(settings, job_id, cancel_requested=True)).start()
     started = time.monotonic()
@@ -157,7 +157,7 @@ def test_cancelled_before_start_never_runs(settings):
 
 
 def test_hard_time_limit_fails_the_job(settings, monkeypatch):
-    settings = settings.model_copy(update={"test_stage_delay_s": 3.0})
+    monkeypatch.setenv("FLEXDSA_TEST_STAGE_DELAY_S", "3.0")
     limited = settings.model_copy(update={"job_soft_time_limit_s": 1, "job_hard_time_limit_s": 2})
     job_id = create_job(settings)
     assert execute_job(job_id, settings=limited, worker_id="t1") == "failed"
@@ -166,7 +166,7 @@ def test_hard_time_limit_fails_the_job(settings, monkeypatch):
 
 
 def test_identical_submission_is_served_from_the_job_cache(settings, monkeypatch):
-    settings = settings.model_copy(update={"test_stage_delay_s": 0.3})
+    monkeypatch.setenv("FLEXDSA_TEST_STAGE_DELAY_S", "0.3")
     first = create_job(settings)
     started = time.monotonic()
     assert execute_job(first, settings=settings, worker_id="t1") == "succeeded"
@@ -230,7 +230,7 @@ def test_database_blips_during_a_run_are_tolerated(settings, monkeypatch):
 
     from workers.execute import _JobRun
 
-    settings = settings.model_copy(update={"test_stage_delay_s": 0.6})
+    monkeypatch.setenv("FLEXDSA_TEST_STAGE_DELAY_S", "0.6")
     real_renew = _JobRun._renew_lease
     calls = {"n": 0}
 

@@ -38,7 +38,7 @@ def mlp(widths: list[int]) -> bytes:
 
 def test_real_core_job_and_kernel_cache_hits_across_models(settings, monkeypatch):
     pytest.importorskip("flexdsa_core.optimizer")
-    settings = settings.model_copy(update={"test_optimizer": None})
+    monkeypatch.delenv("FLEXDSA_TEST_OPTIMIZER")  # the real core, not the stand-in
 
     first = create_job(settings, mlp([64, 128, 64, 32]), spec=SPEC)
     assert execute_job(first, settings=settings, worker_id="t1") == "succeeded", load_job(settings, first).error
@@ -70,7 +70,7 @@ def test_real_core_takes_the_calibration_blob_and_fails_a_misfit_clearly(setting
     """The calibration file travels like the model (blob -> the job's folder -> the core); samples that
     reach a worker without the API's check and do not fit fail the job with the reason, not a crash."""
     pytest.importorskip("flexdsa_core.optimizer")
-    settings = settings.model_copy(update={"test_optimizer": None})
+    monkeypatch.delenv("FLEXDSA_TEST_OPTIMIZER")  # the real core, not the stand-in
     spec = {**SPEC, "precision": "int8", "precision_fallback": "fp32"}
     samples = np.random.default_rng(0).standard_normal((16, 64)).astype(np.float32)  # 4 runs of batch 4
 

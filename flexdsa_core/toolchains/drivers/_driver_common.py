@@ -1,9 +1,9 @@
 """What every vendor driver shares: the request/result loop, the log capture, versions, saved outputs.
 
 Runs inside each vendor toolchain's own environment, where flexdsa_core is not installed, so a driver
-imports it by plain name (``import _driver_common``): a script's folder is ``sys.path[0]``. Imported by
-file path (the tests) or run with ``-P``, a driver puts its own folder on ``sys.path`` first, so it always
-gets the copy beside it. Standard library only at import time (numpy is imported where outputs are saved).
+(``targets/<vendor>/driver.py``) puts this folder on ``sys.path`` and imports it by plain name
+(``import _driver_common``); it is alone here so that nothing else on that path shadows a vendor's modules.
+Standard library only at import time (numpy is imported where outputs are saved).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ import onnx_ir as ir
 import onnxruntime as ort
 
 from flexdsa_core.targets import get_adapter, load_target
-from flexdsa_core.targets.cpu_ort import convolution_share, pin_unfused_residuals
+from flexdsa_core.targets.cpu_ort.adapter import convolution_share, pin_unfused_residuals
 from tests.core.fusions.harness import parse, run
 
 ONES = ", ".join(["1.0"] * 32)
@@ -75,7 +75,7 @@ g (float[1, 8, 16, 16] x) => (float[1, 16, 16, 16] y)
 
 
 def test_ort_layout_runs_offline_and_keeps_a_portable_model_beside_a_blocked_one():
-    from flexdsa_core.targets.cpu_ort import cpu_features
+    from flexdsa_core.targets.cpu_ort.adapter import cpu_features
 
     weights = ", ".join(f"{v:.4f}" for v in np.random.default_rng(1).standard_normal(16 * 8 * 9))
     original = parse(CONV.replace("{W}", "{" + weights + "}"))

@@ -15,7 +15,7 @@ import pytest
 from flexdsa_core import FlexDSAOptimizer
 from flexdsa_core.options import OptimizeOptions
 from flexdsa_core.targets import BucketModel, get_adapter, load_target
-from flexdsa_core.targets.nvidia import profile
+from flexdsa_core.targets.nvidia.adapter import profile
 from tests.core.fusions.harness import _random_inputs, op_types, parse, run
 from tests.models import fixture
 

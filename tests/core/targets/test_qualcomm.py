@@ -25,7 +25,7 @@ TARGET = load_target("qualcomm-sm8650")
 # The report section toolchain_options reads: precision int8 asks for uint8 QDQ (uint16 on a miss).
 INT8 = {"precision": {"requested": "int8"}}
 DRIVER = (
-    Path(__file__).resolve().parents[3] / "flexdsa_core" / "toolchains" / "drivers" / "qualcomm_driver.py"
+    Path(__file__).resolve().parents[3] / "flexdsa_core" / "targets" / "qualcomm" / "driver.py"
 )
 HEAD = '<ir_version: 9, opset_import: ["" : 17]>\n'
 
@@ -122,7 +122,7 @@ def test_onnxruntime_qnn_stays_out_of_the_projects_environment():
     """The plugin EP lives in the qualcomm toolchain's own environment only; the core never imports it."""
     assert importlib.util.find_spec("onnxruntime_qnn") is None
     toolchain = get_toolchain("qualcomm")
-    assert toolchain.targets == ("qualcomm-sm8650",) and toolchain.driver == "qualcomm_driver.py"
+    assert toolchain.targets == ("qualcomm-sm8650",) and toolchain.driver_path() == DRIVER
     assert any("onnxruntime-qnn==" in r for group in toolchain.requirements for r in group)
 
 

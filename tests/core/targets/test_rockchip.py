@@ -20,7 +20,7 @@ from tests.core.targets import _bundle_checks as checks
 
 TARGET = load_target("rockchip-rk3588")
 DRIVER = (
-    Path(__file__).resolve().parents[3] / "flexdsa_core" / "toolchains" / "drivers" / "rockchip_driver.py"
+    Path(__file__).resolve().parents[3] / "flexdsa_core" / "targets" / "rockchip" / "driver.py"
 )
 
 
@@ -230,16 +230,22 @@ def test_mixed_bundle_convert_script_carries_the_hybrid_list_and_maps_it_as_the_
     report = checks.mixed_bundle("rockchip-rk3588", tmp_path)
     script = (tmp_path / "convert_rknn.py").read_text()
     compile(script, "convert_rknn.py", "exec")
-    namespace: dict = {"re": __import__("re")}
+    namespace: dict = {}
     exec(script[script.index("BUCKETS") : script.index("def loaded")], namespace)
     assert namespace["HYBRID"] == {"batch1": [["wide", "y"], ["r", "wide"]]}
     assert namespace["HYBRID"] == ADAPTER.toolchain_options(TARGET, report)["custom_hybrid"]
+    # The script imports the mapping from rknn_hybrid.py, shipped beside it: the very file the driver imports.
+    assert "from rknn_hybrid import map_hybrid, quantized_tensors" in script
+    assert (tmp_path / "rknn_hybrid.py").read_bytes() == (DRIVER.parent / "rknn_hybrid.py").read_bytes()
+    spec = importlib.util.spec_from_file_location("bundle_rknn_hybrid", tmp_path / "rknn_hybrid.py")
+    shipped = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(shipped)
     graph = onnx.load(tmp_path / "model.batch1.onnx").graph
     # As rknn-toolkit2 2.5.0 names the MLP's tensors: MatMul outputs get '_mm', the Relu is fused away.
     known = {"x", "x_tp-rs", "h_mm", "h_rs_sw", "wide_mm", "y_mm", "y", "x_int8", "y_int8"}
     pairs = [*namespace["HYBRID"]["batch1"], ["nowhere", "gone"]]
-    assert namespace["map_hybrid"](pairs, known, graph) == _driver().map_hybrid(pairs, known, graph)
-    assert namespace["map_hybrid"](pairs, known, graph)[0] == [["wide_mm", "y"], ["h_mm", "wide_mm"]]
+    assert shipped.map_hybrid(pairs, known, graph) == _driver().map_hybrid(pairs, known, graph)
+    assert shipped.map_hybrid(pairs, known, graph)[0] == [["wide_mm", "y"], ["h_mm", "wide_mm"]]
     readme = (tmp_path / "README.md").read_text()
     assert "the script keeps the mixed plan's float layers (batch1: widen, sensitive) float16" in readme
 

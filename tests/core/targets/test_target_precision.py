@@ -25,7 +25,7 @@ from tests.core.test_precision import _clear_images, _mlp_calibration, _sensitiv
 from tests.models import fixture
 
 NOT_A_CLASSIFIER = AccuracyTarget(top1_outputs=[])
-DRIVERS = Path(__file__).resolve().parents[3] / "flexdsa_core" / "toolchains" / "drivers"
+TARGETS = Path(__file__).resolve().parents[3] / "flexdsa_core" / "targets"
 # A mixed plan as the precision stage writes it for one bucket: layer 'sensitive' kept out of int8.
 MIXED_PLAN = {
     "requested": "mixed", "bucket": "batch1", "accuracy_target": {"min_cosine": 0.995},
@@ -85,7 +85,7 @@ def test_quark_preset_follows_precision_and_the_part():
 
 
 def test_rknn_tensor_names_are_mapped_onto_the_toolkits_renames():
-    spec = importlib.util.spec_from_file_location("rockchip_driver", DRIVERS / "rockchip_driver.py")
+    spec = importlib.util.spec_from_file_location("rockchip_driver", TARGETS / "rockchip" / "driver.py")
     driver = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(driver)
     graph = onnx.load_from_string(_sensitive_mlp()).graph

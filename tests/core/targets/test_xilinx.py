@@ -18,7 +18,7 @@ from flexdsa_core.errors import InvalidOptionsError
 from flexdsa_core.preflight import check_request
 from flexdsa_core.targets import load_target
 from flexdsa_core.targets.base import BucketModel
-from flexdsa_core.targets.xilinx import ADAPTER, ARCH_JSON
+from flexdsa_core.targets.xilinx.adapter import ADAPTER, ARCH_JSON
 from tests.core.fusions.harness import parse, run
 from tests.core.targets import _bundle_checks as checks
 from tests.models import fixture

@@ -10,6 +10,8 @@ and the toolkit's own cycle estimate per layer.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from flexdsa_core.toolchains.base import Toolchain
 
 TOOLCHAIN = Toolchain(
@@ -34,6 +36,6 @@ TOOLCHAIN = Toolchain(
         ),
         ("--no-deps", "rknn-toolkit2==2.5.0"),
     ),
-    driver="rockchip_driver.py",
+    driver=str(Path(__file__).with_name("driver.py")),
     version_of=("rknn-toolkit2", "torch", "onnx", "onnxruntime", "numpy"),
 )

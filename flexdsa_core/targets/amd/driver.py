@@ -2,7 +2,7 @@
 
 Runs inside the amd toolchain's own environment (never imported by the core)::
 
-    python amd_driver.py request.json result.json
+    python driver.py request.json result.json
 
 Per bucket: the bucket's ``dataset`` (the core's calibration samples) is the calibration data, else its one
 sample input plus ``options.dataset``; Quark's ``ModelQuantizer`` quantises the bucket's ONNX with the preset
@@ -40,11 +40,10 @@ import sys
 import time
 from pathlib import Path
 
-try:  # run as a script in the vendor environment (no flexdsa_core there): this folder is sys.path[0]
-    import _driver_common as common
-except ModuleNotFoundError:  # imported by file path (the tests), or run with -P / PYTHONSAFEPATH
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    import _driver_common as common
+# Run as a script in the vendor environment, where flexdsa_core is not installed: what every driver shares is
+# imported by plain name from the toolchains' common folder (a folder of its own, so nothing else is shadowed).
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "toolchains" / "drivers"))
+import _driver_common as common  # noqa: E402
 
 COMPUTE_OPS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
 TRANSFORMER_OPS = frozenset({"Softmax", "LayerNormalization"})

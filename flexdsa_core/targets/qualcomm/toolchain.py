@@ -10,6 +10,8 @@ this enters the project's environment (the core never imports onnxruntime-qnn).
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from flexdsa_core.toolchains.base import Toolchain
 
 TOOLCHAIN = Toolchain(
@@ -17,6 +19,6 @@ TOOLCHAIN = Toolchain(
     description="onnxruntime-qnn: QNN HTP (Hexagon NPU) emulation, placement and EPContext binary, per bucket.",
     targets=("qualcomm-sm8650",),
     requirements=(("onnxruntime>=1.24.2", "onnxruntime-qnn==2.7.0", "onnx>=1.17", "numpy>=1.26"),),
-    driver="qualcomm_driver.py",
+    driver=str(Path(__file__).with_name("driver.py")),
     version_of=("onnxruntime", "onnxruntime-qnn", "onnx", "numpy"),
 )

@@ -1,7 +1,7 @@
 """AMD/Xilinx Kria KV260 DPU (DPUCZDX8G B4096) through Vitis AI: quantise to power-of-two int8, compile
 with ``vai_c_xir`` into an xmodel against the board's ``arch.json``.
 
-The DPU computes int8 only (X4). Its operators (X4) are the op table in ``data/xilinx-kv260.json``; what the
+The DPU computes int8 only (X4). Its operators (X4) are the op table in ``kv260.json`` beside it; what the
 DPU cannot run, ``vai_c_xir`` leaves in CPU subgraphs for the board's Cortex-A53s (X9). DPUCZDX8G's own
 kernel/stride limits are unsourced: the sibling DPUCAHX8H's (X11) stand in, each reason saying so. What the
 op table and the constraint language cannot say is here:

@@ -3,7 +3,7 @@ x86), run it, read where QNN put each node, and keep the context binary.
 
 Runs inside the qualcomm toolchain's own environment (never imported by the core)::
 
-    python qualcomm_driver.py request.json result.json
+    python driver.py request.json result.json
 
 Per bucket (each already a static-shape ONNX: HTP graphs do not finalise with a dynamic dim):
 
@@ -45,11 +45,10 @@ import time
 import traceback
 from pathlib import Path
 
-try:  # run as a script in the vendor environment (no flexdsa_core there): this folder is sys.path[0]
-    import _driver_common as common
-except ModuleNotFoundError:  # imported by file path (the tests), or run with -P / PYTHONSAFEPATH
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    import _driver_common as common
+# Run as a script in the vendor environment, where flexdsa_core is not installed: what every driver shares is
+# imported by plain name from the toolchains' common folder (a folder of its own, so nothing else is shadowed).
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "toolchains" / "drivers"))
+import _driver_common as common  # noqa: E402
 
 EP_NAME = "QNNExecutionProvider"
 PASS_MARK = "GetCapability pass"

@@ -2,7 +2,7 @@
 
 Runs inside the rockchip toolchain's own environment (never imported by the core)::
 
-    python rockchip_driver.py request.json result.json
+    python driver.py request.json result.json
 
 Per bucket: ``RKNN(verbose=True)``, ``config(target_platform='rk3588', ...)``, ``load_onnx`` with the
 bucket's inputs and their static shapes, ``build`` (float16 unless the options ask for int8 with a
@@ -48,11 +48,16 @@ import time
 import traceback
 from pathlib import Path
 
-try:  # run as a script in the vendor environment (no flexdsa_core there): this folder is sys.path[0]
-    import _driver_common as common
-except ModuleNotFoundError:  # imported by file path (the tests), or run with -P / PYTHONSAFEPATH
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    import _driver_common as common
+# Run as a script in the vendor environment, where flexdsa_core is not installed: what every driver shares is
+# imported by plain name from the toolchains' common folder (a folder of its own, so nothing else is shadowed).
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "toolchains" / "drivers"))
+import _driver_common as common  # noqa: E402
+
+# This folder's rknn_hybrid.py, which the bundle's convert_rknn.py ships and imports too (on sys.path already
+# when run as a script; added when the driver is loaded by file path).
+if str(Path(__file__).resolve().parent) not in sys.path:
+    sys.path.insert(1, str(Path(__file__).resolve().parent))
+from rknn_hybrid import map_hybrid, quantized_tensors  # noqa: E402
 
 TABLE_TITLE = "Network Layer Information Table"
 ROW = re.compile(
@@ -166,7 +171,7 @@ def _build(onnx_path, input_names, shapes, rknn_path, feeds, options, out_dir, n
             # ours are mapped onto them before the step 1 that keeps the subgraphs float.
             if rknn.hybrid_quantization_step1(dataset=dataset) != 0:
                 return "rknn.hybrid_quantization_step1 failed (see the log)", None
-            known = _quantized_tensors(_hybrid_files()[2])
+            known = quantized_tensors(_hybrid_files()[2])
             graph = _onnx_graph(onnx_path)
             pairs, unmapped = map_hybrid(options["custom_hybrid"], known, graph)
             options["hybrid_mapped"], options["hybrid_unmapped"] = pairs, unmapped
@@ -219,66 +224,10 @@ def _hybrid_files() -> tuple[str, str, str]:
     return found[0], found[1], found[2]
 
 
-def _quantized_tensors(cfg_path: str) -> set[str]:
-    """Tensor names under ``quantize_parameters:`` in the toolkit's quantisation config (YAML)."""
-    names, inside = set(), False
-    for line in Path(cfg_path).read_text().splitlines():
-        if line.startswith("quantize_parameters:"):
-            inside = True
-            continue
-        if inside and line and not line.startswith(" "):
-            break
-        match = re.match(r"^    (\S[^:]*):\s*$", line)
-        if inside and match:
-            names.add(match.group(1))
-    return names
-
-
 def _onnx_graph(path: str):
     import onnx
 
     return onnx.load(path, load_external_data=False).graph
-
-
-def map_hybrid(pairs: list[list[str]], known: set[str], graph) -> tuple[list[list[str]], list[list[str]]]:
-    """Our [input, output] tensor pairs as the toolkit names them: the same name, or the shortest of its
-    ``<name>_...`` renames ('wide' -> 'wide_mm'); a tensor the toolkit fused away is replaced by the nearest
-    one upstream (an input: its producer's input) or downstream (an output: its consumer's output)."""
-    producer = {out: node for node in graph.node for out in node.output}
-    consumers: dict[str, list] = {}
-    for node in graph.node:
-        for value in node.input:
-            consumers.setdefault(value, []).append(node)
-
-    def named(tensor: str) -> str | None:
-        if tensor in known:
-            return tensor
-        renamed = sorted((k for k in known if k.startswith(tensor + "_")), key=len)
-        return renamed[0] if renamed else None
-
-    def walk(tensor: str, upstream: bool) -> str | None:
-        for _ in range(len(graph.node) + 1):
-            found = named(tensor)
-            if found is not None:
-                return found
-            if upstream:
-                node = producer.get(tensor)
-                tensor = node.input[0] if node is not None and node.input else None
-            else:
-                nodes = consumers.get(tensor) or []
-                tensor = nodes[0].output[0] if len(nodes) == 1 and nodes[0].output else None
-            if tensor is None:
-                return None
-        return None
-
-    mapped, unmapped = [], []
-    for start, end in pairs:
-        first, last = walk(start, True), walk(end, False)
-        if first is None or last is None or first == last:
-            unmapped.append([start, end])
-        else:
-            mapped.append([first, last])
-    return mapped, unmapped
 
 
 def _dataset_file(samples, input_names: list[str], out_dir: Path, name: str) -> str | None:

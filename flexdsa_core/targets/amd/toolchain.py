@@ -13,6 +13,8 @@ fetched. onnxruntime is only in its optional extras; the driver needs it for cal
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from flexdsa_core.toolchains.base import Toolchain
 
 TOOLCHAIN = Toolchain(
@@ -23,7 +25,7 @@ TOOLCHAIN = Toolchain(
         ("torch==2.13.0",),
         ("amd-quark==0.13", "onnxruntime==1.28.0"),
     ),
-    driver="amd_driver.py",
+    driver=str(Path(__file__).with_name("driver.py")),
     version_of=("amd-quark", "onnx", "onnxruntime", "numpy", "torch"),
     checks=(
         "quantised by the vendor quantiser {name!r} (AMD Quark) and run in ONNX Runtime; vendor scripts checked "
