@@ -26,7 +26,7 @@ from service import jobs
 from service.config import Settings
 from service.edge import check_spec_json
 from service.errors import InvalidRequest, NotFound, QuotaExceeded, storage_io
-from service.job_cache import job_cache_key, job_cache_source, refresh_requested
+from service.job_cache import refresh_requested
 from service.models import Artifact, Job, JobGroup, JobStatus, Tenant
 from service.schemas import GroupCreated, GroupJob, GroupOut
 from service.storage import ArtifactStore
@@ -172,34 +172,16 @@ def _record_group(
     session.flush()
     members = []
     for index, (spec, target) in enumerate(checked):
-        cache_key = job_cache_key(
-            upload.sha256, spec, target, upload.calibration and upload.calibration.sha256, settings.toolchains_dir
-        )
-        job = Job(
-            tenant_id=tenant.id,
+        job = jobs.new_job(
+            session, settings, tenant, spec, target,
+            calibration_identity=upload.calibration and upload.calibration.sha256,
+            message=f"Queued for {target.name} (one of {len(checked)} targets compared).",
+            use_cache=not refresh_requested(spec),
+            **jobs.upload_columns(upload, blob_key, calibration_key),
             group_id=group.id,
-            status=JobStatus.queued.value,
-            progress=0.0,
-            target=target.name,
-            spec=spec.model_dump(mode="json"),
-            model_sha256=upload.sha256,
-            model_blob_key=blob_key,
-            model_filename=upload.filename,
-            model_size=upload.size,
-            calibration_blob_key=calibration_key,
             # The group's first job carries the key: a retry finds it, and through it the group.
             idempotency_key=idempotency_key if index == 0 else None,
-            job_cache_key=cache_key,
-            attempts=0,
-            max_attempts=settings.max_attempts,
-        )
-        with session.no_autoflush:
-            source = None if refresh_requested(spec) else job_cache_source(session, tenant.id, cache_key)
-        session.add(job)
-        if source is None:
-            job.record("queued", f"Queued for {target.name} (one of {len(checked)} targets compared).")
-        else:
-            jobs._answer_from_cache(job, source)
+        )  # fmt: skip
         members.append(job)
     try:
         session.commit()

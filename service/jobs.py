@@ -286,33 +286,15 @@ def _record_job(
     calibration_key: str | None,
 ) -> tuple[Job, bool]:
     _check_quota(session, settings, tenant)
-    cache_key = job_cache_key(
-        upload.sha256, spec, target, upload.calibration and upload.calibration.sha256, settings.toolchains_dir
-    )
-    job = Job(
-        tenant_id=tenant.id,
-        status=JobStatus.queued.value,
-        progress=0.0,
-        target=target.name,
-        spec=spec.model_dump(mode="json"),
-        model_sha256=upload.sha256,
-        model_blob_key=blob_key,
-        model_filename=upload.filename,
-        model_size=upload.size,
-        calibration_blob_key=calibration_key,
-        idempotency_key=idempotency_key,
-        job_cache_key=cache_key,
-        attempts=0,
-        max_attempts=settings.max_attempts,
-    )
     try:
-        with session.no_autoflush:
-            source = None if refresh_requested(spec) else job_cache_source(session, tenant.id, cache_key)
-        session.add(job)
-        if source is None:
-            job.record("queued", f"Queued for {target.name}.")
-        else:
-            _answer_from_cache(job, source)
+        job = new_job(
+            session, settings, tenant, spec, target,
+            calibration_identity=upload.calibration and upload.calibration.sha256,
+            message=f"Queued for {target.name}.",
+            use_cache=not refresh_requested(spec),
+            **upload_columns(upload, blob_key, calibration_key),
+            idempotency_key=idempotency_key,
+        )  # fmt: skip
         session.commit()
     except IntegrityError:
         # The same Idempotency-Key raced us; that request's job is the answer.
@@ -322,6 +304,55 @@ def _record_job(
             raise
         return existing, True
     return job, False
+
+
+def upload_columns(upload: ReceivedUpload, blob_key: str, calibration_key: str | None) -> dict:
+    """The job row's columns that name its stored model and calibration samples."""
+    return {
+        "model_sha256": upload.sha256,
+        "model_blob_key": blob_key,
+        "model_filename": upload.filename,
+        "model_size": upload.size,
+        "calibration_blob_key": calibration_key,
+    }
+
+
+def new_job(
+    session: Session,
+    settings: Settings,
+    tenant: Tenant,
+    spec: RequestSpec,
+    target: TargetSpec,
+    *,
+    calibration_identity: str | None,
+    message: str,
+    use_cache: bool,
+    **columns,
+) -> Job:
+    """A job for ``spec`` on ``target``, added to the session (not committed): queued with ``message``, or,
+    with ``use_cache`` and an identical earlier job that succeeded (``job_cache_key``: the model, the spec,
+    the target and its toolchain's state, the calibration samples), answered from it. ``columns``: the stored
+    model's (``upload_columns``) and the row's others (idempotency key, group, lineage)."""
+    cache_key = job_cache_key(columns["model_sha256"], spec, target, calibration_identity, settings.toolchains_dir)
+    job = Job(
+        tenant_id=tenant.id,
+        status=JobStatus.queued.value,
+        progress=0.0,
+        target=target.name,
+        spec=spec.model_dump(mode="json"),
+        job_cache_key=cache_key,
+        attempts=0,
+        max_attempts=settings.max_attempts,
+        **columns,
+    )
+    with session.no_autoflush:
+        source = job_cache_source(session, tenant.id, cache_key) if use_cache else None
+    session.add(job)
+    if source is None:
+        job.record("queued", message)
+    else:
+        _answer_from_cache(job, source)
+    return job
 
 
 def accept_upload(
@@ -370,34 +401,20 @@ def create_derived_job(
     target = spec.target_spec()
     with _one_writer_at_a_time(session):
         _check_quota(session, settings, tenant)
-        cache_key = job_cache_key(
-            parent.model_sha256, spec, target, parent.calibration_blob_key, settings.toolchains_dir
-        )
-        job = Job(
-            tenant_id=tenant.id,
-            status=JobStatus.queued.value,
-            progress=0.0,
-            target=target.name,
-            spec=spec.model_dump(mode="json"),
+        job = new_job(
+            session, settings, tenant, spec, target,
+            calibration_identity=parent.calibration_blob_key,
+            message=message,
+            use_cache=True,
             model_sha256=parent.model_sha256,
             model_blob_key=parent.model_blob_key,
             model_filename=parent.model_filename,
             model_size=parent.model_size,
             calibration_blob_key=parent.calibration_blob_key,
-            job_cache_key=cache_key,
-            attempts=0,
-            max_attempts=settings.max_attempts,
             parent_job_id=parent.id,
             bundle_version=parent.bundle_version + 1,
             respecialise_max_buckets=parent.respecialise_max_buckets,
-        )
-        with session.no_autoflush:
-            source = job_cache_source(session, tenant.id, cache_key)
-        session.add(job)
-        if source is None:
-            job.record("queued", message)
-        else:
-            _answer_from_cache(job, source)
+        )  # fmt: skip
         session.commit()
     return job
 
