@@ -413,6 +413,16 @@ def _variants(rule_class) -> list:
     return [rule_class.rule(layout) for layout in _LAYOUTS]
 
 
+# The attention block's norms, rotary embedding and projections are settled before either attention rule.
+_SETTLED_FIRST = (
+    "layer_norm",
+    "skip_layer_norm",
+    "skip_rms_norm",
+    "rotary",
+    "matmul_add_gemm",
+    "transpose_matmul_gemm",
+)
+
 RULES = [
     make_rule(
         "attention",
@@ -421,15 +431,7 @@ RULES = [
         _variants(AttentionFusion),
         alternatives="attention",
         opset_imports={"com.microsoft": 1},
-        # the attention block's norms, rotary embedding and projections are settled first
-        after=(
-            "layer_norm",
-            "skip_layer_norm",
-            "skip_rms_norm",
-            "rotary",
-            "matmul_add_gemm",
-            "transpose_matmul_gemm",
-        ),
+        after=_SETTLED_FIRST,
     ),
     make_rule(
         "multihead_attention",
@@ -438,14 +440,6 @@ RULES = [
         _variants(MultiHeadAttentionFusion),
         alternatives="attention",
         opset_imports={"com.microsoft": 1},
-        # the attention block's norms, rotary embedding and projections are settled first
-        after=(
-            "layer_norm",
-            "skip_layer_norm",
-            "skip_rms_norm",
-            "rotary",
-            "matmul_add_gemm",
-            "transpose_matmul_gemm",
-        ),
+        after=_SETTLED_FIRST,
     ),
 ]

@@ -31,3 +31,19 @@ class Backend(Protocol):
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]: ...
 
     def close(self) -> None: ...
+
+
+class SessionBackend:
+    """A backend over one ONNX Runtime session (on the CPU, or on a vendor's execution provider): its inputs'
+    dtypes and output names come from the session, and a run is the session's run by name."""
+
+    def _serve(self, session) -> None:
+        self.session = session
+        self.input_dtypes = {i.name: np.dtype(ORT_DTYPES.get(i.type, np.float32)) for i in session.get_inputs()}
+        self.output_names = [o.name for o in session.get_outputs()]
+
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return dict(zip(self.output_names, self.session.run(self.output_names, feeds), strict=True))
+
+    def close(self) -> None:
+        self.session = None

@@ -9,13 +9,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
-
-from flexdsa_runtime.backends.base import ORT_DTYPES
+from flexdsa_runtime.backends.base import SessionBackend
 from flexdsa_runtime.errors import BackendUnavailable
 
 
-class OnnxRuntimeBackend:
+class OnnxRuntimeBackend(SessionBackend):
     name = "onnxruntime"
 
     def __init__(self, path: Path, *, threads: int | None = None, providers: list | None = None) -> None:
@@ -29,16 +27,4 @@ class OnnxRuntimeBackend:
         options.log_severity_level = 3
         if threads:
             options.intra_op_num_threads = threads
-        self.session = ort.InferenceSession(
-            str(path), options, providers=providers or ["CPUExecutionProvider"]
-        )
-        self.input_dtypes = {
-            i.name: np.dtype(ORT_DTYPES.get(i.type, np.float32)) for i in self.session.get_inputs()
-        }
-        self.output_names = [o.name for o in self.session.get_outputs()]
-
-    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return dict(zip(self.output_names, self.session.run(self.output_names, feeds), strict=True))
-
-    def close(self) -> None:
-        self.session = None
+        self._serve(ort.InferenceSession(str(path), options, providers=providers or ["CPUExecutionProvider"]))

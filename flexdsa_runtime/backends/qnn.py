@@ -12,9 +12,7 @@ from __future__ import annotations
 import contextlib
 from pathlib import Path
 
-import numpy as np
-
-from flexdsa_runtime.backends.base import ORT_DTYPES
+from flexdsa_runtime.backends.base import SessionBackend
 from flexdsa_runtime.errors import BackendUnavailable
 
 EP_NAME = "QNNExecutionProvider"
@@ -45,7 +43,7 @@ def available() -> bool:
     return True
 
 
-class QnnBackend:
+class QnnBackend(SessionBackend):
     name = "qnn"
 
     def __init__(self, path: Path, provider: dict | None = None) -> None:
@@ -54,14 +52,4 @@ class QnnBackend:
                 "onnxruntime-qnn is not installed in this interpreter: install onnxruntime-qnn on the device, or "
                 "use backend 'qnn-emulator' (the qualcomm toolchain, `flexdsa toolchains install qualcomm`)."
             )
-        self.session = qnn_session(str(path), provider or {})
-        self.input_dtypes = {
-            i.name: np.dtype(ORT_DTYPES.get(i.type, np.float32)) for i in self.session.get_inputs()
-        }
-        self.output_names = [o.name for o in self.session.get_outputs()]
-
-    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return dict(zip(self.output_names, self.session.run(self.output_names, feeds), strict=True))
-
-    def close(self) -> None:
-        self.session = None
+        self._serve(qnn_session(str(path), provider or {}))
