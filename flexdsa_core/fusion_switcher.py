@@ -276,6 +276,8 @@ class FusionSwitcher:
         missing = [op for op in rule.produces if not self.supports(op)]
         if missing:
             return f"refused: target {self.target.name} has no {', '.join(missing)}"
+        if rule.measured_only and not self.cost_model.measuring:
+            return "refused: taken only where kernels are timed on this machine (a roofline cannot tell its gain)"
         if any(rr.as_function for rr in rule.rewrite_rules):
             return "refused: the rule builds model-local functions, which the switcher cannot cost"
         return None

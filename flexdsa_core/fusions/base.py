@@ -33,6 +33,9 @@ class FusionRule(Rewrite):
     alternatives: str | None = None
     # Extra opsets the rewrite needs imported in the model (domain -> version).
     opset_imports: tuple[tuple[str, int], ...] = ()
+    # Taken only where the switcher times kernels on this machine (cpu-ort): the gain depends on a kernel's
+    # efficiency at the shape, which a roofline estimate does not model.
+    measured_only: bool = False
 
     def apply(self, model: ir.Model, *, tracer: ReasonTracer | None = None) -> int:
         """Take every match in ``model``, in place, through the Fusion Switcher's own driver and clean-up
@@ -65,6 +68,7 @@ def make_rule(
     after: Sequence[str] = (),
     alternatives: str | None = None,
     opset_imports: dict[str, int] | None = None,
+    measured_only: bool = False,
 ) -> FusionRule:
     return FusionRule(
         name=name,
@@ -74,4 +78,5 @@ def make_rule(
         after=tuple(after),
         alternatives=alternatives,
         opset_imports=tuple((opset_imports or {}).items()),
+        measured_only=measured_only,
     )

@@ -405,3 +405,48 @@ def test_each_match_is_timed_for_the_one_threshold_its_decision_turns_on():
     keys = [cost_model.kernel_key(first)]
     assert cost_model.cache.get(cost_model.pair_key(keys, keys, question="faster")) is not None
     assert cost_model.cache.get(cost_model.pair_key(keys, keys, question="both")) is None
+
+
+# -- measured-only rules ---------------------------------------------------------------------------------
+
+
+def _conv1d_model(batch: int = 32, channels: int = 129, length: int = 4) -> ir.Model:
+    """Silero VAD's first encoder layer: 32 chunks of 4 frames, 129 -> 128 channels, kernel 3."""
+    rng = np.random.default_rng(0)
+    weight = onnx.numpy_helper.from_array(rng.standard_normal((128, channels, 3)).astype(np.float32), "w")
+    bias = onnx.numpy_helper.from_array(rng.standard_normal(128).astype(np.float32), "b")
+    graph = onnx.helper.make_graph(
+        [onnx.helper.make_node("Conv", ["x", "w", "b"], ["y"], pads=[1, 1])],
+        "conv1d",
+        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [batch, channels, length])],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [batch, 128, length])],
+        [weight, bias],
+    )
+    return ir.serde.deserialize_model(onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)]))
+
+
+def _conv1d_rule():
+    from flexdsa_core.fusions import discover_rules
+
+    return next(rule for rule in discover_rules() if rule.name == "conv1d_gemm")
+
+
+def test_a_measured_only_rule_is_refused_where_kernels_are_estimated():
+    model = _conv1d_model()
+    target = load_target("rockchip-rk3588")
+    switcher = FusionSwitcher(target, lambda op: True, CostModel(target, cache=LRUCache()))
+    entry = _entry(switcher.run(model, [_conv1d_rule()]), "conv1d_gemm")
+    assert entry["decision"] == "refused"
+    assert "only where kernels are timed on this machine" in entry["reason"]
+    assert _ops(model) == ["Conv"]
+
+
+def test_a_short_conv1d_becomes_a_matmul_where_timed_faster():
+    model = _conv1d_model()
+    plan = _cpu_switcher().run(model, [_conv1d_rule()])
+    entry = _entry(plan, "conv1d_gemm")
+    # 32 GEMMs of 128 x 4 x 387 against one of 128 x 128 x 387: several times faster on any x86 CPU here.
+    assert entry["decision"] == "taken", entry["reason"]
+    assert entry["by_kind"][0]["significance"]["verdict"] == "faster"
+    assert "MatMul" in _ops(model) and "Conv" not in _ops(model)
+    onnx.checker.check_model(ir.serde.serialize_model(model))
