@@ -27,13 +27,19 @@ from flexdsa_core.precision.cpu_forms import (
     dynamic_form,
     exact_top_k,
 )
+from flexdsa_core.precision.float_layers import keep_float_layers_float
 from flexdsa_core.precision.formats import Int8Format
 from flexdsa_core.precision.scoring import PrecisionRun, _cache_read, _cache_write, _digest, _key, _Samples
 
 # com.microsoft ops of our fusions that take weights and that onnxruntime.quantization's QDQ registry does
 # not know: quantised, their weights would stay float (FusedConv on ResNet-18: 1.05x instead of 1.77x).
 QDQ_OPAQUE_WEIGHT_OPS = frozenset(
-    {"com.microsoft::FusedConv", "com.microsoft::FusedGemm", "com.microsoft::FusedMatMul", "com.microsoft::Attention"}
+    {
+        "com.microsoft::FusedConv",
+        "com.microsoft::FusedGemm",
+        "com.microsoft::FusedMatMul",
+        "com.microsoft::Attention",
+    }
 )
 
 
@@ -53,7 +59,9 @@ def _quantize_static(fp32: Path, out: Path, samples, cache: Path, fmt: Int8Forma
                      method: str = "MinMax", **nodes) -> Path:  # fmt: skip
     """ONNX Runtime's static QDQ of ``fp32`` in ``fmt``, calibrated on ``samples`` by ``method`` (MinMax,
     Percentile, Entropy; the ranges kept in ``cache`` for the next call on the same samples). ``keep``: nodes
-    that stay float whatever ``nodes`` asks (the tails of packed outputs, ``packed_tails``)."""
+    that stay float whatever ``nodes`` asks (the tails of packed outputs, ``packed_tails``). Where ONNX Runtime
+    runs the result (cpu-ort, and the vendors' stand-ins ranked here), the weight layers left float are kept
+    float at load (``float_layers``); TensorRT's QDQ ships as the quantiser wrote it."""
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
 
     if keep:
@@ -74,6 +82,10 @@ def _quantize_static(fp32: Path, out: Path, samples, cache: Path, fmt: Int8Forma
             reduce_range=fmt.reduce_range, calibration_cache_path=str(cache.with_suffix(f".{method}.json")),
             calibrate_method=getattr(CalibrationMethod, method), extra_options=extra, **nodes,
         )  # fmt: skip
+    if fmt.runs_here or fmt.vendor is not None:  # run by ONNX Runtime here: its layers kept float stay float
+        model = onnx.load(str(out))
+        if keep_float_layers_float(model):
+            onnx.save(model, str(out))
     return out
 
 
@@ -87,7 +99,9 @@ def _quantize_dynamic(fp32: Path, out: Path, fmt: Int8Format, keep_float: tuple[
     # The form drops our value_info (the rewritten graph re-infers its shapes); untyped new tensors are float.
     model, _ = dynamic_form(onnx.load(str(fp32)))
     if require_int8 and not any(node.op_type in DYNAMIC_OP_TYPES for node in model.graph.node):
-        raise ValueError("no MatMul with a constant weight: dynamic int8 would quantise nothing (the fp32 model)")
+        raise ValueError(
+            "no MatMul with a constant weight: dynamic int8 would quantise nothing (the fp32 model)"
+        )
     bare = out.with_name(f"{out.stem}.input.onnx")
     onnx.save(model, str(bare))
     del model
@@ -155,7 +169,9 @@ def _cached_time_shares(run: PrecisionRun, fp32: Path, runs: int = 5) -> dict[st
     profile it again (the shares are a column of the report, no decision rests on them)."""
     canonical = {
         "fp32_time_shares": _digest(fp32),
-        "feed": {name: [list(np.shape(a)), np.asarray(a).dtype.name] for name, a in sorted(run.samples[0].items())},
+        "feed": {
+            name: [list(np.shape(a)), np.asarray(a).dtype.name] for name, a in sorted(run.samples[0].items())
+        },
         "runs": runs,
         "runtime": {"ort": ort.__version__, "level": "disabled", "threads": 1},
         "machine": _machine_fingerprint(),
