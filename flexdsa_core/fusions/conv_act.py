@@ -124,7 +124,7 @@ RULES = [
         ["Conv"],
         ConvAddBias.rule().commute(),
         # the BatchNorm folds first: a folded Conv's bias takes the Add after it
-        after=("conv_bn_fold", "conv_transpose_bn_fold", "gemm_bn_fold"),
+        after=("conv_bn_fold", "conv_transpose_bn_fold", "gemm_bn_fold", "pad_conv"),
     ),
     make_rule(
         "conv_bias_act",
@@ -136,6 +136,6 @@ RULES = [
         ],
         opset_imports={"com.microsoft": 1},
         # a Conv with its BatchNorm and bias Add folded is what FusedConv takes
-        after=("conv_bn_fold", "conv_add_bias"),
+        after=("conv_bn_fold", "conv_add_bias", "pad_conv"),
     ),
 ]
