@@ -64,6 +64,8 @@ def _quantize_static(fp32: Path, out: Path, samples, cache: Path, fmt: Int8Forma
     float at load (``float_layers``); TensorRT's QDQ ships as the quantiser wrote it."""
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
 
+    if nodes.get("nodes_to_quantize") is not None:
+        nodes["nodes_to_quantize"] = _with_activations(fp32, nodes["nodes_to_quantize"])
     if keep:
         if nodes.get("nodes_to_quantize") is not None:
             nodes["nodes_to_quantize"] = [name for name in nodes["nodes_to_quantize"] if name not in keep]
@@ -87,6 +89,37 @@ def _quantize_static(fp32: Path, out: Path, samples, cache: Path, fmt: Int8Forma
         if keep_float_layers_float(model):
             onnx.save(model, str(out))
     return out
+
+
+# Activations the QDQ quantiser folds into the layer before them (the layer's output takes their range).
+_FOLDED_ACTIVATIONS = ("Relu", "Clip")
+_ACTIVATIONS_SEEN: dict[tuple, dict[str, str]] = {}
+
+
+def _with_activations(fp32: Path, names) -> list[str]:
+    """``names`` and the Relu or Clip that alone reads each of them. Quantised without it, a Conv's output is
+    quantised over its range before the activation (a ReLU6 stem of EfficientNet-Lite0: -30..30, so 0..6
+    got a fifth of the levels) instead of the activation's, and the layer looks far more sensitive than it
+    is in the model where both are int8 (its relative logit error 0.43 alone against 0.05 with its Clip)."""
+    stat = fp32.stat()
+    key = (str(fp32), stat.st_mtime_ns, stat.st_size)
+    if key not in _ACTIVATIONS_SEEN:
+        model = onnx.load(str(fp32), load_external_data=False)
+        readers: dict[str, list[onnx.NodeProto]] = {}
+        for node in model.graph.node:
+            for name in node.input:
+                readers.setdefault(name, []).append(node)
+        outputs = {output.name for output in model.graph.output}
+        found = {}
+        for node in model.graph.node:
+            after = readers.get(node.output[0], []) if len(node.output) == 1 else []
+            if len(after) == 1 and after[0].op_type in _FOLDED_ACTIVATIONS and node.output[0] not in outputs:
+                found[node.name] = after[0].name
+        _ACTIVATIONS_SEEN.clear()  # one model at a time: the candidates of one compile
+        _ACTIVATIONS_SEEN[key] = found
+    after = _ACTIVATIONS_SEEN[key]
+    listed = list(names)
+    return listed + [after[name] for name in listed if name in after and after[name] not in listed]
 
 
 def _quantize_dynamic(fp32: Path, out: Path, fmt: Int8Format, keep_float: tuple[str, ...] = (),
