@@ -250,14 +250,18 @@ def _weight_constants(model: ir.Model) -> dict[str, tuple[ir.Node, ir.TensorProt
     in the protobuf that it parses and copies again (PP-OCRv4 rec: all of its 10.8 MB)."""
     found = {}
     for node in model.graph:
-        if node.op_type != "Constant" or node.domain not in ("", "ai.onnx") or set(node.attributes) != {"value"}:
-            continue
-        tensor = node.attributes["value"].value
-        output = node.outputs[0] if len(node.outputs) == 1 else None
-        if output is None or output.name is None or output.is_graph_output() or not _in_memory(tensor):
-            continue
-        found[output.name] = (node, tensor)
+        tensor = weight_constant(node)
+        if tensor is not None and node.outputs[0].name is not None and not node.outputs[0].is_graph_output():
+            found[node.outputs[0].name] = (node, tensor)
     return found
+
+
+def weight_constant(node: ir.Node) -> ir.TensorProtocol | None:
+    """The weight a ``Constant`` node holds, when it is large enough to go to ONNX Runtime from memory."""
+    if node.op_type != "Constant" or node.domain not in ("", "ai.onnx") or set(node.attributes) != {"value"}:
+        return None
+    tensor = node.attributes["value"].value
+    return tensor if len(node.outputs) == 1 and _in_memory(tensor) else None
 
 
 def _lifted(graph: onnx.GraphProto, constants, weights: dict, *, into: onnx.GraphProto | None = None):
