@@ -4,7 +4,7 @@ system, rather than staying resident as free space in the heap (issue 22's memor
 A run is a sequence of big transient allocations: a model's protobuf parsed and serialised again, weights
 made arrays, ONNX Runtime sessions built and dropped. By default glibc raises its mmap threshold each time
 a big block is freed (up to 32 MiB), so after the first few the next ones come from the heap, and a block
-freed in the heap's middle stays resident; ppocr_rec's run had up to 50 MiB of free heap resident at its
+freed in the heap's middle stays resident; ppocr_rec's run had up to 58 MiB of free heap resident at its
 peaks (``mallinfo2``). With the threshold fixed, blocks of ``MMAP_THRESHOLD`` bytes and more are mapped on
 their own and unmapped when freed; the heap is trimmed once ``TRIM_THRESHOLD`` bytes are free at its top;
 and at most ``ARENA_MAX`` arenas (threads' allocations otherwise spread over up to 8 per core, each holding
