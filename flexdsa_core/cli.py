@@ -69,6 +69,9 @@ def optimize(
     ),
 ) -> None:
     """Optimise MODEL for TARGET; writes the package (models, manifest, report.json, fusion_plan.json) to OUT."""
+    from flexdsa_core import heap
+
+    heap.tune()  # before the imports: freed memory goes back to the system, not kept as free heap (heap.py)
     from pydantic import ValidationError
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn

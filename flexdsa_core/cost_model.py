@@ -71,7 +71,7 @@ import onnx_ir as ir
 import onnxruntime as ort
 
 from flexdsa_core.cache import CacheStats, KernelCache, LRUCache, kernel_key
-from flexdsa_core.in_memory import EXTERNAL_MIN_BYTES, declare, session_with
+from flexdsa_core.in_memory import EXTERNAL_MIN_BYTES, declare, session_with, weight_constant
 from flexdsa_core.kernel_timing import (  # noqa: F401 - machine_fingerprint, measure_sgemm_peak, _timed re-exported
     _LEVELS,
     Timer,
@@ -545,6 +545,11 @@ class CostModel:
                 graph_inputs.append(onnx.helper.make_tensor_value_info(names[value], elem, dims))
                 fed.append(value)
         for n in nodes:
+            tensor = weight_constant(n)
+            if tensor is not None:  # a weight written as a Constant (paddle2onnx): from memory, not serialised
+                weights[names[n.outputs[0]]] = tensor
+                initializers.append(declare(names[n.outputs[0]], tensor.dtype.numpy(), tensor.shape.numpy()))
+                continue
             proto_nodes.append(_node_proto(n, [names.get(v, "") if v is not None else "" for v in n.inputs],
                                            [names[v] for v in n.outputs]))  # fmt: skip
         outputs = list(dict.fromkeys(names[v] for v in produced))
@@ -557,9 +562,8 @@ class CostModel:
         model = onnx.helper.make_model(
             graph, opset_imports=[onnx.helper.make_opsetid(d, v) for d, v in opsets.items()], ir_version=10
         )
-        arrays = self._probe(model, outputs, fed, names, known, nodes, weights)
+        results = self._probe(model, outputs, fed, names, known, nodes, weights)
         self.probe_stats["run"] += 1
-        results = None if arrays is None else [_probed(array) for array in arrays]
         if key is not None:
             self._probes[key] = results
             if results is not None and self.representative_dim == dim_before:
@@ -610,8 +614,9 @@ class CostModel:
             self._note("kernel cache refused a write; measurements are not shared")
 
     def _probe(self, model, outputs, fed, names, known, nodes, weights=None) -> list | None:
-        """Run the probe model; where symbolic dims are fed, retry with smaller representative values
-        if the model refuses the current one (keeping the first that works for all later costing)."""
+        """Run the probe model (``_probed`` of each output); where symbolic dims are fed, retry with smaller
+        representative values if the model refuses the current one (keeping the first that works for all
+        later costing)."""
         symbolic = any(v not in known and not _is_static(v) for v in fed)
         candidates = [self.representative_dim]
         if symbolic:
@@ -634,7 +639,8 @@ class CostModel:
                 self._note("shapes not probed: an input would be too large to allocate")
                 return None
             try:
-                results = guarded_run(session, outputs, feeds, what="a shape probe of the cost model")
+                arrays = guarded_run(session, outputs, feeds, what="a shape probe of the cost model")
+                results = [_probed(array) for array in arrays]
             except Exception as error:  # noqa: BLE001
                 last_error = str(error).splitlines()[0][:160]
                 continue

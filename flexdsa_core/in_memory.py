@@ -90,11 +90,41 @@ def _array_of(tensor: ir.TensorProtocol | np.ndarray) -> np.ndarray:
         entry = kept.get(id(tensor))
         if entry is not None and entry[0] is tensor:  # held, so the id is still this tensor's
             return entry[1]
-    array = aligned(np.asarray(tensor if isinstance(tensor, np.ndarray) else tensor.numpy()))
+    array = np.asarray(tensor if isinstance(tensor, np.ndarray) else tensor.numpy())
+    if not _in_place(tensor, array):
+        array = aligned(array)
     if kept is not None and not isinstance(tensor, ir.ExternalTensor) and kept.nbytes + array.nbytes <= SCOPE_MAX_BYTES:
         kept[id(tensor)] = (tensor, array)
         kept.nbytes += array.nbytes
     return array
+
+
+def _in_place(tensor: ir.TensorProtocol | np.ndarray, array: np.ndarray) -> bool:
+    """Whether ONNX Runtime may read ``tensor``'s own array: an ``ir.Tensor`` over an array already laid out as
+    ``aligned`` makes it (a finished model's tensors are not written to while a session reads them)."""
+    return (
+        isinstance(tensor, ir.Tensor)
+        and tensor.raw is array
+        and array.flags.c_contiguous
+        and array.ctypes.data % ALIGNMENT == 0
+    )
+
+
+def owned_arrays(model: ir.Model) -> None:
+    """Make ``model``'s in-memory initializers ``ir.Tensor``s over aligned arrays of their own (same values,
+    dtype, name), which sessions then read in place: for a model just parsed from a file, whose tensors would
+    otherwise keep the parsed protobuf alive beside the arrays the sessions read (a second copy of every
+    weight). Tensors of other kinds (strings, external data) stay as they are."""
+    for value in model.graph.initializers.values():
+        tensor = value.const_value
+        if tensor is None or isinstance(tensor, (ir.Tensor, ir.ExternalTensor)):
+            continue
+        if tensor.dtype in (ir.DataType.STRING, ir.DataType.UNDEFINED):
+            continue
+        value.const_value = ir.Tensor(
+            aligned(np.asarray(tensor.numpy())), dtype=tensor.dtype, name=tensor.name,
+            doc_string=tensor.doc_string, metadata_props=dict(tensor.metadata_props),
+        )  # fmt: skip
 
 
 def _declared(name: str, data_type: int, dims) -> onnx.TensorProto:
@@ -220,14 +250,18 @@ def _weight_constants(model: ir.Model) -> dict[str, tuple[ir.Node, ir.TensorProt
     in the protobuf that it parses and copies again (PP-OCRv4 rec: all of its 10.8 MB)."""
     found = {}
     for node in model.graph:
-        if node.op_type != "Constant" or node.domain not in ("", "ai.onnx") or set(node.attributes) != {"value"}:
-            continue
-        tensor = node.attributes["value"].value
-        output = node.outputs[0] if len(node.outputs) == 1 else None
-        if output is None or output.name is None or output.is_graph_output() or not _in_memory(tensor):
-            continue
-        found[output.name] = (node, tensor)
+        tensor = weight_constant(node)
+        if tensor is not None and node.outputs[0].name is not None and not node.outputs[0].is_graph_output():
+            found[node.outputs[0].name] = (node, tensor)
     return found
+
+
+def weight_constant(node: ir.Node) -> ir.TensorProtocol | None:
+    """The weight a ``Constant`` node holds, when it is large enough to go to ONNX Runtime from memory."""
+    if node.op_type != "Constant" or node.domain not in ("", "ai.onnx") or set(node.attributes) != {"value"}:
+        return None
+    tensor = node.attributes["value"].value
+    return tensor if len(node.outputs) == 1 and _in_memory(tensor) else None
 
 
 def _lifted(graph: onnx.GraphProto, constants, weights: dict, *, into: onnx.GraphProto | None = None):

@@ -101,6 +101,7 @@ def _dry_load_refusal(tracker, model) -> str | None:
     """Why ONNX Runtime refuses to load ``model`` (a specialisation of ``tracker``'s model), or None."""
     import onnxruntime as ort
 
+    from flexdsa_core.in_memory import InMemoryModel
     from flexdsa_core.passes import run_passes
     from flexdsa_core.passes.folding import ConstantFoldingPass, ShapeFoldingPass
     from flexdsa_core.passes.partial_shapes import PartialShapeFoldingPass
@@ -121,9 +122,9 @@ def _dry_load_refusal(tracker, model) -> str | None:
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
     options.log_severity_level = 4
     try:
-        ort.InferenceSession(
-            ir.to_proto(model).SerializeToString(), options, providers=["CPUExecutionProvider"]
-        )
+        # The weights from memory (``in_memory``), as the other sessions read them: serialised into a protobuf,
+        # they were there three times at once (the message, its bytes, ONNX Runtime's copy).
+        InMemoryModel.from_ir(model, finished=False).session(options)
     except Exception as error:  # noqa: BLE001 - any refusal at these shapes is the answer
         reason = str(error).splitlines()[0]
         return re.sub(r"^\[ONNXRuntimeError\] : \d+ : [A-Z_]+ : ", "", reason)

@@ -273,7 +273,9 @@ def _weights_as_inputs(model: ir.Model) -> None:
     # Weights written as Constant nodes (paddle2onnx writes all of its so) alike: the inference turns every
     # Constant into a numpy array it keeps, and copies it into a one-node model to infer it (PP-OCRv4 det:
     # 25 MiB for 4.7 MB of weights). The node goes; a typed input of the same name stands for its output.
-    for node in list(model.graph):
+    # Those inside subgraphs too (spox writes silero-vad's weights in its If branches, which the inference
+    # copies per branch): the main graph's input stands for them there, a value from the outer scope.
+    for node in list(ir.traversal.RecursiveGraphIterator(model.graph)):
         attribute = node.attributes.get("value") if node.op_type == "Constant" and node.domain in ("", "ai.onnx") else None
         tensor = attribute.value if attribute is not None else None
         if tensor is None or not hasattr(tensor, "shape") or len(node.outputs) != 1 or node.outputs[0].is_graph_output():
@@ -283,7 +285,7 @@ def _weights_as_inputs(model: ir.Model) -> None:
         output = node.outputs[0]
         standing = ir.Value(name=output.name, type=ir.TensorType(tensor.dtype), shape=ir.Shape(tensor.shape.numpy()))
         output.replace_all_uses_with(standing)
-        model.graph.remove(node, safe=True)
+        node.graph.remove(node, safe=True)
         model.graph.inputs.append(standing)
 
 

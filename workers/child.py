@@ -280,6 +280,9 @@ def _cache_stats(cache, summary) -> dict:
 
 def main() -> int:
     _die_with_worker()
+    from flexdsa_core import heap
+
+    heap.tune()  # before the imports and the job: freed memory goes back to the system (flexdsa_core/heap.py)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     # Keep the real stdout for the protocol; anything a library prints lands in stderr instead.
     channel = _Channel(os.dup(1))

@@ -401,3 +401,30 @@ def test_a_fresh_comparison_is_the_one_the_next_job_reads_from_the_cache():
     fresh = CostModel(load_target("cpu-ort"), cache=cache).compare_paired(unfused, fused, opsets=opsets)
     read = CostModel(load_target("cpu-ort"), cache=cache).compare_paired(unfused, fused, opsets=opsets)
     assert fresh == read and fresh.low == round(fresh.low, 4)
+
+
+def test_a_shape_probe_reads_constant_node_weights_from_memory(monkeypatch):
+    """A weight written as a Constant node (paddle2onnx writes all of its so) goes to the probe's session as an
+    in-memory initializer, not as bytes in its protobuf (ppocr_rec on nvidia-orin-nano: the whole model's
+    weights serialised into one probe, 26 MiB of the job's peak); the shapes found are the same."""
+    from flexdsa_core import cost_model
+
+    rng = np.random.default_rng(0)
+    weight = ir.tensor(rng.standard_normal((256, 512)).astype(np.float32), name="w")
+    x = ir.Value(name="x", type=ir.TensorType(ir.DataType.FLOAT), shape=ir.Shape(["n", 256]))
+    constant = ir.node("Constant", [], attributes={"value": weight}, outputs=[ir.Value(name="w")])
+    matmul = ir.node("MatMul", [x, constant.outputs[0]], outputs=[ir.Value(name="h")])
+    relu = ir.node("Relu", [matmul.outputs[0]], outputs=[ir.Value(name="y")])
+    protos = []
+    real_session_with = cost_model.session_with
+
+    def recording(proto, weights, options):
+        protos.append((proto, dict(weights)))
+        return real_session_with(proto, weights, options)
+
+    monkeypatch.setattr(cost_model, "session_with", recording)
+    found = CostModel(load_target("cpu-ort"), calibrate=False).infer_shapes([constant, matmul, relu])
+    [(proto, weights)] = protos
+    assert [n.op_type for n in proto.graph.node] == ["MatMul", "Relu"]
+    assert proto.ByteSize() < 2048 and list(weights) == ["w"]
+    assert found[relu.outputs[0]].shape[1:] == (512,) and found[matmul.outputs[0]].shape == found[relu.outputs[0]].shape

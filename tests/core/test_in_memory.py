@@ -119,3 +119,22 @@ def test_weights_written_as_constant_nodes_go_to_onnx_runtime_from_memory_with_t
         np.testing.assert_array_equal(_outputs(loaded, feeds), want)
     after = {node.outputs[0].name: node.attributes["value"].value for node in model.graph if node.op_type == "Constant"}
     assert after.keys() == {"w1", "w2", "b"} and all(after[name] is before[name] for name in after)
+
+
+def test_owned_arrays_keep_the_bytes_and_sessions_read_them_in_place():
+    """A model parsed from a file (the cpu-ort adapter's ONNX Runtime layout) gets arrays of its own, so the
+    parsed protobuf is not kept beside them: same serialised bytes, same outputs, no second copy per session."""
+    proto = _mlp_proto()
+    model = ir.serde.deserialize_model(proto)
+    want = ir.to_proto(model).SerializeToString()
+    feeds = {"x": np.random.default_rng(1).standard_normal((3, 256)).astype(np.float32)}
+    in_memory.owned_arrays(model)
+    tensors = {name: value.const_value for name, value in model.graph.initializers.items()}
+    assert all(isinstance(t, ir.Tensor) and t.raw.ctypes.data % in_memory.ALIGNMENT == 0 for t in tensors.values())
+    assert ir.to_proto(model).SerializeToString() == want
+    loaded = InMemoryModel.from_ir(model)
+    with arrays_scope():
+        sess = session(loaded)
+        arrays, _ = sess.flexdsa_weights
+        assert all(any(array is tensors[name].raw for array in arrays) for name in ("w1", "w2"))  # not copied
+        np.testing.assert_array_equal(sess.run(None, feeds)[0], _outputs(proto.SerializeToString(), feeds))

@@ -15,7 +15,7 @@ from pathlib import Path
 import onnx_ir as ir
 import onnx_ir.passes.common as common_passes
 
-from flexdsa_core.in_memory import InMemoryModel
+from flexdsa_core.in_memory import InMemoryModel, owned_arrays
 from flexdsa_core.ingest import needs_external_data
 from flexdsa_core.rewrites import Legalisation
 from flexdsa_core.targets.base import BucketModel, Legalized, PlatformAdapter
@@ -123,6 +123,8 @@ def ort_layout(model: ir.Model) -> ir.Model | None:
             # ORT writes one file here, so tensors are in memory; any external one is read before cleanup.
             if isinstance(initializer.const_value, ir.ExternalTensor):
                 initializer.const_value = ir.tensor(initializer.const_value.numpy(), name=initializer.name)
+        # The weights as arrays that sessions read in place: the parsed file goes, not kept beside a copy.
+        owned_arrays(optimized)
     # ORT does not keep node metadata (which fusion rule made a node): carried over by node name.
     metadata = {
         node.name: dict(node.metadata_props) for node in model.graph if node.name and node.metadata_props
