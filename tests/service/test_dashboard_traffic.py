@@ -100,7 +100,9 @@ def test_traffic_against_the_buckets_and_re_specialising_from_the_page(page, ser
     child = wait_for_job(server.url, child_id)
     assert child["status"] == "succeeded" and child["parent_job_id"] == job_id
     assert child["spec"]["shape_buckets"]["seq"] == proposed
-    page.goto(f"/ui/jobs/{child_id}")
+    # The page reloads itself when the job ends (the server renders the finished job); navigating to it
+    # meanwhile raced that reload (ERR_ABORTED): wait for the page as the server renders it once finished.
+    page.wait_for_selector('#job[data-status="succeeded"]', timeout=30_000)
     versions = page.locator("#traffic table.versions tbody tr")
     assert versions.count() == 2
     assert (
