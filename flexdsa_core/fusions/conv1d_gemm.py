@@ -81,14 +81,13 @@ class _Conv1dAsMatMul(RewriteRuleClassBase):
         attrs = conv.attributes
         if attrs.get_int("group", 1) != 1 or w.shape[1] != channels:
             return result.fail("A grouped (or depthwise) Conv is not one matrix product.")
-        if attrs.get_string("auto_pad", "NOTSET") not in ("NOTSET", "VALID"):
+        auto_pad = attrs.get_string("auto_pad", "NOTSET")
+        if auto_pad not in ("NOTSET", "VALID"):
             return result.fail("auto_pad SAME_* is left to the Conv.")
         kernel = int(w.shape[2])
         stride = int(attrs.get_ints("strides", [1])[0])
         dilation = int(attrs.get_ints("dilations", [1])[0])
-        pads = [int(p) for p in attrs.get_ints("pads", [0, 0])]
-        if attrs.get_string("auto_pad", "NOTSET") == "VALID":
-            pads = [0, 0]
+        pads = [0, 0] if auto_pad == "VALID" else [int(p) for p in attrs.get_ints("pads", [0, 0])]
         padded = length + pads[0] + pads[1]
         span = dilation * (kernel - 1) + 1
         if padded < span:

@@ -9,6 +9,7 @@ layer's share of the fp32 run time, which orders the layers the searches try.
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import json
 from collections import Counter
@@ -34,12 +35,7 @@ from flexdsa_core.precision.scoring import PrecisionRun, _cache_read, _cache_wri
 # com.microsoft ops of our fusions that take weights and that onnxruntime.quantization's QDQ registry does
 # not know: quantised, their weights would stay float (FusedConv on ResNet-18: 1.05x instead of 1.77x).
 QDQ_OPAQUE_WEIGHT_OPS = frozenset(
-    {
-        "com.microsoft::FusedConv",
-        "com.microsoft::FusedGemm",
-        "com.microsoft::FusedMatMul",
-        "com.microsoft::Attention",
-    }
+    {"com.microsoft::FusedConv", "com.microsoft::FusedGemm", "com.microsoft::FusedMatMul", "com.microsoft::Attention"}
 )
 
 
@@ -93,7 +89,6 @@ def _quantize_static(fp32: Path, out: Path, samples, cache: Path, fmt: Int8Forma
 
 # Activations the QDQ quantiser folds into the layer before them (the layer's output takes their range).
 _FOLDED_ACTIVATIONS = ("Relu", "Clip")
-_ACTIVATIONS_SEEN: dict[tuple, dict[str, str]] = {}
 
 
 def _with_activations(fp32: Path, names) -> list[str]:
@@ -102,24 +97,26 @@ def _with_activations(fp32: Path, names) -> list[str]:
     got a fifth of the levels) instead of the activation's, and the layer looks far more sensitive than it
     is in the model where both are int8 (its relative logit error 0.43 alone against 0.05 with its Clip)."""
     stat = fp32.stat()
-    key = (str(fp32), stat.st_mtime_ns, stat.st_size)
-    if key not in _ACTIVATIONS_SEEN:
-        model = onnx.load(str(fp32), load_external_data=False)
-        readers: dict[str, list[onnx.NodeProto]] = {}
-        for node in model.graph.node:
-            for name in node.input:
-                readers.setdefault(name, []).append(node)
-        outputs = {output.name for output in model.graph.output}
-        found = {}
-        for node in model.graph.node:
-            after = readers.get(node.output[0], []) if len(node.output) == 1 else []
-            if len(after) == 1 and after[0].op_type in _FOLDED_ACTIVATIONS and node.output[0] not in outputs:
-                found[node.name] = after[0].name
-        _ACTIVATIONS_SEEN.clear()  # one model at a time: the candidates of one compile
-        _ACTIVATIONS_SEEN[key] = found
-    after = _ACTIVATIONS_SEEN[key]
+    after = _activation_after(str(fp32), stat.st_mtime_ns, stat.st_size)
     listed = list(names)
     return listed + [after[name] for name in listed if name in after and after[name] not in listed]
+
+
+@functools.lru_cache(maxsize=1)  # one model at a time: the candidates of one compile quantise the same file
+def _activation_after(path: str, mtime_ns: int, size: int) -> dict[str, str]:
+    """Node name -> the Relu or Clip that alone reads its one output (not a graph output), in the file."""
+    model = onnx.load(path, load_external_data=False)
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for node in model.graph.node:
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+    outputs = {output.name for output in model.graph.output}
+    found = {}
+    for node in model.graph.node:
+        after = readers.get(node.output[0], []) if len(node.output) == 1 else []
+        if len(after) == 1 and after[0].op_type in _FOLDED_ACTIVATIONS and node.output[0] not in outputs:
+            found[node.name] = after[0].name
+    return found
 
 
 def _quantize_dynamic(fp32: Path, out: Path, fmt: Int8Format, keep_float: tuple[str, ...] = (),
@@ -132,9 +129,7 @@ def _quantize_dynamic(fp32: Path, out: Path, fmt: Int8Format, keep_float: tuple[
     # The form drops our value_info (the rewritten graph re-infers its shapes); untyped new tensors are float.
     model, _ = dynamic_form(onnx.load(str(fp32)))
     if require_int8 and not any(node.op_type in DYNAMIC_OP_TYPES for node in model.graph.node):
-        raise ValueError(
-            "no MatMul with a constant weight: dynamic int8 would quantise nothing (the fp32 model)"
-        )
+        raise ValueError("no MatMul with a constant weight: dynamic int8 would quantise nothing (the fp32 model)")
     bare = out.with_name(f"{out.stem}.input.onnx")
     onnx.save(model, str(bare))
     del model
@@ -202,9 +197,7 @@ def _cached_time_shares(run: PrecisionRun, fp32: Path, runs: int = 5) -> dict[st
     profile it again (the shares are a column of the report, no decision rests on them)."""
     canonical = {
         "fp32_time_shares": _digest(fp32),
-        "feed": {
-            name: [list(np.shape(a)), np.asarray(a).dtype.name] for name, a in sorted(run.samples[0].items())
-        },
+        "feed": {name: [list(np.shape(a)), np.asarray(a).dtype.name] for name, a in sorted(run.samples[0].items())},
         "runs": runs,
         "runtime": {"ort": ort.__version__, "level": "disabled", "threads": 1},
         "machine": _machine_fingerprint(),
