@@ -256,16 +256,29 @@ _VALUE_INT_ELEMENTS = 4096
 _VALUE_FLOAT_ELEMENTS = 64
 
 
+def _is_weight(tensor) -> bool:
+    """Whether ``tensor`` is too large to be a value the inference reads (a weight: only its shape counts)."""
+    size = math.prod(tensor.shape.numpy())
+    return size > (_VALUE_INT_ELEMENTS if tensor.dtype.is_integer() else _VALUE_FLOAT_ELEMENTS)
+
+
+def _constant_weight(node: ir.Node):
+    """The tensor of a ``Constant`` node (one output, its tensor in ``value`` alone) that holds a weight, or None."""
+    if node.op_type != "Constant" or node.domain not in ("", "ai.onnx") or set(node.attributes) != {"value"}:
+        return None
+    tensor = node.attributes["value"].value
+    if tensor is None or not hasattr(tensor, "shape") or len(node.outputs) != 1 or not _is_weight(tensor):
+        return None
+    return tensor
+
+
 def _weights_as_inputs(model: ir.Model) -> None:
     """Turn ``model``'s weight initializers into graph inputs of the same type and shape (in place; a
     clone's), so the symbolic inference gets their shapes without serialising and copying their bytes (on
     a BERT-base-width model: ~1.5 s of a 2.2 s refinement were copies of weights it never reads)."""
     for name, value in list(model.graph.initializers.items()):
         tensor = value.const_value
-        if tensor is None or value.shape is None or value.type is None:
-            continue
-        size = math.prod(tensor.shape.numpy())
-        if size <= (_VALUE_INT_ELEMENTS if tensor.dtype.is_integer() else _VALUE_FLOAT_ELEMENTS):
+        if tensor is None or value.shape is None or value.type is None or not _is_weight(tensor):
             continue
         model.graph.initializers.pop(name)
         value.const_value = None
@@ -276,11 +289,8 @@ def _weights_as_inputs(model: ir.Model) -> None:
     # Those inside subgraphs too (spox writes silero-vad's weights in its If branches, which the inference
     # copies per branch): the main graph's input stands for them there, a value from the outer scope.
     for node in list(ir.traversal.RecursiveGraphIterator(model.graph)):
-        attribute = node.attributes.get("value") if node.op_type == "Constant" and node.domain in ("", "ai.onnx") else None
-        tensor = attribute.value if attribute is not None else None
-        if tensor is None or not hasattr(tensor, "shape") or len(node.outputs) != 1 or node.outputs[0].is_graph_output():
-            continue
-        if math.prod(tensor.shape.numpy()) <= (_VALUE_INT_ELEMENTS if tensor.dtype.is_integer() else _VALUE_FLOAT_ELEMENTS):
+        tensor = _constant_weight(node)
+        if tensor is None or node.outputs[0].is_graph_output():
             continue
         output = node.outputs[0]
         standing = ir.Value(name=output.name, type=ir.TensorType(tensor.dtype), shape=ir.Shape(tensor.shape.numpy()))
@@ -309,15 +319,10 @@ def _stub_weight_constants(model: ir.Model) -> list[tuple[ir.Node, ir.Attr]]:
     propagation."""
     stubbed = []
     for node in model.graph:
-        if node.op_type != "Constant" or node.domain not in ("", "ai.onnx") or set(node.attributes) != {"value"}:
+        tensor = _constant_weight(node)
+        if tensor is None or isinstance(tensor, ir.ExternalTensor):
             continue
         attribute = node.attributes["value"]
-        tensor = attribute.value
-        if tensor is None or isinstance(tensor, ir.ExternalTensor) or not hasattr(tensor, "shape"):
-            continue
-        size = math.prod(tensor.shape.numpy())
-        if size <= (_VALUE_INT_ELEMENTS if tensor.dtype.is_integer() else _VALUE_FLOAT_ELEMENTS):
-            continue
         stub = ir.ExternalTensor("flexdsa-shape-only", None, None, tensor.dtype, shape=tensor.shape, name=tensor.name)
         node.attributes["value"] = ir.AttrTensor("value", stub)
         stubbed.append((node, attribute))
