@@ -37,7 +37,7 @@ from flexdsa_core.cost_model import CostModel
 from flexdsa_core.delivery import check_delivery
 from flexdsa_core.errors import FlexDSAError
 from flexdsa_core.fusion_switcher import FusionSwitcher
-from flexdsa_core.in_memory import InMemoryModel, arrays_scope, release_arrays
+from flexdsa_core.in_memory import InMemoryModel, arrays_scope, detach_from_proto, release_arrays
 from flexdsa_core.ingest import Ingested, ingest
 from flexdsa_core.invariants import check_invariants
 from flexdsa_core.job import Job, Progress, StageProgress, proto_without_weights
@@ -387,9 +387,12 @@ class FlexDSAOptimizer:
             job.ingested = ingested
             job.original_source = Path(model) if isinstance(model, (str, Path)) else model
             job.original_digest = ingested.info.get("sha256")  # of exactly these bytes (the file, or the upload)
-            # The upload for ONNX Runtime with its weights read from memory (no second parse, no copies).
+            # The model's tensors made its own, so that the parsed upload goes once its ONNX Runtime form (for
+            # the original's sessions, weights read from memory: no second parse, no copies) is taken from it.
+            detach_from_proto(ingested.model)
             if ingested.proto is not None and (options.validate_outputs or options.measure_latency):
                 job.original_in_memory = InMemoryModel.from_proto(ingested.proto, ingested.model)
+            ingested.proto = None
             if ingested.info.get("ir_version_lowered_from"):  # ONNX Runtime refuses the file as uploaded
                 job.original_source, job.original_digest = job.model_source(ingested.model), None
                 job.original_in_memory = None

@@ -415,18 +415,15 @@ class LatencyRounds:
 
     def __init__(
         self,
-        models: dict[str, ModelSource],
+        models: dict[str, ModelSource | InMemoryModel],
         feeds: dict[str, np.ndarray],
         *,
         warmup: int = 3,
         level=ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
         threads: int = 1,
-        in_memory: dict[str, InMemoryModel] | None = None,
     ) -> None:
-        """``in_memory``: the same models to load with their weights from memory, by name (``models`` then
-        only names them)."""
-        loaded = {name: (in_memory or {}).get(name, source) for name, source in models.items()}
-        sessions = {name: session(source, level=level, threads=threads) for name, source in loaded.items()}
+        """``models``: each a file, bytes or an ``InMemoryModel`` (its weights read from memory)."""
+        sessions = {name: session(source, level=level, threads=threads) for name, source in models.items()}
         self.sessions = sessions
         self.feeds = feeds
         self.samples: dict[str, list[float]] = {name: [] for name in sessions}

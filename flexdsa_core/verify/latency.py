@@ -51,6 +51,9 @@ class ModelClock:
 
     samples: Callable = latency_samples
     rounds: Callable = LatencyRounds
+    # Whether ``rounds`` loads ``InMemoryModel``s (the real one does): a model is then handed over so, with
+    # no serialisation of it made; a clock that reads bytes (a test's) gets bytes.
+    in_memory: bool = True
 
 
 class NeverSlower(Verifier):
@@ -79,7 +82,10 @@ class NeverSlower(Verifier):
         # Each model's bytes hashed once; the latest few held (so their ids stay theirs), as ``serialized`` does.
         self.hashed: OrderedDict[int, tuple[bytes | Path, str]] = OrderedDict()
         if references.digest is not None and references.original_source is job.original_source:
-            self.hashed[id(job.original_source)] = (job.original_source, references.digest)
+            # The upload's digest stands for the original however it is loaded (its bytes, or in memory).
+            for source in (job.original_source, references.in_memory):
+                if source is not None:
+                    self.hashed[id(source)] = (source, references.digest)
 
         verdict = self.check(job, comp)
         if options.never_slower and optimizer.target.calibrated:
@@ -133,19 +139,29 @@ class NeverSlower(Verifier):
         return self._verified(job, candidate)
 
     # -- timing ------------------------------------------------------------------------------------
-    def _digest(self, source: bytes | Path) -> str:
+    def _digest(self, source: bytes | Path | InMemoryModel) -> str:
         if id(source) not in self.hashed or self.hashed[id(source)][0] is not source:
-            self.hashed[id(source)] = (source, _sha256(source))
+            digest = source.digest() if isinstance(source, InMemoryModel) else _sha256(source)
+            self.hashed[id(source)] = (source, digest)
             while len(self.hashed) > 4:
                 self.hashed.popitem(last=False)
         return self.hashed[id(source)][1]
 
     def _timings(self, job: Job, candidate: Compilation, against: Compilation | None = None) -> Comparison:
-        """``candidate`` timed against the original, or against another variant (``against``)."""
-        models = {
-            "original": job.model_source(against.buckets[0].model) if against else job.original_source,
-            "optimized": job.model_source(candidate.buckets[0].model),
-        }
+        """``candidate`` timed against the original, or against another variant (``against``). Where the clock
+        loads models from memory (``ModelClock.in_memory``, the real one) a model is hashed and loaded as an
+        ``InMemoryModel``: no serialisation of it is made or held while its session runs."""
+        in_memory = self.interleave and job.optimizer.clock.in_memory
+        variants = {"original": against.buckets[0].model if against else None, "optimized": candidate.buckets[0].model}
+        models: dict[str, bytes | Path | InMemoryModel] = {}
+        for name, model in variants.items():
+            loaded = None
+            if in_memory:
+                loaded = InMemoryModel.from_ir(model) if model is not None else job.references.in_memory
+            if loaded is not None:
+                models[name] = loaded
+            else:
+                models[name] = job.model_source(model) if model is not None else job.original_source
         digests = {name: self._digest(source) for name, source in models.items()}
         # Against the original only "slower?" decides anything; the fastest-variant switch needs "faster".
         question = "slower" if against is None else "both"
@@ -154,15 +170,8 @@ class NeverSlower(Verifier):
         if comparison is not None:
             self.reused.add(id(comparison))
         else:
-            loaded = None
-            if self.interleave:  # both loaded with their weights read from memory, where they can be
-                loaded = {
-                    "original": InMemoryModel.from_ir(against.buckets[0].model) if against else job.references.in_memory,
-                    "optimized": InMemoryModel.from_ir(candidate.buckets[0].model),
-                }
-                loaded = {name: model for name, model in loaded.items() if model is not None}
             comparison = _sequential_comparison(
-                models, self.feeds, self.rounds, self.interleave, job.optimizer.clock, question, in_memory=loaded
+                models, self.feeds, self.rounds, self.interleave, job.optimizer.clock, question
             )
             # As the kernel cache will hold it (rounded): a later job reading it decides the same.
             comparison = Comparison.from_dict(comparison.as_dict())
@@ -255,8 +264,6 @@ def _sequential_comparison(
     interleave: bool,
     clock: ModelClock,
     question: Question = "slower",
-    *,
-    in_memory: dict | None = None,
 ) -> Comparison:
     """Paired rounds of ``models['optimized']`` against ``models['original']``, each loaded once for the
     whole comparison. Stops at a look of ``MODEL_EARLY_LOOKS`` when the answer to ``question`` is already
@@ -274,7 +281,7 @@ def _sequential_comparison(
             for name in samples:
                 samples[name].extend(extra[name])
     else:
-        timer = clock.rounds(models, feeds, in_memory=in_memory) if in_memory else clock.rounds(models, feeds)
+        timer = clock.rounds(models, feeds)
         samples = timer.more(MIN_ROUNDS)
         for look in (*MODEL_EARLY_LOOKS[1:], rounds):
             done = len(samples["original"])

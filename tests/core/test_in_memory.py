@@ -3,6 +3,9 @@ no weight data in the protobuf, and leave the model as it was."""
 
 from __future__ import annotations
 
+import gc
+import os
+
 import numpy as np
 import onnx
 import onnx_ir as ir
@@ -138,3 +141,67 @@ def test_owned_arrays_keep_the_bytes_and_sessions_read_them_in_place():
         arrays, _ = sess.flexdsa_weights
         assert all(any(array is tensors[name].raw for array in arrays) for name in ("w1", "w2"))  # not copied
         np.testing.assert_array_equal(sess.run(None, feeds)[0], _outputs(proto.SerializeToString(), feeds))
+
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as handle:
+        return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def test_a_parsed_upload_is_freed_once_its_tensors_are_detached_with_the_same_bytes_and_outputs():
+    """An onnx_ir model parsed from a protobuf reads its tensors from it, which keeps the whole message alive
+    beside the copies sessions make. Detached, the model holds its tensors itself: large raw ones as aligned
+    arrays sessions read in place, the rest (a tensor written as ``float_data``) in their exact form; the
+    model serialises to the same bytes and runs to the same outputs, and the parsed message goes."""
+    proto = _constant_weights_proto()
+    extra = onnx.helper.make_tensor("scale", onnx.TensorProto.FLOAT, [8], [0.5] * 8)  # float_data, not raw
+    proto.graph.initializer.append(extra)
+    proto.graph.node.append(onnx.helper.make_node("Mul", ["y", "scale"], ["scaled"]))
+    proto.graph.output.append(onnx.helper.make_tensor_value_info("scaled", onnx.TensorProto.FLOAT, ["N", 8]))
+    data = proto.SerializeToString()
+    feeds = {"x": np.random.default_rng(1).standard_normal((3, 256)).astype(np.float32)}
+    want = _outputs(data, feeds)
+
+    model = ir.serde.deserialize_model(onnx.ModelProto.FromString(data))
+    serialised = ir.to_proto(model).SerializeToString()  # onnx_ir's own form, which detaching must not change
+    in_memory.detach_from_proto(model)
+    assert ir.to_proto(model).SerializeToString() == serialised
+    weights = {n.outputs[0].name: n.attributes["value"].value for n in model.graph if n.op_type == "Constant"}
+    assert all(isinstance(weights[name], ir.Tensor) for name in ("w1", "w2"))
+    assert weights["w1"].raw.ctypes.data % in_memory.ALIGNMENT == 0
+    assert isinstance(model.graph.initializers["scale"].const_value, ir.serde.TensorProtoTensor)
+    with arrays_scope():
+        sess = session(InMemoryModel.from_ir(model))
+        arrays, _ = sess.flexdsa_weights
+        assert any(array is weights["w1"].raw for array in arrays)  # read in place, not copied
+        got = sess.run(None, feeds)
+    reference = session(data).run(None, feeds)
+    np.testing.assert_array_equal(got[0], want)
+    for a, b in zip(got, reference, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_a_detached_model_holds_its_weights_once_not_beside_the_parsed_message():
+    """64 MiB of weight in a Constant node: parsed and detached, the process holds it once (the model's own
+    array); were any tensor still reading the parsed message, the message would stay too (twice the size)."""
+    size = 64 * 2**20
+    weight = np.random.default_rng(0).standard_normal(size // 4, dtype=np.float32).reshape(4096, -1)
+    graph = onnx.helper.make_graph(
+        [
+            onnx.helper.make_node("Constant", [], ["w"], value=onnx.numpy_helper.from_array(weight, "w")),
+            onnx.helper.make_node("MatMul", ["x", "w"], ["y"]),
+        ],
+        "big",
+        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 4096])],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, weight.shape[1]])],
+    )
+    data = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)]).SerializeToString()
+    del weight, graph
+    gc.collect()
+    before = _rss()
+    model = ir.serde.deserialize_model(onnx.ModelProto.FromString(data))
+    in_memory.detach_from_proto(model)
+    gc.collect()
+    grown = _rss() - before
+    assert 0.9 * size < grown < 1.4 * size, grown / size

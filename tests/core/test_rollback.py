@@ -165,7 +165,7 @@ def _fake_clock(seconds) -> FlexDSAOptimizer:
                 self.samples[name].extend([value] * repeats)
             return self.samples
 
-    return FlexDSAOptimizer("cpu-ort", clock=ModelClock(samples=fake_samples, rounds=FakeRounds))
+    return FlexDSAOptimizer("cpu-ort", clock=ModelClock(samples=fake_samples, rounds=FakeRounds, in_memory=False))
 
 
 def _has_layer_norm(model: onnx.ModelProto) -> bool:
@@ -241,7 +241,7 @@ def test_the_same_two_models_are_compared_once_and_then_read_from_the_kernel_cac
         opened.append(sorted(models))
         return fake.rounds(models, feeds, **kwargs)
 
-    optimizer = FlexDSAOptimizer("cpu-ort", clock=ModelClock(samples=fake.samples, rounds=counting_rounds))
+    optimizer = FlexDSAOptimizer("cpu-ort", clock=ModelClock(samples=fake.samples, rounds=counting_rounds, in_memory=False))
     cache = LRUCache()
     first = optimizer.optimize(LAYER_NORM_MODEL, OptimizeOptions(), cache=cache).report
     second = optimizer.optimize(LAYER_NORM_MODEL, OptimizeOptions(), cache=cache).report

@@ -27,6 +27,7 @@ The wheels' versions are pinned (``WHEELS``): a new release cannot change a fixt
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import subprocess
@@ -223,12 +224,17 @@ def torch_env() -> Path:
     ready = folder / ".ready"
     if ready.is_file():
         return python
-    subprocess.run([sys.executable, "-m", "venv", "--clear", str(folder)], check=True, timeout=300)
-    install = [str(python), "-m", "pip", "install", "-q", f"torch=={TORCH_VERSION}", "onnxscript", "onnxruntime"]
-    done = subprocess.run(install, capture_output=True, text=True, timeout=1800)
-    if done.returncode != 0:
-        raise RuntimeError(f"could not install torch {TORCH_VERSION} for the fixtures: {done.stderr.strip()[-500:]}")
-    ready.write_text(TORCH_VERSION)
+    # One builder at a time (pytest-xdist workers): a second one's ``venv --clear`` wiped the first's torch.
+    with open(folder.with_name(folder.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if ready.is_file():
+            return python
+        subprocess.run([sys.executable, "-m", "venv", "--clear", str(folder)], check=True, timeout=300)
+        install = [str(python), "-m", "pip", "install", "-q", f"torch=={TORCH_VERSION}", "onnxscript", "onnxruntime"]
+        done = subprocess.run(install, capture_output=True, text=True, timeout=1800)
+        if done.returncode != 0:
+            raise RuntimeError(f"could not install torch {TORCH_VERSION} for the fixtures: {done.stderr.strip()[-500:]}")
+        ready.write_text(TORCH_VERSION)
     return python
 
 
