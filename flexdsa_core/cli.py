@@ -46,7 +46,14 @@ def optimize(
         exists=True,
         dir_okay=False,
         help="Calibration samples for --precision: an .npz with one array per model input, samples stacked on the "
-        "first axis. Without it, accuracy is judged on synthetic inputs (with a warning).",
+        "first axis. Without it, numerics are checked on synthetic inputs (with a warning) and no accuracy is "
+        "claimed; an int8-only target (xilinx-kv260) refuses to run without it.",
+    ),
+    allow_synthetic_calibration: bool = typer.Option(
+        False,
+        "--allow-synthetic-calibration",
+        help="On an int8-only target without --calibration, quantise on seeded random inputs instead of refusing "
+        "(numerics only, no accuracy claim; a warning says so).",
     ),
     no_validate: bool = typer.Option(
         False, "--no-validate", help="Skip numerical validation (not recommended)."
@@ -94,6 +101,7 @@ def optimize(
                 **({"precision": precision} if precision else {}),
                 **({"validate_outputs": False} if no_validate else {}),
                 **({"measure_latency": False} if no_measure else {}),
+                **({"allow_synthetic_calibration": True} if allow_synthetic_calibration else {}),
             }
         )
         optimizer = FlexDSAOptimizer(request.target_spec(), toolchain_root=toolchains_dir)

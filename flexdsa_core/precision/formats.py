@@ -93,7 +93,7 @@ def check_calibration_source(options: OptimizeOptions, target, has_samples: bool
         "samples of your data: send them as the 'calibration' file (flexdsa optimize --calibration samples.npz: "
         "one array per model input, named as the input, samples stacked on the first axis) with precision 'int8' "
         "or 'mixed'. To quantise on seeded random inputs instead (numerics only, no accuracy claim), set "
-        "allow_synthetic_calibration: true.",
+        "allow_synthetic_calibration: true (flexdsa optimize --allow-synthetic-calibration).",
         details={"target": target.name, "target_dtypes": list(target.dtypes), "fix": "calibration samples"},
     )
 

@@ -3,6 +3,7 @@ holds the traceback, a run past its memory limit says which limit, and the limit
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -81,3 +82,19 @@ def test_an_in_process_run_gives_the_process_its_own_limit_back(tmp_path):
     result = _run(tmp_path, "--memory-limit-mb", "12000")
     assert result.exit_code == 0, result.output
     assert resource.getrlimit(resource.RLIMIT_AS) == before
+
+
+def test_an_int8_only_target_without_samples_is_refused_in_one_line_naming_both_fixes(tmp_path):
+    result = _run(tmp_path, "--target", "xilinx-kv260", "--memory-limit-mb", "0")
+    assert result.exit_code != 0
+    line = _one_line(result)
+    assert "invalid_options" in line and "int8 only" in line, line
+    assert "--calibration" in line and "--allow-synthetic-calibration" in line, line
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+def test_allow_synthetic_calibration_on_the_command_line_ships_with_the_warning(tmp_path):
+    result = _run(tmp_path, "--target", "xilinx-kv260", "--memory-limit-mb", "0", "--allow-synthetic-calibration")
+    assert result.exit_code == 0, result.output
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert any("seeded random inputs" in warning for warning in report["warnings"]), report["warnings"]
