@@ -102,17 +102,46 @@ def run_one(model: Path, target: str, work: Path, timeout_s: float) -> dict:
     return entry
 
 
+def _sources(real_exports: dict, *, trained: bool, large: bool) -> dict:
+    """name -> (a function giving the model's path, who exported it): the real exports, then the trained
+    fixtures (built once, ``bench.trained``), then, asked for, the 435 MB encoder (generated once)."""
+    sources = {name: (export.fetch, export.exporter) for name, export in real_exports.items()}
+    if trained:
+        from bench.trained import FIXTURES, fixture
+
+        for name in FIXTURES:
+            sources[name] = (lambda name=name: fixture(name).model, "trained fixture (bench.trained)")
+    if large:
+        from bench.runtime_model import bert_base
+
+        sources["bert-base"] = (bert_base, "onnx.helper, random weights (bench.runtime_model)")
+    return sources
+
+
 def main(argv: list[str] | None = None) -> dict:
     sys.path.insert(0, str(REPO_ROOT))
     from tests.models.real_exports import REAL_EXPORTS
 
     parser = argparse.ArgumentParser(prog="python -m bench.exports", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--models", help=f"comma-separated subset of {','.join(REAL_EXPORTS)}")
+    from bench.trained import FIXTURES as TRAINED
+
+    parser.add_argument(
+        "--models", help=f"comma-separated subset of {','.join([*REAL_EXPORTS, *TRAINED, 'bert-base'])}"
+    )
+    parser.add_argument("--no-trained", action="store_true", help="leave out the trained fixtures (bench.trained)")
+    parser.add_argument(
+        "--large", action="store_true", help="also the BERT-base-size encoder of bench.runtime (435 MB, random weights)"
+    )
     parser.add_argument("--targets", help=f"comma-separated subset of {','.join(TARGETS)}")
     parser.add_argument("--timeout", type=float, default=900, help="seconds one run may take")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR / "exports.json")
     args = parser.parse_args(argv)
-    models = args.models.split(",") if args.models else list(REAL_EXPORTS)
+    sources = _sources(REAL_EXPORTS, trained=not args.no_trained, large=args.large)
+    models = args.models.split(",") if args.models else list(sources)
+    unknown = [name for name in models if name not in sources and name not in (*TRAINED, "bert-base")]
+    if unknown:
+        parser.error(f"unknown models {unknown}")
+    sources = _sources(REAL_EXPORTS, trained=True, large=True)
     targets = args.targets.split(",") if args.targets else list(TARGETS)
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     baseline = baseline_rss()
@@ -129,9 +158,10 @@ def main(argv: list[str] | None = None) -> dict:
         print("one-node model, peak RSS: " + ", ".join(f"{t} {v / 2**20:.0f} MiB" for t, v in empty.items()))
         print(header, flush=True)
         for name in models:
-            path = REAL_EXPORTS[name].fetch()
+            fetch, exporter = sources[name]
+            path = fetch()
             size = path.stat().st_size
-            per_target = results["models"].setdefault(name, {"model_bytes": size, "exporter": REAL_EXPORTS[name].exporter})
+            per_target = results["models"].setdefault(name, {"model_bytes": size, "exporter": exporter})
             for target in targets:
                 entry = run_one(path, target, work, args.timeout)
                 net = max(0, entry["peak_rss_bytes"] - baseline)

@@ -122,13 +122,13 @@ def _model_files(
 ) -> dict[str, bytes | Path]:
     """``to_file``: written under ``workdir`` (when given) and given as a path, its bytes not kept in memory."""
     from flexdsa_core.ingest import needs_external_data, save_model
-    from flexdsa_core.serialized import model_bytes
+    from flexdsa_core.serialized import model_bytes, serialize
 
     if not needs_external_data(model):
         if not to_file or workdir is None:
             return {name: model_bytes(model)}  # the bytes validation ran, when inside the optimizer's scope
         path = Path(tempfile.mkdtemp(prefix="flexdsa-artifacts-", dir=workdir)) / name
-        path.write_bytes(ir.to_proto(model).SerializeToString())
+        path.write_bytes(serialize(model))
         return {name: path}
     folder = Path(tempfile.mkdtemp(prefix="flexdsa-artifacts-", dir=workdir))
     return {path.name: path for path in save_model(model, folder / name)}

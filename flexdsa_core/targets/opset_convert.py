@@ -41,6 +41,7 @@ import onnx_ir as ir
 import onnx_ir.passes.common
 
 from flexdsa_core.rewrites import Legalisation
+from flexdsa_core.serialized import weightless_proto
 
 OPSET_UPGRADE = "opset_upgrade"
 OPSET_DOWNGRADE = "opset_downgrade"
@@ -566,8 +567,9 @@ def replace_node(node: ir.Node, outputs: list[ir.Value | None]) -> None:
 
 
 def _check(model: ir.Model) -> str | None:
-    """onnx's checker at the new opset: the older schemas' attributes, inputs and types."""
-    proto = ir.to_proto(model)
+    """onnx's checker at the new opset: the older schemas' attributes, inputs and types (on the model with its
+    weights as typed inputs: neither reads their values)."""
+    proto = weightless_proto(model)
     try:
         onnx.checker.check_model(proto)
         onnx.shape_inference.infer_shapes(proto, check_type=True, strict_mode=True)

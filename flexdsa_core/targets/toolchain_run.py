@@ -44,6 +44,7 @@ def run_toolchain(
     precision: dict | None = None, calibration: dict[str, list[dict]] | None = None, accuracy=None,
     held_out: dict[str, list[dict]] | None = None, bucket_options: dict[str, dict] | None = None,
 ) -> tuple[dict, dict[str, Path]]:
+    from flexdsa_core.job import proto_without_weights
     from flexdsa_core.validate import make_inputs, run
 
     if not target.toolchain:
@@ -62,7 +63,7 @@ def run_toolchain(
     for bucket in buckets:
         model_path = folder / adapter.model_filename(bucket)
         ir.save(bucket.model, model_path)
-        feeds = make_inputs(ir.to_proto(bucket.model), seed=seed, dims=bucket_dims(bucket))
+        feeds = make_inputs(proto_without_weights(bucket.model), seed=seed, dims=bucket_dims(bucket))
         references[bucket.name] = run(original_source, feeds)
         inputs = {}
         for name, array in feeds.items():

@@ -612,11 +612,12 @@ def _feeds(bucket: BucketModel, folder: Path) -> dict[str, str]:
     """One seeded input sample at the bucket's shapes, saved as .npy: input name -> path."""
     import numpy as np
 
+    from flexdsa_core.job import proto_without_weights
     from flexdsa_core.targets.toolchain_run import bucket_dims
     from flexdsa_core.validate import make_inputs
 
     written = {}
-    for name, array in make_inputs(ir.to_proto(bucket.model), seed=0, dims=bucket_dims(bucket)).items():
+    for name, array in make_inputs(proto_without_weights(bucket.model), seed=0, dims=bucket_dims(bucket)).items():
         path = folder / f"{bucket.name}.feed.{_safe(name)}.npy"
         np.save(path, array)
         written[name] = str(path)

@@ -1,0 +1,98 @@
+"""``serialized.serialize``: the bytes ``ir.to_proto(model).SerializeToString()`` makes, without the second copy
+of the weights, for every kind of tensor an initializer can hold."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import onnx
+import onnx_ir as ir
+import pytest
+
+from flexdsa_core.in_memory import aligned, detach_from_proto
+from flexdsa_core.serialized import STREAM_MIN_BYTES, serialize
+
+LARGE = STREAM_MIN_BYTES // 4 + 7  # float32 elements: streamed
+
+
+def _model() -> ir.Model:
+    """Initializers of every kind, large and small, in a graph with a subgraph, a function, doc strings and
+    metadata on the model, the graph and a tensor."""
+    rng = np.random.default_rng(0)
+    tensors = [
+        onnx.numpy_helper.from_array(rng.standard_normal(LARGE).astype(np.float32), "f32"),
+        onnx.numpy_helper.from_array(rng.standard_normal(LARGE).astype(np.float16), "f16"),
+        onnx.numpy_helper.from_array(rng.integers(-128, 127, LARGE, dtype=np.int8), "i8"),
+        onnx.numpy_helper.from_array(rng.integers(0, 2, LARGE).astype(bool), "flags"),
+        onnx.numpy_helper.from_array(rng.standard_normal(8).astype(np.float32), "small"),
+        onnx.helper.make_tensor("listed", onnx.TensorProto.FLOAT, [LARGE], rng.standard_normal(LARGE).tolist()),
+        onnx.helper.make_tensor("words", onnx.TensorProto.STRING, [2], [b"a", b"b"]),
+    ]
+    tensors[0].doc_string = "a documented weight"
+    entry = tensors[1].metadata_props.add()
+    entry.key, entry.value = "source", "test"
+    branch = onnx.helper.make_graph(
+        [onnx.helper.make_node("Identity", ["small"], ["out"])], "branch", [],
+        [onnx.helper.make_tensor_value_info("out", onnx.TensorProto.FLOAT, [8])],
+    )  # fmt: skip
+    graph = onnx.helper.make_graph(
+        [
+            onnx.helper.make_node("If", ["cond"], ["picked"], then_branch=branch, else_branch=branch),
+            onnx.helper.make_node("Double", ["picked"], ["y"], domain="local"),
+        ],
+        "kinds",
+        [onnx.helper.make_tensor_value_info("cond", onnx.TensorProto.BOOL, [])],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [8])],
+        initializer=tensors,
+        doc_string="graph doc",
+    )
+    function = onnx.helper.make_function(
+        "local", "Double", ["x"], ["z"], [onnx.helper.make_node("Add", ["x", "x"], ["z"])],
+        [onnx.helper.make_opsetid("", 17)],
+    )  # fmt: skip
+    proto = onnx.helper.make_model(
+        graph, opset_imports=[onnx.helper.make_opsetid("", 17), onnx.helper.make_opsetid("local", 1)],
+        functions=[function], producer_name="test", doc_string="model doc",
+    )  # fmt: skip
+    onnx.helper.set_model_props(proto, {"author": "test"})
+    return ir.serde.deserialize_model(proto)
+
+
+def _add(model: ir.Model, name: str, tensor: ir.TensorProtocol) -> None:
+    value = ir.Value(name=name, shape=tensor.shape, type=ir.TensorType(tensor.dtype), const_value=tensor)
+    model.graph.register_initializer(value)
+
+
+def test_the_same_bytes_for_tensors_as_parsed():
+    model = _model()
+    assert serialize(model) == ir.to_proto(model).SerializeToString()
+
+
+def test_the_same_bytes_for_tensors_of_their_own_and_made_by_passes():
+    model = _model()
+    detach_from_proto(model)  # aligned arrays for the large raw ones
+    rng = np.random.default_rng(1)
+    _add(model, "bf16", ir.Tensor(rng.standard_normal(LARGE).astype(ml_dtypes.bfloat16), dtype=ir.DataType.BFLOAT16))
+    _add(model, "int4", ir.Tensor(rng.integers(-8, 7, 2 * LARGE).astype(ml_dtypes.int4), dtype=ir.DataType.INT4))
+    _add(model, "strided", ir.Tensor(rng.standard_normal((LARGE, 2)).astype(np.float32)[:, 0]))  # not contiguous
+    _add(model, "renamed", ir.Tensor(aligned(rng.standard_normal(LARGE).astype(np.float32)), name="old name"))
+    want = ir.to_proto(model).SerializeToString()
+    assert serialize(model) == want
+    assert onnx.ModelProto.FromString(want).graph.initializer[-1].name == "renamed"
+
+
+def test_a_model_with_no_large_initializer_is_serialised_as_a_whole():
+    model = ir.serde.deserialize_model(onnx.parser.parse_model(
+        '<ir_version: 9, opset_import: ["" : 17]> g (float[2] x) => (float[2] y) { y = Relu(x) }'
+    ))  # fmt: skip
+    assert serialize(model) == ir.to_proto(model).SerializeToString()
+
+
+@pytest.mark.parametrize("count", [1, 3])
+def test_the_weights_are_put_back_after_serialising(count):
+    model = _model()
+    before = {name: value.const_value for name, value in model.graph.initializers.items()}
+    for _ in range(count):
+        serialize(model)
+    assert {name: value.const_value for name, value in model.graph.initializers.items()} == before
+    assert all(model.graph.initializers[name].const_value is tensor for name, tensor in before.items())
