@@ -2,7 +2,8 @@
 reads them (validation, the never-slower timing, the artifacts, ``OptimizeResult.model_bytes``).
 
 Serialising a transformer of a few hundred MB costs about as much as loading it, and the pipeline used to
-do it three to five times for the same model. Within ``serialization_scope()`` ``model_bytes(model)`` is
+do it three to five times for the same model. Each serialisation is ``serialize``: the same bytes as
+``ir.to_proto(model).SerializeToString()``, with the weights copied once instead of twice. Within ``serialization_scope()`` ``model_bytes(model)`` is
 remembered for the models given to it (at most ``KEPT`` at a time, the latest; the bisections compile
 several variants). The scope is opened where models are finished: nothing inside it may change a model
 after it was serialised. Outside a scope every call serialises afresh.
@@ -178,7 +179,6 @@ class _Header:
     empty raw data (removed after)."""
 
     def __init__(self, tensor: ir.TensorProtocol) -> None:
-        self._tensor = tensor
         self.name, self.doc_string, self.dtype = tensor.name, tensor.doc_string, tensor.dtype
         self.shape, self.metadata_props = tensor.shape, tensor.metadata_props
 
