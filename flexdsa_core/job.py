@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import onnx
 import onnx_ir as ir
 
 from flexdsa_core.compilation import Compilation
@@ -113,25 +112,3 @@ class Job:
             return model_bytes(model)  # once per finished model (``serialized``)
         folder = Path(tempfile.mkdtemp(prefix="validate-", dir=self.workdir))
         return save_model(model, folder / "model.onnx")[0]
-
-
-def proto_without_weights(model: ir.Model) -> onnx.ModelProto:
-    """The graph's inputs and Gather tables' shapes, enough to build validation inputs, without copying weights."""
-    proto = onnx.ModelProto()
-    graph = proto.graph
-    for value in model.graph.inputs:
-        graph.input.append(ir.serde.serialize_value(value))
-    for name, init in model.graph.initializers.items():
-        tensor = graph.initializer.add()
-        tensor.name = name
-        if init.shape is not None:
-            tensor.dims.extend(int(d) for d in init.shape)
-    for node in model.graph:
-        if node.op_type == "Gather" and node.domain == "":
-            copy = graph.node.add()
-            copy.op_type = "Gather"
-            copy.input.extend(v.name if v is not None else "" for v in node.inputs)
-            axis = node.attributes.get("axis")
-            if axis is not None:
-                copy.attribute.append(onnx.helper.make_attribute("axis", axis.as_int()))
-    return proto

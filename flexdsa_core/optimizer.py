@@ -40,7 +40,7 @@ from flexdsa_core.fusion_switcher import FusionSwitcher
 from flexdsa_core.in_memory import InMemoryModel, arrays_scope, detach_from_proto, release_arrays
 from flexdsa_core.ingest import Ingested, ingest
 from flexdsa_core.invariants import check_invariants
-from flexdsa_core.job import Job, Progress, StageProgress, proto_without_weights
+from flexdsa_core.job import Job, Progress, StageProgress
 from flexdsa_core.loadable import UnloadableGraph, load_refusal, plain_reason
 from flexdsa_core.memory_planner import plan_memory
 from flexdsa_core.options import OptimizeOptions
@@ -65,7 +65,7 @@ from flexdsa_core.targets import BucketModel, PlatformAdapter, TargetSpec, get_a
 from flexdsa_core.targets.accelerator import AcceleratorAdapter
 from flexdsa_core.targets.deploy_manifest import complete_manifest
 from flexdsa_core.targets.estimate import target_estimate
-from flexdsa_core.validate import run_budget
+from flexdsa_core.validate import proto_without_weights, run_budget
 from flexdsa_core.verify import Verifier
 from flexdsa_core.verify.latency import ModelClock, NeverSlower
 from flexdsa_core.verify.precision import Precision

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import onnx_ir as ir
 import onnxruntime as ort
 
 from flexdsa_core.errors import RunBudgetExceededError, UnsupportedModelError, ValidationFailedError
@@ -203,6 +204,28 @@ def _gather_vocab_sizes(model: onnx.ModelProto) -> dict[str, int]:
                 previous = bounds.get(node.input[1], dims[0])
                 bounds[node.input[1]] = min(previous, dims[0])
     return bounds
+
+
+def proto_without_weights(model: ir.Model) -> onnx.ModelProto:
+    """The graph's inputs and Gather tables' shapes, enough to build validation inputs, without copying weights."""
+    proto = onnx.ModelProto()
+    graph = proto.graph
+    for value in model.graph.inputs:
+        graph.input.append(ir.serde.serialize_value(value))
+    for name, init in model.graph.initializers.items():
+        tensor = graph.initializer.add()
+        tensor.name = name
+        if init.shape is not None:
+            tensor.dims.extend(int(d) for d in init.shape)
+    for node in model.graph:
+        if node.op_type == "Gather" and node.domain == "":
+            copy = graph.node.add()
+            copy.op_type = "Gather"
+            copy.input.extend(v.name if v is not None else "" for v in node.inputs)
+            axis = node.attributes.get("axis")
+            if axis is not None:
+                copy.attribute.append(onnx.helper.make_attribute("axis", axis.as_int()))
+    return proto
 
 
 def make_inputs(

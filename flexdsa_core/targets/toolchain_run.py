@@ -44,8 +44,7 @@ def run_toolchain(
     precision: dict | None = None, calibration: dict[str, list[dict]] | None = None, accuracy=None,
     held_out: dict[str, list[dict]] | None = None, bucket_options: dict[str, dict] | None = None,
 ) -> tuple[dict, dict[str, Path]]:
-    from flexdsa_core.job import proto_without_weights
-    from flexdsa_core.validate import make_inputs, run
+    from flexdsa_core.validate import make_inputs, proto_without_weights, run
 
     if not target.toolchain:
         return {"name": None, "ran": False, "detail": "no vendor toolchain installs on this machine"}, {}

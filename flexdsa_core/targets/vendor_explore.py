@@ -612,9 +612,8 @@ def _feeds(bucket: BucketModel, folder: Path) -> dict[str, str]:
     """One seeded input sample at the bucket's shapes, saved as .npy: input name -> path."""
     import numpy as np
 
-    from flexdsa_core.job import proto_without_weights
     from flexdsa_core.targets.toolchain_run import bucket_dims
-    from flexdsa_core.validate import make_inputs
+    from flexdsa_core.validate import make_inputs, proto_without_weights
 
     written = {}
     for name, array in make_inputs(proto_without_weights(bucket.model), seed=0, dims=bucket_dims(bucket)).items():

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from flexdsa_core.calibration import CalibrationError, check_calibration, synthetic_samples
-from flexdsa_core.job import Job, proto_without_weights
+from flexdsa_core.job import Job
 from flexdsa_core.precision import (
     QDQ_OPAQUE_WEIGHT_OPS,
     PrecisionRun,
@@ -20,6 +20,7 @@ from flexdsa_core.precision import (
     int8_format,
     replace_model,
 )
+from flexdsa_core.validate import proto_without_weights
 from flexdsa_core.verify import Verdict, Verifier
 
 

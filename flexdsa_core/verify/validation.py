@@ -14,11 +14,11 @@ from flexdsa_core.compilation import MAX_ROLLBACKS, Compilation
 from flexdsa_core.dims import is_batch_dim
 from flexdsa_core.errors import ValidationFailedError
 from flexdsa_core.in_memory import InMemoryModel
-from flexdsa_core.job import Job, proto_without_weights
+from flexdsa_core.job import Job
 from flexdsa_core.memory_planner import plan_memory
 from flexdsa_core.padding_check import check_padding
 from flexdsa_core.targets import BucketModel
-from flexdsa_core.validate import compare, make_inputs, run, second_shape_dims, session
+from flexdsa_core.validate import compare, make_inputs, proto_without_weights, run, second_shape_dims, session
 from flexdsa_core.verify import Verdict, Verifier, roll_back
 
 
