@@ -3,6 +3,9 @@ of the weights, for every kind of tensor an initializer can hold."""
 
 from __future__ import annotations
 
+import gc
+import os
+
 import ml_dtypes
 import numpy as np
 import onnx
@@ -96,3 +99,34 @@ def test_the_weights_are_put_back_after_serialising(count):
         serialize(model)
     assert {name: value.const_value for name, value in model.graph.initializers.items()} == before
     assert all(model.graph.initializers[name].const_value is tensor for name, tensor in before.items())
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as handle:
+        return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def test_the_weights_are_copied_once_into_the_bytes_not_twice():
+    """64 MiB of weight: the bytes take 64 MiB more, not the protobuf message's 64 as well (measured as the
+    process's peak, which a transient message would raise: ``ru_maxrss`` over a fresh high-water mark)."""
+    size = 64 * 2**20
+    weight = aligned(np.random.default_rng(0).standard_normal(size // 4, dtype=np.float32).reshape(4096, -1))
+    model = ir.Model(
+        ir.Graph([], [], nodes=[], initializers=[ir.Value(name="w", const_value=ir.Tensor(weight, name="w"))], name="g"),
+        ir_version=9,
+    )
+    gc.collect()
+    with open("/proc/self/clear_refs", "w") as handle:  # reset the peak (VmHWM) to the current RSS
+        handle.write("5")
+    before = _rss()
+    data = serialize(model)
+    peak = _hwm()
+    assert len(data) > size
+    assert peak - before < 1.4 * size, (peak - before) / size
+    del data
+
+
+def _hwm() -> int:
+    with open("/proc/self/status") as handle:
+        line = next(line for line in handle if line.startswith("VmHWM:"))
+    return int(line.split()[1]) * 1024
