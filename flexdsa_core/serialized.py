@@ -21,6 +21,8 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
+from flexdsa_core.wire import fields, length_delimited_key, varint
+
 KEPT = 4
 
 _scope: contextvars.ContextVar[OrderedDict[int, tuple[ir.Model, bytes]] | None] = contextvars.ContextVar(
@@ -71,7 +73,6 @@ _MODEL_GRAPH = 7  # ModelProto.graph
 _GRAPH_INITIALIZER = 5  # GraphProto.initializer
 _TENSOR_RAW_DATA = 9  # TensorProto.raw_data
 STREAM_MIN_BYTES = 1 << 16  # smaller initializers stay in the message
-_LENGTH_DELIMITED = 2
 
 
 def serialize(model: ir.Model) -> bytes:
@@ -187,7 +188,7 @@ class _Header:
 
 
 def _key_and_length(number: int, length: int) -> list[bytes]:
-    return [_varint(number << 3 | _LENGTH_DELIMITED), _varint(length)]
+    return [length_delimited_key(number), varint(length)]
 
 
 def _field(number: int, pieces: list[bytes | memoryview]) -> list[bytes | memoryview]:
@@ -197,47 +198,12 @@ def _field(number: int, pieces: list[bytes | memoryview]) -> list[bytes | memory
 
 def _spliced(message: bytes, number: int, pieces: list[bytes | memoryview]) -> list[bytes | memoryview]:
     """``message`` (which has no field ``number``) with ``pieces`` where field ``number`` goes: before its first
-    field of a higher number."""
-    at = next((start for field, start in _fields(message) if field > number), len(message))
+    field of a higher number (which starts where the field before it ends)."""
+    at = 0
+    for field, _, _, end in fields(message, 0, len(message), "message"):
+        if field > number:
+            break
+        at = end
+    else:
+        at = len(message)
     return [message[:at], *pieces, message[at:]]
-
-
-def _fields(message: bytes) -> Iterator[tuple[int, int]]:
-    """(field number, offset) of each field of a serialised message, in order."""
-    position = 0
-    while position < len(message):
-        start = position
-        key, position = _read_varint(message, position)
-        wire = key & 7
-        if wire == 0:
-            _, position = _read_varint(message, position)
-        elif wire == 1:
-            position += 8
-        elif wire == _LENGTH_DELIMITED:
-            length, position = _read_varint(message, position)
-            position += length
-        elif wire == 5:
-            position += 4
-        else:
-            raise ValueError(f"unexpected protobuf wire type {wire}")
-        yield key >> 3, start
-
-
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte, value = value & 0x7F, value >> 7
-        out.append(byte | (0x80 if value else 0))
-        if not value:
-            return bytes(out)
-
-
-def _read_varint(data: bytes, position: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        byte = data[position]
-        position += 1
-        value |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return value, position
-        shift += 7

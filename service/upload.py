@@ -50,6 +50,9 @@ from pathlib import Path
 from python_multipart.multipart import MultipartParser, parse_options_header
 from starlette.requests import Request
 
+from flexdsa_core.wire import WIRE_LEN, WIRE_VARINT
+from flexdsa_core.wire import WireFormatError as NotOnnxError
+from flexdsa_core.wire import fields as _fields
 from service.edge import check_text
 from service.errors import InvalidRequest, PayloadTooLarge, ServiceError, storage_io
 
@@ -544,54 +547,8 @@ async def receive_model_upload(
 
 # --- the ONNX wire-format check -------------------------------------------------------------------------
 
-WIRE_VARINT, WIRE_I64, WIRE_LEN, WIRE_I32 = 0, 1, 2, 5
 MODEL_IR_VERSION, MODEL_GRAPH, MODEL_OPSET_IMPORT = 1, 7, 8
 GRAPH_NODE = 1
-
-
-class NotOnnxError(ValueError):
-    pass
-
-
-def _varint(buf, pos: int, end: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        if pos >= end:
-            raise NotOnnxError("the file ends inside a varint (truncated)")
-        byte = buf[pos]
-        pos += 1
-        value |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return value, pos
-        shift += 7
-        if shift > 63:
-            raise NotOnnxError("malformed varint: not protobuf")
-
-
-def _fields(buf, pos: int, end: int, where: str):
-    """Yield (field number, wire type, value start, value end) for one message, checking bounds."""
-    while pos < end:
-        tag, pos = _varint(buf, pos, end)
-        number, wire = tag >> 3, tag & 7
-        if number == 0:
-            raise NotOnnxError(f"{where}: field number 0 is not valid protobuf")
-        if wire == WIRE_VARINT:
-            start = pos
-            _, pos = _varint(buf, pos, end)
-        elif wire == WIRE_I64 or wire == WIRE_I32:
-            start, pos = pos, pos + (8 if wire == WIRE_I64 else 4)
-        elif wire == WIRE_LEN:
-            length, start = _varint(buf, pos, end)
-            pos = start + length
-        else:
-            raise NotOnnxError(
-                f"{where}: wire type {wire} (field {number}) is not used by ONNX: not an ONNX model"
-            )
-        if pos > end:
-            raise NotOnnxError(
-                f"{where}: field {number} runs {pos - end} bytes past the end: the file is truncated"
-            )
-        yield number, wire, start, pos
 
 
 def check_onnx_structure(path: Path) -> None:

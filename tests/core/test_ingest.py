@@ -13,6 +13,7 @@ from onnx import helper, numpy_helper
 
 from flexdsa_core.errors import ExternalDataError, InvalidModelError, UnsupportedModelError
 from flexdsa_core.ingest import Ingested, ingest, save_model
+from flexdsa_core.wire import length_delimited_key, varint
 
 
 def matmul_model(opset: int = 17, weight_shape=(64, 32)) -> onnx.ModelProto:
@@ -59,17 +60,8 @@ def run_ir(model: ir.Model, feeds):
     return session.run(None, feeds)
 
 
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        low, n = n & 0x7F, n >> 7
-        out.append(low | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
-
-
 def _len_field(number: int, payload: bytes) -> bytes:
-    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+    return length_delimited_key(number) + varint(len(payload)) + payload
 
 
 def nested_if_model(depth: int) -> bytes:
@@ -86,7 +78,7 @@ def nested_if_model(depth: int) -> bytes:
         other = graph(helper.make_node("Identity", ["x"], [f"e{d}"]).SerializeToString(), f"e{d}", f"e{d}")
         # AttributeProto: name=1, g=6, type=20 (GRAPH=5); NodeProto: input=1, output=2, op_type=4, attribute=5
         attributes = b"".join(
-            _len_field(5, _len_field(1, name) + _len_field(6, branch) + _varint(20 << 3) + _varint(5))
+            _len_field(5, _len_field(1, name) + _len_field(6, branch) + varint(20 << 3) + varint(5))
             for name, branch in ((b"then_branch", inner), (b"else_branch", other))
         )
         node = _len_field(1, b"c") + _len_field(2, f"o{d}".encode()) + _len_field(4, b"If") + attributes
@@ -97,7 +89,7 @@ def nested_if_model(depth: int) -> bytes:
     inner += _len_field(5, helper.make_tensor("c", onnx.TensorProto.BOOL, [], [True]).SerializeToString())
     opset = helper.make_opsetid("", 17).SerializeToString()
     # ModelProto: ir_version=1, graph=7, opset_import=8
-    return _varint(1 << 3) + _varint(9) + _len_field(7, inner) + _len_field(8, opset)
+    return varint(1 << 3) + varint(9) + _len_field(7, inner) + _len_field(8, opset)
 
 
 # --- good models ---------------------------------------------------------------------------------------
