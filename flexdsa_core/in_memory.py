@@ -111,21 +111,44 @@ def _in_place(tensor: ir.TensorProtocol | np.ndarray, array: np.ndarray) -> bool
     )
 
 
-def owned_arrays(model: ir.Model) -> None:
+def owned_arrays(model: ir.Model, *, share_with: ir.Model | None = None) -> None:
     """Make ``model``'s in-memory initializers ``ir.Tensor``s over aligned arrays of their own (same values,
     dtype, name), which sessions then read in place: for a model just parsed from a file, whose tensors would
     otherwise keep the parsed protobuf alive beside the arrays the sessions read (a second copy of every
-    weight). Tensors of other kinds (strings, external data) stay as they are."""
-    for value in model.graph.initializers.values():
+    weight). Tensors of other kinds (strings, external data) stay as they are.
+
+    ``share_with``: the model this one was made from. A weight that has the same name there and the same
+    bytes (dtype, shape, every bit) takes that model's array instead of a copy: ONNX Runtime's offline layout
+    (cpu-ort, on models with convolutions) reorders the convolutions' filters and leaves the other weights as
+    they were (PP-OCRv4 rec: 4 of its 10 MiB), and each bucket held its own copy of those for the whole job."""
+    sources = share_with.graph.initializers if share_with is not None else {}
+    for name, value in model.graph.initializers.items():
         tensor = value.const_value
         if tensor is None or isinstance(tensor, (ir.Tensor, ir.ExternalTensor)):
             continue
         if tensor.dtype in (ir.DataType.STRING, ir.DataType.UNDEFINED):
             continue
+        array = np.asarray(tensor.numpy())
+        source = sources[name].const_value if name in sources else None
+        shared = _same_array(source, array) if source is not None else None
         value.const_value = ir.Tensor(
-            aligned(np.asarray(tensor.numpy())), dtype=tensor.dtype, name=tensor.name,
+            shared if shared is not None else aligned(array), dtype=tensor.dtype, name=tensor.name,
             doc_string=tensor.doc_string, metadata_props=dict(tensor.metadata_props),
         )  # fmt: skip
+
+
+def _same_array(source: ir.TensorProtocol, array: np.ndarray) -> np.ndarray | None:
+    """``source``'s own array where it holds exactly ``array``'s bits and sessions may read it in place."""
+    if not isinstance(source, ir.Tensor) or source.dtype in (ir.DataType.STRING, ir.DataType.UNDEFINED):
+        return None
+    own = source.raw
+    if not isinstance(own, np.ndarray) or not _in_place(source, own):
+        return None
+    if own.dtype != array.dtype or own.shape != array.shape:
+        return None
+    if not np.array_equal(own.reshape(-1).view(np.uint8), np.ascontiguousarray(array).reshape(-1).view(np.uint8)):
+        return None
+    return own
 
 
 # Fields a TensorProto may have for an ``ir.Tensor`` of its values to serialise to the same bytes.

@@ -46,7 +46,8 @@ _EXTERNAL_TENSOR_MIN_BYTES = 1024  # smaller tensors stay inline even when a mod
 
 @dataclass
 class Ingested:
-    model: ir.Model
+    # None once a job's Shape Tracker holds the model (its copy shares the tensors).
+    model: ir.Model | None
     info: dict
     warnings: list[str] = field(default_factory=list)
     # The upload as parsed, when it holds all its tensors and was not re-sorted: ONNX Runtime loads the original

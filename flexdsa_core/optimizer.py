@@ -92,6 +92,11 @@ class OptimizeResult:
         serialized = self.serialized.get(chosen.name)
         return serialized if serialized is not None else model_bytes(chosen.model)
 
+    def artifact_bytes(self, name: str) -> bytes:
+        """One artifact's bytes, whether the bundle holds it in memory or as a file under the job's workdir."""
+        content = self.artifacts[name]
+        return content.read_bytes() if isinstance(content, Path) else content
+
     def write(self, out_dir: str | Path) -> list[Path]:
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
@@ -177,6 +182,7 @@ class FlexDSAOptimizer:
         arrays by input name (``calibration.py``); None: synthetic samples, with a warning."""
         owned = workdir is None
         scratch = Path(tempfile.mkdtemp(prefix="flexdsa-")) if owned else Path(workdir)
+        scratch.mkdir(parents=True, exist_ok=True)  # a caller's folder that does not exist yet
         budget_s = (options or OptimizeOptions()).run_budget_s
         try:
             # Every ONNX Runtime run below (validation, latency, shape probes) stops at this budget; a finished
@@ -415,6 +421,8 @@ class FlexDSAOptimizer:
                 tracker.apply_input_shapes(options.input_shapes)
             job.shape_report = tracker.infer()
             refuse_impossible_tensors(job.ingested.model)  # 10^12-element Expand: refused before anything allocates
+            # The tracker's copy (the same tensors) is the original from here on: the upload's graph goes.
+            job.ingested.model = None
             # Without shape_buckets, observed_shapes (traffic) decide the buckets: least expected padded cost.
             traffic = {"observed": options.observed_shapes, "max_buckets": options.max_buckets}
             job.buckets = tracker.buckets(options.shape_buckets, self.target, **traffic)
@@ -452,6 +460,11 @@ class FlexDSAOptimizer:
         job.original_in_memory = None
         job.references.release()
         release_arrays()
+        # Nothing specialises or recompiles from here: the tracker's models (the original's graph, its weights
+        # and each bucket's specialised copy) go too, once the manifest is taken from them.
+        shape_manifest = tracker.manifest()
+        tracker.release_models()
+        job.recompile = None
         job.progress("adapter", 0.0, "generating artifacts")
         job.stage_seconds.update(comp.stage_seconds)
         report = build_report(
@@ -461,7 +474,7 @@ class FlexDSAOptimizer:
             nodes_before=job.nodes_before,
             comp=comp,
             shape_report=job.shape_report.as_dict(),
-            shape_manifest=tracker.manifest(),
+            shape_manifest=shape_manifest,
             validation=job.validation,
             rollbacks=job.rollbacks,
             latency=latency,

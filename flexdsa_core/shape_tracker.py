@@ -1048,6 +1048,15 @@ class ShapeTracker:
         )
 
     # ---- manifest --------------------------------------------------------------------------------
+    def release_models(self) -> None:
+        """Drop the tracker's copy of the model and the buckets' specialised models, once nothing will
+        specialise again (the job is packaging): on PP-OCRv4 rec two graphs of 830-860 nodes and, through them,
+        the original's weights, held at the bundle's serialisation for nothing. ``manifest`` and the report
+        come first; after this, anything that needs the model raises."""
+        self.model = None
+        self._specialized.clear()
+        self._plans.clear()
+
     def manifest(self) -> dict[str, Any]:
         """How a runtime maps input shapes to buckets; goes into the package's ``manifest.json``."""
         report = self.infer()

@@ -87,12 +87,12 @@ class PlatformAdapter:
         for one protobuf are written under ``workdir`` with their external data, and given as paths."""
         files: dict[str, bytes | Path] = {}
         for bucket in buckets:
-            # The portable copy first, and to a file where there is a workdir: its serialisation is made and
-            # dropped before the bucket's own is made and held (PP-OCRv4 rec on cpu-ort: the job's peak, 10 MiB).
+            # Where there is a workdir, each model goes to a file piece by piece and its serialisation is never
+            # held whole (the bundle's packaging was the job's peak: BERT-base +415 MiB, PP-OCRv4 rec +10 MiB).
             portable = {}
             if bucket.portable is not None:
                 portable_name = self.model_filename(bucket).replace(".onnx", ".portable.onnx")
-                portable = _model_files(bucket.portable, portable_name, workdir, to_file=True)
+                portable = _model_files(bucket.portable, portable_name, workdir)
             files.update(_model_files(bucket.model, self.model_filename(bucket), workdir))
             files.update(portable)
         files["manifest.json"] = json.dumps(self.manifest(buckets, target, report), indent=2).encode()
@@ -117,18 +117,18 @@ class PlatformAdapter:
         }
 
 
-def _model_files(
-    model: ir.Model, name: str, workdir: Path | None, *, to_file: bool = False
-) -> dict[str, bytes | Path]:
-    """``to_file``: written under ``workdir`` (when given) and given as a path, its bytes not kept in memory."""
+def _model_files(model: ir.Model, name: str, workdir: Path | None) -> dict[str, bytes | Path]:
+    """``model``'s file(s) by name: the bytes already made for it in the optimizer's scope where there are some;
+    otherwise written under ``workdir`` (when given) and given as a path, never held whole in memory."""
     from flexdsa_core.ingest import needs_external_data, save_model
-    from flexdsa_core.serialized import model_bytes, serialize
+    from flexdsa_core.serialized import kept_bytes, model_bytes, write
 
     if not needs_external_data(model):
-        if not to_file or workdir is None:
-            return {name: model_bytes(model)}  # the bytes validation ran, when inside the optimizer's scope
+        kept = kept_bytes(model)
+        if kept is not None or workdir is None:
+            return {name: kept if kept is not None else model_bytes(model)}
         path = Path(tempfile.mkdtemp(prefix="flexdsa-artifacts-", dir=workdir)) / name
-        path.write_bytes(serialize(model))
+        write(model, path)
         return {name: path}
     folder = Path(tempfile.mkdtemp(prefix="flexdsa-artifacts-", dir=workdir))
     return {path.name: path for path in save_model(model, folder / name)}

@@ -143,6 +143,47 @@ def test_owned_arrays_keep_the_bytes_and_sessions_read_them_in_place():
         np.testing.assert_array_equal(sess.run(None, feeds)[0], _outputs(proto.SerializeToString(), feeds))
 
 
+def test_owned_arrays_share_the_weights_the_model_was_made_from_where_every_bit_is_the_same():
+    """ONNX Runtime's offline layout (cpu-ort) writes a model whose weights other than convolution filters are
+    the input's as they were: those take the input's arrays, and a weight that differs in a single bit (-0.0
+    against 0.0, which compare equal as floats) gets a copy of its own."""
+
+    def with_first_w2(value: float) -> onnx.ModelProto:
+        proto = _mlp_proto()
+        w2 = next(init for init in proto.graph.initializer if init.name == "w2")
+        array = onnx.numpy_helper.to_array(w2).copy()
+        array[0, 0] = value
+        w2.CopyFrom(onnx.numpy_helper.from_array(array, "w2"))
+        return proto
+
+    source = ir.serde.deserialize_model(with_first_w2(0.0))
+    in_memory.detach_from_proto(source)  # aligned arrays, as a job's models hold
+    made = ir.serde.deserialize_model(with_first_w2(-0.0))
+    want = ir.to_proto(made).SerializeToString()
+    in_memory.owned_arrays(made, share_with=source)
+    own = {name: value.const_value.raw for name, value in made.graph.initializers.items()}
+    assert own["w1"] is source.graph.initializers["w1"].const_value.raw
+    assert own["w2"] is not source.graph.initializers["w2"].const_value.raw
+    assert all(isinstance(array, np.ndarray) and array.ctypes.data % in_memory.ALIGNMENT == 0 for array in own.values())
+    assert ir.to_proto(made).SerializeToString() == want  # the same bytes either way
+
+
+def test_the_cpu_ort_layout_shares_the_weights_it_leaves_as_they_were():
+    from flexdsa_core.targets.cpu_ort.adapter import ort_layout
+
+    source = ir.serde.deserialize_model(_mlp_proto())
+    in_memory.detach_from_proto(source)
+    layout = ort_layout(source)
+    shared = [
+        name for name, value in layout.graph.initializers.items()
+        if name in source.graph.initializers and value.const_value.raw is source.graph.initializers[name].const_value.raw
+    ]  # fmt: skip
+    assert {"w1", "w2"} <= set(shared), sorted(layout.graph.initializers)
+    feeds = {"x": np.random.default_rng(1).standard_normal((3, 256)).astype(np.float32)}
+    np.testing.assert_allclose(
+        _outputs(InMemoryModel.from_ir(layout), feeds), _outputs(_mlp_proto().SerializeToString(), feeds), rtol=1e-5
+    )
+
 
 def _rss() -> int:
     with open("/proc/self/statm") as handle:

@@ -110,7 +110,7 @@ SUM_TO_ADD = counting("test_sum_to_add", _sum_to_add, "Sum(a, b, ...) -> Add(Add
 
 
 def _ops(result) -> list[str]:
-    return [node.op_type for node in onnx.load_from_string(result.artifacts["model.onnx"]).graph.node]
+    return [node.op_type for node in onnx.load_from_string(result.artifact_bytes("model.onnx")).graph.node]
 
 
 def test_adding_a_legalisation_is_one_declared_object(monkeypatch):

@@ -123,8 +123,9 @@ def ort_layout(model: ir.Model) -> ir.Model | None:
             # ORT writes one file here, so tensors are in memory; any external one is read before cleanup.
             if isinstance(initializer.const_value, ir.ExternalTensor):
                 initializer.const_value = ir.tensor(initializer.const_value.numpy(), name=initializer.name)
-        # The weights as arrays that sessions read in place: the parsed file goes, not kept beside a copy.
-        owned_arrays(optimized)
+        # The weights as arrays that sessions read in place: the parsed file goes, not kept beside a copy; a
+        # weight ORT left as it was is the input model's own array (shared with the original's, every bucket's).
+        owned_arrays(optimized, share_with=model)
     # ORT does not keep node metadata (which fusion rule made a node): carried over by node name.
     metadata = {
         node.name: dict(node.metadata_props) for node in model.graph if node.name and node.metadata_props

@@ -172,7 +172,7 @@ def test_a_form_that_crashes_the_vendor_ends_in_the_original_shipped_with_the_re
     # Compiled and checked all the same: the original, as the vendor alone builds it.
     assert f"model.{bucket}.rknn" in result.artifacts
     assert result.report["toolchain"]["ran"] and row["ratio"] == 1.0
-    shipped = onnx.load_from_string(result.artifacts[f"model.{bucket}.onnx"])
+    shipped = onnx.load_from_string(result.artifact_bytes(f"model.{bucket}.onnx"))
     assert [n.op_type for n in shipped.graph.node] == ["Concat", "Pad", "Conv", "Relu"]
 
 
@@ -189,7 +189,7 @@ def test_pad_into_conv_keeps_the_vendor_building_our_form(disabled, folded_by):
     [(bucket, row)] = result.report["vendor"]["buckets"].items()
     assert row["shipped"] == "ours" and row["ratio"] == 1.0
     assert folded_by in result.report["rewrites_applied"]
-    shipped = onnx.load_from_string(result.artifacts[f"model.{bucket}.onnx"])
+    shipped = onnx.load_from_string(result.artifact_bytes(f"model.{bucket}.onnx"))
     assert [n.op_type for n in shipped.graph.node] == ["Conv", "Relu"]
 
 
