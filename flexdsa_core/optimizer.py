@@ -37,7 +37,14 @@ from flexdsa_core.cost_model import CostModel
 from flexdsa_core.delivery import check_delivery
 from flexdsa_core.errors import FlexDSAError
 from flexdsa_core.fusion_switcher import FusionSwitcher
-from flexdsa_core.in_memory import InMemoryModel, arrays_scope, detach_from_proto, release_arrays
+from flexdsa_core.in_memory import (
+    InMemoryModel,
+    align_weights,
+    arrays_scope,
+    detach_from_proto,
+    release_arrays,
+    share_weights,
+)
 from flexdsa_core.ingest import Ingested, ingest
 from flexdsa_core.invariants import check_invariants
 from flexdsa_core.job import Job, Progress, StageProgress
@@ -297,6 +304,14 @@ class FlexDSAOptimizer:
                 if stage.check and options.debug_invariants:
                     supported = self.adapter_supports if stage.supported else None
                     check_invariants(run.model, stage=f"{stage.name}[{bucket.name}]", supported=supported)
+            # The weights the passes made: the same ones as the buckets before made take their tensors, the
+            # rest an aligned array each that sessions read in place (not a copy per session).
+            earlier = [model for done in comp.buckets for model in (done.model, done.portable) if model is not None]
+            for model in (run.model, run.legalized.portable):
+                if model is not None:
+                    share_weights(model, earlier)
+                    align_weights(model)
+                    earlier.append(model)
             # Never a graph ONNX Runtime refuses: each finished bucket is loaded once (nothing run).
             refusal = load_refusal(run.model)
             if refusal is not None:

@@ -168,6 +168,21 @@ def test_owned_arrays_share_the_weights_the_model_was_made_from_where_every_bit_
     assert ir.to_proto(made).SerializeToString() == want  # the same bytes either way
 
 
+def test_share_weights_takes_an_earlier_models_tensor_only_where_everything_serialised_is_the_same():
+    earlier = ir.serde.deserialize_model(_mlp_proto())
+    in_memory.detach_from_proto(earlier)
+    model = ir.serde.deserialize_model(_mlp_proto())
+    in_memory.detach_from_proto(model)
+    model.graph.initializers["w2"].const_value.doc_string = "made by another pass"
+    want = ir.to_proto(model).SerializeToString()
+    saved = in_memory.share_weights(model, [earlier])
+    tensors = {name: value.const_value for name, value in model.graph.initializers.items()}
+    assert tensors["w1"] is earlier.graph.initializers["w1"].const_value
+    assert tensors["w2"] is not earlier.graph.initializers["w2"].const_value  # its doc string differs
+    assert saved == tensors["w1"].nbytes  # the 32-byte bias stays in its TensorProto form, not shared
+    assert ir.to_proto(model).SerializeToString() == want
+
+
 def test_the_cpu_ort_layout_shares_the_weights_it_leaves_as_they_were():
     from flexdsa_core.targets.cpu_ort.adapter import ort_layout
 
