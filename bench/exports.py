@@ -69,13 +69,20 @@ def _int8_only(target: str) -> bool:
     return int8_only(load_target(target))
 
 
-def run_one(model: Path, target: str, work: Path, timeout_s: float) -> dict:
+# Runs with a spec of their own (``--large``): a job of several buckets holds what each bucket makes.
+SPECS = {"bert-base-3buckets": {"shape_buckets": {"batch": [1], "seq": [32, 64, 128]}}}
+
+
+def run_one(model: Path, target: str, work: Path, timeout_s: float, spec: dict | None = None) -> dict:
     out = work / "out"
     shutil.rmtree(out, ignore_errors=True)
     command = [
         sys.executable, "-m", "flexdsa_core.cli", "optimize", str(model), "--target", target, "-o", str(out), "-q",
         "--cache-dir", str(work / "kernels"), "--toolchains-dir", str(work / "no-toolchains"),
     ]  # fmt: skip
+    if spec is not None:
+        (work / "spec.json").write_text(json.dumps(spec))
+        command += ["--spec", str(work / "spec.json")]
     if _int8_only(target):  # it refuses a model without samples; the fixtures have none that fit every input
         command.append("--allow-synthetic-calibration")
     shutil.rmtree(work / "kernels", ignore_errors=True)  # cold: every run measures what it needs
@@ -115,6 +122,7 @@ def _sources(real_exports: dict, *, trained: bool, large: bool) -> dict:
         from bench.runtime_model import bert_base
 
         sources["bert-base"] = (bert_base, "onnx.helper, random weights (bench.runtime_model)")
+        sources["bert-base-3buckets"] = (bert_base, "the same, three seq buckets (32, 64, 128)")
     return sources
 
 
@@ -126,11 +134,12 @@ def main(argv: list[str] | None = None) -> dict:
     from bench.trained import FIXTURES as TRAINED
 
     parser.add_argument(
-        "--models", help=f"comma-separated subset of {','.join([*REAL_EXPORTS, *TRAINED, 'bert-base'])}"
+        "--models", help=f"comma-separated subset of {','.join([*REAL_EXPORTS, *TRAINED, 'bert-base', *SPECS])}"
     )
     parser.add_argument("--no-trained", action="store_true", help="leave out the trained fixtures (bench.trained)")
     parser.add_argument(
-        "--large", action="store_true", help="also the BERT-base-size encoder of bench.runtime (435 MB, random weights)"
+        "--large", action="store_true",
+        help="also the BERT-base-size encoder of bench.runtime (435 MB, random weights), alone and in three buckets",
     )
     parser.add_argument("--targets", help=f"comma-separated subset of {','.join(TARGETS)}")
     parser.add_argument("--timeout", type=float, default=900, help="seconds one run may take")
@@ -138,7 +147,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     sources = _sources(REAL_EXPORTS, trained=not args.no_trained, large=args.large)
     models = args.models.split(",") if args.models else list(sources)
-    unknown = [name for name in models if name not in sources and name not in (*TRAINED, "bert-base")]
+    unknown = [name for name in models if name not in sources and name not in (*TRAINED, "bert-base", *SPECS)]
     if unknown:
         parser.error(f"unknown models {unknown}")
     sources = _sources(REAL_EXPORTS, trained=True, large=True)
@@ -163,7 +172,7 @@ def main(argv: list[str] | None = None) -> dict:
             size = path.stat().st_size
             per_target = results["models"].setdefault(name, {"model_bytes": size, "exporter": exporter})
             for target in targets:
-                entry = run_one(path, target, work, args.timeout)
+                entry = run_one(path, target, work, args.timeout, SPECS.get(name))
                 net = max(0, entry["peak_rss_bytes"] - baseline)
                 over_empty = max(0, entry["peak_rss_bytes"] - empty[target])
                 goal = 4 * size + entry.get("largest_tensor_bytes", 0)
