@@ -126,15 +126,12 @@ def owned_arrays(model: ir.Model, *, share_with: ir.Model | None = None) -> None
         tensor = value.const_value
         if tensor is None or isinstance(tensor, (ir.Tensor, ir.ExternalTensor)):
             continue
-        if tensor.dtype in (ir.DataType.STRING, ir.DataType.UNDEFINED):
+        if tensor.dtype in _NOT_ARRAYS:
             continue
         array = np.asarray(tensor.numpy())
         source = sources[name].const_value if name in sources else None
         shared = _same_array(source, array) if source is not None else None
-        value.const_value = ir.Tensor(
-            shared if shared is not None else aligned(array), dtype=tensor.dtype, name=tensor.name,
-            doc_string=tensor.doc_string, metadata_props=dict(tensor.metadata_props),
-        )  # fmt: skip
+        value.const_value = _over(tensor, shared if shared is not None else aligned(array))
 
 
 def share_weights(model: ir.Model, earlier: Sequence[ir.Model]) -> int:
@@ -167,41 +164,54 @@ def share_weights(model: ir.Model, earlier: Sequence[ir.Model]) -> int:
     return saved
 
 
-def align_weights(model: ir.Model) -> int:
+def align_weights(model: ir.Model) -> None:
     """Give ``model``'s in-memory weights that ONNX Runtime could not read in place (arrays the passes made,
-    not on an ``ALIGNMENT`` boundary or not contiguous) an aligned array of their own, once; returns the bytes
-    so moved. Otherwise every session of the model made its own aligned copy of them (BERT-base: 81 MiB per
-    bucket per session, more than ``arrays_scope`` keeps)."""
-    moved = 0
+    not on an ``ALIGNMENT`` boundary or not contiguous) an aligned array of their own, once. Otherwise every
+    session of the model made its own aligned copy of them (BERT-base: 81 MiB per bucket per session, more
+    than ``arrays_scope`` keeps)."""
     for value in model.graph.initializers.values():
         tensor = value.const_value
         if not isinstance(tensor, ir.Tensor) or not isinstance(tensor.raw, np.ndarray):
             continue
-        if tensor.dtype in _NOT_ARRAYS or _in_place(tensor, tensor.raw):
-            continue
-        value.const_value = ir.Tensor(
-            aligned(tensor.raw), dtype=tensor.dtype, name=tensor.name, doc_string=tensor.doc_string,
-            metadata_props=dict(tensor.metadata_props),
-        )  # fmt: skip
-        moved += tensor.nbytes
-    return moved
+        if tensor.dtype not in _NOT_ARRAYS and not _in_place(tensor, tensor.raw):
+            value.const_value = _over(tensor, aligned(tensor.raw))
+
+
+def _over(tensor: ir.TensorProtocol, array: np.ndarray) -> ir.Tensor:
+    """``tensor`` (dtype, name, doc string, metadata) over ``array``, which holds its values."""
+    return ir.Tensor(
+        array, dtype=tensor.dtype, name=tensor.name, doc_string=tensor.doc_string,
+        metadata_props=dict(tensor.metadata_props),
+    )  # fmt: skip
 
 
 def _same_array(source: ir.TensorProtocol | None, array: np.ndarray, *, in_place: bool = True) -> np.ndarray | None:
     """``source``'s own array where it holds exactly ``array``'s bits (and, ``in_place``, sessions may read it
     in place)."""
-    if not isinstance(source, ir.Tensor) or source.dtype in (ir.DataType.STRING, ir.DataType.UNDEFINED):
+    if not isinstance(source, ir.Tensor) or source.dtype in _NOT_ARRAYS:
         return None
     own = source.raw
     if not isinstance(own, np.ndarray) or (in_place and not _in_place(source, own)):
         return None
     if own is array:
         return own
-    if own.dtype != array.dtype or own.shape != array.shape:
-        return None
-    if not np.array_equal(own.reshape(-1).view(np.uint8), np.ascontiguousarray(array).reshape(-1).view(np.uint8)):
+    if own.dtype != array.dtype or own.shape != array.shape or not _same_bits(own, array):
         return None
     return own
+
+
+_COMPARE_CHUNK = 1 << 20
+
+
+def _same_bits(first: np.ndarray, second: np.ndarray) -> bool:
+    """Every byte equal (``-0.0`` is not ``0.0``, a NaN equals itself), compared a chunk at a time: no
+    temporary the size of the weight, and the first difference ends it."""
+    first = np.ascontiguousarray(first).reshape(-1).view(np.uint8)
+    second = np.ascontiguousarray(second).reshape(-1).view(np.uint8)
+    return all(
+        np.array_equal(first[at : at + _COMPARE_CHUNK], second[at : at + _COMPARE_CHUNK])
+        for at in range(0, first.size, _COMPARE_CHUNK)
+    )
 
 
 # Fields a TensorProto may have for an ``ir.Tensor`` of its values to serialise to the same bytes.

@@ -218,6 +218,4 @@ def _spliced(message: bytes, number: int, pieces: list[bytes | memoryview]) -> l
         if field > number:
             break
         at = end
-    else:
-        at = len(message)
     return [message[:at], *pieces, message[at:]]

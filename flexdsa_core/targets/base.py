@@ -124,9 +124,8 @@ def _model_files(model: ir.Model, name: str, workdir: Path | None) -> dict[str, 
     from flexdsa_core.serialized import kept_bytes, model_bytes, write
 
     if not needs_external_data(model):
-        kept = kept_bytes(model)
-        if kept is not None or workdir is None:
-            return {name: kept if kept is not None else model_bytes(model)}
+        if workdir is None or kept_bytes(model) is not None:
+            return {name: model_bytes(model)}  # the bytes validation made, where it made some
         path = Path(tempfile.mkdtemp(prefix="flexdsa-artifacts-", dir=workdir)) / name
         write(model, path)
         return {name: path}
