@@ -248,6 +248,7 @@ def _task_figures(reference: list[dict], got: list[dict], accuracy) -> dict:
     for name, entry in found["outputs"].items():
         if "top1_agreement" in entry:
             task[f"{name} top-1"] = entry["top1_agreement"]
+            task[f"{name} top-1 expected"] = entry["top1_expected"]
         for piece, figures in (entry.get("slices") or {}).items():
             task[f"{name}[{piece}] cosine"] = figures.get("cosine", figures.get("top1_agreement"))
     cosines = [e["cosine"] for e in found["outputs"].values() if "cosine" in e]

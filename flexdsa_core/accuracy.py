@@ -4,10 +4,20 @@ Per output, by its metric (``AccuracyTarget.outputs``, else by its look):
 
 * ``cosine``: ``cos(a, b) = sum_i a_i.b_i / sqrt(sum_i |a_i|^2 * sum_i |b_i|^2)`` over every sample ``i``
   (and the worst single sample, reported);
-* ``top1``: the cosine, and the share of rows whose argmax along ``axis`` agrees;
+* ``top1``: the cosine, the share of rows whose argmax along ``axis`` agrees, and the agreement expected on
+  rows like these that were not among them (``top1_expected``, below);
 * ``slices``: the cosine of the whole, and each named slice along ``axis`` judged alone (cosine or top-1):
   an output that packs boxes in pixels (0..640) with scores in 0..1 keeps a whole-tensor cosine of 0.998
   while its scores are lost; a slice cannot hide behind another.
+
+Expected top-1 (``top1_expected``): a few judged rows can all agree while the model flips one row in ten of
+the next photo's (EfficientNet-Lite0 int8: 22 of 22 crops agreed, 76 of 85 crops of other photos). Each judged
+row says how near it came: ``d_i``, the lead the original's top class lost over the original's runner-up,
+``max(0, (a_c - a_r) - (b_c - b_r))``; each row's original margin ``m_k = a_c - a_r`` is how much lead a
+row has to lose. A row flips when it loses more than its margin, so the agreement expected on rows whose
+margins are like the judged ones is ``1 - mean over (i, k) of [d_i > m_k]``: every loss paired with every
+margin (on that model: 0.905 from the 22 crops, against 0.894 found on the 85). A top-1 target holds only
+when both the agreement found and the agreement expected reach it.
 
 Bounds (``*_bound``, one-sided 95%): for top-1 the Wilson lower bound of the agreement rate over its rows,
 ``(p + z^2/2n - z sqrt(p(1-p)/n + z^2/4n^2)) / (1 + z^2/n)``, z = 1.645; for a cosine the 5th percentile of
@@ -136,6 +146,25 @@ def _top1(want: list[np.ndarray], have: list[np.ndarray], axis: int) -> tuple[fl
     return float(np.mean(rows_want == rows_have)), int(rows_want.size)
 
 
+def _top1_expected(want: list[np.ndarray], have: list[np.ndarray], axis: int) -> float:
+    """1 - the share of (row i, row k) pairs where row i's lost lead over its runner-up exceeds row k's
+    margin (module doc-string). Rows of one class count as agreeing."""
+    rows_want = np.concatenate([np.moveaxis(w, axis, -1).reshape(-1, w.shape[axis]) for w in want])
+    rows_have = np.concatenate([np.moveaxis(h, axis, -1).reshape(-1, h.shape[axis]) for h in have])
+    if rows_want.shape[-1] < 2 or not len(rows_want):
+        return 1.0
+    rows_want, rows_have = rows_want.astype(np.float64), rows_have.astype(np.float64)
+    order = np.argsort(rows_want, axis=-1)
+    top, runner_up = order[:, -1], order[:, -2]
+    index = np.arange(len(rows_want))
+    margins = rows_want[index, top] - rows_want[index, runner_up]
+    lost = np.maximum(0.0, margins - (rows_have[index, top] - rows_have[index, runner_up]))
+    if not np.isfinite(lost).all():
+        return 0.0
+    below = np.searchsorted(np.sort(margins), lost, side="left")  # margins strictly below each loss
+    return float(1.0 - below.sum() / (len(margins) * len(lost)))
+
+
 def _cut(arrays: list[np.ndarray], axis: int, start: int, stop: int) -> list[np.ndarray]:
     size = arrays[0].shape[axis]
     if stop > size:
@@ -173,18 +202,22 @@ def score(reference: list[dict], got: list[dict], accuracy: AccuracyTarget) -> d
             worst = min(worst, agree)
         if spec.metric == "top1" and want[0].ndim >= 1:
             top1, rows = _top1(want, have, spec.axis)
-            entry.update(top1_agreement=round(top1, 6), rows=rows, top1_bound=round(_wilson_lower(top1, rows), 6))
-            ok = ok and top1 >= accuracy.min_top1
-            worst = min(worst, top1)
+            expected = _top1_expected(want, have, spec.axis)
+            entry.update(top1_agreement=round(top1, 6), rows=rows, top1_bound=round(_wilson_lower(top1, rows), 6),
+                         top1_expected=round(expected, 6))  # fmt: skip
+            ok = ok and min(top1, expected) >= accuracy.min_top1
+            worst = min(worst, top1, expected)
         if spec.metric == "slices":
             entry["slices"] = {}
             for slice_name, part in (spec.slices or {}).items():
                 cut_want = _cut(want, spec.axis, part.start, part.stop)
                 cut_have = _cut(have, spec.axis, part.start, part.stop)
                 if part.metric == "top1":
-                    figure, rows = _top1(cut_want, cut_have, spec.axis)
-                    piece = {"top1_agreement": round(figure, 6), "rows": rows,
-                             "top1_bound": round(_wilson_lower(figure, rows), 6)}  # fmt: skip
+                    found, rows = _top1(cut_want, cut_have, spec.axis)
+                    expected = _top1_expected(cut_want, cut_have, spec.axis)
+                    piece = {"top1_agreement": round(found, 6), "rows": rows, "top1_expected": round(expected, 6),
+                             "top1_bound": round(_wilson_lower(found, rows), 6)}  # fmt: skip
+                    figure = min(found, expected)
                     piece_ok = figure >= accuracy.min_top1
                 else:
                     figure, bound, _ = _pooled_cosine(cut_want, cut_have)
@@ -215,6 +248,9 @@ def describe(accuracy_score: dict, target: AccuracyTarget) -> str:
             figures.append(f"cosine {entry['cosine']:.4f} (needs {target.min_cosine})")
         if "top1_agreement" in entry and entry["top1_agreement"] < target.min_top1:
             figures.append(f"top-1 {entry['top1_agreement']:.3f} (needs {target.min_top1})")
+        elif entry.get("top1_expected", 1.0) < target.min_top1:
+            figures.append(f"top-1 expected on unseen rows {entry['top1_expected']:.3f} (needs {target.min_top1}; "
+                           f"{entry['top1_agreement']:.3f} on the {entry['rows']} judged)")  # fmt: skip
         if "agreement" in entry:
             figures.append(f"agreement {entry['agreement']:.3f} (needs {target.min_top1})")
         for slice_name, piece in (entry.get("slices") or {}).items():
@@ -223,6 +259,7 @@ def describe(accuracy_score: dict, target: AccuracyTarget) -> str:
             if "cosine" in piece:
                 figures.append(f"slice {slice_name!r} cosine {piece['cosine']:.4f} (needs {target.min_cosine})")
             else:
-                figures.append(f"slice {slice_name!r} top-1 {piece['top1_agreement']:.3f} (needs {target.min_top1})")
+                figure = min(piece["top1_agreement"], piece["top1_expected"])
+                figures.append(f"slice {slice_name!r} top-1 {figure:.3f} (needs {target.min_top1})")
         parts.append(f"{name!r}: {', '.join(figures) or entry.get('detail', '')}")
     return "; ".join(parts) or "meets the target"

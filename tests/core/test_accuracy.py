@@ -49,6 +49,41 @@ def test_top1_figures_carry_a_wilson_bound_and_cosines_a_bootstrap_bound():
     assert one["cosine_bound"] is None  # one sample: no resampling, no bound claimed
 
 
+def _logits(rows: list[list[float]]) -> list[dict]:
+    return [{"logits": np.array([row], np.float32)} for row in rows]
+
+
+def test_expected_top1_pairs_each_lost_lead_with_every_margin():
+    # Margins (top class over runner-up) 1.0 and 2.0; the candidate loses 0.5 and 1.5 of them: no row flips,
+    # but the loss of 1.5 would flip a row with the first row's margin: 1 of the 4 pairs.
+    want = _logits([[3.0, 2.0, 0.0], [0.0, 4.0, 2.0]])
+    got = _logits([[2.75, 2.25, 0.0], [0.0, 3.25, 2.75]])
+    found = score(want, got, AccuracyTarget())["outputs"]["logits"]
+    assert found["top1_agreement"] == 1.0 and found["top1_expected"] == pytest.approx(0.75)
+    assert not found["ok"]  # agreement found is not enough: the figure expected on unseen rows decides too
+    exact = score(want, want, AccuracyTarget())["outputs"]["logits"]
+    assert exact["top1_expected"] == 1.0 and exact["ok"]
+    # A candidate that widens the lead loses nothing.
+    wider = score(want, _logits([[3.5, 2.0, 0.0], [0.0, 4.5, 2.0]]), AccuracyTarget())["outputs"]["logits"]
+    assert wider["top1_expected"] == 1.0
+
+
+def test_rows_that_all_agree_with_losses_near_their_margins_do_not_meet_the_target():
+    """EfficientNet-Lite0's case: every judged row agrees, yet the leads lost are as large as typical margins,
+    so rows of other inputs flip; the figure expected says so, the agreement found does not."""
+    rng = np.random.default_rng(4)
+    want = [{"logits": rng.standard_normal((1, 100)).astype(np.float32) * 2} for _ in range(200)]
+    got = [{"logits": w["logits"] + 0.15 * rng.standard_normal((1, 100)).astype(np.float32)} for w in want]
+    judged = score(want[:20], got[:20], AccuracyTarget())
+    found = judged["outputs"]["logits"]
+    truth = score(want[20:], got[20:], AccuracyTarget())["outputs"]["logits"]["top1_agreement"]
+    # Seeded: all 20 judged rows agree, 0.963 expected, 0.889 on the 180 other rows.
+    assert found["top1_agreement"] == 1.0 and truth < 0.95
+    assert found["top1_expected"] < 0.99 and not judged["ok"]
+    assert abs(found["top1_expected"] - truth) < abs(found["top1_agreement"] - truth)
+    assert judged["loss"] == pytest.approx(1 - found["top1_expected"], abs=1e-6)  # what sensitivity ranks by
+
+
 def test_an_embedding_is_judged_by_cosine_not_by_the_argmax_of_its_dims():
     reference = {"sentence_embedding": np.zeros((1, 384), np.float32)}
     assert metrics_for(reference, AccuracyTarget())["sentence_embedding"].metric == "cosine"

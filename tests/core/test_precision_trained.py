@@ -35,19 +35,9 @@ def _outputs(model, feeds: list[dict]) -> list[dict]:
     return [dict(zip(names, sess.run(names, feed), strict=True)) for feed in feeds]
 
 
-# Not met: the optimizer's own held-out part (22 crops of 3 photos) certifies top-1 on those crops, not on
-# other photos; the int8 model it judged at 1.000 there (Wilson bound 0.89, warned) keeps 0.87 on the 85 crops
-# of the other photos, whose top-1/top-2 margins (textures, telescope and microscope images) are far smaller.
-# No static int8 form reaches 0.99 there: ranked by sensitivity measured on those 85 crops themselves, the
-# best model with any layer in int8 keeps 0.965 (20 of 50 weight layers float, 1.19x).
-CLASSIFIER_GAP = pytest.mark.xfail(
-    reason="EfficientNet-Lite0: 22 held-out crops cannot certify top-1 >= 0.99 on unseen photos", strict=False
-)
-
-
 @pytest.mark.parametrize(
     "name",
-    [pytest.param("efficientnet-lite0", marks=CLASSIFIER_GAP), "minilm-l6", "silero-vad", "mtcnn-pnet"],
+    ["efficientnet-lite0", "minilm-l6", "silero-vad", "mtcnn-pnet"],
     ids=["classifier", "transformer-encoder", "recurrent", "packed-detector"],
 )
 def test_trained_model_meets_the_target_on_samples_the_optimizer_never_saw(name):
@@ -70,6 +60,11 @@ def test_trained_model_meets_the_target_on_samples_the_optimizer_never_saw(name)
     assert found["ok"], (section["shipped"], found)
     if name == "efficientnet-lite0":
         assert found["outputs"]["logits"]["top1_agreement"] >= 0.99 and found["outputs"]["logits"]["rows"] == len(feeds)
+        # Its 22 held-out crops (3 photos) all agree under every all-int8 candidate, which flips 9-13 of the 85
+        # crops of other photos: the figure expected from how near each row came to flipping is what refused them.
+        judged = {c["name"]: c["accuracy"] for c in section["candidates"] if c["accuracy"].get("outputs")}
+        refused = judged["static_qdq"]["outputs"]["logits"]
+        assert refused["top1_expected"] < min(0.99, refused["top1_agreement"]) and not judged["static_qdq"]["ok"]
     if name == "mtcnn-pnet":  # the scores slice is judged alone, and the packed tail stayed float
         assert found["outputs"]["detections"]["slices"]["scores"]["ok"]
         assert section["packed_outputs"]["detections"]["kept_float"]
