@@ -153,12 +153,18 @@ def _top1_expected(want: list[np.ndarray], have: list[np.ndarray], axis: int) ->
     rows_have = np.concatenate([np.moveaxis(h, axis, -1).reshape(-1, h.shape[axis]) for h in have])
     if rows_want.shape[-1] < 2 or not len(rows_want):
         return 1.0
-    rows_want, rows_have = rows_want.astype(np.float64), rows_have.astype(np.float64)
-    order = np.argsort(rows_want, axis=-1)
-    top, runner_up = order[:, -1], order[:, -2]
+    top = np.argmax(rows_want, axis=-1)  # the first of equal maxima, as the top-1 agreement takes it
     index = np.arange(len(rows_want))
-    margins = rows_want[index, top] - rows_want[index, runner_up]
-    lost = np.maximum(0.0, margins - (rows_have[index, top] - rows_have[index, runner_up]))
+    others = rows_want.astype(np.promote_types(rows_want.dtype, np.float32))  # a copy that can hold -inf
+    others[index, top] = -np.inf
+    runner_up = np.argmax(others, axis=-1)
+    del others
+
+    def lead(rows: np.ndarray) -> np.ndarray:
+        return rows[index, top].astype(np.float64) - rows[index, runner_up].astype(np.float64)
+
+    margins = lead(rows_want)
+    lost = np.maximum(0.0, margins - lead(rows_have))
     if not np.isfinite(lost).all():
         return 0.0
     below = np.searchsorted(np.sort(margins), lost, side="left")  # margins strictly below each loss
