@@ -19,6 +19,7 @@ import argparse
 import json
 import math
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -134,17 +135,24 @@ def run_measured(
                     pass
             break
         time.sleep(0.02)
-    # wait4 reaps this child and gives its own rusage (ru_maxrss in KiB on Linux).
+    # wait4 reaps this child and gives its own rusage (ru_maxrss in KiB on Linux). Linux starts a child's
+    # ru_maxrss at this process's own high-water mark (exec folds the mm it replaces, which a vfork'd child
+    # shares with us, into the child's figure): a parent that ever held 2 GiB gives every later child a
+    # ru_maxrss of at least 2 GiB. The kernel's figure counts only where it exceeds ours.
     _, status, usage = os.wait4(proc.pid, 0)
     proc.returncode = os.waitstatus_to_exitcode(status)
+    kernel = usage.ru_maxrss * 1024
+    ours = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    trusted = kernel if kernel > ours else 0
     return {
         "exit_code": proc.returncode,
         "timed_out": timed_out,
         "killed_over_memory": over_memory,
         "seconds": time.perf_counter() - start,
-        "peak_rss_bytes": max(peak_tree, usage.ru_maxrss * 1024),
+        "peak_rss_bytes": max(peak_tree, trusted),
         "peak_rss_sampled_bytes": peak_tree,
-        "ru_maxrss_bytes": usage.ru_maxrss * 1024,
+        "ru_maxrss_bytes": kernel,
+        "ru_maxrss_counted": bool(trusted),
     }
 
 
