@@ -146,13 +146,11 @@ def _top1(want: list[np.ndarray], have: list[np.ndarray], axis: int) -> tuple[fl
     return float(np.mean(rows_want == rows_have)), int(rows_want.size)
 
 
-def _top1_expected(want: list[np.ndarray], have: list[np.ndarray], axis: int) -> float:
-    """1 - the share of (row i, row k) pairs where row i's lost lead over its runner-up exceeds row k's
-    margin (module doc-string). Rows of one class count as agreeing."""
-    rows_want = np.concatenate([np.moveaxis(w, axis, -1).reshape(-1, w.shape[axis]) for w in want])
-    rows_have = np.concatenate([np.moveaxis(h, axis, -1).reshape(-1, h.shape[axis]) for h in have])
-    if rows_want.shape[-1] < 2 or not len(rows_want):
-        return 1.0
+def _leads(want: np.ndarray, have: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per row of one sample: the original's margin of its top class over its runner-up, and how much of that
+    lead ``have`` lost. One sample at a time, so a language model's logits are never copied whole."""
+    rows_want = np.moveaxis(want, axis, -1).reshape(-1, want.shape[axis])
+    rows_have = np.moveaxis(have, axis, -1).reshape(-1, have.shape[axis])
     top = np.argmax(rows_want, axis=-1)  # the first of equal maxima, as the top-1 agreement takes it
     index = np.arange(len(rows_want))
     others = rows_want.astype(np.promote_types(rows_want.dtype, np.float32))  # a copy that can hold -inf
@@ -164,7 +162,17 @@ def _top1_expected(want: list[np.ndarray], have: list[np.ndarray], axis: int) ->
         return rows[index, top].astype(np.float64) - rows[index, runner_up].astype(np.float64)
 
     margins = lead(rows_want)
-    lost = np.maximum(0.0, margins - lead(rows_have))
+    return margins, np.maximum(0.0, margins - lead(rows_have))
+
+
+def _top1_expected(want: list[np.ndarray], have: list[np.ndarray], axis: int) -> float:
+    """1 - the share of (row i, row k) pairs where row i's lost lead over its runner-up exceeds row k's
+    margin (module doc-string). Rows of one class count as agreeing."""
+    if not want or want[0].shape[axis] < 2 or not want[0].size:
+        return 1.0
+    pairs = [_leads(w, h, axis) for w, h in zip(want, have, strict=True)]
+    margins = np.concatenate([m for m, _ in pairs])
+    lost = np.concatenate([lo for _, lo in pairs])
     if not np.isfinite(lost).all():
         return 0.0
     below = np.searchsorted(np.sort(margins), lost, side="left")  # margins strictly below each loss
