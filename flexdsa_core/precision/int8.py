@@ -17,6 +17,7 @@ import onnx_ir as ir
 
 from flexdsa_core.accuracy import describe as _describe
 from flexdsa_core.errors import ValidationFailedError
+from flexdsa_core.precision.bias_correction import correct_biases
 from flexdsa_core.precision.cache import CACHED, CostingScope, cached_profile
 from flexdsa_core.precision.costing import decide, profile_int8_vs_fp32, quantised_nodes
 from flexdsa_core.precision.cpu_forms import (
@@ -285,7 +286,34 @@ def _calibration_methods(run, fp32: Path, cache: Path, fmt: Int8Format, full: _C
         "why": "MinMax's all-int8 model missed the target on the held-out samples; the method with the least loss "
         "there calibrates the later candidates",
     }  # fmt: skip
+    if fmt.runs_here and best.error is None and best.recipe is not None:  # a vendor quantises for itself
+        report["bias_correction"] = _bias_corrected(run, fp32, best, candidates)
     return best
+
+
+def _bias_corrected(run, fp32: Path, best: _Candidate, candidates: list[_Candidate]) -> dict:
+    """The best-calibrated all-int8 model with each Conv's bias corrected by the mean error its output carries
+    on the calibration samples (``precision.bias_correction``), a candidate of its own (EfficientNet-Lite0
+    all-int8: held-out top-1 0.871 -> 0.929). The later candidates are not corrected: each search step would
+    pay for it again."""
+    found: dict = {}
+
+    def recipe(samples: list[dict], tag: str, out: Path) -> Path:
+        plain = best.recipe(samples, tag, out.with_name(f"{out.stem}.uncorrected.onnx"))
+        found.update(correct_biases(plain, fp32, samples, out))
+        return out
+
+    candidate = _Candidate(
+        f"{best.name}_bias_corrected", run.workdir / "static_bias_corrected.onnx",
+        f"{best.how}; each quantised Conv's bias then corrected, layer by layer, by the mean error its output "
+        "carries on the calibration samples (precision.bias_correction)",
+        recipe=recipe, int8_nodes=best.int8_nodes,
+    )  # fmt: skip
+    run.report(0.3, f"int8 candidate {candidate.name}")
+    _scored(run, candidate, lambda: recipe(run.calibration, "fold0", candidate.path), run.reference())
+    candidates.append(candidate)
+    return {**found, "candidate": candidate.name, "loss": None if candidate.error else candidate.accuracy.get("loss"),
+            "from": best.name, "loss_before": best.accuracy.get("loss")}  # fmt: skip
 
 
 def _no_int8(run, report, candidates, layers, reference, cache, fmt, fp32) -> None:

@@ -1,0 +1,119 @@
+"""Empirical bias correction of a static QDQ model: each quantised Conv's int32 bias shifted by the mean error
+its output carries, measured on the calibration samples, one layer at a time in graph order.
+
+Rounding weights and activations to int8 moves the *mean* of a layer's output, channel by channel (a
+depthwise filter of nine weights rounds to a sum a few steps off); the shift adds up layer after layer. For
+each quantised Conv (its bias a DequantizeLinear of an int32 initializer), in graph order:
+
+    delta_c = mean over samples and positions of (fp32 output_c - quantised output_c)
+    bias_c += round(delta_c / bias_scale_c)
+
+with the quantised output read after its own QuantizeLinear/DequantizeLinear (what the next layer reads) and
+the fp32 one at the same tensor of the original graph. One layer at a time: each layer's mean is measured
+with every earlier layer already corrected (correcting a group at once over-corrects what follows: on
+EfficientNet-Lite0 ten at a time took held-out top-1 from 0.871 to 0.46, one at a time to 0.929). A layer
+whose channels have fewer than ``MIN_VALUES`` values each over the samples (a classifier's Gemm: one per
+sample) is left alone: its means would be the samples', not the quantisation's.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import numpy_helper
+
+__all__ = ["MIN_VALUES", "correct_biases"]
+
+MIN_VALUES = 256  # values per channel over the samples, at least, for a layer to be corrected
+_RENAMED = "_QuantizeLinear_Input"  # the quantiser renames a graph output's producer output so
+
+
+def _channel_means(
+    model: onnx.ModelProto, names: list[str], samples: list[dict]
+) -> tuple[dict[str, np.ndarray], dict[str, int]]:
+    """Per tensor in ``names``: the mean over samples and positions of each channel (axis 1), and how many
+    values each channel's mean is over."""
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    present = {o.name for o in probe.graph.output}
+    probe.graph.output.extend(onnx.ValueInfoProto(name=n) for n in names if n not in present)
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # each Q/DQ as written
+    options.log_severity_level = 3
+    session = ort.InferenceSession(probe.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    sums: dict[str, np.ndarray] = {}
+    counts: dict[str, int] = dict.fromkeys(names, 0)
+    for feed in samples:
+        for name, value in zip(names, session.run(names, feed), strict=True):
+            value = np.asarray(value, dtype=np.float64)
+            axes = (0, *range(2, value.ndim))
+            sums[name] = sums.get(name, 0.0) + value.sum(axis=axes)
+            counts[name] += value.size // value.shape[1]
+    return {name: sums[name] / counts[name] for name in names}, counts
+
+
+def _layers(model: onnx.ModelProto, fp32_names: set[str]) -> list[dict]:
+    initializers = {i.name for i in model.graph.initializer}
+    producer = {out: node for node in model.graph.node for out in node.output}
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for node in model.graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    found = []
+    for node in model.graph.node:
+        if node.op_type != "Conv" or len(node.input) < 3:
+            continue
+        bias = producer.get(node.input[2])
+        if bias is None or bias.op_type != "DequantizeLinear" or bias.input[0] not in initializers:
+            continue
+        out = node.output[0]
+        reference = out if out in fp32_names else out.removesuffix(_RENAMED)
+        if reference not in fp32_names:
+            continue
+        read = out  # what the next layer reads: the output after its own Q/DQ, where there is one
+        quantize = [c for c in consumers.get(out, []) if c.op_type == "QuantizeLinear"]
+        if quantize:
+            dequantize = [c for c in consumers.get(quantize[0].output[0], []) if c.op_type == "DequantizeLinear"]
+            read = dequantize[0].output[0] if dequantize else out
+        found.append({"node": node.name, "bias": bias.input[0], "scale": bias.input[1], "read": read,
+                      "reference": reference})  # fmt: skip
+    return found
+
+
+def correct_biases(quantized: Path, fp32: Path, samples: list[dict], out: Path) -> dict:
+    """Write ``quantized`` with its Conv biases corrected on ``samples`` (module doc-string) to ``out``; what
+    was done: layers corrected, layers left, seconds."""
+    started = time.perf_counter()
+    model = onnx.load(str(quantized))
+    original = onnx.load(str(fp32))
+    fp32_names = {v for node in original.graph.node for v in node.output}
+    layers = _layers(model, fp32_names) if samples else []
+    wanted, counts = _channel_means(original, sorted({layer["reference"] for layer in layers}), samples) if layers else ({}, {})
+    layers = [layer for layer in layers if counts[layer["reference"]] >= MIN_VALUES]
+    if not layers:
+        onnx.save(model, str(out))
+        return {"corrected": 0, "why": "no quantised Conv with an int32 bias and enough values per channel"}
+    initializers = {i.name: i for i in model.graph.initializer}
+    shifts = []
+    for layer in layers:
+        got = _channel_means(model, [layer["read"]], samples)[0][layer["read"]]
+        delta = wanted[layer["reference"]] - got
+        tensor = initializers[layer["bias"]]
+        bias = numpy_helper.to_array(tensor).astype(np.int64)
+        scale = numpy_helper.to_array(initializers[layer["scale"]]).astype(np.float64)
+        if bias.shape != delta.shape:
+            continue
+        step = np.round(delta / scale)
+        tensor.CopyFrom(numpy_helper.from_array(np.clip(bias + step, -(2**31), 2**31 - 1).astype(np.int32), tensor.name))
+        shifts.append(float(np.abs(delta).max()))
+    onnx.save(model, str(out))
+    return {
+        "corrected": len(shifts),
+        "largest_mean_shift": round(max(shifts), 6) if shifts else 0.0,
+        "samples": len(samples),
+        "seconds": round(time.perf_counter() - started, 2),
+    }

@@ -1,0 +1,93 @@
+"""Empirical bias correction (``precision.bias_correction``): each quantised Conv's bias absorbs the mean error
+its output carries, so the int8 model's outputs lose their drift on samples it was not corrected on."""
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import TensorProto, helper, numpy_helper
+from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+from flexdsa_core.precision.bias_correction import MIN_VALUES, correct_biases
+
+
+def _depthwise_net(path) -> None:
+    """Conv 3->16, Relu, depthwise 3x3 (few weights per filter: rounding moves each channel's mean), Relu,
+    Conv 1x1 16->8, Gemm head (never corrected: one value per channel per sample)."""
+    rng = np.random.default_rng(0)
+    weights = {
+        "w1": rng.normal(0, 0.3, (16, 3, 3, 3)), "b1": rng.normal(0, 0.1, 16),
+        "w2": rng.normal(0.05, 0.4, (16, 1, 3, 3)), "b2": rng.normal(0, 0.1, 16),
+        "w3": rng.normal(0, 0.3, (8, 16, 1, 1)), "b3": rng.normal(0, 0.1, 8),
+        "w4": rng.normal(0, 0.3, (8, 4)), "b4": np.zeros(4),
+    }  # fmt: skip
+    nodes = [
+        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c1"], ["r1"]),
+        helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1], group=16),
+        helper.make_node("Relu", ["c2"], ["r2"]),
+        helper.make_node("Conv", ["r2", "w3", "b3"], ["c3"]),
+        helper.make_node("GlobalAveragePool", ["c3"], ["p"]),
+        helper.make_node("Flatten", ["p"], ["f"]),
+        helper.make_node("Gemm", ["f", "w4", "b4"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes, "dw", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4]),
+         helper.make_tensor_value_info("c3", TensorProto.FLOAT, [1, 8, 16, 16])],
+        [numpy_helper.from_array(v.astype(np.float32), k) for k, v in weights.items()],
+    )  # fmt: skip
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9), path)
+
+
+class _Reader(CalibrationDataReader):
+    def __init__(self, feeds):
+        self.feeds = iter(feeds)
+
+    def get_next(self):
+        return next(self.feeds, None)
+
+
+def _run(path, feeds, name):
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    return np.concatenate([session.run([name], f)[0] for f in feeds])
+
+
+def test_each_conv_bias_absorbs_its_mean_error_and_the_drift_is_gone_on_unseen_samples(tmp_path):
+    fp32, plain, corrected = tmp_path / "fp32.onnx", tmp_path / "int8.onnx", tmp_path / "corrected.onnx"
+    _depthwise_net(fp32)
+    rng = np.random.default_rng(1)
+    samples = [{"x": rng.uniform(0, 1, (1, 3, 16, 16)).astype(np.float32)} for _ in range(24)]
+    calibration, unseen = samples[:12], samples[12:]
+    quantize_static(str(fp32), str(plain), _Reader(calibration), quant_format=QuantFormat.QDQ, per_channel=True,
+                    activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)  # fmt: skip
+
+    found = correct_biases(plain, fp32, calibration, corrected)
+
+    assert found["corrected"] == 3 and found["samples"] == 12  # the three Convs; the Gemm head is left alone
+    assert 16 * 16 * 12 >= MIN_VALUES
+    before_model, after_model = onnx.load(str(plain)), onnx.load(str(corrected))
+    changed = [t.name for t, u in zip(before_model.graph.initializer, after_model.graph.initializer, strict=True)
+               if not np.array_equal(numpy_helper.to_array(t), numpy_helper.to_array(u))]  # fmt: skip
+    assert changed and all(t.data_type == TensorProto.INT32 for t in after_model.graph.initializer if t.name in changed)
+    want = _run(fp32, unseen, "c3")
+    drift_before = np.abs((want - _run(plain, unseen, "c3")).mean(axis=(0, 2, 3))).max()
+    drift_after = np.abs((want - _run(corrected, unseen, "c3")).mean(axis=(0, 2, 3))).max()
+    assert drift_after < 0.5 * drift_before, (drift_before, drift_after)
+    error_before = np.abs(want - _run(plain, unseen, "c3")).mean()
+    error_after = np.abs(want - _run(corrected, unseen, "c3")).mean()
+    assert error_after < error_before
+
+
+def test_a_model_without_a_quantised_conv_is_written_unchanged(tmp_path):
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])], "relu",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+    )  # fmt: skip
+    path = tmp_path / "relu.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9), path)
+    found = correct_biases(path, path, [{"x": np.ones((1, 4), np.float32)}], tmp_path / "out.onnx")
+    assert found["corrected"] == 0 and "no quantised Conv" in found["why"]
+    assert onnx.load(str(tmp_path / "out.onnx")).graph.node[0].op_type == "Relu"
