@@ -26,29 +26,40 @@ import onnx
 import onnxruntime as ort
 from onnx import numpy_helper
 
+from flexdsa_core.precision.cache import _Tensors
+
 __all__ = ["MIN_VALUES", "correct_biases"]
 
 MIN_VALUES = 256  # values per channel over the samples, at least, for a layer to be corrected
 _RENAMED = "_QuantizeLinear_Input"  # the quantiser renames a graph output's producer output so
 
 
-def _channel_means(
-    model: onnx.ModelProto, names: list[str], samples: list[dict]
-) -> tuple[dict[str, np.ndarray], dict[str, int]]:
-    """Per tensor in ``names``: the mean over samples and positions of each channel (axis 1), and how many
-    values each channel's mean is over."""
+def _session(model: onnx.ModelProto, outputs: list[str], as_inputs: frozenset[str] = frozenset()):
+    """An ORT_DISABLE_ALL session (each Q/DQ as written) of ``model`` that also returns ``outputs`` and takes
+    the initializers named in ``as_inputs`` as feeds: one session serves every step of the correction."""
     probe = onnx.ModelProto()
     probe.CopyFrom(model)
     present = {o.name for o in probe.graph.output}
-    probe.graph.output.extend(onnx.ValueInfoProto(name=n) for n in names if n not in present)
+    probe.graph.output.extend(onnx.ValueInfoProto(name=n) for n in outputs if n not in present)
+    moved = [init for init in probe.graph.initializer if init.name in as_inputs]
+    for init in moved:
+        probe.graph.initializer.remove(init)
+        probe.graph.input.append(onnx.helper.make_tensor_value_info(init.name, init.data_type, list(init.dims)))
     options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # each Q/DQ as written
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     options.log_severity_level = 3
-    session = ort.InferenceSession(probe.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(probe.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
+def _channel_means(
+    session, names: list[str], samples: list[dict], extra: dict | None = None
+) -> tuple[dict[str, np.ndarray], dict[str, int]]:
+    """Per tensor in ``names``: the mean over samples and positions of each channel (axis 1), and how many
+    values each channel's mean is over."""
     sums: dict[str, np.ndarray] = {}
     counts: dict[str, int] = dict.fromkeys(names, 0)
     for feed in samples:
-        for name, value in zip(names, session.run(names, feed), strict=True):
+        for name, value in zip(names, session.run(names, {**feed, **(extra or {})}), strict=True):
             value = np.asarray(value, dtype=np.float64)
             axes = (0, *range(2, value.ndim))
             sums[name] = sums.get(name, 0.0) + value.sum(axis=axes)
@@ -56,31 +67,24 @@ def _channel_means(
     return {name: sums[name] / counts[name] for name in names}, counts
 
 
-def _layers(model: onnx.ModelProto, fp32_names: set[str]) -> list[dict]:
-    initializers = {i.name for i in model.graph.initializer}
-    producer = {out: node for node in model.graph.node for out in node.output}
-    consumers: dict[str, list[onnx.NodeProto]] = {}
-    for node in model.graph.node:
-        for name in node.input:
-            consumers.setdefault(name, []).append(node)
+def _layers(model: onnx.ModelProto, tensors: _Tensors, fp32_names: set[str]) -> list[dict]:
     found = []
-    for node in model.graph.node:
+    for node in model.graph.node:  # graph order (nodes may be unnamed)
         if node.op_type != "Conv" or len(node.input) < 3:
             continue
-        bias = producer.get(node.input[2])
-        if bias is None or bias.op_type != "DequantizeLinear" or bias.input[0] not in initializers:
+        bias = tensors.producer.get(node.input[2])
+        if bias is None or bias.op_type != "DequantizeLinear" or bias.input[0] not in tensors.initializers:
             continue
         out = node.output[0]
         reference = out if out in fp32_names else out.removesuffix(_RENAMED)
         if reference not in fp32_names:
             continue
         read = out  # what the next layer reads: the output after its own Q/DQ, where there is one
-        quantize = [c for c in consumers.get(out, []) if c.op_type == "QuantizeLinear"]
+        quantize = [r for r in tensors.readers.get(out, []) if r.op_type == "QuantizeLinear"]
         if quantize:
-            dequantize = [c for c in consumers.get(quantize[0].output[0], []) if c.op_type == "DequantizeLinear"]
+            dequantize = [r for r in tensors.readers.get(quantize[0].output[0], []) if r.op_type == "DequantizeLinear"]
             read = dequantize[0].output[0] if dequantize else out
-        found.append({"node": node.name, "bias": bias.input[0], "scale": bias.input[1], "read": read,
-                      "reference": reference})  # fmt: skip
+        found.append({"bias": bias.input[0], "scale": bias.input[1], "read": read, "reference": reference})
     return found
 
 
@@ -91,25 +95,29 @@ def correct_biases(quantized: Path, fp32: Path, samples: list[dict], out: Path) 
     model = onnx.load(str(quantized))
     original = onnx.load(str(fp32))
     fp32_names = {v for node in original.graph.node for v in node.output}
-    layers = _layers(model, fp32_names) if samples else []
-    wanted, counts = _channel_means(original, sorted({layer["reference"] for layer in layers}), samples) if layers else ({}, {})
+    tensors = _Tensors(model)
+    layers = _layers(model, tensors, fp32_names) if samples else []
+    references = sorted({layer["reference"] for layer in layers})
+    wanted, counts = _channel_means(_session(original, references), references, samples) if layers else ({}, {})
     layers = [layer for layer in layers if counts[layer["reference"]] >= MIN_VALUES]
     if not layers:
         onnx.save(model, str(out))
         return {"corrected": 0, "why": "no quantised Conv with an int32 bias and enough values per channel"}
-    initializers = {i.name: i for i in model.graph.initializer}
+    biases = {layer["bias"]: numpy_helper.to_array(tensors.initializers[layer["bias"]]) for layer in layers}
+    session = _session(model, [layer["read"] for layer in layers], frozenset(biases))
     shifts = []
-    for layer in layers:
-        got = _channel_means(model, [layer["read"]], samples)[0][layer["read"]]
+    for layer in layers:  # in graph order, each measured with the earlier ones corrected
+        got = _channel_means(session, [layer["read"]], samples, biases)[0][layer["read"]]
         delta = wanted[layer["reference"]] - got
-        tensor = initializers[layer["bias"]]
-        bias = numpy_helper.to_array(tensor).astype(np.int64)
-        scale = numpy_helper.to_array(initializers[layer["scale"]]).astype(np.float64)
+        bias = biases[layer["bias"]]
         if bias.shape != delta.shape:
             continue
-        step = np.round(delta / scale)
-        tensor.CopyFrom(numpy_helper.from_array(np.clip(bias + step, -(2**31), 2**31 - 1).astype(np.int32), tensor.name))
+        scale = numpy_helper.to_array(tensors.initializers[layer["scale"]]).astype(np.float64)
+        shifted = bias.astype(np.int64) + np.round(delta / scale)
+        biases[layer["bias"]] = np.clip(shifted, -(2**31), 2**31 - 1).astype(np.int32)
         shifts.append(float(np.abs(delta).max()))
+    for name, value in biases.items():
+        tensors.initializers[name].CopyFrom(numpy_helper.from_array(value, name))
     onnx.save(model, str(out))
     return {
         "corrected": len(shifts),
