@@ -8,7 +8,7 @@ of the compiler or the service (``tests/runtime/test_runtime_imports.py`` holds 
 """
 
 from flexdsa_runtime.backends import BACKENDS
-from flexdsa_runtime.bundle import Bundle, open_bundle
+from flexdsa_runtime.bundle import Bundle, UnpackLimits, open_bundle
 from flexdsa_runtime.errors import BackendUnavailable, BundleError, RuntimeRefusal, ShapeRefused
 from flexdsa_runtime.runtime import Runtime
 from flexdsa_runtime.traffic import Traffic
@@ -23,6 +23,7 @@ __all__ = [
     "RuntimeRefusal",
     "ShapeRefused",
     "Traffic",
+    "UnpackLimits",
     "VersionStore",
     "open_bundle",
 ]

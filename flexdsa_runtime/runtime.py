@@ -5,6 +5,10 @@
     rt.traffic.snapshot()                                  # the shapes served, for POST /jobs/{id}/traffic
     rt.update("bundle-v2.zip")                             # verified, loaded, then switched in one step
 
+A zip is unpacked within ``unpack_limits`` (``bundle.UnpackLimits``: 8 GiB and 10,000 members by default).
+``provider_options`` are the accelerator EP's options set in code, trusted as such (QNN's ``backend_path``, the
+library to load, only comes this way); the manifest's own are allow-listed (``backends.qnn``).
+
 With ``store=`` a folder, versions are kept on disk (``versions.VersionStore``) and the one in service
 survives a restart: ``Runtime.open(store=root)`` reopens it (verifying it again). ``update`` installs the new
 version (verified), loads every bucket, and only then switches, first on disk (one atomic rename) and then in
@@ -26,7 +30,7 @@ import numpy as np
 
 from flexdsa_runtime.backends import load_backend
 from flexdsa_runtime.backends.base import Backend
-from flexdsa_runtime.bundle import Bundle, open_bundle, unpack
+from flexdsa_runtime.bundle import Bundle, UnpackLimits, open_bundle, unpack
 from flexdsa_runtime.errors import ShapeRefused
 from flexdsa_runtime.shapes import ShapePolicy
 from flexdsa_runtime.traffic import Traffic
@@ -66,12 +70,21 @@ class Timing:
 
 class Runtime:
     def __init__(
-        self, served: _Served, *, backend: str, threads: int | None, store: VersionStore | None
+        self,
+        served: _Served,
+        *,
+        backend: str,
+        threads: int | None,
+        store: VersionStore | None,
+        unpack_limits: UnpackLimits | None = None,
+        provider_options: dict[str, str] | None = None,
     ) -> None:
         self._served = served
         self._backend = backend
         self._threads = threads
         self._store = store
+        self._unpack_limits = unpack_limits
+        self._provider_options = dict(provider_options or {})
         self._load_lock = threading.Lock()
         self._update_lock = threading.Lock()
         self.traffic = Traffic(served.bundle.version, served.bundle.target)
@@ -87,20 +100,31 @@ class Runtime:
         backend: str = "auto",
         threads: int | None = None,
         preload: bool = True,
+        unpack_limits: UnpackLimits | None = None,
+        provider_options: dict[str, str] | None = None,
     ) -> Runtime:
         """Serve ``bundle`` (folder or zip); with ``store``, install it there and switch to it, or with no
-        ``bundle`` reopen the store's version in service. Every file is verified before anything is loaded."""
+        ``bundle`` reopen the store's version in service. Every file is verified before anything is loaded.
+        A zip is unpacked within ``unpack_limits``; ``provider_options`` go to the accelerator's execution
+        provider on top of the manifest's (see the module's docstring)."""
         versions = VersionStore(Path(store)) if store is not None else None
         if versions is not None:
             versions.clean_staging()
             if bundle is not None:
-                versions.switch(versions.install(Path(bundle)))
+                versions.switch(versions.install(Path(bundle), limits=unpack_limits))
             served = _Served(*cls._policy(versions.open_current()))
         elif bundle is None:
             raise ValueError("give a bundle (folder or zip), a store, or both")
         else:
-            served = cls._unpacked(Path(bundle))
-        runtime = cls(served, backend=backend, threads=threads, store=versions)
+            served = cls._unpacked(Path(bundle), unpack_limits)
+        runtime = cls(
+            served,
+            backend=backend,
+            threads=threads,
+            store=versions,
+            unpack_limits=unpack_limits,
+            provider_options=provider_options,
+        )
         if preload:
             runtime._load_all(served)
         return runtime
@@ -110,12 +134,12 @@ class Runtime:
         return bundle, ShapePolicy(bundle.runtime, bundle.buckets)
 
     @classmethod
-    def _unpacked(cls, path: Path) -> _Served:
+    def _unpacked(cls, path: Path, limits: UnpackLimits | None) -> _Served:
         if path.is_dir():
             return _Served(*cls._policy(open_bundle(path)))
         scratch = Path(tempfile.mkdtemp(prefix="flexdsa-bundle-"))
         try:
-            unpack(path, scratch)
+            unpack(path, scratch, limits=limits)
             return _Served(*cls._policy(open_bundle(scratch)), scratch=scratch)
         except BaseException:
             shutil.rmtree(scratch, ignore_errors=True)
@@ -127,7 +151,13 @@ class Runtime:
             with self._load_lock:
                 backend = served.backends.get(bucket.name)
                 if backend is None:
-                    backend = load_backend(served.bundle, bucket, self._backend, threads=self._threads)
+                    backend = load_backend(
+                        served.bundle,
+                        bucket,
+                        self._backend,
+                        threads=self._threads,
+                        provider_options=self._provider_options,
+                    )
                     served.backends[bucket.name] = backend
         return backend
 
@@ -186,10 +216,10 @@ class Runtime:
         with self._update_lock:
             old = self._served
             if self._store is not None:
-                version = self._store.install(Path(bundle))
+                version = self._store.install(Path(bundle), limits=self._unpack_limits)
                 new = _Served(*self._policy(open_bundle(self._store.folder(version), check=False)))
             else:
-                new = self._unpacked(Path(bundle))
+                new = self._unpacked(Path(bundle), self._unpack_limits)
             try:
                 self._load_all(new)
             except BaseException:

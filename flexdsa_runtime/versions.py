@@ -6,7 +6,8 @@ Layout under the store's root::
     CURRENT               the version in service, one line, replaced atomically (write, fsync, rename)
     staging/<random>/     a bundle being unpacked or copied; never read, removed at the next start
 
-``install`` unpacks or copies into ``staging``, flushes every file to disk, verifies the checksums, and only
+``install`` unpacks or copies into ``staging`` (every name checked first, so a hostile bundle writes nothing
+outside its staging folder, or nothing at all), flushes every file to disk, verifies the checksums, and only
 then renames the folder into ``versions/`` (a rename within one filesystem is atomic: the folder appears
 complete or not at all). ``switch`` rewrites ``CURRENT`` the same way. So a process killed at any point
 leaves ``CURRENT`` naming a complete, verified version: the old one until the new one is fully in place,
@@ -20,7 +21,17 @@ import shutil
 import uuid
 from pathlib import Path
 
-from flexdsa_runtime.bundle import MANIFEST, Bundle, open_bundle, read_manifest, unpack, verify
+from flexdsa_runtime.bundle import (
+    MANIFEST,
+    Bundle,
+    UnpackLimits,
+    checked_names,
+    open_bundle,
+    read_manifest,
+    resolved_inside,
+    unpack,
+    verify,
+)
 from flexdsa_runtime.errors import BundleError
 
 POINTER = "CURRENT"
@@ -41,17 +52,24 @@ def _fsync_tree(folder: Path) -> None:
 
 
 def copy_bundle(source: Path, folder: Path) -> None:
-    """The manifest and the files it lists, copied from the bundle folder ``source`` into ``folder``."""
+    """The manifest and the files it lists, copied from the bundle folder ``source`` into ``folder``. Every name
+    is checked and resolved first (``bundle.checked_names``, ``bundle.resolved_inside``): a name that could
+    lead out of ``folder``, or a file whose symlinks lead out of ``source``, refuses the whole bundle before
+    anything is written. Symlinks that stay inside ``source`` are followed (a deploy tool may share one file
+    between names); what is copied is always a regular file."""
     manifest, _ = read_manifest(source)
-    folder.mkdir(parents=True, exist_ok=True)
-    for name in [MANIFEST, *manifest["files"]]:
-        target = folder / name
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if not (source / name).is_file():
+    plan = []
+    for name in checked_names(manifest):
+        origin = resolved_inside(source, name)
+        if not origin.is_file():
             raise BundleError(
                 f"{name} is missing from {source} (listed in its manifest).", details={"missing": name}
             )
-        shutil.copyfile(source / name, target)
+        plan.append((origin, resolved_inside(folder, name)))
+    folder.mkdir(parents=True, exist_ok=True)
+    for origin, target in plan:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(origin, target)
 
 
 class VersionStore:
@@ -79,16 +97,16 @@ class VersionStore:
     def folder(self, version: str) -> Path:
         return self.versions / version
 
-    def install(self, source: Path) -> str:
-        """Put the bundle at ``source`` (folder or zip) into the store, verified; returns its version. The
-        version in service does not change (``switch`` does that)."""
+    def install(self, source: Path, *, limits: UnpackLimits | None = None) -> str:
+        """Put the bundle at ``source`` (folder or zip, unpacked within ``limits``) into the store, verified;
+        returns its version. The version in service does not change (``switch`` does that)."""
         source = Path(source)
         work = self.staging / uuid.uuid4().hex
         try:
             if source.is_dir():
                 copy_bundle(source, work)
             else:
-                unpack(source, work)
+                unpack(source, work, limits=limits)
             _fsync_tree(work)
             manifest, digest = read_manifest(work)
             verify(work, manifest)

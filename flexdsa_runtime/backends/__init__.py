@@ -41,9 +41,15 @@ def _vitis_ai_present() -> bool:
 
 
 def load_backend(
-    bundle: Bundle, bucket: BucketSpec, backend: str = "auto", *, threads: int | None = None
+    bundle: Bundle,
+    bucket: BucketSpec,
+    backend: str = "auto",
+    *,
+    threads: int | None = None,
+    provider_options: dict[str, str] | None = None,
 ) -> Backend:
-    """The bucket loaded on ``backend`` (one of ``BACKENDS``)."""
+    """The bucket loaded on ``backend`` (one of ``BACKENDS``). ``provider_options``, from the caller's code, go
+    to the QNN EP on top of the manifest's, which are allow-listed (``qnn.provider_options``)."""
     from flexdsa_runtime.backends import qnn, rknn_lite
     from flexdsa_runtime.backends.onnxruntime_cpu import OnnxRuntimeBackend
 
@@ -56,7 +62,7 @@ def load_backend(
             if role == "rknn" and rknn_lite.available():
                 return load_backend(bundle, bucket, "rknn-lite")
             if role == "qnn-context" and qnn.available():
-                return load_backend(bundle, bucket, "qnn")
+                return load_backend(bundle, bucket, "qnn", provider_options=provider_options)
             if role == "qdq-onnx" and artifact.get("runtime") == "onnxruntime" and _vitis_ai_present():
                 return OnnxRuntimeBackend(path(artifact["file"]), providers=["VitisAIExecutionProvider"])
         backend = "onnxruntime"
@@ -70,12 +76,14 @@ def load_backend(
         return rknn_lite.RknnLiteBackend(path(artifact["file"]), bucket.inputs, _outputs(bundle, bucket))
     if backend == "qnn":
         artifact = _need(bucket, "qnn-context", backend)
-        return qnn.QnnBackend(path(artifact["file"]), artifact.get("provider_options"))
+        options = qnn.provider_options(artifact.get("provider_options"), provider_options)
+        return qnn.QnnBackend(path(artifact["file"]), options)
     from flexdsa_runtime.backends.bridge import BridgeBackend
 
     if backend == "qnn-emulator":
         artifact = _need(bucket, "qnn-context", backend)
-        request = {"context": str(path(artifact["file"])), "provider": artifact.get("provider_options") or {}}
+        options = qnn.provider_options(artifact.get("provider_options"), provider_options)
+        request = {"context": str(path(artifact["file"])), "provider": options}
         return BridgeBackend(backend, request)
     # rknn-simulator: the toolkit rebuilds the bucket's ONNX (it cannot simulate a .rknn read from a file).
     _need(bucket, "rknn", backend)

@@ -113,7 +113,8 @@ class QnnContext:
             raise RuntimeError("onnxruntime lists no QNN device after registering onnxruntime-qnn")
         options = ort.SessionOptions()
         options.log_severity_level = 3
-        options.add_provider_for_devices(devices, {"backend_type": "htp", **(request.get("provider") or {})})
+        # The parent sends the EP's options whole (qnn.provider_options: the manifest's allow-listed ones).
+        options.add_provider_for_devices(devices, request.get("provider") or {"backend_type": "htp"})
         self.session = ort.InferenceSession(request["context"], options)
         self.outputs = [o.name for o in self.session.get_outputs()]
 

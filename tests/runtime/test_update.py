@@ -76,7 +76,7 @@ def test_a_corrupt_new_version_is_refused_and_the_old_keeps_serving(versions, tm
 
 # Each kill point: what the child patches to SIGKILL itself there, and the version it must restart on.
 KILL_POINTS = {
-    "while_unpacking": ("flexdsa_runtime.bundle", "shutil.copyfileobj", 3, "old"),
+    "while_unpacking": ("flexdsa_runtime.bundle", "_copy_member", 3, "old"),
     "before_the_version_folder_is_renamed": ("flexdsa_runtime.versions", "os.rename", 1, "old"),
     "while_loading_the_new_version": ("flexdsa_runtime.runtime", "load_backend", 2, "old"),
     "before_CURRENT_is_replaced": ("flexdsa_runtime.versions", "os.replace", 1, "old"),
