@@ -13,8 +13,11 @@ report then warns that accuracy was judged on them.
 
 from __future__ import annotations
 
+import contextlib
 import io
+import math
 import zipfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +26,10 @@ import onnx
 from flexdsa_core.errors import InvalidOptionsError
 from flexdsa_core.validate import _gather_vocab_sizes, make_inputs
 
-__all__ = ["CalibrationError", "check_calibration", "load_calibration", "synthetic_samples"]
+__all__ = [
+    "CalibrationError", "check_calibration", "check_calibration_file", "load_calibration", "read_layouts",
+    "synthetic_samples",
+]  # fmt: skip
 
 # More samples add calibration time, not much accuracy: the rest of the upload is left unused (reported).
 MAX_SAMPLES = 256
@@ -38,37 +44,75 @@ class CalibrationError(InvalidOptionsError):
     code = "invalid_calibration"
 
 
+_HOW = "Save it with numpy.savez('samples.npz', input_name=array, ...), one array per model input."
+
+
+def _open_archive(handle) -> zipfile.ZipFile:
+    """The ``.npz`` as a zip, its declared sizes judged before anything is unpacked."""
+    if handle.read(4) != b"PK\x03\x04":  # an .npz is a zip archive of .npy files
+        raise CalibrationError(f"calibration data is not an .npz file (a zip of .npy arrays). {_HOW}")
+    handle.seek(0)
+    archive = zipfile.ZipFile(handle)
+    # A small compressed upload can unpack to gigabytes: judge the sizes it declares first.
+    unpacked = sum(member.file_size for member in archive.infolist())
+    if unpacked > MAX_CALIBRATION_BYTES:
+        raise CalibrationError(
+            f"calibration .npz unpacks to {unpacked / 2**20:.0f} MiB, more than the "
+            f"{MAX_CALIBRATION_BYTES / 2**20:.0f} MiB accepted: send fewer samples (at most {MAX_SAMPLES} "
+            "are used)."
+        )
+    return archive
+
+
+@contextlib.contextmanager
+def _reading(what: str) -> Iterator[None]:
+    """The errors of reading an ``.npz`` as ``CalibrationError``s that say how to make a good one."""
+    try:
+        yield
+    except ValueError as err:
+        if "pickle" in str(err) or "object" in str(err):
+            raise CalibrationError(
+                f"calibration .npz holds Python objects, which are refused (loading them could run code). {_HOW}"
+            ) from None
+        raise CalibrationError(f"calibration .npz cannot be {what} ({err}). {_HOW}") from None
+    except (OSError, zipfile.BadZipFile, EOFError) as err:
+        raise CalibrationError(f"calibration .npz cannot be {what} ({err}). {_HOW}") from None
+
+
+def _source(source: bytes | str | Path):
+    return io.BytesIO(source) if isinstance(source, bytes) else open(source, "rb")  # noqa: SIM115
+
+
 def load_calibration(source: bytes | str | Path) -> dict[str, np.ndarray]:
     """The arrays of an ``.npz`` file (no pickled objects: an upload never runs code)."""
-    how = "Save it with numpy.savez('samples.npz', input_name=array, ...), one array per model input."
-    try:
-        handle = io.BytesIO(source) if isinstance(source, bytes) else open(source, "rb")  # noqa: SIM115
-        with handle:
-            if handle.read(4) != b"PK\x03\x04":  # an .npz is a zip archive of .npy files
-                raise CalibrationError(f"calibration data is not an .npz file (a zip of .npy arrays). {how}")
-            handle.seek(0)
-            # A small compressed upload can unpack to gigabytes: judge the sizes it declares first.
-            unpacked = sum(member.file_size for member in zipfile.ZipFile(handle).infolist())
-            if unpacked > MAX_CALIBRATION_BYTES:
-                raise CalibrationError(
-                    f"calibration .npz unpacks to {unpacked / 2**20:.0f} MiB, more than the "
-                    f"{MAX_CALIBRATION_BYTES / 2**20:.0f} MiB accepted: send fewer samples (at most {MAX_SAMPLES} "
-                    "are used)."
-                )
-            handle.seek(0)
-            with np.load(handle, allow_pickle=False) as archive:
-                arrays = {name: archive[name] for name in archive.files}
-    except ValueError as err:
-        if "pickle" in str(err):
-            raise CalibrationError(
-                f"calibration .npz holds Python objects, which are refused (loading them could run code). {how}"
-            ) from None
-        raise CalibrationError(f"calibration .npz cannot be read ({err}). {how}") from None
-    except (OSError, zipfile.BadZipFile, EOFError) as err:
-        raise CalibrationError(f"calibration .npz cannot be read ({err}). {how}") from None
+    with _reading("read"), _source(source) as handle:
+        _open_archive(handle)
+        handle.seek(0)
+        with np.load(handle, allow_pickle=False) as archive:
+            arrays = {name: archive[name] for name in archive.files}
     if not arrays:
         raise CalibrationError("calibration .npz holds no arrays: give one array per model input, named as it.")
     return arrays
+
+
+def read_layouts(source: bytes | str | Path) -> dict[str, tuple[np.dtype, tuple[int, ...]]]:
+    """Each array of an ``.npz`` file as (dtype, shape), read from the ``.npy`` headers alone: nothing is
+    unpacked beyond the first bytes of each member."""
+    layouts = {}
+    with _reading("read"), _source(source) as handle, _open_archive(handle) as archive:
+        for member in archive.infolist():
+            if not member.filename.endswith(".npy"):
+                continue
+            with archive.open(member) as stream:
+                version = np.lib.format.read_magic(stream)
+                read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+                shape, _fortran, dtype = read_header(stream)
+            if dtype.hasobject:
+                raise ValueError("object arrays need pickle")
+            layouts[member.filename.removesuffix(".npy")] = (dtype, tuple(shape))
+    if not layouts:
+        raise CalibrationError("calibration .npz holds no arrays: give one array per model input, named as it.")
+    return layouts
 
 
 def _input_specs(model: onnx.ModelProto) -> dict[str, tuple[np.dtype, list[int | str]]]:
@@ -83,42 +127,28 @@ def _input_specs(model: onnx.ModelProto) -> dict[str, tuple[np.dtype, list[int |
     return specs
 
 
-def check_calibration(model: onnx.ModelProto, arrays: dict[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
-    """The samples as feeds (one dict per ONNX Runtime run), or a ``CalibrationError`` saying what does not
-    fit and how to fix it. ``model`` may be loaded without weights (shapes of Gather tables suffice)."""
-    specs = _input_specs(model)
-    missing, extra = sorted(set(specs) - set(arrays)), sorted(set(arrays) - set(specs))
-    if missing or extra:
-        raise CalibrationError(
-            "calibration data does not name the model's inputs: "
-            + "; ".join(
-                part
-                for part in (
-                    f"missing {', '.join(map(repr, missing))}" if missing else "",
-                    f"not inputs of the model {', '.join(map(repr, extra))}" if extra else "",
-                )
-                if part
-            )
-            + f". The model's inputs are: {', '.join(f'{n} {d} {s}' for n, (d, s) in specs.items())}.",
-            details={"missing": missing, "unexpected": extra},
-        )
+def _layout_problems(
+    specs: dict[str, tuple[np.dtype, list[int | str]]], layouts: dict[str, tuple[np.dtype, tuple[int, ...]]]
+) -> tuple[list[str], dict[str, int]]:
+    """What does not fit in each input's dtype and shape (``layouts``: name -> (dtype, shape)), and the number
+    of samples each input holds."""
     problems: list[str] = []
     named_dims: dict[str, tuple[int, str]] = {}
     counts: dict[str, int] = {}
     for name, (dtype, dims) in specs.items():
-        array = arrays[name]
-        if array.dtype != dtype:
+        got_dtype, shape = layouts[name]
+        if got_dtype != dtype:
             problems.append(
-                f"{name!r} is {array.dtype}, the model takes {dtype} (convert with .astype(numpy.{dtype}))"
+                f"{name!r} is {got_dtype}, the model takes {dtype} (convert with .astype(numpy.{dtype}))"
             )
             continue
-        if array.ndim != len(dims):
+        if len(shape) != len(dims):
             problems.append(
-                f"{name!r} has shape {list(array.shape)} (rank {array.ndim}), the model takes rank {len(dims)} "
+                f"{name!r} has shape {list(shape)} (rank {len(shape)}), the model takes rank {len(dims)} "
                 f"{dims}; stack the samples along the first axis"
             )
             continue
-        for axis, (want, got) in enumerate(zip(dims, array.shape, strict=True)):
+        for axis, (want, got) in enumerate(zip(dims, shape, strict=True)):
             if axis == 0:
                 if isinstance(want, int) and want > 0:
                     if got % want:
@@ -137,9 +167,36 @@ def check_calibration(model: onnx.ModelProto, arrays: dict[str, np.ndarray]) -> 
         problems.append(f"inputs hold different numbers of samples: {counts}")
     if not problems and min(counts.values(), default=0) == 0:
         problems.append("no samples (the first axis is empty)")
+    return problems, counts
+
+
+def _check_fit(
+    model: onnx.ModelProto,
+    specs: dict[str, tuple[np.dtype, list[int | str]]],
+    layouts: dict[str, tuple[np.dtype, tuple[int, ...]]],
+    values: Callable[[str], np.ndarray | None],
+) -> dict[str, int]:
+    """The number of samples per input, or a ``CalibrationError``: names, then dtypes and shapes (from
+    ``layouts``), then the ids of inputs that index a table (``values(name)``: the array, or None to skip)."""
+    missing, extra = sorted(set(specs) - set(layouts)), sorted(set(layouts) - set(specs))
+    if missing or extra:
+        raise CalibrationError(
+            "calibration data does not name the model's inputs: "
+            + "; ".join(
+                part
+                for part in (
+                    f"missing {', '.join(map(repr, missing))}" if missing else "",
+                    f"not inputs of the model {', '.join(map(repr, extra))}" if extra else "",
+                )
+                if part
+            )
+            + f". The model's inputs are: {', '.join(f'{n} {d} {s}' for n, (d, s) in specs.items())}.",
+            details={"missing": missing, "unexpected": extra},
+        )
+    problems, counts = _layout_problems(specs, layouts)
     if not problems:
         for name, size in _gather_vocab_sizes(model).items():
-            array = arrays.get(name)
+            array = values(name) if name in layouts else None
             if array is not None and array.size and (array.min() < 0 or array.max() >= size):
                 problems.append(
                     f"{name!r} holds ids {int(array.min())}..{int(array.max())}, outside the model's table of "
@@ -150,6 +207,34 @@ def check_calibration(model: onnx.ModelProto, arrays: dict[str, np.ndarray]) -> 
             "calibration data does not fit the model: " + "; ".join(problems) + ".",
             details={"problems": problems},
         )
+    return counts
+
+
+def check_calibration_file(model: onnx.ModelProto, source: str | Path, *, max_read_bytes: int = 64 << 20) -> int:
+    """``check_calibration`` for an ``.npz`` file, judged from its arrays' headers (dtype and shape): values are
+    read only for inputs that index a table (their ids' range), each at most ``max_read_bytes`` (larger ones
+    are left to ``check_calibration``, where the samples are used). What the service checks before queuing,
+    without holding the samples: a 1 MB compressed upload can unpack to a GiB. Returns the number of samples."""
+    layouts = read_layouts(source)
+    vocab = _gather_vocab_sizes(model)
+    with np.load(source, allow_pickle=False) as archive:
+
+        def values(name: str) -> np.ndarray | None:
+            dtype, shape = layouts[name]
+            if name not in vocab or dtype.itemsize * math.prod(shape) > max_read_bytes:
+                return None
+            return archive[name]
+
+        counts = _check_fit(model, _input_specs(model), layouts, values)
+    return min(next(iter(counts.values())), MAX_SAMPLES)
+
+
+def check_calibration(model: onnx.ModelProto, arrays: dict[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
+    """The samples as feeds (one dict per ONNX Runtime run), or a ``CalibrationError`` saying what does not
+    fit and how to fix it. ``model`` may be loaded without weights (shapes of Gather tables suffice)."""
+    specs = _input_specs(model)
+    layouts = {name: (array.dtype, array.shape) for name, array in arrays.items()}
+    counts = _check_fit(model, specs, layouts, arrays.get)
     samples = min(next(iter(counts.values())), MAX_SAMPLES)
     feeds = []
     for index in range(samples):

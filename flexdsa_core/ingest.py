@@ -81,7 +81,7 @@ def ingest(source: str | os.PathLike | bytes, *, max_bytes: int | None = None) -
 
 def _ingest_bytes(data: bytes, max_bytes: int | None) -> Ingested:
     _check_size(len(data), max_bytes)
-    proto = _parse(data, what="The upload")
+    proto = parse_model_bytes(data, what="The upload")
     external = _external_tensor_names(proto)
     if external:
         raise ExternalDataError(
@@ -211,7 +211,9 @@ def _decode_failure(what: str, size: int, err: Exception) -> FlexDSAError:
     return InvalidModelError(_not_protobuf_message(what, size))
 
 
-def _parse(data: bytes, *, what: str) -> onnx.ModelProto:
+def parse_model_bytes(data: bytes, *, what: str) -> onnx.ModelProto:
+    """``data`` parsed as a ModelProto, or the reason it is not one (``InvalidModelError``, or nesting past
+    the parser's depth limit: ``UnsupportedModelError``)."""
     proto = onnx.ModelProto()
     try:
         proto.ParseFromString(data)

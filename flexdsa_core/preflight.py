@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import mmap
 import os
 import re
 from collections.abc import Sequence
@@ -27,13 +28,16 @@ import onnx_ir as ir
 from flexdsa_core.errors import InvalidOptionsError
 from flexdsa_core.options import OptimizeOptions
 from flexdsa_core.targets import TargetSpec, load_target
+from flexdsa_core.wire import weightless_model
 
-__all__ = ["check_buckets", "check_disabled", "check_request", "switchable_names"]
+__all__ = ["check_buckets", "check_disabled", "check_request", "read_weightless", "switchable_names"]
 
 # Above this the dry load would copy the weights into one protobuf: the check is skipped, not risked.
 _DRY_LOAD_LIMIT_BYTES = 512 * 1024 * 1024
 # Constant sub-graphs the dry check folds: tables of positions and masks, not weights.
 _FOLD_BYTES = 1024 * 1024
+# Where ``read_weightless`` declares the initializers it leaves out; nothing ever opens it.
+_DECLARED = "flexdsa-declared-not-read"
 
 
 def switchable_names(target: TargetSpec | str) -> dict[str, list[str]]:
@@ -132,12 +136,12 @@ def _dry_load_refusal(tracker, model) -> str | None:
 
 
 def check_request(
-    model: str | os.PathLike | bytes | ir.Model, options: OptimizeOptions, target: TargetSpec,
+    model: str | os.PathLike | bytes | ir.Model | onnx.ModelProto, options: OptimizeOptions, target: TargetSpec,
     has_samples: bool | None = None,
 ) -> None:
     """``check_disabled``, the precision (and, with ``has_samples`` known, whether an int8-only target has
     calibration samples), metrics naming outputs the model lacks, and, where ``shape_buckets`` are given,
-    ``check_buckets``: before any work."""
+    ``check_buckets``: before any work. ``model`` may be ``read_weightless``'s protobuf."""
     from flexdsa_core.accuracy import check_outputs
     from flexdsa_core.precision import check_calibration_source, check_precision_request
     from flexdsa_core.shape_tracker import ShapeTracker
@@ -152,11 +156,39 @@ def check_request(
         return
     if isinstance(model, bytes):
         model = ir.from_proto(onnx.load_from_string(model))
+    elif isinstance(model, onnx.ModelProto):
+        model = _declared_as_inputs(ir.from_proto(model))
     elif not isinstance(model, ir.Model):
         model = ir.load(Path(model))
     tracker = ShapeTracker(model, input_shapes=options.input_shapes)
     tracker.infer()
     check_buckets(tracker, tracker.buckets(options.shape_buckets, target))
+
+
+def read_weightless(path: str | os.PathLike) -> onnx.ModelProto:
+    """The model file at ``path`` with each initializer over ``_FOLD_BYTES`` declared (name, type, shape) and
+    its values never read: the graph, the inputs and the tables' shapes are what the checks before queuing
+    need, and a service checking a 256 MiB upload against several targets holds a few hundred KB, not the
+    weights once per target. The file is read through a memory map, field by field (``wire``)."""
+    with open(path, "rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        data, _declared = weightless_model(buf, _FOLD_BYTES, _DECLARED)
+    from flexdsa_core.ingest import parse_model_bytes
+
+    return parse_model_bytes(data, what="The upload")
+
+
+def _declared_as_inputs(model: ir.Model) -> ir.Model:
+    """``read_weightless``'s declared initializers as graph inputs of their type and shape: ONNX Runtime
+    loads the graph without their values, and shape inference sees the same static shapes."""
+    for name, value in list(model.graph.initializers.items()):
+        tensor = value.const_value
+        if isinstance(tensor, ir.ExternalTensor) and tensor.location == _DECLARED:
+            model.graph.initializers.pop(name)
+            value.const_value = None
+            value.type, value.shape = ir.TensorType(tensor.dtype), ir.Shape(tensor.shape)
+            if value not in model.graph.inputs:
+                model.graph.inputs.append(value)
+    return model
 
 
 def _graph_outputs(model) -> dict[str, list | None]:
@@ -165,7 +197,12 @@ def _graph_outputs(model) -> dict[str, list | None]:
     if isinstance(model, ir.Model):
         return {v.name: None if v.shape is None else [d if isinstance(d, int) else str(d) for d in v.shape]
                 for v in model.graph.outputs}  # fmt: skip
-    proto = onnx.load_from_string(model) if isinstance(model, bytes) else onnx.load(str(model), load_external_data=False)
+    if isinstance(model, onnx.ModelProto):
+        proto = model
+    elif isinstance(model, bytes):
+        proto = onnx.load_from_string(model)
+    else:
+        proto = onnx.load(str(model), load_external_data=False)
     return {
         value.name: [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?")
                      for d in value.type.tensor_type.shape.dim] if value.type.tensor_type.HasField("shape") else None

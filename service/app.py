@@ -21,6 +21,7 @@ from starlette.concurrency import run_in_threadpool
 
 import service.api
 from flexdsa_core import __version__
+from service.body_limit import BodyLimitMiddleware
 from service.config import Settings, get_settings
 from service.db import make_engine, make_session_factory, prepare_database
 from service.edge import refuse_control_characters
@@ -141,6 +142,7 @@ def create_app(settings: Settings | None = None, *, embedded_worker: EmbeddedWor
     app.state.metrics = Metrics(app.state.session_factory, lambda: _cache_stats(settings, app.state.session_factory))
 
     install_error_handlers(app)
+    app.add_middleware(BodyLimitMiddleware)  # inside the metrics: a 413 is counted
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
     for _name, router in discover_routers():
         app.include_router(router)

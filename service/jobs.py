@@ -24,7 +24,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from flexdsa_core import FlexDSAError, RequestSpec, TargetSpec
-from flexdsa_core.calibration import check_calibration, load_calibration
+from flexdsa_core.calibration import check_calibration_file
 from flexdsa_core.errors import InvalidOptionsError
 from flexdsa_core.options import did_you_mean, known_keys
 from flexdsa_core.preflight import check_request
@@ -109,17 +109,15 @@ def check_options(upload: ReceivedUpload, spec: RequestSpec, target: TargetSpec)
     """Unknown rule names, shape buckets the model cannot run, accuracy metrics naming outputs it lacks and an
     int8-only target without calibration samples are the user's to fix: 422 before queuing."""
     try:
-        check_request(upload.path, spec.options(), target, has_samples=upload.calibration is not None)
+        check_request(upload.weightless(), spec.options(), target, has_samples=upload.calibration is not None)
     except InvalidOptionsError as err:
         raise InvalidRequest(err.message, code=err.code, details=err.details) from None
 
 
-# Models up to this size are parsed in the API to check calibration samples against their inputs.
-CALIBRATION_CHECK_MODEL_BYTES = 512 * 1024 * 1024
-
-
 def check_calibration_upload(upload: ReceivedUpload, spec: RequestSpec) -> None:
-    """Calibration samples that cannot be read or do not fit the model's inputs: 422 before queuing."""
+    """Calibration samples that cannot be read or do not fit the model's inputs: 422 before queuing. Judged
+    from the .npz's headers and the model without its weights: the API holds neither the samples nor the
+    weights (a 1 MB compressed .npz can unpack to a GiB)."""
     if upload.calibration is None:
         return
     if spec.precision == "fp32":
@@ -128,19 +126,10 @@ def check_calibration_upload(upload: ReceivedUpload, spec: RequestSpec) -> None:
             "precision to int8, mixed or fp16, or leave the file out.",
             code="invalid_calibration",
         )
-    import onnx
-
-    if upload.size > CALIBRATION_CHECK_MODEL_BYTES:  # parsing it here would hold the weights in the API
-        return  # the worker checks the samples first and fails the job with the same message
     try:
-        arrays = load_calibration(upload.calibration.path)
-        # Inputs and embedding tables' shapes only: the weights are not needed to judge the samples.
-        model = onnx.load(upload.path, load_external_data=False)
-        check_calibration(model, arrays)
+        check_calibration_file(upload.weightless(), upload.calibration.path)
     except InvalidOptionsError as err:
         raise InvalidRequest(err.message, code=err.code, details=err.details) from None
-    except Exception:  # noqa: BLE001 - a model onnx cannot parse fails later, in the worker, with its reason
-        return
 
 
 # --- submission -------------------------------------------------------------------------------------------

@@ -31,6 +31,7 @@ from sqlalchemy.orm import Session
 from flexdsa_core import RequestSpec
 from flexdsa_core.errors import FlexDSAError
 from service import jobs
+from service.body_limit import TRAFFIC_LIMIT
 from service.config import Settings
 from service.edge import check_spec_json
 from service.errors import Conflict, InvalidRequest, PayloadTooLarge
@@ -41,7 +42,7 @@ from service.traffic_schemas import RespecialiseIn, TrafficIn, TrafficPolicyIn
 log = logging.getLogger("flexdsa.service")
 
 # A push is at most 4096 entries of a few dims each: well under this many bytes of JSON.
-MAX_BODY_BYTES = 2 * 1024 * 1024
+MAX_BODY_BYTES = TRAFFIC_LIMIT
 AUTO_MIN_REQUESTS = 100
 DEFAULT_MAX_BUCKETS = 3
 MANIFEST = "manifest.json"

@@ -47,9 +47,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import onnx
 from python_multipart.multipart import MultipartParser, parse_options_header
 from starlette.requests import Request
 
+from flexdsa_core.errors import FlexDSAError
+from flexdsa_core.preflight import read_weightless
 from flexdsa_core.wire import WIRE_LEN, WIRE_VARINT
 from flexdsa_core.wire import WireFormatError as NotOnnxError
 from flexdsa_core.wire import fields as _fields
@@ -147,6 +150,24 @@ class ReceivedUpload:
     fields: dict[str, bytes] = field(default_factory=dict)
     # The optional ``calibration`` file part (an .npz of named inputs for precision int8/mixed/fp16).
     calibration: ReceivedFile | None = None
+    _weightless: onnx.ModelProto | None = field(default=None, repr=False)
+
+    def weightless(self) -> onnx.ModelProto:
+        """The model without its weights' values (``flexdsa_core.preflight.read_weightless``), read once: what
+        every check before queuing reads, for each target of a group, so the API never holds the weights."""
+        if self._weightless is None:
+            try:
+                self._weightless = read_weightless(self.path)
+            except FlexDSAError:  # the parser's reason, as the worker's ingest gives it
+                raise
+            except Exception as err:  # noqa: BLE001 - protobuf's own refusal: the same as the worker's parse
+                raise InvalidRequest(
+                    f"{self.filename!r} is not a usable ONNX model: it cannot be parsed ({err}). Upload the "
+                    ".onnx file itself (protobuf ModelProto).",
+                    code="invalid_model",
+                    details={"filename": self.filename, "reason": str(err)},
+                ) from None
+        return self._weightless
 
     def discard(self) -> None:
         if self.path is not None:

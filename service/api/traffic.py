@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse
 
 from service import jobs, traffic
 from service.api.deps import CurrentTenant, JobOfCurrentTenant, SessionDep, SettingsDep, StoreDep
-from service.errors import PayloadTooLarge
+from service.body_limit import bounded_body, json_body, request_body_schema
 from service.schemas import ERROR_RESPONSES, ErrorResponse
 from service.traffic_schemas import (
     ProposalOut,
@@ -34,46 +34,8 @@ router = APIRouter(tags=["traffic"], responses=ERROR_RESPONSES)
 CONFLICT = {409: {"model": ErrorResponse, "description": "The job has not succeeded, or has no traffic yet"}}
 
 
-def _inlined(schema: dict) -> dict:
-    """A pydantic JSON schema with its ``$defs`` written in place, so it stands alone inside the OpenAPI
-    document (whose ``#/...`` references resolve from the document's root, not the schema's)."""
-    defs = schema.pop("$defs", {})
-
-    def expand(node):
-        if isinstance(node, dict):
-            ref = node.get("$ref", "")
-            if ref.startswith("#/$defs/"):
-                return expand(dict(defs[ref.removeprefix("#/$defs/")]))
-            return {key: expand(value) for key, value in node.items()}
-        if isinstance(node, list):
-            return [expand(item) for item in node]
-        return node
-
-    return expand(schema)
-
-
 def _root(request: Request) -> str:
     return request.scope.get("root_path", "")
-
-
-async def _bounded_body(request: Request) -> bytes:
-    """The body, read only up to the limit: a client that sends more is cut off with 413, never buffered."""
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > traffic.MAX_BODY_BYTES:
-        raise PayloadTooLarge(
-            f"A traffic push is at most {traffic.MAX_BODY_BYTES} bytes.",
-            details={"limit": traffic.MAX_BODY_BYTES},
-        )
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > traffic.MAX_BODY_BYTES:
-            raise PayloadTooLarge(
-                f"A traffic push is at most {traffic.MAX_BODY_BYTES} bytes.",
-                details={"limit": traffic.MAX_BODY_BYTES},
-            )
-        chunks.append(chunk)
-    return b"".join(chunks)
 
 
 @router.post(
@@ -83,12 +45,7 @@ async def _bounded_body(request: Request) -> bytes:
     summary="Record the shapes a deployed bundle served",
     description="The body is flexdsa_runtime's Traffic.snapshot(): per (dims, bucket) the requests and their "
     "input elements before and after padding. At most 4096 entries and 2 MiB per push.",
-    openapi_extra={
-        "requestBody": {
-            "required": True,
-            "content": {"application/json": {"schema": _inlined(TrafficIn.model_json_schema())}},
-        }
-    },
+    openapi_extra=request_body_schema(TrafficIn),
     responses={**CONFLICT, 413: {"model": ErrorResponse, "description": "Body over 2 MiB"}},
 )
 async def push_traffic(
@@ -101,7 +58,7 @@ async def push_traffic(
 ) -> JSONResponse:
     from starlette.concurrency import run_in_threadpool
 
-    payload = traffic.parse_push(await _bounded_body(request))
+    payload = traffic.parse_push(await bounded_body(request, traffic.MAX_BODY_BYTES))
     stored = await run_in_threadpool(traffic.record_push, session, settings, store, tenant, job, payload)
     return JSONResponse(TrafficPushOut(**stored).model_dump(mode="json"), status_code=201)
 
@@ -132,12 +89,13 @@ def get_proposal(
     status_code=202,
     summary="Compile the next bundle version for the proposed (or given) buckets",
     responses=CONFLICT,
+    openapi_extra=request_body_schema(RespecialiseIn),
 )
 def post_respecialise(
     request: Request,
-    body: RespecialiseIn,
     job: JobOfCurrentTenant,
     tenant: CurrentTenant,
+    body: Annotated[RespecialiseIn, Depends(json_body(RespecialiseIn))],
     session: SessionDep,
     settings: SettingsDep,
     store: StoreDep,
@@ -151,8 +109,13 @@ def post_respecialise(
     "/jobs/{job_id}/traffic/policy",
     response_model=TrafficPolicyOut,
     summary="Re-specialise by itself past a padding waste",
+    openapi_extra=request_body_schema(TrafficPolicyIn),
 )
-def put_policy(body: TrafficPolicyIn, job: JobOfCurrentTenant, session: SessionDep) -> TrafficPolicyOut:
+def put_policy(
+    job: JobOfCurrentTenant,
+    body: Annotated[TrafficPolicyIn, Depends(json_body(TrafficPolicyIn))],
+    session: SessionDep,
+) -> TrafficPolicyOut:
     return TrafficPolicyOut(**traffic.set_policy(session, job, body))
 
 
