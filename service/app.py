@@ -27,7 +27,7 @@ from service.db import make_engine, make_session_factory, prepare_database
 from service.edge import refuse_control_characters
 from service.errors import install_error_handlers
 from service.metrics import Metrics, MetricsMiddleware
-from service.ratelimit import RateLimiter
+from service.ratelimit import PROPOSAL, SUBMIT, TRAFFIC, RateLimiter
 from service.storage import make_store
 
 log = logging.getLogger("flexdsa.service")
@@ -138,7 +138,14 @@ def create_app(settings: Settings | None = None, *, embedded_worker: EmbeddedWor
     app.state.session_factory = make_session_factory(app.state.engine)
     app.state.store = make_store(settings)
     app.state.redis = _redis_client(settings)
-    app.state.rate_limiter = RateLimiter(settings.submit_rate_per_minute, app.state.redis)
+    app.state.rate_limiter = RateLimiter(
+        {
+            SUBMIT.name: settings.submit_rate_per_minute,
+            TRAFFIC.name: settings.traffic_rate_per_minute,
+            PROPOSAL.name: settings.proposal_rate_per_minute,
+        },
+        app.state.redis,
+    )
     app.state.metrics = Metrics(app.state.session_factory, lambda: _cache_stats(settings, app.state.session_factory))
 
     install_error_handlers(app)

@@ -91,6 +91,13 @@ class Settings(BaseSettings):
     submit_rate_per_minute: int | None = Field(
         120, ge=1, description="POST /optimize per tenant per minute (429 with Retry-After past it); None: off."
     )
+    traffic_rate_per_minute: int | None = Field(
+        120, ge=1, description="POST /jobs/{id}/traffic per tenant per minute (429 past it); None: off."
+    )
+    proposal_rate_per_minute: int | None = Field(
+        30, ge=1, description="Re-specialisation proposals and requests (GET/POST /jobs/{id}/respecialise) per "
+        "tenant per minute: each loads the model in the API (429 past it); None: off.",
+    )
 
     job_memory_limit_mb: int | None = Field(
         16384, ge=256, description="Address-space limit of a job's pipeline process (MiB); None: no limit."

@@ -271,7 +271,8 @@ class Incident(Base):
 
 class JobTraffic(Base):
     """One push of the shapes a deployed bundle served (``flexdsa_runtime``'s ``Traffic.snapshot()``): per
-    (dims, bucket) the requests, their input elements and the elements after padding. Summed per job when read."""
+    (dims, bucket) the requests, their input elements and the elements after padding. Summed per job when read;
+    past ``service.traffic.FOLD_AFTER_PUSHES`` rows a job's pushes are folded into one row (``pushes`` of them)."""
 
     __tablename__ = "job_traffic"
     __table_args__ = (Index("ix_job_traffic_job_received", "job_id", "received_at"),)
@@ -284,6 +285,7 @@ class JobTraffic(Base):
     requests: Mapped[int] = mapped_column(BigInteger, default=0)
     dropped: Mapped[int] = mapped_column(BigInteger, default=0)
     entries: Mapped[list[dict[str, Any]]] = mapped_column(JSONType)
+    pushes: Mapped[int] = mapped_column(BigInteger, default=1, server_default="1")
 
 
 class JobGroup(Base):

@@ -21,6 +21,7 @@ import json
 import logging
 import math
 import threading
+import time
 from collections import Counter, OrderedDict
 from typing import Any
 
@@ -44,6 +45,9 @@ log = logging.getLogger("flexdsa.service")
 # A push is at most 4096 entries of a few dims each: well under this many bytes of JSON.
 MAX_BODY_BYTES = TRAFFIC_LIMIT
 AUTO_MIN_REQUESTS = 100
+# A job's pushes are folded into one row past this many, keeping at most this many distinct (dims, bucket).
+FOLD_AFTER_PUSHES = 32
+MAX_FOLDED_SHAPES = 16384
 DEFAULT_MAX_BUCKETS = 3
 MANIFEST = "manifest.json"
 # The proposal specialises the model once per distinct traffic value in the API process (a BERT-base, 435 MB:
@@ -154,8 +158,10 @@ def record_push(
             entries=[entry.model_dump() for entry in payload.entries],
         )
     )
+    session.flush()
+    rows = _fold_if_many(session, job)
     session.commit()
-    totals = _aggregate(_rows(session, job))
+    totals = _aggregate(rows)
     auto = _maybe_auto(session, settings, store, tenant, job, totals)
     return {
         "job_id": job.id,
@@ -164,6 +170,51 @@ def record_push(
         "padding_waste": totals["padding_waste"],
         "auto_respecialised_job_id": auto.id if auto is not None else None,
     }
+
+
+def _fold_if_many(session: Session, job: Job) -> list[JobTraffic]:
+    """The job's traffic rows; past ``FOLD_AFTER_PUSHES`` of them, folded into one (under a lock on the job's
+    row, so two API processes never fold the same pushes twice). A job's traffic is then at most
+    ``FOLD_AFTER_PUSHES`` rows of at most ``MAX_ENTRIES`` entries and one of at most ``MAX_FOLDED_SHAPES``:
+    what a read sums is bounded however long the deployment pushes."""
+    rows = _rows(session, job)
+    if len(rows) <= FOLD_AFTER_PUSHES:
+        return rows
+    session.execute(select(Job.id).where(Job.id == job.id).with_for_update())
+    rows = _rows(session, job)
+    if len(rows) <= FOLD_AFTER_PUSHES:  # another process folded them while this one waited
+        return rows
+    entries, overflow = _folded_entries(rows)
+    folded = JobTraffic(
+        job_id=job.id,
+        tenant_id=rows[-1].tenant_id,
+        bundle_version=rows[-1].bundle_version,
+        requests=sum(row.requests for row in rows),
+        dropped=sum(row.dropped for row in rows) + overflow,
+        entries=entries,
+        pushes=sum(row.pushes or 1 for row in rows),
+    )
+    for row in rows:
+        session.delete(row)
+    session.add(folded)
+    session.flush()
+    return [folded]
+
+
+def _folded_entries(rows: list[JobTraffic]) -> tuple[list[dict[str, Any]], int]:
+    """Every row's entries added up per (dims, bucket), the ``MAX_FOLDED_SHAPES`` most requested kept; the
+    requests of the rest are returned to be counted as dropped (as the runtime counts shapes past its bound)."""
+    summed: dict[tuple, dict[str, Any]] = {}
+    for row in rows:
+        for entry in row.entries:
+            key = (tuple(sorted(entry["dims"].items())), entry.get("bucket"))
+            total = summed.setdefault(
+                key, {"dims": dict(key[0]), "bucket": key[1], "count": 0, "elements": 0, "padded_elements": 0}
+            )
+            for field in ("count", "elements", "padded_elements"):
+                total[field] += entry.get(field, 0)
+    ranked = sorted(summed.values(), key=lambda entry: entry["count"], reverse=True)
+    return ranked[:MAX_FOLDED_SHAPES], sum(entry["count"] for entry in ranked[MAX_FOLDED_SHAPES:])
 
 
 def _rows(session: Session, job: Job) -> list[JobTraffic]:
@@ -199,7 +250,7 @@ def _aggregate(rows: list[JobTraffic]) -> dict[str, Any]:
         "served": requests - refused,
         "refused": refused,
         "dropped": dropped,
-        "pushes": len(rows),
+        "pushes": sum(row.pushes or 1 for row in rows),
         "padding_waste": (padded - real) / real if real else 0.0,
     }
 
@@ -398,6 +449,8 @@ def _maybe_auto(
         return None
     if totals["padding_waste"] <= threshold and not totals["refused"]:
         return None
+    if not _auto_due(job.id):
+        return None
     has_child = session.scalar(
         select(func.count())
         .select_from(Job)
@@ -410,6 +463,25 @@ def _maybe_auto(
     except Conflict as err:  # no better buckets, or over quota: the push itself still succeeded
         log.info("job %s: automatic re-specialisation skipped: %s", job.id, err.message)
         return None
+
+
+# A push past the threshold tries an automatic re-specialisation (the proposal loads the model) at most this
+# often per job and API process: a deployment pushing every second must not reload the model every second.
+AUTO_INTERVAL_S = 600
+_auto_tried: dict[str, float] = {}
+_auto_lock = threading.Lock()
+
+
+def _auto_due(job_id: str, now: float | None = None) -> bool:
+    """True at most once per ``AUTO_INTERVAL_S`` for ``job_id`` (and then noted)."""
+    now = time.monotonic() if now is None else now
+    with _auto_lock:
+        for stale in [key for key, when in _auto_tried.items() if now - when >= AUTO_INTERVAL_S]:
+            del _auto_tried[stale]
+        if job_id in _auto_tried:
+            return False
+        _auto_tried[job_id] = now
+        return True
 
 
 def set_policy(session: Session, job: Job, request: TrafficPolicyIn) -> dict[str, Any]:

@@ -46,6 +46,7 @@ from service.api.deps import SessionDep, SettingsDep, StoreDep, operator_token_m
 from service.auth import authenticate
 from service.errors import ServiceError
 from service.models import Incident
+from service.ratelimit import PROPOSAL
 from service.schemas import JobStatusName
 from service.traffic_schemas import RespecialiseIn, TrafficPolicyIn
 
@@ -118,6 +119,7 @@ def respecialise_from_page(
     if not same_origin(request):
         return _job_page_with(request, session, store, tenant, job, CROSS_SITE, 403)
     try:
+        request.app.state.rate_limiter.check(tenant.id, PROPOSAL)
         child = traffic_service.respecialise(
             session, settings, store, tenant, job, RespecialiseIn(max_buckets=max_buckets)
         )

@@ -22,6 +22,7 @@ from service.auth import authenticate, ensure_tenant, parse_prefix
 from service.config import Settings
 from service.errors import NotFound, Unauthorized
 from service.models import Job, Tenant
+from service.ratelimit import PROPOSAL, TRAFFIC, Action
 from service.storage import ArtifactStore
 
 API_KEY_HEADER = "X-API-Key"
@@ -111,6 +112,18 @@ def current_tenant(
 
 
 CurrentTenant = Annotated[Tenant, Depends(current_tenant)]
+
+
+def _rate_limited(action: Action):
+    def check(request: Request, tenant: CurrentTenant) -> None:
+        request.app.state.rate_limiter.check(tenant.id, action)
+
+    return Depends(check)
+
+
+# Declared after the job (or tenant) a route needs: one more of the tenant's requests of this kind, or 429.
+TrafficRate = Annotated[None, _rate_limited(TRAFFIC)]
+ProposalRate = Annotated[None, _rate_limited(PROPOSAL)]
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,15 @@ from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse
 
 from service import jobs, traffic
-from service.api.deps import CurrentTenant, JobOfCurrentTenant, SessionDep, SettingsDep, StoreDep
+from service.api.deps import (
+    CurrentTenant,
+    JobOfCurrentTenant,
+    ProposalRate,
+    SessionDep,
+    SettingsDep,
+    StoreDep,
+    TrafficRate,
+)
 from service.body_limit import bounded_body, json_body, request_body_schema
 from service.schemas import ERROR_RESPONSES, ErrorResponse
 from service.traffic_schemas import (
@@ -32,6 +40,7 @@ from service.traffic_schemas import (
 router = APIRouter(tags=["traffic"], responses=ERROR_RESPONSES)
 
 CONFLICT = {409: {"model": ErrorResponse, "description": "The job has not succeeded, or has no traffic yet"}}
+RATE_LIMITED = {429: {"model": ErrorResponse, "description": "Too many of these requests from this tenant in the last minute (Retry-After)"}}
 
 
 def _root(request: Request) -> str:
@@ -46,12 +55,13 @@ def _root(request: Request) -> str:
     description="The body is flexdsa_runtime's Traffic.snapshot(): per (dims, bucket) the requests and their "
     "input elements before and after padding. At most 4096 entries and 2 MiB per push.",
     openapi_extra=request_body_schema(TrafficIn),
-    responses={**CONFLICT, 413: {"model": ErrorResponse, "description": "Body over 2 MiB"}},
+    responses={**CONFLICT, **RATE_LIMITED, 413: {"model": ErrorResponse, "description": "Body over 2 MiB"}},
 )
 async def push_traffic(
     request: Request,
     job: JobOfCurrentTenant,
     tenant: CurrentTenant,
+    _rate: TrafficRate,
     session: SessionDep,
     settings: SettingsDep,
     store: StoreDep,
@@ -72,10 +82,11 @@ def get_traffic(job: JobOfCurrentTenant, session: SessionDep, store: StoreDep) -
     "/jobs/{job_id}/respecialise",
     response_model=ProposalOut,
     summary="Buckets proposed from the traffic, with the expected gain",
-    responses=CONFLICT,
+    responses={**CONFLICT, **RATE_LIMITED},
 )
 def get_proposal(
     job: JobOfCurrentTenant,
+    _rate: ProposalRate,
     session: SessionDep,
     store: StoreDep,
     max_buckets: Annotated[int | None, Query(ge=1, le=16)] = None,
@@ -88,13 +99,14 @@ def get_proposal(
     response_model=VersionOut,
     status_code=202,
     summary="Compile the next bundle version for the proposed (or given) buckets",
-    responses=CONFLICT,
+    responses={**CONFLICT, **RATE_LIMITED},
     openapi_extra=request_body_schema(RespecialiseIn),
 )
 def post_respecialise(
     request: Request,
     job: JobOfCurrentTenant,
     tenant: CurrentTenant,
+    _rate: ProposalRate,
     body: Annotated[RespecialiseIn, Depends(json_body(RespecialiseIn))],
     session: SessionDep,
     settings: SettingsDep,

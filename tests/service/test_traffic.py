@@ -181,3 +181,78 @@ def test_below_the_threshold_nothing_starts(env, headers, compiled):
     env.client.put(f"/jobs/{job_id}/traffic/policy", headers=headers, json={"auto_respecialise_waste": 50})
     pushed = env.client.post(f"/jobs/{job_id}/traffic", headers=headers, json=_served(compiled)).json()
     assert pushed["auto_respecialised_job_id"] is None and env.enqueued == [job_id]
+
+
+def test_many_pushes_are_folded_and_still_add_up(env, headers, compiled, monkeypatch):
+    """A deployment pushing for months must not make every read sum every push: past FOLD_AFTER_PUSHES rows the
+    pushes are folded into one, and the totals are the same as summed push by push."""
+    import service.traffic
+    from service.models import JobTraffic
+
+    monkeypatch.setattr(service.traffic, "FOLD_AFTER_PUSHES", 4)
+    job_id = _finished_job(env, headers, compiled)
+    snapshot = _served(compiled)
+    pushes = 11
+    for _ in range(pushes):
+        assert env.client.post(f"/jobs/{job_id}/traffic", headers=headers, json=snapshot).status_code == 201
+    with env.sessions() as session:
+        rows = session.query(JobTraffic).filter_by(job_id=job_id).count()
+    assert rows <= 4
+    summary = env.client.get(f"/jobs/{job_id}/traffic", headers=headers).json()
+    assert summary["pushes"] == pushes
+    assert summary["requests"] == pushes * sum(LENGTHS.values())
+    assert {(h["value"], h["count"]) for h in summary["histogram"]["seq"]} == {
+        (s, pushes * n) for s, n in LENGTHS.items()
+    }
+
+
+def test_shapes_past_the_fold_bound_are_counted_as_dropped(env, headers, compiled, monkeypatch):
+    import service.traffic
+
+    monkeypatch.setattr(service.traffic, "FOLD_AFTER_PUSHES", 1)
+    monkeypatch.setattr(service.traffic, "MAX_FOLDED_SHAPES", 3)
+    job_id = _finished_job(env, headers, compiled)
+    for snapshot in (_served(compiled, {4: 5, 6: 4}), _served(compiled, {8: 3, 12: 2, 20: 1})):
+        assert env.client.post(f"/jobs/{job_id}/traffic", headers=headers, json=snapshot).status_code == 201
+    summary = env.client.get(f"/jobs/{job_id}/traffic", headers=headers).json()
+    assert summary["requests"] == 15 and summary["dropped"] == 3  # 12 and 20, the least requested
+    assert sorted(s["dims"]["seq"] for s in summary["shapes"]) == [4, 6, 8]
+
+
+def test_traffic_pushes_and_proposals_are_rate_limited_per_tenant(env, headers, compiled, monkeypatch):
+    limits = env.app.state.rate_limiter.per_minute
+    monkeypatch.setitem(limits, "traffic", 2)
+    monkeypatch.setitem(limits, "proposal", 1)
+    job_id = _finished_job(env, headers, compiled)
+    snapshot = _served(compiled, {4: 1})
+    answers = [env.client.post(f"/jobs/{job_id}/traffic", headers=headers, json=snapshot) for _ in range(3)]
+    assert [a.status_code for a in answers[:2]] == [201, 201]
+    refused = answers[2]
+    assert refused.status_code == 429 and int(refused.headers["Retry-After"]) >= 1
+    assert refused.json()["error"]["details"]["action"] == "traffic"
+    assert "FLEXDSA_TRAFFIC_RATE_PER_MINUTE" in refused.json()["error"]["message"]
+    env.client.get(f"/jobs/{job_id}/respecialise", headers=headers)
+    again = env.client.get(f"/jobs/{job_id}/respecialise", headers=headers)
+    assert again.status_code == 429 and again.json()["error"]["details"]["action"] == "proposal"
+    # Another tenant has its own count.
+    other = env.new_key()
+    other_job = _finished_job(env, other, compiled)
+    assert env.client.post(f"/jobs/{other_job}/traffic", headers=other, json=snapshot).status_code == 201
+
+
+def test_an_automatic_re_specialisation_is_tried_at_most_once_per_interval(env, headers, compiled, monkeypatch):
+    """Each push past the threshold used to load the model for a proposal; now a job tries at most once per
+    AUTO_INTERVAL_S, however often its deployment pushes."""
+    import service.traffic
+
+    loads = []
+    real = service.traffic._propose
+    monkeypatch.setattr(service.traffic, "_propose", lambda *a, **k: loads.append(1) or real(*a, **k))
+    job_id = _finished_job(env, headers, compiled)
+    policy = {"auto_respecialise_waste": 0.0001, "max_buckets": 1}
+    assert env.client.put(f"/jobs/{job_id}/traffic/policy", headers=headers, json=policy).status_code == 200
+    # Waste past the threshold, and one bucket allowed: the proposal is the bundle's own (no change, no child).
+    snapshot = _served(compiled, {64: 60, 63: 60})
+    for _ in range(5):
+        assert env.client.post(f"/jobs/{job_id}/traffic", headers=headers, json=snapshot).status_code == 201
+    assert len(loads) == 1 and env.enqueued == [job_id]  # tried once; no new version
