@@ -2,8 +2,11 @@
 
 A kernel's key is ``kernel_key(canonical_form, target, compiler_version)``: a hash of what the kernel
 computes (ops, attributes, shapes, dtypes; never weight values), so identical layers in one model and
-across jobs share one entry. Values are opaque bytes (the core stores JSON). The service stacks
-``LRUCache -> Redis -> Postgres`` with ``LayeredCache``; the core only ever sees ``KernelCache``.
+across jobs share one entry. The target part is the spec's name, version and the hash of its whole content
+(``TargetSpec.content_sha256``), never the name alone: a custom spec that shares a built-in's name and
+version but not its figures never reads (nor writes) the built-in's entries. Values are opaque bytes (the
+core stores JSON). The service stacks ``LRUCache -> Redis -> Postgres`` with ``LayeredCache``; the core only
+ever sees ``KernelCache``.
 """
 
 from __future__ import annotations
@@ -35,6 +38,16 @@ class CacheStats:
             "seconds_saved": round(self.seconds_saved, 6),
             "hits_by_layer": dict(self.by_layer),
         }
+
+
+class TargetIdentity(Protocol):
+    """What a cache key takes of a target (``TargetSpec`` is one)."""
+
+    name: str
+    version: str
+
+    @property
+    def content_sha256(self) -> str: ...
 
 
 @runtime_checkable
@@ -168,8 +181,11 @@ class StatsCache:
         self.stats.seconds_saved += seconds
 
 
-def kernel_key(canonical: dict | str, target_name: str, target_version: str, compiler_version: str) -> str:
-    """Cache key of one kernel. ``canonical`` must hold ops, attributes, shapes and dtypes, no weights."""
+def kernel_key(canonical: dict | str, target: TargetIdentity | None, compiler_version: str) -> str:
+    """Cache key of one kernel. ``canonical`` must hold ops, attributes, shapes and dtypes, no weights;
+    ``target`` is the spec the figure is for (its whole content is in the key), None only for a figure that
+    holds on any target (a shape probe)."""
     body = canonical if isinstance(canonical, str) else json.dumps(canonical, sort_keys=True, default=str)
-    digest = hashlib.sha256(f"{target_name}@{target_version}|{compiler_version}|{body}".encode()).hexdigest()
+    scope = "any" if target is None else f"{target.name}@{target.version}#{target.content_sha256}"
+    digest = hashlib.sha256(f"{scope}|{compiler_version}|{body}".encode()).hexdigest()
     return f"kernel:{digest}"

@@ -37,10 +37,11 @@ Seconds and joules, per kernel:
   ONNX Runtime refuses) falls back to a roofline built on this host's measured SGEMM peak and copy
   bandwidth, and is counted as estimated, not measured.
 
-Every measurement goes through the ``KernelCache``: the key is ``kernel_key(canonical, target.name,
-target.version, compiler_version)`` where ``canonical`` holds op, domain, opset, attributes, input
-shapes/dtypes/constness, the values of small integer constants (they are shapes and axes, not weights),
-the ONNX Runtime version and settings, and a fingerprint of this CPU: never weight values. Identical
+Every measurement goes through the ``KernelCache``: the key is ``kernel_key(canonical, target,
+compiler_version)`` (the target's name, version and the hash of its whole spec) where ``canonical`` holds
+op, domain, opset, attributes, input shapes/dtypes/constness, the values of small integer constants (they
+are shapes and axes, not weights), the ONNX Runtime version and settings, and a fingerprint of this CPU:
+never weight values. Identical
 layers in one model, and across jobs sharing a cache, are measured once. ``CostModel.stats`` counts
 hits, misses and the measuring time hits saved.
 
@@ -394,9 +395,8 @@ class CostModel:
             "question": question,
         }
         return kernel_key(
-            {"compare": pair, "paired": paired_how},
-            self.target.name, self.target.version, self.compiler_version,
-        )  # fmt: skip
+            {"compare": pair, "paired": paired_how}, self.target, self.compiler_version
+        )
 
     def describe(self) -> dict:
         """What the figures rest on, for reports."""
@@ -762,7 +762,7 @@ class CostModel:
 
     def _key(self, node: ir.Node, view: OpView, opset: int) -> str:
         canonical = self._canonical(node, view, opset)
-        return kernel_key(canonical, self.target.name, self.target.version, self.compiler_version)
+        return kernel_key(canonical, self.target, self.compiler_version)
 
     def _canonical(self, node: ir.Node, view: OpView, opset: int) -> dict:
         return {
@@ -1032,4 +1032,4 @@ def _probe_key(
         "representative_dim": representative_dim,
         "runtime": {"ort": ort.__version__},
     }
-    return "probe:" + kernel_key(canonical, "shapes", "1", __version__)
+    return "probe:" + kernel_key(canonical, None, __version__)  # what a node's shapes are holds on any target

@@ -277,11 +277,22 @@ class RequestSpec(OptimizeOptions):
         return OptimizeOptions.model_validate(self.model_dump(exclude={"target", "cache"}))
 
     def target_spec(self):
-        from flexdsa_core.targets import TargetSpec, load_target
+        """The built-in target named, or the custom spec given. A custom spec never takes a built-in's name:
+        the name is what users, reports and comparisons know a target by, so another spec under it would pass
+        for the built-in (``InvalidOptionsError``, 422)."""
+        from flexdsa_core.errors import InvalidOptionsError
+        from flexdsa_core.targets import TargetSpec, list_targets, load_target
 
         if isinstance(self.target, str):
             return load_target(self.target)
-        return TargetSpec.model_validate(self.target)
+        spec = TargetSpec.model_validate(self.target)
+        if spec.name in {builtin.name for builtin in list_targets()}:
+            raise InvalidOptionsError(
+                f"{spec.name!r} is a built-in target; give your custom target another name (or send "
+                f'"target": "{spec.name}" for the built-in itself).',
+                details={"loc": ["target", "name"], "name": spec.name},
+            )
+        return spec
 
 
 def known_keys(loc: tuple | list) -> list[str]:

@@ -21,8 +21,9 @@ accelerator's share is cut into kernels that keep intermediates in on-chip SRAM.
    counts the group's inputs, outputs and weights once. A group that fits at no ``t`` is not formed.
    With no sourced SRAM size, nothing is grouped (and the report says so).
 4. **Kernel cache.** Each explored group's canonical form (ops, attributes, shapes and dtypes, wiring
-   inside the group; never weight values) hashes to a kernel-cache key with the target name and version:
-   N identical layers are explored once, the rest are cache hits (counted in the report).
+   inside the group; never weight values) hashes to a kernel-cache key with the target (its name,
+   version and whole-spec hash): N identical layers are explored once, the rest are cache hits (counted
+   in the report).
 """
 
 from __future__ import annotations
@@ -217,8 +218,7 @@ class SubgraphMapper:
         canonical = _canonical(nodes, opsets)
         key = kernel_key(
             {"mapper": MAPPER_VERSION, "group": canonical, "sram": self.target.sram_bytes},
-            self.target.name,
-            self.target.version,
+            self.target,
             self.cost_model.compiler_version,
         )
         raw = self.cache.get(key)

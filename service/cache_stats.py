@@ -4,8 +4,9 @@ Hits, misses, puts and seconds saved are counted per job by the pipeline's cache
 totals (``record_cache_stats``): the Redis hash ``flexdsa:cache:stats`` when Redis is configured, else a
 reserved row of the ``kernel_cache`` table. Each job's figures are also added to its tenant's own total
 (``flexdsa:cache:stats:tenant:<id>``, or the reserved row with that suffix), so ``GET /cache/stats`` shows a
-tenant its own counters and an operator the service-wide ones. Part of the service's persistence layer, so
-that the API reads what the workers write without importing the workers.
+tenant its own counters and an operator the service-wide ones. A tenant's hits are on its own jobs' entries
+only (the kernel cache is kept per tenant, ``workers.cache_backends.tenant_key``). Part of the service's
+persistence layer, so that the API reads what the workers write without importing the workers.
 """
 
 from __future__ import annotations

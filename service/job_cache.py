@@ -50,7 +50,7 @@ def job_cache_key(
         spec.model_dump(mode="json", exclude={"target", "cache"}), sort_keys=True, separators=(",", ":")
     )
     body = (
-        f"{model_sha256}|{target.name}@{target.version}:{target.spec_hash()}|{canonical}|{__version__}"
+        f"{model_sha256}|{target.name}@{target.version}:{target.content_sha256}|{canonical}|{__version__}"
         f"|toolchain:{toolchain_state(target, toolchains_dir)}"
     )
     if calibration_sha256:  # other samples judge (and calibrate) another model

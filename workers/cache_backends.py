@@ -1,9 +1,15 @@
 """The service's kernel-cache layers and their statistics.
 
-``build_kernel_cache(settings)`` stacks ``LRU -> Redis -> Postgres`` (distributed) or ``LRU -> SQL table``
-(embedded, the same ``kernel_cache`` table on SQLite). Every backend honours the core's contract: a cache
-that is down is a cache that misses, so ``get``/``put`` log the outage and never raise. After a backend
-call fails, that layer is skipped for ``retry_after_s`` so a dead Redis costs one timeout, not one per kernel.
+``build_kernel_cache(settings, tenant_id=...)`` stacks ``LRU -> Redis -> Postgres`` (distributed) or
+``LRU -> SQL table`` (embedded, the same ``kernel_cache`` table on SQLite). Every backend honours the core's
+contract: a cache that is down is a cache that misses, so ``get``/``put`` log the outage and never raise.
+After a backend call fails, that layer is skipped for ``retry_after_s`` so a dead Redis costs one timeout,
+not one per kernel.
+
+Each tenant has a cache of its own (every key a job reads or writes carries its tenant, ``tenant_key``):
+a hit on a kernel another tenant compiled would tell a tenant, through its job's report and its statistics
+(or the time its job took), which layer shapes that other tenant works on; and one tenant's entries can
+never answer another's job. Identical layers of one tenant's models still share one entry.
 
 Statistics (hits, misses, puts, seconds saved) are counted per job by ``MeteredCache`` in the pipeline
 process and added to the shared totals by ``service.cache_stats.record_cache_stats``.
@@ -134,15 +140,35 @@ class PostgresCache:
             self._breaker.trip("put", err)
 
 
+def tenant_key(tenant_id: int | None, key: str) -> str:
+    """The key the layers store ``key`` under for ``tenant_id`` (None: no tenant, tests and tools)."""
+    return key if tenant_id is None else f"tenant:{int(tenant_id)}:{key}"
+
+
 class MeteredCache(LayeredCache):
-    """``LayeredCache`` that also accepts ``saved(seconds)`` from the core, for the time-saved statistic."""
+    """``LayeredCache`` kept to one tenant's entries (``tenant_key``) that also accepts ``saved(seconds)``
+    from the core, for the time-saved statistic."""
+
+    def __init__(self, *layers, tenant_id: int | None) -> None:
+        super().__init__(*layers)
+        self.tenant_id = tenant_id
+
+    def get(self, key: str) -> bytes | None:
+        return super().get(tenant_key(self.tenant_id, key))
+
+    def put(self, key: str, value: bytes) -> None:
+        super().put(tenant_key(self.tenant_id, key), value)
 
     def saved(self, seconds: float) -> None:
         self.stats.seconds_saved += max(0.0, float(seconds))
 
 
-def build_kernel_cache(settings, session_factory: Callable[[], Any] | None = None) -> MeteredCache:
-    """The kernel cache a job's pipeline uses: LRU -> Redis -> SQL table (Redis only when configured)."""
+def build_kernel_cache(
+    settings, session_factory: Callable[[], Any] | None = None, *, tenant_id: int | None
+) -> MeteredCache:
+    """The kernel cache a job of ``tenant_id`` uses: LRU -> Redis -> SQL table (Redis only when configured),
+    holding that tenant's entries only. ``tenant_id=None`` (no tenant: tests and tools) is one cache shared
+    by every such caller, never by a tenant's job."""
     from service.db import session_factory_for
 
     layers: list = [LRUCache(LRU_ENTRIES)]
@@ -150,7 +176,7 @@ def build_kernel_cache(settings, session_factory: Callable[[], Any] | None = Non
         ttl_s = settings.kernel_cache_ttl_s
         layers.append(RedisCache(settings.redis_url, ttl_s))
     layers.append(PostgresCache(session_factory or session_factory_for(settings)))
-    return MeteredCache(*layers)
+    return MeteredCache(*layers, tenant_id=tenant_id)
 
 
 # --- statistics ---------------------------------------------------------------------------------------

@@ -3,9 +3,10 @@
 ONNX Runtime runs native code on untrusted models; a model that segfaults it must fail its job, not kill
 the worker. So the worker (``workers.execute``) starts this process per job and only watches it.
 
-Protocol. stdin: one JSON line ``{"job_id", "model_blob_key", "model_filename", "spec", "settings",
-"work_dir"}`` (``work_dir``: a folder the worker made for this job's temporary files and removes after),
-then kept open: EOF on stdin means the worker died, and this process exits at once. stdout: JSON lines,
+Protocol. stdin: one JSON line ``{"job_id", "tenant_id", "model_blob_key", "model_filename", "spec",
+"settings", "work_dir"}`` (``work_dir``: a folder the worker made for this job's temporary files and removes
+after; ``tenant_id``: whose kernel cache the job uses), then kept open: EOF on stdin means the worker died,
+and this process exits at once. stdout: JSON lines,
 ``{"type": "progress", "stage", "fraction", "message"}`` while running, then exactly one of
 ``{"type": "result", "artifacts": [{"name", "blob_key", "size", "content_type"}], "report_summary",
 "cache_stats"}`` or ``{"type": "error", "code", "message", "details", "cache_stats"}``. Anything the
@@ -131,7 +132,7 @@ def run(request: dict, channel: _Channel) -> dict:
     settings = Settings(**request["settings"])
     hooks = PipelineHooks.model_validate(request.get("test_hooks") or {})
     store = make_store(settings, patient=True)  # an object store's outage is waited out, not a failure
-    cache = build_kernel_cache(settings)
+    cache = build_kernel_cache(settings, tenant_id=request["tenant_id"])  # the job's tenant's entries only
     # Every temporary file of this job (the core's included) goes under the folder the worker made for
     # it, and the worker removes that folder whatever happens to this process.
     work_dir = Path(request.get("work_dir") or tempfile.mkdtemp(prefix="flexdsa-job-"))

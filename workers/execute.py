@@ -353,6 +353,7 @@ class _JobRun:
         request = {
             "work_dir": work_dir,
             "job_id": self.job.id,
+            "tenant_id": self.job.tenant_id,  # the kernel cache it reads and writes is its tenant's
             "model_blob_key": self.job.model_blob_key,
             "model_filename": self.job.model_filename,
             "spec": self.job.spec,

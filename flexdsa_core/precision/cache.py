@@ -41,7 +41,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from flexdsa_core.cache import KernelCache, kernel_key
+from flexdsa_core.cache import KernelCache, TargetIdentity, kernel_key
 from flexdsa_core.kernel_timing import machine_fingerprint
 
 __all__ = ["CostingScope", "cached_profile", "layer_signatures", "timing_keys"]
@@ -65,7 +65,7 @@ class CostingScope:
     quant_format: Mapping
     rounds: int
     warmup: int
-    target: tuple[str, str]  # (name, version)
+    target: TargetIdentity  # the spec (its whole content is in the key, not only its name)
     compiler_version: str
     machine: str = field(default_factory=machine_fingerprint)
 
@@ -78,7 +78,7 @@ class CostingScope:
             "runtime": {"ort": ort.__version__},
             "machine": self.machine,
         }
-        return kernel_key(canonical, self.target[0], self.target[1], self.compiler_version)
+        return kernel_key(canonical, self.target, self.compiler_version)
 
 
 def _dims(value: onnx.ValueInfoProto, bound: Mapping[str, int]) -> list[int] | None:

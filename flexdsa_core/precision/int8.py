@@ -60,8 +60,7 @@ def _op_costing(run: PrecisionRun, fp32: Path, static: _Candidate, report: dict,
     slower, and per node where its figures came from."""
     nodes = quantised_nodes(onnx.load(str(static.path)))
     rounds = max(run.options.latency_repeats, MIN_ROUNDS)
-    target = (str(getattr(run.target, "name", "")), str(getattr(run.target, "version", "")))
-    scope = CostingScope(fmt.as_dict(), rounds, PROFILE_WARMUP, target, __version__)
+    scope = CostingScope(fmt.as_dict(), rounds, PROFILE_WARMUP, run.target, __version__)
     started = time.perf_counter()
     timings, sources = cached_profile(
         fp32, static.path, [n for n, _ in nodes], run.samples[0], run.workdir,

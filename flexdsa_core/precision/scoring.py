@@ -124,8 +124,7 @@ def _digest(source: bytes | Path) -> str:
 
 
 def _key(run: PrecisionRun, canonical: dict) -> str:
-    target = run.target
-    return kernel_key(canonical, str(getattr(target, "name", "")), str(getattr(target, "version", "")), __version__)
+    return kernel_key(canonical, run.target, __version__)
 
 
 def _cache_read(run: PrecisionRun, key: str):

@@ -10,7 +10,13 @@ from functools import cache
 from flexdsa_core.errors import TargetNotFoundError
 from flexdsa_core.targets.base import BucketModel, Legalized, PlatformAdapter
 from flexdsa_core.targets.spec import TargetSpec, op_key
-from flexdsa_core.targets.vendors import module_name, spec_files, vendor_folders
+from flexdsa_core.targets.vendors import (
+    adapter_names,
+    module_name,
+    spec_files,
+    unknown_adapter_message,
+    vendor_folders,
+)
 
 __all__ = [
     "BucketModel",
@@ -64,15 +70,15 @@ def load_target(name: str) -> TargetSpec:
 
 def get_adapter(target: TargetSpec) -> PlatformAdapter:
     """The adapter of a built-in target's vendor folder; a custom spec may also name a shared one
-    (``accelerator``: a generic accelerator with a CPU beside it)."""
-    try:
-        module = importlib.import_module(module_name(target.adapter))
-    except ModuleNotFoundError:
-        module = None
+    (``accelerator``: a generic accelerator with a CPU beside it). Only a registered name is imported, even
+    for a spec built without validation (``model_construct``)."""
+    if target.adapter not in adapter_names():
+        raise TargetNotFoundError(f"Target {target.name!r}: {unknown_adapter_message(target.adapter)}.")
+    module = importlib.import_module(module_name(target.adapter))
     if getattr(module, "ADAPTER", None) is None:
         raise TargetNotFoundError(
-            f"Target {target.name!r} names adapter {target.adapter!r}, which does not exist (expected a vendor "
-            f"folder flexdsa_core/targets/{target.adapter}/ or a shared module exporting ADAPTER)."
+            f"Target {target.name!r} names adapter {target.adapter!r}, whose module exports no ADAPTER: a "
+            f"vendor folder or shared adapter module (flexdsa_core/targets/{target.adapter}) must export one."
         )
     return module.ADAPTER
 

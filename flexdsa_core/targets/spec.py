@@ -7,6 +7,9 @@ never a guess: the cost model then falls back to calibration (cpu-ort) or report
 
 from __future__ import annotations
 
+import hashlib
+import json
+from functools import cached_property
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -36,7 +39,9 @@ class TargetSpec(BaseModel):
     version: str = "1"
     vendor: str
     adapter: str = Field(
-        ..., description="The vendor folder under flexdsa_core/targets/ holding the spec (set from where it lies)."
+        ...,
+        description="The vendor folder under flexdsa_core/targets/ holding the spec (set from where it "
+        "lies); a custom spec names one of the registered adapters (a vendor folder, or 'accelerator').",
     )
     description: str = ""
     # Peak throughput in operations per second, per dtype ('float32', 'float16', 'int8'). None = unsourced.
@@ -71,6 +76,16 @@ class TargetSpec(BaseModel):
     calibrated: bool = Field(False, description="Costs are measured on this machine rather than estimated.")
     sources: dict[str, str] = Field(default_factory=dict, description="Figure name -> where it came from.")
 
+    @field_validator("adapter")
+    @classmethod
+    def _registered_adapter(cls, name: str) -> str:
+        from flexdsa_core.targets.vendors import adapter_names, unknown_adapter_message
+
+        # Only a registered name: the adapter is looked up, never imported from what a request wrote.
+        if name not in adapter_names():
+            raise ValueError(unknown_adapter_message(name))
+        return name
+
     @field_validator("toolchain")
     @classmethod
     def _known_toolchain(cls, name: str | None) -> str | None:
@@ -95,7 +110,20 @@ class TargetSpec(BaseModel):
                 )
         return constraints
 
-    def spec_hash(self) -> str:
-        import hashlib
+    @cached_property
+    def content_sha256(self) -> str:
+        """sha256 of the whole spec in canonical JSON (every field, keys sorted): what a cache key holds of
+        its target, since two specs may share a name and version (a custom spec, an edited built-in) and
+        differ in the figures every cached estimate rests on. Kept once computed: the spec is frozen, and
+        ``model_copy`` drops it."""
+        canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()
 
-        return hashlib.sha256(self.model_dump_json().encode()).hexdigest()[:16]
+    def model_copy(self, *, update=None, deep: bool = False) -> TargetSpec:
+        copy = super().model_copy(update=update, deep=deep)
+        copy.__dict__.pop("content_sha256", None)  # an update makes another spec: hashed again when asked
+        return copy
+
+    def spec_hash(self) -> str:
+        """The short form of ``content_sha256`` (reports, the whole-job cache key)."""
+        return self.content_sha256[:16]

@@ -226,7 +226,7 @@ class VendorCompiler:
             "shapes": shapes,
             "toolchain": {"name": self.toolchain.name, "versions": self.versions},
         }
-        return kernel_key(canonical, self.target.name, self.target.version, __version__)
+        return kernel_key(canonical, self.target, __version__)
 
 
 def explore(

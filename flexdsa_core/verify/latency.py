@@ -240,7 +240,7 @@ def _comparison_key(
         "runtime": {"ort": ort.__version__, "level": "all", "threads": 1},
         "machine": machine_fingerprint(),
     }
-    return kernel_key(canonical, target.name, target.version, __version__)
+    return kernel_key(canonical, target, __version__)
 
 
 def _cached_comparison(cache, key: str) -> Comparison | None:

@@ -1,7 +1,8 @@
 """Cache statistics: the kernel cache (durable entries, hit/miss counters) and the whole-job cache.
 
 A tenant sees its own counters: the kernel-cache hits, misses and time saved of its own jobs, and its own
-whole-job cache hits. An operator (``Authorization: Bearer <FLEXDSA_OPERATOR_TOKEN>``) sees the service-wide
+whole-job cache hits. Its hits are hits on kernels its own earlier jobs compiled (each tenant has a kernel
+cache of its own, ``workers/cache_backends.py``), so no figure here tells of another tenant's layers. An operator (``Authorization: Bearer <FLEXDSA_OPERATOR_TOKEN>``) sees the service-wide
 totals, the durable entry count and every tenant's jobs together. ``scope`` says which view answered.
 """
 

@@ -1,5 +1,6 @@
 """The cache layers the core ships: LRU, layered write-back, the CLI's disk cache."""
 
+from flexdsa_core import load_target
 from flexdsa_core.cache import DiskCache, LayeredCache, LRUCache, kernel_key
 
 
@@ -33,7 +34,9 @@ def test_disk_cache_survives_a_new_instance_and_misses_when_unwritable(tmp_path)
 
 def test_kernel_key_depends_on_target_and_compiler_version():
     canonical = {"op": "MatMul", "shapes": [[1, 128, 768], [768, 768]]}
-    base = kernel_key(canonical, "cpu-ort", "1", "0.1.0")
-    assert base == kernel_key(dict(canonical), "cpu-ort", "1", "0.1.0")
-    assert base != kernel_key(canonical, "cpu-ort", "2", "0.1.0")
-    assert base != kernel_key(canonical, "cpu-ort", "1", "0.2.0")
+    cpu = load_target("cpu-ort")
+    base = kernel_key(canonical, cpu, "0.1.0")
+    assert base == kernel_key(dict(canonical), cpu, "0.1.0")
+    assert base != kernel_key(canonical, cpu.model_copy(update={"version": "2"}), "0.1.0")
+    assert base != kernel_key(canonical, cpu, "0.2.0")
+    assert base != kernel_key(canonical, None, "0.1.0")  # a figure for any target is kept apart

@@ -183,7 +183,7 @@ def _cpu_switcher(**kwargs) -> FusionSwitcher:
 NPU = TargetSpec(
     name="tiny-npu",
     vendor="test",
-    adapter="none",
+    adapter="accelerator",
     peak_ops_per_s={"float32": 1e12},
     mem_bandwidth_bytes_per_s=1e10,
     power_w=5.0,

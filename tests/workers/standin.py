@@ -64,7 +64,7 @@ class StandInOptimizer:
         for index, stage in enumerate(STAGES[1:], start=1):
             progress(stage, index / len(STAGES), f"stage {stage}")
         for kernel in kernels:
-            key = kernel_key(kernel, self.target.name, "1", "standin")
+            key = kernel_key(kernel, self.target, "standin")
             if cache.get(key) is not None:
                 hits += 1
                 if hasattr(cache, "saved"):

@@ -40,6 +40,7 @@ def _run_with_failing_store(tmp_path, monkeypatch, failure: int) -> dict:
     work_dir.mkdir()
     request = {
         "work_dir": str(work_dir),
+        "tenant_id": 1,
         "model_blob_key": model_key,
         "model_filename": "model.onnx",
         "spec": {"target": "cpu-ort", "measure_latency": False},

@@ -12,7 +12,7 @@ import numpy as np
 import onnx
 import pytest
 
-from flexdsa_core import FlexDSAOptimizer, OptimizeOptions
+from flexdsa_core import FlexDSAOptimizer, OptimizeOptions, load_target
 from flexdsa_core.cache import LRUCache
 from flexdsa_core.kernel_timing import _machine_fingerprint
 from flexdsa_core.precision import Int8Format, int8_format
@@ -77,7 +77,7 @@ def _cpu_format() -> Int8Format:
 
 def _scope(fmt: Int8Format, machine: str | None = None) -> CostingScope:
     return CostingScope(
-        fmt.as_dict(), ROUNDS, 1, ("cpu-ort", "1"), "test", machine or _machine_fingerprint(CPUINFO)
+        fmt.as_dict(), ROUNDS, 1, load_target("cpu-ort"), "test", machine or _machine_fingerprint(CPUINFO)
     )
 
 
