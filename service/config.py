@@ -141,6 +141,13 @@ class Settings(BaseSettings):
         "embedded mode is served to loopback clients only.",
     )
 
+    secure_cookies: bool | None = Field(
+        None,
+        description="Mark the dashboard's login cookies Secure (sent over HTTPS only). Unset: when the request "
+        "came over HTTPS, and always in distributed mode unless the page was asked for on a loopback host "
+        "(a TLS-terminating proxy in front hands the API plain HTTP, and the flag must not be lost there).",
+    )
+
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=1, le=65535)
     api_workers: int | None = Field(

@@ -22,6 +22,7 @@ from fastapi.responses import Response
 from service.api.deps import (
     API_KEY_COOKIE,
     API_KEY_HEADER,
+    LOOPBACK_HOSTS,
     SessionDep,
     SettingsDep,
     bearer_token,
@@ -102,6 +103,18 @@ def safe_next(target: str) -> str:
     return target
 
 
+def secure_cookie(request: Request) -> bool:
+    """Whether a cookie set on this response is Secure (``Settings.secure_cookies``). Behind a proxy that
+    terminates TLS the request reads as plain HTTP, so a deployed (distributed) service marks them Secure
+    whatever the scheme, except on a loopback host (a developer's own machine, docker compose on localhost)."""
+    settings = request.app.state.settings
+    if settings.secure_cookies is not None:
+        return settings.secure_cookies
+    if request.url.scheme == "https":
+        return True
+    return settings.mode == "distributed" and (request.url.hostname or "") not in LOOPBACK_HOSTS
+
+
 def remember_api_key(response: Response, request: Request, key: str) -> None:
     response.set_cookie(
         API_KEY_COOKIE,
@@ -109,7 +122,7 @@ def remember_api_key(response: Response, request: Request, key: str) -> None:
         max_age=COOKIE_MAX_AGE_S,
         httponly=True,
         samesite="lax",
-        secure=request.url.scheme == "https",
+        secure=secure_cookie(request),
         path="/",
     )
 
@@ -121,7 +134,7 @@ def remember_operator_token(response: Response, request: Request, token: str) ->
         max_age=COOKIE_MAX_AGE_S,
         httponly=True,
         samesite="strict",
-        secure=request.url.scheme == "https",
+        secure=secure_cookie(request),
         path=OPERATOR_COOKIE_PATH,
     )
 

@@ -1,18 +1,25 @@
 """Liveness and readiness (unauthenticated, for orchestrators) and metrics (operators only: Prometheus
-scrapes with ``Authorization: Bearer <FLEXDSA_OPERATOR_TOKEN>``)."""
+scrapes with ``Authorization: Bearer <FLEXDSA_OPERATOR_TOKEN>``).
+
+A dependency's error line names hosts and ports (``connection to 10.0.3.7:5432 refused``): only an operator
+(the bearer token, or in embedded mode a loopback client) reads it; anyone else reads which check failed and
+the kind of error, and the line goes to the log."""
 
 from __future__ import annotations
+
+import logging
 
 from fastapi import APIRouter, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import text
 
 from flexdsa_core import __version__
-from service.api.deps import OperatorOnly
+from service.api.deps import IsOperator, OperatorOnly, loopback_stands_in_for_operator
 from service.db import DatabaseNotMigratedError, check_migrated
 from service.errors import NotReady
 from service.schemas import ErrorResponse, Health, Readiness
 
+log = logging.getLogger("flexdsa.service")
 router = APIRouter(tags=["operations"])
 
 
@@ -21,8 +28,9 @@ router = APIRouter(tags=["operations"])
     response_model=Health,
     summary="The process is up (always 200), and which of its dependencies answer right now",
 )
-def healthz(request: Request) -> Health:
+def healthz(request: Request, is_operator: IsOperator) -> Health:
     app, settings = request.app, request.app.state.settings
+    detailed = is_operator or loopback_stands_in_for_operator(request, settings)
     checks: dict[str, tuple] = {"database": (_ping_database, app)}
     if settings.broker_url:
         checks["broker"] = (_check_broker, settings.broker_url)
@@ -34,7 +42,7 @@ def healthz(request: Request) -> Health:
             check(*args)
             dependencies[name] = "ok"
         except Exception as err:
-            dependencies[name] = f"down: {_first_line(err)}"
+            dependencies[name] = f"down: {_reason(err, detailed)}"
     status = "ok" if all(state == "ok" for state in dependencies.values()) else "degraded"
     return Health(status=status, version=__version__, mode=settings.mode, dependencies=dependencies)
 
@@ -74,14 +82,23 @@ def _first_line(err: Exception) -> str:
     return f"{type(err).__name__}: {text_[0] if text_ else ''}"
 
 
+def _reason(err: Exception, detailed: bool) -> str:
+    """The error's first line for an operator; its kind alone for anyone else (the line is logged)."""
+    if detailed:
+        return _first_line(err)
+    log.warning("dependency check failed: %s", _first_line(err))
+    return f"{type(err).__name__} (the reason is in the service's log, or ask with the operator token)"
+
+
 @router.get(
     "/readyz",
     response_model=Readiness,
     summary="Ready to take work: database reachable and migrated, broker/Redis reachable, artifacts writable",
     responses={503: {"model": ErrorResponse, "description": "Not ready; details.checks says what failed"}},
 )
-def readyz(request: Request) -> Readiness:
+def readyz(request: Request, is_operator: IsOperator) -> Readiness:
     app, settings = request.app, request.app.state.settings
+    detailed = is_operator or loopback_stands_in_for_operator(request, settings)
     checks: dict[str, tuple] = {
         "database": (_check_database, app),
         "artifact_store": (app.state.store.check_writable,),
@@ -97,7 +114,7 @@ def readyz(request: Request) -> Readiness:
             results[name] = "ok"
         except Exception as err:
             # The migration message is the point (it says what to run); other errors: their first line.
-            results[name] = str(err) if isinstance(err, DatabaseNotMigratedError) else _first_line(err)
+            results[name] = str(err) if isinstance(err, DatabaseNotMigratedError) else _reason(err, detailed)
             failed.append(name)
     if failed:
         raise NotReady(

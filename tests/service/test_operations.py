@@ -60,6 +60,7 @@ def test_healthz_and_readyz(env):
     assert set(ready.json()["checks"]) == expected
 
 
+@pytest.mark.services
 def test_readyz_fails_clearly_on_unmigrated_database(create_pg_database, tmp_path):
     url = create_pg_database(migrated=False)
     app = create_app(Settings(data_dir=tmp_path, database_url=url, auth="required", embedded_worker=False))
@@ -71,6 +72,7 @@ def test_readyz_fails_clearly_on_unmigrated_database(create_pg_database, tmp_pat
     assert error["details"]["checks"]["artifact_store"] == "ok"
 
 
+@pytest.mark.services
 def test_startup_refuses_unmigrated_postgres(create_pg_database, tmp_path):
     from service.db import DatabaseNotMigratedError
 
@@ -92,6 +94,19 @@ def test_readyz_reports_unreachable_redis_and_broker(env, tmp_path):
     assert response.status_code == 503
     checks = response.json()["error"]["details"]["checks"]
     assert checks["database"] == "ok" and checks["redis"] != "ok"
+
+
+def test_health_answers_name_no_host_except_to_operators(env):
+    """An unauthenticated /readyz or /healthz says which dependency failed and the kind of error, not the error
+    line (it names hosts and ports of the service's network); the operator token reads the line."""
+    settings = env.settings.model_copy(update={"redis_url": "redis://redis-7.internal.example:1/0"})
+    client = TestClient(create_app(settings))
+    for path in ("/readyz", "/healthz"):
+        anonymous = client.get(path).text
+        assert "redis-7.internal.example" not in anonymous, anonymous
+        assert "redis" in anonymous  # which check failed is still said
+        operator = client.get(path, headers=OPERATOR_HEADERS).text
+        assert "redis-7.internal.example" in operator, operator
 
 
 def test_metrics(env, headers):
@@ -214,6 +229,7 @@ def _cli():
     return app
 
 
+@pytest.mark.services
 def test_cli_db_upgrade_and_keys_create(create_pg_database, monkeypatch, tmp_path):
     from service.auth import authenticate
     from service.config import get_settings
