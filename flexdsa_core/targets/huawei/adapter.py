@@ -17,8 +17,6 @@ syntax, and every model numerically in ONNX Runtime. What this adapter adds to t
 
 from __future__ import annotations
 
-import shlex
-
 import onnx
 import onnx_ir as ir
 
@@ -26,6 +24,7 @@ from flexdsa_core.targets.accelerator import AcceleratorAdapter
 from flexdsa_core.targets.base import BucketModel, Legalized
 from flexdsa_core.targets.bundle_inputs import input_dims, requested_precision, runtime_inputs
 from flexdsa_core.targets.opset_convert import convert_opset, opset_legalisations, since_version
+from flexdsa_core.targets.render import render
 from flexdsa_core.targets.spec import TargetSpec
 
 SOC_VERSION = "Ascend310B1"  # Atlas 200I DK A2 (H7, H20)
@@ -134,28 +133,22 @@ class HuaweiAdapter(AcceleratorAdapter):
         return files
 
     def atc_script(self, buckets: list[BucketModel], report: dict, switches: dict[str, str]) -> str:
-        lines = _script_head(
-            "ATC conversion of this bundle for Ascend 310B: one offline model (.om) per shape bucket.",
-            report,
-            switches,
-        )
-        for bucket in buckets:
-            model_file = self.model_filename(bucket)
-            inputs = runtime_inputs(bucket.model)
-            shape = ";".join(f"{v.name}:{','.join(str(d) for d in input_dims(v))}" for v in inputs)
-            symbolic = [str(d) for v in inputs for d in input_dims(v) if not isinstance(d, int)]
-            if symbolic:
-                lines.append(
-                    f"# bucket {bucket.name}: dims {', '.join(symbolic)} are not fixed; ATC needs them fixed"
-                )
-            lines.append(f"# bucket {bucket.name}")
-            lines += _atc_call(
-                model_file,
-                model_file.removesuffix(".onnx"),
-                [f"--input_format={_input_format(inputs)}", f"--input_shape={shlex.quote(shape)}"],
-                bool(switches),
-            )
-        return "\n".join(lines) + "\n"
+        return render(__package__, "atc.sh", **_head_values(report, switches),
+                      buckets=[self._atc_bucket(bucket) for bucket in buckets])  # fmt: skip
+
+    def _atc_bucket(self, bucket: BucketModel) -> dict:
+        """A bucket as atc.sh sees it: its files, ``--input_format``, ``--input_shape`` (``name:1,3,8,8;...``)
+        and the dims still symbolic, which ATC needs fixed."""
+        model_file = self.model_filename(bucket)
+        inputs = runtime_inputs(bucket.model)
+        return {
+            "name": bucket.name,
+            "onnx": model_file,
+            "output": model_file.removesuffix(".onnx"),
+            "input_format": _input_format(inputs),
+            "input_shape": ";".join(f"{v.name}:{','.join(str(d) for d in input_dims(v))}" for v in inputs),
+            "symbolic": [str(d) for v in inputs for d in input_dims(v) if not isinstance(d, int)],
+        }
 
     def gears(self, buckets: list[BucketModel]) -> tuple[str, list[str], str]:
         """(``--input_shape`` with -1 where buckets differ, one gear per bucket, why not possible or '')."""
@@ -184,41 +177,13 @@ class HuaweiAdapter(AcceleratorAdapter):
 
     def dynamic_dims_script(self, buckets: list[BucketModel], report: dict, switches: dict[str, str]) -> str:
         spec, gear_list, _ = self.gears(buckets)
-        lines = _script_head(
-            "ATC conversion into ONE offline model with a --dynamic_dims gear per shape bucket (H8, H24).",
-            report,
-            switches,
-            before_cd=[
-                'MODEL="${1:?usage: atc_dynamic_dims.sh MODEL.onnx (the model with symbolic dims)}"',
-                'MODEL="$(cd "$(dirname "${MODEL}")" && pwd)/$(basename "${MODEL}")"',
-            ],
-        )
-        lines += [
-            "# The per-bucket ONNX files are specialised to their shapes (folded shape arithmetic), so gears need",
-            "# a model whose dims are still symbolic, in ai.onnx opset 11-15: MODEL, the first argument.",
-            "# --dynamic_dims excludes AIPP (--insert_op_conf) and the other dynamic options (H8); AMCT INT8 models",
-            "# cannot use it (H9); networks with data-dependent intermediate shapes are not supported (H24).",
-        ]
-        if len(spec.split("-1")) - 1 > 4:
-            lines.append(
-                "# Note: more than 4 dynamic dims per gear; older CANN versions accept at most 4 (H24)."
-            )
-        if any(n.op_type in _DATA_DEPENDENT for b in buckets for n in b.model.graph):
-            lines.append(
-                "# Warning: the model has data-dependent shapes (NonZero/NMS/...); ATC may refuse gears (H24)."
-            )
-        lines += _atc_call(
-            '"${MODEL}"',
-            "model.dynamic_dims",
-            [
-                "--input_format=ND",
-                f"--input_shape={shlex.quote(spec)}",
-                f"--dynamic_dims={shlex.quote(';'.join(gear_list))}",
-            ],
-            bool(switches),
-            quoted_model=True,
-        )
-        return "\n".join(lines) + "\n"
+        return render(
+            __package__, "atc_dynamic_dims.sh", **_head_values(report, switches),
+            input_shape=spec,
+            gears=gear_list,
+            many_dims=gear_list[0].count(",") + 1 > 4,  # a gear holds one value per dynamic dim
+            data_dependent=any(n.op_type in _DATA_DEPENDENT for b in buckets for n in b.model.graph),
+        )  # fmt: skip
 
     def deploy_steps(self, buckets: list[BucketModel], target: TargetSpec, report: dict) -> list[str]:
         om_files = ", ".join(f"`{self.model_filename(b).removesuffix('.onnx')}.om`" for b in buckets)
@@ -264,48 +229,16 @@ def _input_format(inputs: list[ir.Value]) -> str:
     return "ND"
 
 
-def _script_head(
-    what: str, report: dict, switches: dict[str, str], *, before_cd: list[str] = ()
-) -> list[str]:
+def _head_values(report: dict, switches: dict[str, str]) -> dict:
+    """What both ATC scripts' heads say: the SoC, the requested precision and its ``--precision_mode``, and the
+    GE fusion passes switched off, with why."""
     precision = requested_precision(report)
-    mode = PRECISION_MODES.get(precision, "")
-    lines = [
-        "#!/usr/bin/env bash",
-        f"# {what}",
-        "# Needs the CANN toolkit's atc on PATH (source <ascend-toolkit>/set_env.sh first).",
-        "set -euo pipefail",
-        *before_cd,
-        'cd "$(dirname "$0")"',
-        f'SOC_VERSION="${{SOC_VERSION:-{SOC_VERSION}}}"',
-        f"# Requested precision: {precision}. Empty PRECISION_MODE keeps ATC's default policy; set it to e.g.",
-        "# allow_fp32_to_fp16, force_fp16, force_fp32, must_keep_origin_dtype or allow_mix_precision.",
-        f'PRECISION_MODE="${{PRECISION_MODE-{mode}}}"',
-    ]
-    if switches:
-        lines.append(
-            "# fusion_switch.cfg switches these GE fusion passes off (--fusion_switch_file, H10, H11):"
-        )
-        lines += [f"#   {name}: {why}" for name, why in switches.items()]
-    else:
-        lines.append("# No GE fusion pass is switched off: every graph and UB fusion stays on (H10).")
-    return lines
-
-
-def _atc_call(
-    model: str, output: str, shape_args: list[str], switches: bool, *, quoted_model: bool = False
-) -> list[str]:
-    model_arg = f"--model={model}" if quoted_model else f"--model={shlex.quote(model)}"
-    args = [
-        model_arg,
-        "--framework=5",
-        '--soc_version="${SOC_VERSION}"',
-        *shape_args,
-        f"--output={shlex.quote(output)}",
-    ]
-    args.append('${PRECISION_MODE:+--precision_mode="${PRECISION_MODE}"}')
-    if switches:
-        args.append("--fusion_switch_file=fusion_switch.cfg")
-    return ["atc \\", *[f"    {arg} \\" for arg in args[:-1]], f"    {args[-1]}"]
+    return {
+        "soc_version": SOC_VERSION,
+        "precision": precision,
+        "precision_mode": PRECISION_MODES.get(precision, ""),
+        "switches": switches,
+    }
 
 
 ADAPTER = HuaweiAdapter()

@@ -23,7 +23,6 @@ runs the rest beside them.
 from __future__ import annotations
 
 import pprint
-import shlex
 
 import numpy as np
 import onnx_ir as ir
@@ -115,43 +114,30 @@ class NvidiaAdapter(AcceleratorAdapter):
 
     def trtexec_script(self, buckets: list[BucketModel], report: dict) -> str:
         precision = requested_precision(report)
-        span = profile(buckets)
-        lines = [
-            "#!/usr/bin/env bash",
-            "# TensorRT engines for this bundle with trtexec, on the Jetson Orin Nano (engines are specific to the",
-            "# device and the TensorRT version). JetPack installs trtexec under /usr/src/tensorrt/bin.",
-            "#   bash trtexec.sh            one engine per shape bucket (static ONNX, no profile needed)",
-            "#   bash trtexec.sh MODEL.onnx one engine for all buckets from a model whose dims are symbolic,",
-            "#                              with the min/opt/max profile below (opt = the first bucket)",
-            "set -euo pipefail",
-            'DYNAMIC_MODEL=""',
-            'if [ "$#" -ge 1 ]; then DYNAMIC_MODEL="$(cd "$(dirname "$1")" && pwd)/$(basename "$1")"; fi',
-            'cd "$(dirname "$0")"',
-            'TRTEXEC="${TRTEXEC:-$(command -v trtexec || echo /usr/src/tensorrt/bin/trtexec)}"',
-            f"WORKSPACE_MIB=${{WORKSPACE_MIB:-{WORKSPACE_MIB}}}",
-            f"# Requested precision: {precision}. --int8 builds the QDQ model with explicit quantisation (N9).",
-            f'PRECISION_FLAGS="${{PRECISION_FLAGS-{PRECISION_FLAGS.get(precision, "")}}}"',
-            "",
-            'if [ -n "${DYNAMIC_MODEL}" ]; then',
-        ]
-        if span:
-            lines += _indent(
-                _trtexec_call('"${DYNAMIC_MODEL}"', "model.dynamic.plan", _shape_flags(span), quoted=True)
-                + ["exit 0"]
-            )
-        else:
-            lines += _indent(
-                [
-                    'echo "the buckets do not span one profile (different inputs or symbolic dims)" >&2',
-                    "exit 2",
-                ]
-            )
-        lines.append("fi")
-        for bucket in buckets:
-            lines += ["", f"# bucket {bucket.name}"]
-            symbolic = _symbolic_flags(bucket)
-            lines += _trtexec_call(self.model_filename(bucket), self.engine_filename(bucket), symbolic)
-        return "\n".join(lines) + "\n"
+        return render(
+            __package__, "trtexec.sh",
+            workspace=WORKSPACE_MIB,
+            precision=precision,
+            precision_flags=PRECISION_FLAGS.get(precision, ""),
+            profile=_profile_shapes(profile(buckets)),
+            buckets=[self._trtexec_bucket(bucket) for bucket in buckets],
+        )  # fmt: skip
+
+    def _trtexec_bucket(self, bucket: BucketModel) -> dict:
+        """A bucket as trtexec.sh sees it: its files, and where dims stayed symbolic, each input's dims (an
+        int, or the name of the environment variable's stem that gives it: MIN_<stem> ...)."""
+        inputs = runtime_inputs(bucket.model)
+        dims = {v.name: input_dims(v) for v in inputs}
+        return {
+            "name": bucket.name,
+            "onnx": self.model_filename(bucket),
+            "engine": self.engine_filename(bucket),
+            "symbolic": any(not isinstance(d, int) for ds in dims.values() for d in ds),
+            "inputs": [
+                {"name": name, "dims": [d if isinstance(d, int) else _shell_name(d) for d in ds]}
+                for name, ds in dims.items()
+            ],
+        }
 
     def build_engine_script(self, buckets: list[BucketModel], report: dict) -> str:
         plan = [
@@ -319,56 +305,19 @@ def compress_to_gather(model: ir.Model) -> int:
 # ---- script pieces ----------------------------------------------------------------------------------
 
 
-def _dims_text(dims: list[int | str]) -> str:
-    return "x".join(str(d) for d in dims)
-
-
-def _shape_flags(span: dict[str, dict[str, list[int]]]) -> list[str]:
-    flags = []
-    for key, flag in (("min", "--minShapes"), ("opt", "--optShapes"), ("max", "--maxShapes")):
-        value = ",".join(f"{name}:{_dims_text(shapes[key])}" for name, shapes in span.items())
-        flags.append(f"{flag}={shlex.quote(value)}")
-    return flags
-
-
-def _symbolic_flags(bucket: BucketModel) -> list[str]:
-    """A bucket whose model kept symbolic dims needs a profile too: its values come from the environment."""
-    inputs = runtime_inputs(bucket.model)
-    if all(isinstance(d, int) for v in inputs for d in input_dims(v)):
-        return []
-    flags = []
-    for key, flag in (("MIN", "--minShapes"), ("OPT", "--optShapes"), ("MAX", "--maxShapes")):
-        parts = []
-        for value in inputs:
-            dims = [
-                str(d)
-                if isinstance(d, int)
-                else f"${{{key}_{_shell_name(str(d))}:?set {key}_{_shell_name(str(d))}}}"
-                for d in input_dims(value)
-            ]
-            parts.append(f"{value.name}:{'x'.join(dims)}")
-        flags.append(f'{flag}="{",".join(parts)}"')
-    return flags
+def _profile_shapes(span: dict[str, dict[str, list[int]]]) -> dict[str, str]:
+    """trtexec's ``--minShapes`` / ``--optShapes`` / ``--maxShapes`` values: ``name:1x3x8x8,...`` per key."""
+    if not span:
+        return {}
+    return {
+        key: ",".join(f"{name}:{'x'.join(map(str, shapes[key]))}" for name, shapes in span.items())
+        for key in ("min", "opt", "max")
+    }
 
 
 def _shell_name(dim: str) -> str:
-    return "".join(c if c.isalnum() else "_" for c in dim).upper()
-
-
-def _trtexec_call(onnx_file: str, engine: str, shape_flags: list[str], *, quoted: bool = False) -> list[str]:
-    args = [
-        f"--onnx={onnx_file}" if quoted else f"--onnx={shlex.quote(onnx_file)}",
-        f"--saveEngine={shlex.quote(engine)}",
-        '--memPoolSize=workspace:"${WORKSPACE_MIB}"',
-        *shape_flags,
-        "${PRECISION_FLAGS}",
-    ]
-    return ['"${TRTEXEC}" \\', *[f"    {arg} \\" for arg in args[:-1]], f"    {args[-1]}"]
-
-
-def _indent(lines: list[str]) -> list[str]:
-    return [f"    {line}" for line in lines]
-
+    """A symbolic dim as the stem of a shell variable name: ASCII letters and digits, the rest ``_``."""
+    return "".join(c if c.isascii() and c.isalnum() else "_" for c in dim).upper()
 
 
 ADAPTER = NvidiaAdapter()

@@ -24,12 +24,12 @@ compiler itself does not install here.
 from __future__ import annotations
 
 import math
-import shlex
 
 import onnx_ir as ir
 
 from flexdsa_core.targets._vitis_ai import VitisAIAdapter, float_note, quantize_script
 from flexdsa_core.targets.base import BucketModel
+from flexdsa_core.targets.render import render
 from flexdsa_core.targets.spec import TargetSpec, op_key
 
 ARCH_JSON = "/opt/vitis_ai/compiler/arch/DPUCZDX8G/KV260/arch.json"  # inside the Vitis AI docker (X10)
@@ -80,44 +80,11 @@ class XilinxAdapter(VitisAIAdapter):
         return {"quantize_kv260.py": quantize.encode(), "compile_kv260.sh": self.compile_script(buckets).encode()}
 
     def compile_script(self, buckets: list[BucketModel]) -> str:
-        lines = [
-            "#!/usr/bin/env bash",
-            "# Quantise and compile this bundle for the KV260 DPU (DPUCZDX8G B4096), one xmodel per shape bucket.",
-            "# Run inside the Vitis AI docker (vai_c_xir on PATH, the arch.json below present).",
-            "#   bash compile_kv260.sh ds.txt    # ds.txt: one calibration sample a line, one .npy per input",
-            "set -euo pipefail",
-            'DATASET="${1:?usage: compile_kv260.sh DATASET.txt (one calibration sample a line)}"',
-            'DATASET="$(cd "$(dirname "${DATASET}")" && pwd)/$(basename "${DATASET}")"',
-            'cd "$(dirname "$0")"',
-            f'ARCH="${{ARCH:-{ARCH_JSON}}}"  # the board\'s DPU fingerprint: recompile when it changes (X5)',
-            'QUANTIZER="${QUANTIZER:-quark}"  # or vai_q_onnx',
-            "",
-            "# 1. Power-of-two int8, per tensor: the only scheme the DPU runs (X8). Writes model.<bucket>.qdq.onnx.",
-            'python3 quantize_kv260.py --dataset "${DATASET}" --quantizer "${QUANTIZER}"',
-            "",
-            "# 2. vai_c_xir per bucket (X10). It reads the quantiser's xmodel: XMODEL_DIR/<net>_int.xmodel, as the",
-            "# Vitis AI quantiser exports it from the quantised model. On Vitis AI 3.5 the QDQ ONNX can instead run",
-            "# through ONNX Runtime's Vitis AI EP on the board (A11), which compiles it for the DPU itself.",
-            'XMODEL_DIR="${XMODEL_DIR:-quantized}"',
+        entries = [
+            {"name": b.name, "net": _net_name(self.model_filename(b)), "qdq": self.qdq_filename(b)}
+            for b in buckets
         ]
-        for bucket in buckets:
-            net = _net_name(self.model_filename(bucket))
-            xmodel = f'"${{XMODEL_DIR}}/{net}_int.xmodel"'
-            lines += [
-                f"# bucket {bucket.name}",
-                f"if [ -f {xmodel} ]; then",
-                "  vai_c_xir \\",
-                f"    -x {xmodel} \\",
-                '    -a "${ARCH}" \\',
-                f"    -o {shlex.quote('compiled/' + bucket.name)} \\",
-                f"    -n {shlex.quote(net)}",
-                "else",
-                f'  echo "bucket {bucket.name}: {net}_int.xmodel not found in ${{XMODEL_DIR}}; export it from '
-                f'{self.qdq_filename(bucket)} with your Vitis AI quantiser, or run the QDQ ONNX through the '
-                'Vitis AI EP on the board" >&2',
-                "fi",
-            ]
-        return "\n".join(lines) + "\n"
+        return render(__package__, "compile_kv260.sh", arch=ARCH_JSON, buckets=entries)
 
     def deploy_steps(self, buckets: list[BucketModel], target: TargetSpec, report: dict) -> list[str]:
         nets = ", ".join(f"`compiled/{b.name}/{_net_name(self.model_filename(b))}.xmodel`" for b in buckets)
