@@ -26,9 +26,27 @@ _PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
 _spares = threading.local()
 
 
+# What the pipeline process keeps of the worker's environment: what Python, the numeric libraries, TLS and the
+# object store's credential chain (boto3 reads AWS_*: the job fetches its model and stores its artifacts) read.
+# Never the service's own FLEXDSA_* variables (the operator token, the database URL with its password): the
+# job's settings come with its request, less the operator token, so a model that makes ONNX Runtime or a
+# vendor compiler misbehave finds no more secrets in this process's environment than the job needs.
+CHILD_ENV_NAMES = frozenset({
+    "PATH", "HOME", "USER", "LANG", "LANGUAGE", "TZ", "TMPDIR", "PYTHONHASHSEED", "PYTHONDONTWRITEBYTECODE",
+    "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
+    "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE",
+    "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy",
+})  # fmt: skip
+CHILD_ENV_PREFIXES = ("LC_", "AWS_", "FLEXDSA_TEST_")
+
+
 def _child_env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
+    env = {
+        name: value
+        for name, value in os.environ.items()
+        if name in CHILD_ENV_NAMES or name.startswith(CHILD_ENV_PREFIXES)
+    }
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, os.environ.get("PYTHONPATH")) if p)
     return env
 
 

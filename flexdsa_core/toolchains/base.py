@@ -12,6 +12,7 @@ A toolchain is *ready* only when ``ready.json`` exists and names the same requir
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -157,7 +158,7 @@ class Toolchain:
         try:
             done = subprocess.run(
                 command, capture_output=True, text=True, timeout=timeout_s or self.timeout_s, cwd=folder,
-                preexec_fn=_vendor_address_space,
+                preexec_fn=_vendor_address_space, env=vendor_environment(self.python(root), folder),
             )
         except subprocess.TimeoutExpired:
             raise ToolchainError(
@@ -177,6 +178,21 @@ class Toolchain:
                 details={"log_tail": log_tail},
             )
         return result
+
+
+def vendor_environment(python: Path, folder: Path) -> dict[str, str]:
+    """The whole environment a vendor compiler runs in: its own interpreter's folder first on a default PATH,
+    and its run's folder as home and temporary folder. Nothing of the caller's: the compiler parses the
+    untrusted model, and the service's secrets (database URL, object-store keys, operator token) are not its
+    business. Made up here, never read from the caller (the core reads no environment variables)."""
+    return {
+        "PATH": os.pathsep.join((str(python.parent), os.defpath)),
+        "HOME": str(folder),
+        "TMPDIR": str(folder),
+        "LANG": "C.UTF-8",
+        "PYTHONNOUSERSITE": "1",
+        "PYTHONDONTWRITEBYTECODE": "1",
+    }
 
 
 def _vendor_address_space() -> None:
