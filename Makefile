@@ -22,7 +22,7 @@ test: $(VENV)/.installed-test
 test-fast: $(VENV)/.installed-test
 	$(BIN)/ruff check .
 	FLEXDSA_TEST_TOOLCHAINS=skip $(BIN)/python -m pytest -q -n 2 -m "not models and not services and not browser" --durations=10 \
-		--ignore=tests/workers -k "not postgres"
+		--ignore=tests/workers
 
 # Vendor compilers that install here, each in its own environment under ~/.cache/flexdsa/toolchains (minutes
 # the first time; a ready one is skipped). Without them the vendor tests skip and bundles ship uncompiled.

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from flexdsa_core import FlexDSAOptimizer, OptimizeOptions, list_targets
+from flexdsa_core import FlexDSAOptimizer, OptimizeOptions, RequestSpec, list_targets
 from flexdsa_core.compare import (
     MEASURED_HERE,
     NOT_KNOWN,
@@ -26,12 +26,28 @@ TINY_BERT = Path(__file__).resolve().parents[2] / "examples" / "tiny_bert.onnx"
 KNOWN = [t.name for t in list_targets()]
 
 
+# A custom part whose datasheet gives throughput and bandwidth but no power figure (``power_w`` left out):
+# the roofline gives it a latency and no energy. Its op table is the tiny BERT's, so everything is placed on it.
+UNPOWERED = {
+    "name": "custom-npu-unpowered", "vendor": "acme", "adapter": "accelerator",
+    "description": "A test NPU with no sourced power figure.",
+    "peak_ops_per_s": {"float32": 1e12}, "mem_bandwidth_bytes_per_s": 1e10,
+    "supported_ops": ["MatMul", "Gemm", "Add", "Sub", "Mul", "Div", "Pow", "Sqrt", "Erf", "Tanh", "ReduceMean",
+                      "Softmax", "Transpose", "Reshape", "Gather", "Concat", "Unsqueeze", "Shape", "Slice", "Cast",
+                      "LayerNormalization"],
+}  # fmt: skip
+
+
 @pytest.fixture(scope="module")
 def reports() -> dict[str, dict]:
-    return {
+    reports = {
         name: FlexDSAOptimizer(name).optimize(TINY_BERT, OptimizeOptions()).report
-        for name in ("cpu-ort", "nvidia-orin-nano", "huawei-ascend310b")
+        for name in ("cpu-ort", "nvidia-orin-nano")
     }
+    request = RequestSpec.model_validate({"target": UNPOWERED})
+    unpowered = FlexDSAOptimizer(request.target_spec()).optimize(TINY_BERT, request.options())
+    reports[UNPOWERED["name"]] = unpowered.report
+    return reports
 
 
 def test_cpu_ort_latency_is_measured_here(reports):
@@ -59,11 +75,20 @@ def test_an_accelerator_has_roofline_estimates_and_its_partition(reports):
 
 
 def test_an_unsourced_power_leaves_energy_not_known(reports):
-    row = comparison_row(reports["huawei-ascend310b"])
-    if load_target("huawei-ascend310b").power_w is None:
-        assert row["energy"]["joules"] is None and row["energy"]["source"] == NOT_KNOWN
-    else:
-        assert row["energy"]["source"] == ROOFLINE
+    """The roofline still gives the part a latency, but with no power figure there is no energy: the row says
+    it is not known and why, and the table shows '-' rather than a number."""
+    report = reports[UNPOWERED["name"]]
+    assert RequestSpec.model_validate({"target": UNPOWERED}).target_spec().power_w is None
+    bucket = next(iter(report["estimates"]["per_bucket"]))
+    on_target = report["estimates"]["per_bucket"][bucket]["on_target"]
+    assert on_target["latency_s"] > 0 and on_target["energy_j"] is None
+    row = comparison_row(report)
+    assert row["latency"]["source"] == ROOFLINE and row["latency"]["seconds"] == on_target["latency_s"]
+    assert row["energy"] == {"joules": None, "source": NOT_KNOWN, "detail": "the target's power is unsourced"}
+    [header, line, _legend] = render_comparison([row]).splitlines()
+    energy_at = header.index("energy")
+    assert line.startswith(UNPOWERED["name"]) and "[r]" in line
+    assert line[energy_at:].split()[0] == "-", line
 
 
 def _with_vendor(report: dict, alone_cycles: float | None, ours_cycles: float) -> dict:

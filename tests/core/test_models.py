@@ -42,6 +42,7 @@ def test_fixture_optimises_and_validates(cpu_ort, name, tmp_path):
 
     target = load_target("cpu-ort")
     adapter = get_adapter(target)
+    assert result.buckets, f"{name}: expected at least one optimised bucket, got none"
     for bucket in result.buckets:
         illegal = {
             op_key(node.op_type, node.domain)
@@ -54,7 +55,9 @@ def test_fixture_optimises_and_validates(cpu_ort, name, tmp_path):
     assert {"model.onnx", "manifest.json", "report.json", "fusion_plan.json"} <= written
     onnx.checker.check_model(str(tmp_path / "model.onnx"))
     plan = json.loads((tmp_path / "fusion_plan.json").read_text())
-    assert all("reason" in c for bucket in plan.values() for c in bucket["candidates"])
+    candidates = [c for bucket in plan.values() for c in bucket["candidates"]]
+    assert candidates, f"{name}: expected the fusion plan to list its candidates, it lists none"
+    assert all("reason" in c for c in candidates)
 
 
 def test_skip_layer_norm_is_refused_where_measured_slower(cpu_ort):

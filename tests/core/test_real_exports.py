@@ -51,6 +51,7 @@ def test_every_real_export_optimises_and_validates_on_every_target(exports, name
     result = FlexDSAOptimizer(spec).optimize(exports[name], _options(target), cache=_CACHE)
     report = result.report
     assert report["validation"]["ok"], report["validation"]
+    assert result.buckets, f"{name} on {target}: expected at least one optimised bucket, got none"
     for bucket in result.buckets:
         assert load_refusal(bucket.model) is None
         if spec.static_shapes:  # every dim fixed: the vendor compiler gets a static model

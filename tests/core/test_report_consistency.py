@@ -44,6 +44,7 @@ def test_a_refused_alternative_has_no_taken_line():
     chosen, other = _entry(plan, "test_first"), _entry(plan, "test_twin")
     assert chosen["decision"] == "taken" and other["decision"] == "refused"
     assert other["taken"] == 0 and other["refused"] == 1
+    assert other["by_kind"], "expected the refused twin's plan entry to break its decision down by kind"
     assert not any(line["taken"] for line in other["by_kind"])
     assert all(not line["reason"].endswith(": taken") for line in other["by_kind"])
 

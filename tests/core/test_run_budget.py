@@ -42,6 +42,8 @@ def test_guarded_run_stops_a_loop_at_its_budget():
     started = time.monotonic()
     with run_budget(1.0), pytest.raises(RunBudgetExceededError) as caught:
         run(endless_loop_model(), {"x": np.zeros(1, np.float32)})
+    # A hang guard, not a speed goal: unbudgeted, the 10^9 iterations run for many minutes. How soon after its
+    # budget a run is stopped is measured by ``python -m bench.mechanics`` (run budget).
     assert time.monotonic() - started < 10
     assert "validation ran past its 1 s budget" in caught.value.message
     assert caught.value.code == "run_budget_exceeded"
@@ -57,5 +59,5 @@ def test_the_pipeline_fails_a_billion_iteration_loop_within_its_budget():
     started = time.monotonic()
     with pytest.raises(RunBudgetExceededError) as caught:
         FlexDSAOptimizer("cpu-ort").optimize(endless_loop_model(), OptimizeOptions(run_budget_s=2, measure_latency=False))
-    assert time.monotonic() - started < 60
+    assert time.monotonic() - started < 60  # a hang guard, as above
     assert "run_budget_s" in caught.value.message

@@ -48,6 +48,7 @@ def test_fixture_on_target(results, target, model, tmp_path):
     spec = result.target
     adapter = get_adapter(spec)
     assert report["validation"]["ok"] is True
+    assert result.buckets, f"{model} on {target}: expected at least one optimised bucket, got none"
     for bucket in result.buckets:
         part = report["partition"][bucket.name]
         for node in bucket.model.graph:
@@ -59,6 +60,7 @@ def test_fixture_on_target(results, target, model, tmp_path):
         if estimate["roofline_bound_s"] is not None:
             assert estimate["latency_s"] >= estimate["roofline_bound_s"]
     manifest = json.loads(result.artifacts["manifest.json"])
+    assert [entry["name"] for entry in manifest["buckets"]] == [b.name for b in result.buckets], manifest["buckets"]
     for entry in manifest["buckets"]:
         assert entry["file"] in result.artifacts
     for name in manifest.get("vendor_files", []):

@@ -118,7 +118,7 @@ class ServiceEnv:
             session.commit()
 
 
-@pytest.fixture(scope="session", params=["postgres", "sqlite"])
+@pytest.fixture(scope="session", params=[pytest.param("postgres", marks=pytest.mark.services), "sqlite"])
 def service_env(request, tmp_path_factory):
     from service.config import Settings
 

@@ -20,6 +20,7 @@ from stack import create_app
 from tests.service.conftest import tiny_onnx
 
 ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.services  # PostgreSQL, Redis and a Celery worker process
 
 
 @pytest.fixture

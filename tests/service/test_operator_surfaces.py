@@ -34,6 +34,7 @@ def test_metrics_with_the_operator_token(env):
     assert response.status_code == 200 and "flexdsa_http_requests_total" in response.text
 
 
+@pytest.mark.services
 def test_metrics_without_a_configured_token_is_off_in_distributed_mode(pg_database_url, redis_url, tmp_path):
     settings = Settings(
         data_dir=tmp_path, database_url=pg_database_url, broker_url=redis_url, redis_url=redis_url

@@ -12,13 +12,14 @@ from service.ratelimit import WINDOW_S
 from tests.service.conftest import tiny_onnx
 
 
-@pytest.fixture(params=["in-process", "redis"])
-def limited(request, tmp_path, redis_url):
+@pytest.fixture(params=["in-process", pytest.param("redis", marks=pytest.mark.services)])
+def limited(request, tmp_path):
     from service.config import Settings
     from stack import create_app
 
     extra = {}
     if request.param == "redis":
+        redis_url = request.getfixturevalue("redis_url")
         extra = {"redis_url": redis_url}
         # The counters are keyed by tenant id, and every test's fresh database numbers its tenants from 1: the
         # other service tests' submits on the shared Redis, in the same minute, would count for these tenants

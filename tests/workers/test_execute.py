@@ -138,14 +138,34 @@ def test_crash_is_retried_then_given_up(settings, monkeypatch):
 
 
 def test_cancel_while_running_kills_the_pipeline(settings, monkeypatch):
-    monkeypatch.setenv("FLEXDSA_TEST_STAGE_DELAY_S", "2.0")
+    """Cancelled once the pipeline has reached its second stage: the job stops there, by its events (no later
+    stage ran, no artifacts), not by a wall-clock bound. How soon after the request it stops is measured by
+    ``python -m bench.mechanics`` (cancel), against the same job run to its end."""
+    monkeypatch.setenv("FLEXDSA_TEST_STAGE_DELAY_S", "2.0")  # each stage outlasts the worker's cancel check
     job_id = create_job(settings)
-    threading.Timer(1.0, lambda: _set(settings, job_id, cancel_requested=True)).start()
-    started = time.monotonic()
+    requested_during = []
+
+    def cancel_at_the_second_stage() -> None:
+        deadline = time.monotonic() + 60  # a hang guard: the stage comes within seconds
+        while time.monotonic() < deadline:
+            stage = load_job(settings, job_id).stage
+            if stage == "shapes":
+                _set(settings, job_id, cancel_requested=True)
+                requested_during.append(stage)
+                return
+            time.sleep(0.05)
+
+    canceller = threading.Thread(target=cancel_at_the_second_stage)
+    canceller.start()
     assert execute_job(job_id, settings=settings, worker_id="t1") == "cancelled"
-    assert time.monotonic() - started < 6  # stopped, not run to the end (5 stages x 2 s)
+    canceller.join(10)
+    assert requested_during == ["shapes"]
     job = load_job(settings, job_id)
     assert job.artifacts == [] and job.error["code"] == "cancelled"
+    stages = [e.stage for e in job.events if e.kind == "progress"]
+    assert stages[:2] == ["ingest", "shapes"] and "validate" not in stages and "report" not in stages, stages
+    [cancelled] = [e for e in job.events if e.kind == "cancelled"]
+    assert cancelled.message in ("stopped during stage 'shapes'", "stopped during stage 'passes'"), cancelled.message
     assert execute_job(job_id, settings=settings, worker_id="t2") == "cancelled"
 
 
@@ -165,24 +185,22 @@ def test_hard_time_limit_fails_the_job(settings, monkeypatch):
     assert job.error["message"] == "time limit exceeded" and job.attempts == 1
 
 
-def test_identical_submission_is_served_from_the_job_cache(settings, monkeypatch):
-    monkeypatch.setenv("FLEXDSA_TEST_STAGE_DELAY_S", "0.3")
+def test_identical_submission_is_served_from_the_job_cache(settings):
+    """The second, identical job reuses the first's work: its artifacts are the first's blobs and no stage of
+    the pipeline ran for it (no progress event). How much faster that is lives in ``python -m bench.mechanics``
+    (job cache) and, through the whole service, ``python -m bench.service`` (cached resubmission)."""
     first = create_job(settings)
-    started = time.monotonic()
     assert execute_job(first, settings=settings, worker_id="t1") == "succeeded"
-    first_s = time.monotonic() - started
-
     second = create_job(settings)
-    started = time.monotonic()
     assert execute_job(second, settings=settings, worker_id="t1") == "succeeded"
-    second_s = time.monotonic() - started
 
     a, b = load_job(settings, first), load_job(settings, second)
-    assert b.cached_from_job_id == first
+    assert a.cached_from_job_id is None and b.cached_from_job_id == first
     assert {(x.name, x.blob_key) for x in a.artifacts} == {(x.name, x.blob_key) for x in b.artifacts}
     assert b.report_summary == a.report_summary
-    assert "cached" in [e.kind for e in b.events]
-    assert second_s < first_s / 3, (first_s, second_s)
+    assert "progress" in [e.kind for e in a.events]
+    kinds = [e.kind for e in b.events]
+    assert "cached" in kinds and "progress" not in kinds, kinds  # served, not run again
 
     # Another tenant's identical upload is not answered from this tenant's job.
     other = create_job(settings, tenant="other")

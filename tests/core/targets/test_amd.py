@@ -162,6 +162,8 @@ def test_bert_bundle_for_the_npu():
     part = report["partition"]["batch1_seq16"]
     assert part["accelerator_flop_share"] > 0.9  # the MatMuls and Gemms, which carry the FLOPs
     assert any("A8W8 for a transformer model" in note for note in part["notes"])
+    # The embedding Gathers, the unfused norms' elementwise ops and the Erfs are outside X8's list.
+    assert part["fallback"], "expected BERT's Gathers, norm ops and Erfs on the CPU beside the NPU; none fell back"
     for fallback in part["fallback"]:
         assert "(X8)" in fallback["reason"] or "computed at run time" in fallback["reason"], fallback
 
@@ -200,6 +202,8 @@ def test_fixture_quantised_by_quark_within_the_accuracy_target(name, buckets, pr
     result, toolchain = checks.optimized_with_toolchain(  # random weights: judged by cosine, not near-tied top-1
         "amd-xdna2", name, shape_buckets=buckets, precision="int8", accuracy={"top1_outputs": []}
     )
+    assert toolchain["buckets"], f"{name}: expected the toolchain section to list the buckets it quantised; it lists none"
+    assert set(toolchain["buckets"]) == {b.name for b in result.buckets}, (name, list(toolchain["buckets"]))
     for bucket, entry in toolchain["buckets"].items():
         assert f"model.{bucket}.qdq.onnx" in result.artifacts
         assert entry["quantization"]["preset"] == preset

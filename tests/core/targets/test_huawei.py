@@ -264,6 +264,7 @@ def test_bert_bundle_for_ascend(tmp_path):
     assert report["validation"]["ok"] is True
     manifest = json.loads(result.artifacts["manifest.json"])
     assert {"atc.sh", "fusion_switch.cfg", "atc_dynamic_dims.sh"} <= set(manifest["vendor_files"])
+    assert [b.name for b in result.buckets] == ["batch1_seq16", "batch1_seq32"], "expected one bucket per seq"
     for bucket in result.buckets:  # every node ATC sees is in the op list, at an opset it parses
         assert bucket.model.opset_imports[""] <= 15
         assert all(

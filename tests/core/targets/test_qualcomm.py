@@ -222,6 +222,7 @@ def test_scripts_parse_and_carry_each_bucket(tmp_path):
 def test_manifest_names_files_that_exist():
     files = ADAPTER.generate([_bucket()], TARGET, {})
     manifest = json.loads(files["manifest.json"])
+    assert [entry["name"] for entry in manifest["buckets"]] == ["batch1"], "the manifest should list the one bucket"
     for entry in manifest["buckets"]:
         assert entry["file"] in files
     assert manifest["vendor_files"] == ["compile_qnn.py", "convert_qnn.sh", "run_qnn.py"]
@@ -403,9 +404,12 @@ def test_fixture_compiles_under_htp_emulation(name, buckets):
     result, toolchain = checks.optimized_with_toolchain(
         "qualcomm-sm8650", name, shape_buckets=buckets, precision="int8", accuracy={"top1_outputs": []}
     )
+    assert toolchain["buckets"], f"{name}: expected the toolchain section to list the buckets it compiled; it lists none"
+    assert set(toolchain["buckets"]) == {b.name for b in result.buckets}, (name, list(toolchain["buckets"]))
     for bucket, entry in toolchain["buckets"].items():
         assert f"model.{bucket}.qnn_ctx.onnx" in result.artifacts
         assert f"model.{bucket}.qnn_ctx_qnn.bin" in result.artifacts  # the context binary
+        assert entry["numerics"], f"{name}/{bucket}: expected the emulated outputs compared to ONNX Runtime's"
         for output in entry["numerics"]:
             assert output["cosine"] >= 0.99, (name, output)  # quantised: the accuracy target, not fp32 bars
         agreement = entry["placement_agreement"]

@@ -331,8 +331,11 @@ def test_small_graph_through_the_driver(tmp_path):
 def test_fixture_compiles_and_simulates_within_tolerance(name, buckets):
     _toolchain_or_skip()
     result, toolchain = checks.optimized_with_toolchain("rockchip-rk3588", name, shape_buckets=buckets)
+    assert toolchain["buckets"], f"{name}: expected the toolchain section to list the buckets it compiled; it lists none"
+    assert set(toolchain["buckets"]) == {b.name for b in result.buckets}, (name, list(toolchain["buckets"]))
     for bucket, entry in toolchain["buckets"].items():
         assert f"model.{bucket}.rknn" in result.artifacts
+        assert entry["numerics"], f"{name}/{bucket}: expected the simulator's outputs compared to ONNX Runtime's"
         for output in entry["numerics"]:
             assert output["cosine"] >= 0.9999, (name, output)
         # Our partition and rknn-toolkit2's agree on all but the Conv over a sourced limit it splits itself.

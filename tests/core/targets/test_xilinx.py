@@ -284,6 +284,7 @@ def test_small_conv_quantised_to_power_of_two_int8(tmp_path):
     ]
     assert scales and all(math.log2(s) == round(math.log2(s)) for s in scales)  # power-of-two scales
     zero_points = [init for init in quantized.graph.initializer if "zero_point" in init.name]
+    assert zero_points, "expected the QDQ model's zero points (initializers named '*zero_point'); found none"
     assert all(onnx.numpy_helper.to_array(z).dtype == np.int8 for z in zero_points)  # int8 activations too
     assert checks.cosine(run(proto, {"x": x})[0], np.load(bucket["outputs"]["y"])) >= 0.99
 
