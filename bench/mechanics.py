@@ -171,7 +171,9 @@ class _Jobs:
     def __init__(self) -> None:
         from service.config import Settings
         from service.db import make_engine, upgrade
+        from tests.workers.hooks import install
 
+        install()  # the pipeline processes run the tests' hooked child (the stand-in, the stage delay)
         os.environ["FLEXDSA_TEST_OPTIMIZER"] = STANDIN
         self.folder = Path(tempfile.mkdtemp(prefix="flexdsa-mechanics-"))
         self.settings = Settings(data_dir=self.folder, artifact_dir=self.folder / "artifacts", lease_seconds=30)

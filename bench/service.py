@@ -243,6 +243,7 @@ class Service:
             [
                 sys.executable,
                 "-m",
+                "tests.workers.launch",  # the stand-in optimizer (--stand-in) is a test hook
                 "uvicorn",
                 "stack:create_app",
                 "--factory",
@@ -276,6 +277,7 @@ class Service:
                 [
                     sys.executable,
                     "-m",
+                    "tests.workers.launch",
                     "celery",
                     "-A",
                     "workers.app",

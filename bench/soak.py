@@ -203,7 +203,7 @@ class Stack:
             key, _ = create_api_key(session, "soak")
         engine.dispose()
         self.api = self._spawn(
-            [sys.executable, "-m", "uvicorn", "service.app:create_app", "--factory", "--host", "127.0.0.1",
+            [sys.executable, "-m", "tests.workers.launch", "uvicorn", "service.app:create_app", "--factory", "--host", "127.0.0.1",
              "--port", str(self.port), "--log-level", "warning"], "api",
         )  # fmt: skip
         wait_http(f"{self.base_url}/healthz", 60, str(self.tmp / "api.log"))
@@ -221,7 +221,7 @@ class Stack:
         self.spawned += 1
         name = f"soak{self.spawned}"
         self.workers[name] = self._spawn(
-            [sys.executable, "-m", "celery", "-A", "workers.app", "worker", "--pool=prefork", "-c", "1", "-Q",
+            [sys.executable, "-m", "tests.workers.launch", "celery", "-A", "workers.app", "worker", "--pool=prefork", "-c", "1", "-Q",
              "flexdsa", "-n", f"{name}@%h", "--loglevel=INFO", "--without-gossip", "--without-mingle",
              "--without-heartbeat"], name, self._own_folder(name),
         )  # fmt: skip
@@ -255,7 +255,7 @@ class Stack:
         for name in list(self.workers):
             for pid in self.pids(name):
                 try:
-                    if "workers.child" in " ".join(psutil.Process(pid).cmdline()):
+                    if any(m in " ".join(psutil.Process(pid).cmdline()) for m in ("workers.child", "workers.hooked_child")):
                         found.append(pid)
                 except psutil.NoSuchProcess:
                     pass

@@ -14,16 +14,15 @@ libraries print goes to stderr (fd 1 is re-pointed there), which the worker keep
 Artifacts are written to the content-addressed store before the result is sent, so the worker only records
 rows; blobs written by an attempt that then dies are harmless (same content, same key).
 
-Test-only hooks (``workers.testing``; never set in production) come with the request (``"test_hooks"``): they
-swap the optimizer class, sleep at every stage change so a job is deterministically slow, and call
-``os.abort()`` before optimising (a native crash).
+The optimizer is ``optimizer_class()``, the compiler this package ships; nothing in a request or the
+environment chooses another (the tests' stand-in is installed by the tests' own entry point,
+``tests/workers/hooked_child.py``, which patches this module and then runs ``main``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
-import importlib
 import json
 import logging
 import mimetypes
@@ -32,7 +31,6 @@ import signal
 import sys
 import tempfile
 import threading
-import time
 import traceback
 import uuid
 from pathlib import Path, PurePath
@@ -92,24 +90,16 @@ def _exit_when_worker_dies() -> None:
         os._exit(70)
 
 
-def _optimizer_class(override: str | None = None):
-    if override:
-        module_name, _, class_name = override.partition(":")
-        return getattr(importlib.import_module(module_name), class_name)
+def optimizer_class():
+    """The compiler a job runs: the one this package ships."""
     from flexdsa_core import FlexDSAOptimizer
 
     return FlexDSAOptimizer
 
 
-def _progress_reporter(channel: _Channel, delay_s: float = 0.0):
-    last_stage: list[str | None] = [None]
-
+def progress_reporter(channel: _Channel):
     def progress(stage: str, fraction: float, message: str = "") -> None:
         channel.send({"type": "progress", "stage": stage, "fraction": float(fraction), "message": message})
-        if stage != last_stage[0]:
-            last_stage[0] = stage
-            if delay_s:
-                time.sleep(delay_s)
 
     return progress
 
@@ -127,10 +117,8 @@ def run(request: dict, channel: _Channel) -> dict:
         make_store,
     )
     from workers.cache_backends import build_kernel_cache
-    from workers.testing import PipelineHooks
 
     settings = Settings(**request["settings"])
-    hooks = PipelineHooks.model_validate(request.get("test_hooks") or {})
     store = make_store(settings, patient=True)  # an object store's outage is waited out, not a failure
     cache = build_kernel_cache(settings, tenant_id=request["tenant_id"])  # the job's tenant's entries only
     # Every temporary file of this job (the core's included) goes under the folder the worker made for
@@ -147,18 +135,13 @@ def run(request: dict, channel: _Channel) -> dict:
         # Fetched into this job's own folder and checked against its sha256 on the way: the worker needs no
         # folder shared with the API, only the store.
         store.fetch_to(request["model_blob_key"], model_path)
-        if hooks.child_abort:
-            os.abort()
         extra = {}
         if request.get("calibration_blob_key"):  # handed over like the model: a file in the job's folder
             extra["calibration"] = work_dir / "calibration.npz"
             store.fetch_to(request["calibration_blob_key"], extra["calibration"])
-        optimizer = _optimizer_class(hooks.optimizer)(
-            spec.target_spec(), toolchain_root=settings.toolchains_dir
-        )
+        optimizer = optimizer_class()(spec.target_spec(), toolchain_root=settings.toolchains_dir)
         result = optimizer.optimize(
-            model_path, spec.options(), cache=cache,
-            progress=_progress_reporter(channel, hooks.stage_delay_s), **extra,
+            model_path, spec.options(), cache=cache, progress=progress_reporter(channel), **extra,
         )
         artifacts = [_store_artifact(store, name, content) for name, content in sorted(result.artifacts.items())]
         summary = result.report_summary()
@@ -263,7 +246,7 @@ def _store_artifact(store, name: str, content) -> dict:
 
 
 def _preload() -> None:
-    _optimizer_class()
+    optimizer_class()
     import service.config  # noqa: F401
     import service.storage  # noqa: F401
     import workers.cache_backends  # noqa: F401

@@ -39,7 +39,6 @@ from sqlalchemy.exc import InterfaceError, OperationalError
 from service.db import session_factory_for
 from service.logs import job_context
 from service.models import Artifact, Incident, Job, JobEvent, JobStatus, UTCDateTime, utcnow
-from workers import testing
 from workers.child import STORE_UNAVAILABLE
 from workers.pipeline_process import PipelineProcess
 
@@ -361,9 +360,6 @@ class _JobRun:
             # The pipeline has no use for the operator token (and a dumped secret reads '**********').
             "settings": self.settings.model_dump(mode="json", exclude={"operator_token"}),
         }
-        hooks = testing.from_environment()
-        if hooks.active:  # tests only (workers.testing): read now, so a test sets them per job
-            request["test_hooks"] = hooks.model_dump()
         return request
 
     def _on_progress(self, message: dict, last_write: float) -> float:

@@ -37,7 +37,10 @@ CHILD_ENV_NAMES = frozenset({
     "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE",
     "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy",
 })  # fmt: skip
-CHILD_ENV_PREFIXES = ("LC_", "AWS_", "FLEXDSA_TEST_")
+CHILD_ENV_PREFIXES: tuple[str, ...] = ("LC_", "AWS_")
+# The module a pipeline process runs (``python -m``): this package's own. The tests run theirs, which installs
+# their hooks around it (``tests/workers/hooks.py`` sets this and lets their own variables through).
+CHILD_MODULE = "workers.child"
 
 
 def _child_env() -> dict[str, str]:
@@ -57,7 +60,7 @@ class _Spare:
         self.env = env
         self.stderr_file = tempfile.TemporaryFile()
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "workers.child"],
+            [sys.executable, "-m", CHILD_MODULE],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self.stderr_file,

@@ -90,14 +90,14 @@ def shared_nothing(create_pg_database, redis_url, s3_server, tmp_path):
             port = free_port()
             urls[name] = f"http://127.0.0.1:{port}"
             processes.append((name, _spawn(
-                [sys.executable, "-m", "uvicorn", "stack:create_app", "--factory", "--host", "127.0.0.1",
+                [sys.executable, "-m", "tests.workers.launch", "uvicorn", "stack:create_app", "--factory", "--host", "127.0.0.1",
                  "--port", str(port), "--log-level", "warning"],
                 {**base, "FLEXDSA_DATA_DIR": str(folders[name])}, tmp_path / f"{name}.log",
             )))  # fmt: skip
         folders["worker"].mkdir()
         worker_log = tmp_path / "worker.log"
         worker = _spawn(
-            [sys.executable, "-m", "celery", "-A", "workers.app", "worker", "-Q", "flexdsa", "-c", "1",
+            [sys.executable, "-m", "tests.workers.launch", "celery", "-A", "workers.app", "worker", "-Q", "flexdsa", "-c", "1",
              "--loglevel=INFO", "-n", "s3-e2e@%h", "--without-gossip", "--without-mingle", "--without-heartbeat"],
             {**base, "FLEXDSA_DATA_DIR": str(folders["worker"])}, worker_log,
         )  # fmt: skip

@@ -108,7 +108,7 @@ class CeleryWorker:
         self.log_path = log_dir / f"celery-{name}.log"
         self._log = open(self.log_path, "wb")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "workers.app", "worker", "--pool=prefork", "-c", "1",
+            [sys.executable, "-m", "tests.workers.launch", "celery", "-A", "workers.app", "worker", "--pool=prefork", "-c", "1",
              "-Q", "flexdsa", "-n", f"{name}@%h", "--loglevel=INFO",
              "--without-gossip", "--without-mingle", "--without-heartbeat"],
             cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,

@@ -24,7 +24,7 @@ def _pipeline_pids(worker) -> list[int]:
     """The worker's pipeline processes, oldest first: the running job's, then the warm spare."""
     try:
         children = [p for p in psutil.Process(worker.process.pid).children(recursive=True)
-                    if "workers.child" in " ".join(p.cmdline())]
+                    if any(m in " ".join(p.cmdline()) for m in ("workers.child", "workers.hooked_child"))]
         return [p.pid for p in sorted(children, key=lambda p: p.create_time())]
     except psutil.NoSuchProcess:
         return []

@@ -1,8 +1,9 @@
-"""Test-only hooks of the pipeline process (``workers.child``), never set in production.
+"""The pipeline process's test-only hooks. None of this ships: the package's pipeline process
+(``workers.child``) runs the compiler it ships and reads no variable that chooses another.
 
-The tests, and the servers and Celery workers they start, set ``FLEXDSA_TEST_*`` variables; the worker reads them
-when it starts a job (``from_environment``) and hands them to the pipeline process with the job's request
-(``"test_hooks"``, only when one is set), so they stay out of the service's ``Settings``:
+A test (or a worker, server or benchmark a test starts through ``python -m tests.workers.launch``) calls
+``install()``; its pipeline processes then run ``tests.workers.hooked_child`` instead of ``workers.child``, and
+keep the ``FLEXDSA_TEST_*`` variables of the environment the worker had when it started the job:
 
 * ``FLEXDSA_TEST_OPTIMIZER=module:Class`` swaps the optimizer (the workers' stand-in, ``tests.workers.standin``);
 * ``FLEXDSA_TEST_STAGE_DELAY_S``: sleep at every stage change, so that a job is deterministically slow;
@@ -17,6 +18,7 @@ from collections.abc import Mapping
 from pydantic import BaseModel, ConfigDict, Field
 
 PREFIX = "FLEXDSA_TEST_"
+HOOKED_CHILD = "tests.workers.hooked_child"
 
 
 class PipelineHooks(BaseModel):
@@ -40,3 +42,12 @@ def from_environment(environ: Mapping[str, str] | None = None) -> PipelineHooks:
         if PREFIX + name.upper() in environ
     }
     return PipelineHooks.model_validate({k: v for k, v in values.items() if v != ""})
+
+
+def install() -> None:
+    """From now on this process's pipeline processes run the hooked child and keep FLEXDSA_TEST_*."""
+    from workers import pipeline_process
+
+    pipeline_process.CHILD_MODULE = HOOKED_CHILD
+    if PREFIX not in pipeline_process.CHILD_ENV_PREFIXES:
+        pipeline_process.CHILD_ENV_PREFIXES = (*pipeline_process.CHILD_ENV_PREFIXES, PREFIX)
