@@ -60,10 +60,15 @@ def propose(
     *,
     input_shapes: Mapping[str, Sequence[int | str]] | None = None,
     exact_dims: Sequence[str] = (),
+    allow_narrower: bool = False,
 ) -> dict[str, Any]:
     """The proposal for ``observed`` ((dims, count) per shape) served today by ``current_buckets`` (the
     manifest's ``buckets``, each with its ``dims``): ``current``, ``default``, ``proposed`` (each
-    ``expected_cost``'s figures), ``gain`` (cost ratios, wastes), ``cost_basis`` and ``notes``."""
+    ``expected_cost``'s figures), ``gain`` (cost ratios, wastes), ``coverage``, ``cost_basis`` and ``notes``.
+
+    A new version never serves less than the one it replaces: unless ``allow_narrower``, the proposed
+    buckets reach at least as far in every dim as the current largest bucket, however short the traffic was
+    (the planner is given that shape with no requests: a dim's largest candidate value is always a bucket)."""
     observed, notes = rounded(observed)
     tracker = ShapeTracker(model, input_shapes=input_shapes)
     tracker.infer()
@@ -76,9 +81,13 @@ def propose(
             memo[key] = cost(dims)
         return memo[key]
 
-    choice = choose_traffic_buckets(observed, k, cached, basis)
-    current = expected_cost(observed, _grid(current_buckets), cached)
     dims = list(observed[0][0])
+    current_grid = _grid(current_buckets)
+    reach = {d: max(current_grid[d]) for d in dims if current_grid.get(d)}
+    # The current largest bucket, as a shape with no requests: the proposal keeps serving up to it.
+    keep = [] if allow_narrower or set(reach) != set(dims) else [(reach, 0)]
+    choice = choose_traffic_buckets(observed + keep, k, cached, basis)
+    current = expected_cost(observed, current_grid, cached)
     try:
         default_grid = {
             d: v for d, v in _grid([b.as_dict() for b in tracker.buckets(None, target)]).items() if d in dims
@@ -96,6 +105,20 @@ def propose(
         notes.append(
             f"{current['unserved_requests']} request(s) larger than every current bucket are priced at their own "
             "shape (a new exact bucket, as the run-time policy says); the runtime refused them"
+        )
+
+    coverage = _coverage(reach, choice.chosen)
+    if coverage["narrower"]:
+        notes.append(
+            "the proposed buckets serve less than the current ones ("
+            + ", ".join(f"{d} up to {coverage['proposed'][d]}, now {reach[d]}" for d in coverage["narrower"])
+            + "): requests past them would be refused (allow_narrower)"
+        )
+    elif keep and any(coverage["proposed"][d] > max(v[d] for v, _ in observed) for d in reach):
+        notes.append(
+            "the proposed buckets keep serving up to "
+            + ", ".join(f"{d} = {reach[d]}" for d in reach)
+            + ", as the current version does, though the traffic's largest shapes were smaller"
         )
 
     def ratio(a: dict, b: dict) -> float | None:
@@ -117,6 +140,14 @@ def propose(
             "waste_proposed": proposed["padding_waste"],
             "changes_buckets": proposed["buckets"] != current["buckets"],
         },
+        "coverage": coverage,
         "notes": notes,
         "cost_evaluations": len(memo),
     }
+
+
+def _coverage(reach: Mapping[str, int], chosen: Mapping[str, Sequence[int]]) -> dict[str, Any]:
+    """How far the current and the proposed buckets reach per dim, and the dims the proposal serves less of."""
+    proposed = {d: max(values) for d, values in chosen.items() if values}
+    narrower = sorted(d for d, value in reach.items() if proposed.get(d, value) < value)
+    return {"current": dict(reach), "proposed": proposed, "narrower": narrower}

@@ -31,8 +31,8 @@ import numpy as np
 from flexdsa_runtime.backends import load_backend
 from flexdsa_runtime.backends.base import Backend
 from flexdsa_runtime.bundle import Bundle, UnpackLimits, open_bundle, unpack
-from flexdsa_runtime.errors import ShapeRefused
-from flexdsa_runtime.shapes import ShapePolicy
+from flexdsa_runtime.errors import BundleError, ShapeRefused
+from flexdsa_runtime.shapes import ShapePolicy, lost_shapes
 from flexdsa_runtime.traffic import Traffic
 from flexdsa_runtime.versions import VersionStore
 
@@ -209,10 +209,12 @@ class Runtime:
         return outputs
 
     # ---- updating ------------------------------------------------------------------------------------
-    def update(self, bundle: str | Path) -> dict[str, Any]:
+    def update(self, bundle: str | Path, *, accept_narrower: bool = False) -> dict[str, Any]:
         """Switch to the bundle at ``bundle`` (folder or zip): verified and fully loaded before the switch; on
-        any error the runtime stays on its current version. Returns the new version and the old version's
-        traffic (not yet sent) and timing; the new version counts both afresh."""
+        any error the runtime stays on its current version. A bundle that serves fewer shapes than the one in
+        service (a smaller largest bucket, an exact size gone) is refused with ``BundleError`` naming them,
+        unless ``accept_narrower``. Returns the new version and the old version's traffic (not yet sent) and
+        timing; the new version counts both afresh."""
         with self._update_lock:
             old = self._served
             if self._store is not None:
@@ -221,6 +223,15 @@ class Runtime:
             else:
                 new = self._unpacked(Path(bundle), self._unpack_limits)
             try:
+                lost = lost_shapes(old.policy, new.policy)
+                if lost and not accept_narrower:
+                    raise BundleError(
+                        f"version {new.bundle.version} serves fewer shapes than version {old.bundle.version} in "
+                        "service: it would refuse "
+                        + "; ".join(f"{dim} {values}" for dim, values in lost.items())
+                        + ". Re-specialise keeping those sizes, or pass accept_narrower=True to accept it.",
+                        details={"lost": lost, "version": new.bundle.version, "serving": old.bundle.version},
+                    )
                 self._load_all(new)
             except BaseException:
                 new.close()

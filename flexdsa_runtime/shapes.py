@@ -179,3 +179,48 @@ class ShapePolicy:
                     index[axis] = slice(0, size)
             outputs[name] = value[tuple(index)]
         return outputs
+
+
+# ---- what a version serves ----------------------------------------------------------------------------
+
+_UNBOUNDED = None
+
+
+def _served_values(policy: ShapePolicy, dim: str) -> set[int] | int | None:
+    """What ``policy`` serves of ``dim``: None (any value: no bucket fixes it), an int n (every value 1..n,
+    padded up), or a set (exact values only)."""
+    values = sorted({b.dims[dim] for b in policy.buckets if dim in b.dims})
+    if not values or any(dim not in b.dims for b in policy.buckets):
+        return _UNBOUNDED
+    return set(values) if dim in policy.exact else values[-1]
+
+
+def _ranges(values: list[int]) -> str:
+    runs, start = [], None
+    for index, value in enumerate(values):
+        if start is None:
+            start = value
+        if index + 1 == len(values) or values[index + 1] != value + 1:
+            runs.append(f"{start}" if start == value else f"{start}-{value}")
+            start = None
+    return ", ".join(runs)
+
+
+def lost_shapes(old: ShapePolicy, new: ShapePolicy) -> dict[str, str]:
+    """Per dim, the values ``old`` serves that ``new`` refuses (``{"seq": "57-64"}``); empty when ``new``
+    serves at least everything ``old`` does."""
+    lost = {}
+    for dim in old.places:
+        before, after = _served_values(old, dim), _served_values(new, dim)
+        if after is _UNBOUNDED or before == after:
+            continue
+        if before is _UNBOUNDED:
+            top = after if isinstance(after, int) else max(after)
+            lost[dim] = f"above {top}" if isinstance(after, int) else f"every value but {_ranges(sorted(after))}"
+            continue
+        wanted = set(range(1, before + 1)) if isinstance(before, int) else before
+        kept = set(range(1, after + 1)) if isinstance(after, int) else after
+        missing = sorted(wanted - kept)
+        if missing:
+            lost[dim] = _ranges(missing)
+    return lost

@@ -303,7 +303,7 @@ PROPOSAL_CACHE_ENTRIES = 32
 
 
 def proposal(
-    session: Session, store: ArtifactStore, job: Job, max_buckets: int | None = None
+    session: Session, store: ArtifactStore, job: Job, max_buckets: int | None = None, allow_narrower: bool = False
 ) -> dict[str, Any]:
     """Buckets chosen from the job's traffic, and the expected cost per request and padding waste of the
     current, the target's default and the proposed buckets, all priced by the target's cost model
@@ -325,12 +325,12 @@ def proposal(
             code="model_too_large_to_propose",
         )
     k = max_buckets or job.respecialise_max_buckets or DEFAULT_MAX_BUCKETS
-    digest = hashlib.sha256(f"{job.id}|{k}|{[r.id for r in rows]}".encode()).hexdigest()
+    digest = hashlib.sha256(f"{job.id}|{k}|{allow_narrower}|{[r.id for r in rows]}".encode()).hexdigest()
     with _proposals_lock:
         if digest in _proposals:
             _proposals.move_to_end(digest)
             return _proposals[digest]
-    found = _propose(store, job, manifest, _aggregate(rows), k)
+    found = _propose(store, job, manifest, _aggregate(rows), k, allow_narrower)
     with _proposals_lock:
         _proposals[digest] = found
         while len(_proposals) > PROPOSAL_CACHE_ENTRIES:
@@ -338,7 +338,9 @@ def proposal(
     return found
 
 
-def _propose(store: ArtifactStore, job: Job, manifest: dict, totals: dict, k: int) -> dict[str, Any]:
+def _propose(
+    store: ArtifactStore, job: Job, manifest: dict, totals: dict, k: int, allow_narrower: bool
+) -> dict[str, Any]:
     import onnx
     import onnx_ir as ir
 
@@ -359,6 +361,7 @@ def _propose(store: ArtifactStore, job: Job, manifest: dict, totals: dict, k: in
             k,
             input_shapes=spec.input_shapes,
             exact_dims=exact,
+            allow_narrower=allow_narrower,
         )
     except FlexDSAError as err:
         raise InvalidRequest(err.message, code=err.code, details=err.details) from None
@@ -399,9 +402,11 @@ def respecialise(
             raise InvalidRequest(
                 "shape_buckets make more than 64 buckets; give fewer values.", code="invalid_options"
             )
+        if not request.allow_narrower:
+            _refuse_narrower(manifest, request.shape_buckets)
         chosen, why = request.shape_buckets, "buckets given in the request"
     else:
-        found = proposal(session, store, job, request.max_buckets)
+        found = proposal(session, store, job, request.max_buckets, request.allow_narrower)
         chosen = found["proposed"]["buckets"]
         if not found["gain"]["changes_buckets"]:
             raise Conflict(
@@ -435,6 +440,25 @@ def respecialise(
     if child.status == JobStatus.queued:
         jobs.enqueue(child.id, settings)
     return child
+
+
+def _refuse_narrower(manifest: dict, buckets: dict[str, list[int]]) -> None:
+    """Given buckets that reach less far than the bundle's current ones in some dim: 422 naming what would be
+    lost, unless the request allows it."""
+    reach: dict[str, int] = {}
+    for bucket in manifest["buckets"]:
+        for dim, value in (bucket.get("dims") or {}).items():
+            reach[dim] = max(reach.get(dim, value), value)
+    lost = {d: (max(values), reach[d]) for d, values in buckets.items() if d in reach and max(values) < reach[d]}
+    if lost:
+        raise InvalidRequest(
+            "shape_buckets serve less than the current version: "
+            + ", ".join(f"{d} up to {new} (the current version serves up to {old}: {d} {new + 1}-{old} would be "
+                        "refused)" for d, (new, old) in lost.items())
+            + ". Add the larger value, or send allow_narrower: true to accept it.",
+            code="narrower_buckets",
+            details={"lost": {d: {"proposed": new, "current": old} for d, (new, old) in lost.items()}},
+        )  # fmt: skip
 
 
 def _ratio_text(ratio: float | None) -> str:

@@ -43,6 +43,14 @@ def _run(server: str, api_key: str | None, action) -> None:
         client.close()
 
 
+AllowNarrower = Annotated[
+    bool,
+    typer.Option(
+        "--allow-narrower",
+        help="Let the new version serve less than the current one (requests past its largest bucket are refused).",
+    ),
+]
+
 @traffic_app.command("push")
 def push(
     job_id: str,
@@ -92,13 +100,16 @@ def show(job_id: str, server: Server = DEFAULT_SERVER, api_key: ApiKey = None) -
 def propose(
     job_id: str,
     max_buckets: Annotated[int | None, typer.Option(min=1, max=16)] = None,
+    allow_narrower: AllowNarrower = False,
     server: Server = DEFAULT_SERVER,
     api_key: ApiKey = None,
 ) -> None:
     """Buckets chosen from the traffic, and their expected cost per request against the current ones."""
 
     def action(client: Client) -> None:
-        found = client.get_json(f"/jobs/{job_id}/respecialise", max_buckets=max_buckets)
+        found = client.get_json(
+            f"/jobs/{job_id}/respecialise", max_buckets=max_buckets, allow_narrower=allow_narrower or None
+        )
         for label in ("current", "default", "proposed"):
             row = found[label]
             if row.get("buckets") is None:
@@ -109,6 +120,7 @@ def propose(
                 f"(estimate), padding waste {row['padding_waste']:.1%}"
             )
         typer.echo(f"cost basis: {found['cost_basis']}")
+        typer.echo(coverage_line(found["coverage"]))
         for note in found["notes"]:
             typer.echo(f"note: {note}")
 
@@ -138,6 +150,7 @@ def policy(
 def respecialise(
     job_id: str,
     max_buckets: Annotated[int | None, typer.Option(min=1, max=16)] = None,
+    allow_narrower: AllowNarrower = False,
     wait: Annotated[bool, typer.Option("--wait", help="Follow the new version's job until it ends.")] = False,
     out: Annotated[
         Path | None, typer.Option("--out", "-o", help="Download its bundle here (implies --wait).")
@@ -148,9 +161,8 @@ def respecialise(
     """Compile the next version of the job's bundle for the buckets its traffic calls for."""
 
     def action(client: Client) -> None:
-        created = client.send_json("POST", f"/jobs/{job_id}/respecialise", {"max_buckets": max_buckets})[
-            "job"
-        ]
+        body = {"max_buckets": max_buckets, "allow_narrower": allow_narrower}
+        created = client.send_json("POST", f"/jobs/{job_id}/respecialise", body)["job"]
         typer.echo(created["id"])
         typer.echo(
             f"version {created['bundle_version']}: buckets {json.dumps(created['spec']['shape_buckets'])}",
@@ -171,6 +183,18 @@ def respecialise(
             fetch_artifacts(client, created["id"], out)
 
     _run(server, api_key, action)
+
+
+def coverage_line(coverage: dict) -> str:
+    """``coverage: seq up to 64 (kept)`` / ``seq up to 56, was 64: seq 57-64 refused (allow_narrower)``."""
+    parts = []
+    for dim, now in coverage["current"].items():
+        new = coverage["proposed"].get(dim, now)
+        if dim in coverage["narrower"]:
+            parts.append(f"{dim} up to {new}, was {now}: {dim} {new + 1}-{now} would be refused")
+        else:
+            parts.append(f"{dim} up to {new}" + (" (kept)" if new == now else f" (was {now})"))
+    return "coverage: " + ("; ".join(parts) or "every shape (no bucketed dims)")
 
 
 def register(app: typer.Typer) -> None:

@@ -81,6 +81,10 @@ class ProposalOut(BaseModel):
     default: dict[str, Any] = Field(..., description="The target's default buckets on the traffic.")
     proposed: dict[str, Any] = Field(..., description="The buckets chosen from the traffic.")
     gain: dict[str, Any]
+    coverage: dict[str, Any] = Field(
+        ..., description="How far the current and the proposed buckets reach per dim, and the dims the proposal "
+        "serves less of ('narrower', empty unless allow_narrower).",
+    )
     notes: list[str]
 
 
@@ -90,6 +94,12 @@ class RespecialiseIn(BaseModel):
     max_buckets: int | None = Field(None, ge=1, le=16, description="At most this many buckets (default 3).")
     shape_buckets: dict[str, list[int]] | None = Field(
         None, description="Compile these buckets instead of the proposal's (the same dims as the traffic)."
+    )
+    allow_narrower: bool = Field(
+        False,
+        description="Let the new version serve less than the current one (a smaller largest bucket in some dim): "
+        "requests past it are then refused. Off: the proposal keeps the current reach, and given buckets that "
+        "serve less are refused, naming what would be lost.",
     )
 
 

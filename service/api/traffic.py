@@ -90,8 +90,11 @@ def get_proposal(
     session: SessionDep,
     store: StoreDep,
     max_buckets: Annotated[int | None, Query(ge=1, le=16)] = None,
+    allow_narrower: Annotated[
+        bool, Query(description="Let the proposal serve less than the current buckets (see RespecialiseIn).")
+    ] = False,
 ) -> ProposalOut:
-    return ProposalOut(**traffic.proposal(session, store, job, max_buckets))
+    return ProposalOut(**traffic.proposal(session, store, job, max_buckets, allow_narrower))
 
 
 @router.post(

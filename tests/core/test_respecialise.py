@@ -50,3 +50,25 @@ def test_many_distinct_values_are_rounded_up():
         d["seq"] >= v for (d, _), v in zip(fewer, range(1, 201))
     )
     assert notes == ["seq: 200 distinct values, rounded up to multiples of 4 for the planner"]
+
+
+SHORT = [({"batch": 1, "seq": s}, n) for s, n in {4: 300, 6: 250, 12: 60, 19: 20, 56: 2}.items()]
+
+
+def test_a_proposal_keeps_serving_what_the_current_version_serves(bert):
+    """Traffic whose longest sequence was 56 on a bundle serving 64: the proposal still reaches 64 (version 1
+    served 57-64 and the model takes them), and says so."""
+    found = propose(bert, load_target("rockchip-rk3588"), SHORT, [{"dims": {"batch": 1, "seq": 64}}], 3)
+    assert found["proposed"]["buckets"]["seq"][-1] == 64
+    assert found["coverage"] == {"current": {"batch": 1, "seq": 64}, "proposed": {"batch": 1, "seq": 64},
+                                 "narrower": []}  # fmt: skip
+    assert any("keep serving up to" in note for note in found["notes"])
+
+
+def test_a_narrower_proposal_is_made_only_when_asked_and_says_what_is_lost(bert):
+    found = propose(
+        bert, load_target("rockchip-rk3588"), SHORT, [{"dims": {"batch": 1, "seq": 64}}], 3, allow_narrower=True
+    )
+    assert found["proposed"]["buckets"]["seq"][-1] == 56
+    assert found["coverage"]["narrower"] == ["seq"]
+    assert any("seq up to 56, now 64" in note for note in found["notes"])

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from flexdsa_runtime import BundleError, Runtime
+from flexdsa_runtime import BundleError, Runtime, ShapeRefused
 from tests.runtime.conftest import assert_close, original_outputs
 from tests.runtime.test_runtime import masked_feeds
 from tests.runtime.tiny_models import MASKED, model_bytes
@@ -57,6 +57,26 @@ def test_update_switches_buckets_and_hands_back_the_old_traffic(versions, tmp_pa
         assert runtime.traffic.snapshot()["bundle_version"] == runtime.version
     with Runtime.open(store=tmp_path / "store") as reopened:  # the switch is durable
         assert reopened.version == result["version"]
+
+
+def test_a_version_serving_fewer_shapes_is_refused_naming_them(make_bundle, versions, tmp_path):
+    """Re-specialised from traffic whose longest sequence was 8, a bundle of seq [4, 8] would refuse seq 9-16,
+    which the version in service serves: update() refuses it, names the lost sizes, and keeps serving; asked
+    to accept it, it switches."""
+    old, _ = versions
+    narrower = make_bundle(model_bytes(MASKED), "cpu-ort", shape_buckets={"batch": [1], "seq": [4, 8]})
+    long_feeds = masked_feeds(1, 12)
+    with Runtime.open(old, store=tmp_path / "store") as runtime:
+        serving = runtime.version
+        with pytest.raises(BundleError) as refused:
+            runtime.update(narrower)
+        assert refused.value.details["lost"] == {"seq": "9-16"}
+        assert "seq 9-16" in str(refused.value) and "accept_narrower" in str(refused.value)
+        assert runtime.version == serving and runtime.bucket_for(long_feeds) == "batch1_seq16"
+        runtime.update(narrower, accept_narrower=True)
+        assert runtime.version != serving
+        with pytest.raises(ShapeRefused):
+            runtime.run(long_feeds)
 
 
 def test_a_corrupt_new_version_is_refused_and_the_old_keeps_serving(versions, tmp_path):

@@ -256,3 +256,20 @@ def test_an_automatic_re_specialisation_is_tried_at_most_once_per_interval(env, 
     for _ in range(5):
         assert env.client.post(f"/jobs/{job_id}/traffic", headers=headers, json=snapshot).status_code == 201
     assert len(loads) == 1 and env.enqueued == [job_id]  # tried once; no new version
+
+
+def test_a_new_version_never_serves_less_unless_asked(env, headers, compiled):
+    """Traffic whose longest sequence was 20 on a bundle serving 64: the proposal keeps 64 as its largest
+    bucket, given buckets that stop short are refused naming what would be lost, and allow_narrower lets it."""
+    job_id = _finished_job(env, headers, compiled)
+    env.client.post(f"/jobs/{job_id}/traffic", headers=headers, json=_served(compiled, {4: 60, 6: 40, 20: 5}))
+    proposal = env.client.get(f"/jobs/{job_id}/respecialise", headers=headers).json()
+    assert proposal["proposed"]["buckets"]["seq"][-1] == 64 and proposal["coverage"]["narrower"] == []
+    narrower = env.client.get(f"/jobs/{job_id}/respecialise", headers=headers, params={"allow_narrower": True}).json()
+    assert narrower["proposed"]["buckets"]["seq"][-1] == 20 and narrower["coverage"]["narrower"] == ["seq"]
+    given = {"shape_buckets": {"batch": [1], "seq": [8, 20]}}
+    refused = env.client.post(f"/jobs/{job_id}/respecialise", headers=headers, json=given)
+    assert refused.status_code == 422 and refused.json()["error"]["code"] == "narrower_buckets"
+    assert "seq 21-64 would be refused" in refused.json()["error"]["message"]
+    accepted = env.client.post(f"/jobs/{job_id}/respecialise", headers=headers, json={**given, "allow_narrower": True})
+    assert accepted.status_code == 202, accepted.text
