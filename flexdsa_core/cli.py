@@ -74,8 +74,26 @@ def optimize(
         help="Address-space limit of this run in MiB, as the service applies per job (default: 3/4 of this "
         "machine's memory, at most 16384; 0: none). Past it the run ends with a clear message.",
     ),
+    buckets: list[str] = typer.Option(
+        [], "--buckets", help="shape_buckets: 'seq=32,64' (repeatable, one dim each) or a JSON object."
+    ),
+    require: list[str] = typer.Option(
+        [], "--require",
+        help="A gate, as `flexdsa submit --require` takes it: 'speedup>=1.2', 'accuracy>=0.99', 'latency_ms<5', "
+        "'bundle_mb<=20', 'cpu_nodes==0' (figures from this run's report; no_regression needs the service's "
+        "previous jobs: met here, with nothing to compare). Unmet: exit 3, one line each.",
+    ),
+    verbose: bool = typer.Option(
+        False, "--verbose", "-v",
+        help="Show other libraries' warnings (ONNX Runtime, its quantiser) here; by default they go to "
+        "~/.cache/flexdsa/logs/optimize.log.",
+    ),
 ) -> None:
-    """Optimise MODEL for TARGET; writes the package (models, manifest, report.json, fusion_plan.json) to OUT."""
+    """Optimise MODEL for TARGET; writes the package (models, manifest, report.json, fusion_plan.json) to OUT.
+
+    Exit status: 0 done; 1 the run failed (its reason in one line); 2 the spec was refused before any work (a
+    key or value it does not take, calibration samples without a precision that uses them); 3 the package was
+    written but missed a --require (one line each)."""
     from flexdsa_core import heap
 
     heap.tune()  # before the imports: freed memory goes back to the system, not kept as free heap (heap.py)
@@ -84,15 +102,24 @@ def optimize(
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from flexdsa_core.cache import DiskCache
+    from flexdsa_core.cli_output import library_output
     from flexdsa_core.errors import FlexDSAError
     from flexdsa_core.optimizer import FlexDSAOptimizer
-    from flexdsa_core.options import RequestSpec
+    from flexdsa_core.spec_check import (
+        CalibrationUseError,
+        SpecError,
+        check_calibration_use,
+        parse_buckets,
+        parse_request,
+    )
 
     console = Console(stderr=True)
     limit_mb = None
     try:
         extra = json.loads(spec.read_text()) if spec else {}
-        request = RequestSpec.model_validate(
+        if not isinstance(extra, dict):
+            raise SpecError(f"{spec} must hold a JSON object (the request spec), e.g. {{\"precision\": \"int8\"}}.")
+        request = parse_request(
             {
                 **extra,
                 "target": target or extra.get("target") or "cpu-ort",
@@ -102,8 +129,12 @@ def optimize(
                 **({"validate_outputs": False} if no_validate else {}),
                 **({"measure_latency": False} if no_measure else {}),
                 **({"allow_synthetic_calibration": True} if allow_synthetic_calibration else {}),
-            }
+                **({"shape_buckets": parse_buckets(buckets)} if buckets else {}),
+                **({"requirements": [*extra.get("requirements", []), *require]} if require else {}),
+            },
+            f"The options (--spec {spec})" if spec else "The options",
         )
+        check_calibration_use(request, calibration is not None)  # refused, as the API refuses it, not ignored
         optimizer = FlexDSAOptimizer(request.target_spec(), toolchain_root=toolchains_dir)
         with Progress(
             TextColumn("[bold]{task.fields[stage]:<9}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
@@ -116,18 +147,25 @@ def optimize(
 
             cache = None if no_cache else DiskCache(cache_dir)
             limit_mb, previous = _limit_memory(memory_limit_mb)  # from here on, the model's work counts against it
-            try:
-                result = optimizer.optimize(
-                    model, request.options(), cache=cache, progress=progress, calibration=calibration
-                )
-            finally:  # the cap is this run's: a caller running the CLI in its own process (tests) gets its own back
-                _restore_memory_limit(previous)
+            # Other libraries' warnings go to the log (-v: here); this command prints what the user must know.
+            with library_output(cache_dir.parent / "logs" / "optimize.log", verbose=verbose) as library_log:
+                try:
+                    result = optimizer.optimize(
+                        model, request.options(), cache=cache, progress=progress, calibration=calibration
+                    )
+                finally:  # the cap is this run's: a caller running the CLI in its own process (tests) gets its own back
+                    _restore_memory_limit(previous)
         written = result.write(out)
-    except ValidationError as err:
-        console.print(f"[red]error:[/red] invalid options: {err}")
+    except (SpecError, CalibrationUseError) as err:
+        console.print(f"[red]error ({err.code}):[/red] {err.message}", highlight=False, soft_wrap=True)
+        raise typer.Exit(2) from None
+    except ValidationError as err:  # a custom target spec in --spec
+        from flexdsa_core.spec_check import describe, field_errors
+
+        console.print(f"[red]error (invalid_target):[/red] {describe(field_errors(err))}", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
     except json.JSONDecodeError as err:
-        console.print(f"[red]error:[/red] {spec} is not valid JSON: {err}")
+        console.print(f"[red]error:[/red] {spec} is not valid JSON: {err}", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
     except FlexDSAError as err:
         console.print(f"[red]error ({err.code}):[/red] {err.message}", soft_wrap=True)
@@ -150,6 +188,29 @@ def optimize(
     if not quiet:
         Console().print(result.summary(), markup=False, highlight=False)
         Console().print(f"Wrote {len(written)} files to {out}/: {', '.join(p.name for p in written)}")
+        noise = library_log.lines()
+        if noise:
+            console.print(f"({noise} lines of library warnings in {library_log.path}; -v shows them here)",
+                          style="dim", highlight=False, soft_wrap=True)  # fmt: skip
+    if request.requirements and _unmet(console, request.requirements, result, written, quiet):
+        raise typer.Exit(3)
+
+
+def _unmet(console, requirements: list[str], result, written: list[Path], quiet: bool) -> bool:
+    """Judge the run's requirements as the service judges a job's (``flexdsa_core.requirements``): met ones
+    said unless quiet, one line per unmet one; True when one is unmet."""
+    from flexdsa_core.compare import comparison_row
+    from flexdsa_core.requirements import evaluate, figures, unmet_line
+
+    summary = {**result.report_summary(), "comparison": comparison_row(result.report)}
+    bundle = sum(path.stat().st_size for path in written if path.is_file())
+    verdicts = evaluate(requirements, figures(summary, bundle), None)
+    for verdict in verdicts:
+        if not verdict["met"]:
+            console.print(f"[red]{unmet_line(verdict)}[/red]", highlight=False, soft_wrap=True)
+        elif not quiet:
+            console.print(f"requirement met: {verdict['expr']} ({verdict['detail']})", highlight=False, soft_wrap=True)
+    return any(not verdict["met"] for verdict in verdicts)
 
 
 def _limit_memory(limit_mb: int | None) -> tuple[int | None, tuple[int, int] | None]:

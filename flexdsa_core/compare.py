@@ -58,6 +58,11 @@ def resolve_targets(requested: str | list[str], known: list[str]) -> list[str]:
 
 
 def unknown_target_message(name: str, known: list[str]) -> str:
+    if name.strip().lower() == "all" or "," in name:
+        return (
+            f"'target' names one target, not {name!r}: to compare several, send \"targets\" in its place "
+            "(a list of names, or \"all\"; flexdsa submit --targets all). Built-in targets: " + ", ".join(known) + "."
+        )
     close = difflib.get_close_matches(name, known, n=2, cutoff=0.5)
     hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
     return f"Unknown target {name!r}.{hint} Built-in targets: {', '.join(known)}."

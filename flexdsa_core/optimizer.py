@@ -60,7 +60,7 @@ from flexdsa_core.precision import (
     samples_npz,
     synthetic_calibration_warning,
 )
-from flexdsa_core.preflight import check_buckets, check_disabled, refuse_impossible_tensors
+from flexdsa_core.preflight import check_buckets, check_disabled, model_limits, refuse_impossible_tensors
 from flexdsa_core.registry import Registry
 from flexdsa_core.report import build_report, headline, render_summary, report_summary
 from flexdsa_core.rewrites import KINDS
@@ -438,13 +438,17 @@ class FlexDSAOptimizer:
             refuse_impossible_tensors(job.ingested.model)  # 10^12-element Expand: refused before anything allocates
             # The tracker's copy (the same tensors) is the original from here on: the upload's graph goes.
             job.ingested.model = None
-            # Without shape_buckets, observed_shapes (traffic) decide the buckets: least expected padded cost.
+            # Without shape_buckets, observed_shapes (traffic) decide the buckets: least expected padded cost;
+            # and the calibration samples' own shapes stand for the target's default of a dim (seq 64, not 128).
             traffic = {"observed": options.observed_shapes, "max_buckets": options.max_buckets}
-            job.buckets = tracker.buckets(options.shape_buckets, self.target, **traffic)
+            job.buckets = tracker.buckets(options.shape_buckets, self.target, **traffic, samples=job.samples)
             check_buckets(tracker, job.buckets)  # a bucket the model cannot run is the user's to fix
             check_precision_request(options, self.target, buckets=len(job.buckets))
         job.progress.finish("shapes")
         plan = _free_dims_plan(tracker, job.buckets, job.shape_report)
+        # How far each dim of the model goes at all (a 64-row position table: seq 64): the runtime refuses a
+        # request past it as such, before any backend is called, instead of a backend's raw error.
+        tracker.limits = model_limits(tracker, job.buckets, plan.dims)
         job.cost_model = CostModel(
             self.target, cache=job.cache, calibrate=options.calibrate and self.target.calibrated, dims=plan.dims
         )

@@ -70,15 +70,42 @@ class AccuracyTarget(BaseModel):
     not calibrate on (``holdout``).
 
     ``cosine(a, b) = a.b / (|a| |b|)`` of each output over all samples; top-1 agreement is the share of rows
-    (every position but the argmax axis) whose argmax agrees, on classifier outputs. ``outputs`` names the
-    metric per output; outputs it does not name are judged by their look (a float output named like
+    (every position but the argmax axis) whose argmax agrees, on classifier outputs: by default only on the
+    rows where the original is confident (``top1_rows``), since a near-tie's argmax is a coin the original
+    tossed too. With ``labels`` in the calibration file, the labelled top-1 output is judged against them
+    instead: the candidate's accuracy must reach ``label_ratio`` of the original's (MLPerf's rule). ``outputs``
+    names the metric per output; outputs it does not name are judged by their look (a float output named like
     'logits'/'probs'/'scores', or the only output when it is [batch, classes]: top-1; else cosine)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    min_cosine: float = Field(0.99, ge=0, le=1, description="Every output's cosine with the original.")
+    min_cosine: float = Field(
+        0.99, ge=0, le=1, description="Every output's cosine with the original (over every row, whatever the top-1 rule)."
+    )
     min_top1: float = Field(
-        0.99, ge=0, le=1, description="Top-1 agreement with the original on classifier outputs (share of rows)."
+        0.99, ge=0, le=1,
+        description="Top-1 agreement with the original on classifier outputs: the share of the judged rows (see "
+        "top1_rows) whose argmax agrees; both the share found and the share expected on unseen rows must reach it.",
+    )  # fmt: skip
+    top1_rows: Literal["confident", "all"] = Field(
+        "confident",
+        description="The rows top-1 agreement is judged on. confident: the rows where the original's top class has "
+        "probability >= confident_probability (softmax of the output along its axis, unless it already is a "
+        "distribution); with none, top-1 is not judged and the cosine decides, said in the report. all: every row, "
+        "near-ties included. The all-rows figures are reported beside either way.",
+    )
+    confident_probability: float = Field(
+        0.5, gt=0, le=1, description="top1_rows 'confident': the original's top-class probability a row needs."
+    )
+    label_ratio: float = Field(
+        0.99, ge=0, le=1,
+        description="With labels in the calibration file: the labelled output's accuracy (share of labelled rows whose "
+        "argmax is the label) must reach this share of the original's accuracy on the same rows (MLPerf's rule: 0.99).",
+    )
+    labels_output: str | None = Field(
+        None,
+        description="The top-1 output the calibration file's labels refer to (judged by top-1 whatever its look). "
+        "None: the one output judged by top-1 (labels with several such outputs are refused until one is named).",
     )
     top1_outputs: list[str] | None = Field(
         None,
@@ -109,19 +136,28 @@ class HoldOut(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     share: float = Field(
-        0.5, ge=0.1, le=0.9, description="Share of the samples held out to judge on (the rest calibrates)."
+        0.5, ge=0.1, le=0.9,
+        description="Share of the samples held out to judge on (the rest calibrates); of the groups, when the "
+        "calibration file names them (by_groups).",
     )
     order: Literal["shuffled", "as_given"] = Field(
         "shuffled",
         description="shuffled: a seeded permutation decides which samples are held out (samples sorted by class "
         "still land on both sides); as_given: the first part calibrates and the last is held out (keep samples of "
-        "one source together, e.g. the crops of one photo or the windows of one recording).",
+        "one source together, e.g. the crops of one photo or the windows of one recording). With groups, the "
+        "groups are shuffled or taken in the order they first appear.",
     )
     folds_below: int = Field(
         16, ge=2, le=256,
         description="With fewer samples than this, k-fold (k = min(samples, 4)): each fold is judged by a model "
         "calibrated on the others, the held-out figure pools them, and the model that ships is calibrated on all.",
     )  # fmt: skip
+    by_groups: bool = Field(
+        True,
+        description="When the calibration file names a source per sample (a 'groups' array: the photo, speaker or "
+        "recording each sample came from), hold out whole groups: share and k-fold count groups, and no group is "
+        "on both sides, so the figure is on sources the quantiser never saw. false: split samples as without groups.",
+    )
 
 
 class Tolerance(BaseModel):
@@ -260,6 +296,10 @@ class OptimizeOptions(BaseModel):
         return sorted({n.strip() for n in names if n.strip()})
 
 
+# The request's keys that are not pipeline options: what the service does around the job.
+REQUEST_ONLY = frozenset({"target", "cache", "model_name", "requirements"})
+
+
 class RequestSpec(OptimizeOptions):
     """A whole request: the target (a built-in name, or a custom spec as an object) plus the options."""
 
@@ -272,9 +312,31 @@ class RequestSpec(OptimizeOptions):
         "compiler version) answers at once with its artifacts; refresh: run the pipeline again regardless (the "
         "new run then answers later identical requests).",
     )
+    # --- gates and lineage (issue 35): read by the service when the job ends, never by the pipeline ---
+    model_name: str | None = Field(
+        None,
+        min_length=1,
+        max_length=255,
+        description="The model this job is a version of (default: the uploaded file's name without its suffix): "
+        "a job compares itself with this model's previous successful job on the same target.",
+    )
+    requirements: list[str] = Field(
+        default_factory=list,
+        max_length=16,
+        description="What the finished job must reach, e.g. ['speedup>=1.2', 'accuracy>=0.99', 'no_regression'] "
+        "(figures: speedup, accuracy, latency_ms, bundle_mb, cpu_nodes; see flexdsa_core/requirements.py). A job "
+        "that misses one still succeeds, with requirements[].met false; flexdsa submit exits 3.",
+    )
+
+    @field_validator("requirements")
+    @classmethod
+    def _readable_requirements(cls, expressions: list[str]) -> list[str]:
+        from flexdsa_core.requirements import canonical
+
+        return [canonical(expression) for expression in expressions]
 
     def options(self) -> OptimizeOptions:
-        return OptimizeOptions.model_validate(self.model_dump(exclude={"target", "cache"}))
+        return OptimizeOptions.model_validate(self.model_dump(exclude=REQUEST_ONLY))
 
     def target_spec(self):
         """The built-in target named, or the custom spec given. A custom spec never takes a built-in's name:

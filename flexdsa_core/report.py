@@ -330,7 +330,29 @@ def _precision_summary(precision: dict | None) -> dict | None:
         "judged": {"worst": round(1 - accuracy["loss"], 6), "on": accuracy.get("measured_on")} if "loss" in accuracy else None,
         "on_calibration": {"worst": round(1 - calibration["loss"], 6), "on": calibration.get("measured_on")}
         if "loss" in calibration else None,
+        # What the judged figure rests on and whether its one-sided 95% bound establishes the target.
+        "claim": _claim_line(precision.get("claim")),
     }
+
+
+def _claim_line(claim: dict | None) -> str | None:
+    """``precision.claim`` in one line: the judged samples (and groups), and per output what it establishes."""
+    if not claim:
+        return None
+    groups = f" of {claim['groups']} groups" if claim.get("groups") else ""
+    parts = []
+    for name, item in claim["outputs"].items():
+        top1 = item.get("top1")
+        if top1 and not top1["rows"]:
+            parts.append(f"{name}: top-1 not judged (no confident row)")
+        elif top1:
+            verdict = "establishes" if top1["established"] else "does not establish"
+            parts.append(f"{name}: top-1 ({top1['rule']}) on {top1['rests_on']}, bound {top1['bound']:.3f} {verdict} {top1['goal']}")
+        cosine = item.get("cosine")
+        if cosine:
+            verdict = "establishes" if cosine["established"] else "does not establish"
+            parts.append(f"{name}: cosine bound {cosine['bound']:.4f} {verdict} {cosine['goal']}")
+    return f"{claim['samples']} judged samples{groups}; " + ("; ".join(parts) or "no bounded figure")
 
 
 def _placement_line(report: dict) -> str | None:
@@ -353,6 +375,10 @@ def render_summary(report: dict) -> str:
     changed = sorted(k for k in set(before) | set(after) if before.get(k, 0) != after.get(k, 0))
     for op in changed:
         lines.append(f"  {op:<40} {before.get(op, 0):>5} -> {after.get(op, 0):<5}")
+    from_samples = (report.get("shapes") or {}).get("from_samples")
+    if from_samples:  # the user gave no shape_buckets: say where the shapes came from
+        taken = ", ".join(f"{name} {value}" for name, value in from_samples.items())
+        lines.append(f"Buckets       {', '.join(report['shapes']['buckets'])}: {taken} from the calibration samples' shapes")
     taken = [c for c in report["fusions"]["candidates"] if c.get("taken")]
     refused = [c for c in report["fusions"]["candidates"] if not c.get("taken") and c.get("matches")]
     lines.append(
@@ -403,6 +429,8 @@ def render_summary(report: dict) -> str:
         for key, label in (("judged", "judged"), ("on_calibration", "calibration")):
             if precision.get(key):
                 lines.append(f"  accuracy   {label}: worst figure {precision[key]['worst']:.5f} on {precision[key]['on']}")
+        if precision.get("claim"):
+            lines.append(f"  claim      {precision['claim']}")
         kept = [row for row in report["precision"].get("layers", []) if row.get("precision") == "float32"]
         for row in kept[:12]:  # the whole table is in report.json
             lines.append(f"  kept float  {row['layer']}: {row['reason']}")

@@ -6,7 +6,8 @@
    with the op that produced it. Where ONNX's data propagation loses a dim (``Slice(table, 0, seq)``
    becomes ``[unk__0, 8]``), onnxruntime's sympy-based symbolic inference is asked for those tensors only.
 2. ``buckets``: the values each dynamic dim is specialised to, per dim: the request's ``shape_buckets``,
-   else the target's ``default_shape_buckets`` (its ``batch``/``seq`` entries serve every dim of that kind,
+   else the calibration samples' own value of the dim (``samples``: a dim the target would otherwise default,
+   axis 0 aside, where every sample has one size), else the target's ``default_shape_buckets`` (its ``batch``/``seq`` entries serve every dim of that kind,
    ``batch_size``, ``sequence_length``...), else on static-shape targets the plan's value; defaults are
    capped by what the model runs (``plan``: ``shape_plan``'s kinds, memory budget and candidates). One bucket
    per combination, named ``batch1_seq128``. A dim nobody bucketed stays symbolic; a model with nothing
@@ -428,6 +429,8 @@ class ShapeReport:
     notes: list[str] = field(default_factory=list)
     # ``TrafficChoice.as_dict()`` when the buckets came from the request's observed_shapes.
     from_traffic: dict[str, Any] | None = None
+    # Dim -> value, for dims whose bucket came from the calibration samples' shapes (no shape_buckets given).
+    from_samples: dict[str, int] | None = None
     # ``ShapePlan.as_dict()``: the values dims nobody bucketed take (default buckets, costing), and the budget.
     plan: dict[str, Any] | None = None
 
@@ -447,6 +450,7 @@ class ShapeReport:
             "refined_examples": self.refined[:10],
             "notes": self.notes,
             **({"from_traffic": self.from_traffic} if self.from_traffic is not None else {}),
+            **({"from_samples": self.from_samples} if self.from_samples else {}),
             **({"plan": self.plan} if self.plan is not None else {}),
         }
 
@@ -512,6 +516,8 @@ class ShapeTracker:
         self._specialization_info: dict[str, dict[str, Any]] = {}
         self._plans: dict[tuple, ShapePlan] = {}
         self._refusals: dict[tuple, str | None] = {}
+        # The largest value each dim may take, where the model has a limit (``preflight.model_limits``).
+        self.limits: dict[str, int] = {}
 
     def apply_input_shapes(self, input_shapes: Mapping[str, Sequence[Dim]] | None) -> None:
         """Apply ``options.input_shapes`` (see the module function) and start over from inference."""
@@ -603,8 +609,11 @@ class ShapeTracker:
         *,
         observed: Sequence[ObservedShape | Mapping[str, Any]] | None = None,
         max_buckets: int = 3,
+        samples: Sequence[Mapping[str, Any]] | None = None,
     ) -> list[Bucket]:
-        """The buckets to compile for: see the module docstring for where each dim's values come from."""
+        """The buckets to compile for: see the module docstring for where each dim's values come from.
+        ``samples``: the calibration samples as feeds (input name -> array), whose shapes the dims the target
+        would default take instead, so samples at seq 64 make a seq-64 bucket rather than being refused at 128."""
         report = self.infer()
         if observed:
             traffic = self._observed(observed)
@@ -624,6 +633,8 @@ class ShapeTracker:
             )
         values: dict[str, list[int]] = {}
         defaulted: dict[str, list[int] | None] = {}  # dims the target's defaults decide, capped by the model
+        seen = _sample_dims(report.dims, samples) if shape_buckets is None else {}
+        report.from_samples = None
         for dim_name in report.dims:
             if dim_name in requested:
                 values[dim_name] = _checked_values(dim_name, requested[dim_name], "shape_buckets")
@@ -632,12 +643,19 @@ class ShapeTracker:
             default = target.default_shape_buckets.get(dim_name) or target.default_shape_buckets.get(
                 _DEFAULT_KEYS.get(kind, "")
             )
+            if dim_name in seen and kind != "batch" and (default or target.static_shapes):
+                values[dim_name] = _checked_values(dim_name, [seen[dim_name]], "the calibration samples")
+                report.from_samples = {**(report.from_samples or {}), dim_name: seen[dim_name]}
+                continue
             if default:
                 defaulted[dim_name] = _checked_values(
                     dim_name, default, f"target {target.name!r} default_shape_buckets"
                 )
             elif target.static_shapes:
                 defaulted[dim_name] = [DEFAULT_BATCH] if kind == "batch" else None
+        if report.from_samples:
+            taken = ", ".join(f"{name} {value}" for name, value in report.from_samples.items())
+            report.notes.append(f"buckets from the calibration samples' shapes ({taken}): no shape_buckets given")
         if defaulted:
             values.update(self._defaults(values, defaulted, target))
             values = {name: values[name] for name in report.dims if name in values}  # the inputs' order
@@ -1086,6 +1104,8 @@ class ShapeTracker:
                 "re-specialise for the exact shape."
             ),
             "dim_values": {d: sorted({b.dims[d] for b in self._buckets if d in b.dims}) for d in report.dims},
+            # The largest value the model takes per dim, where it has a limit: requests past it are refused.
+            "limits": dict(self.limits),
             "buckets": entries,
         }
 
@@ -1097,6 +1117,22 @@ class ShapeTracker:
 def _host_sgemm_peak() -> float:
     """FLOP/s of one thread of this host (0.2 s of SGEMM, once per process)."""
     return measure_sgemm_peak(0.2, size=512)
+
+
+def _sample_dims(dims: Mapping[str, list[tuple[str, int]]], samples) -> dict[str, int]:
+    """Dim -> the one size every calibration sample gives it, on every input it appears on; axis 0 is where
+    samples are stacked, so it says nothing. Dims the samples disagree on (or do not cover) are left out."""
+    found: dict[str, int] = {}
+    for name, where in dims.items():
+        sizes = {
+            int(feed[input_name].shape[axis])
+            for feed in samples or ()
+            for input_name, axis in where
+            if axis > 0 and input_name in feed and len(getattr(feed[input_name], "shape", ())) > axis
+        }
+        if len(sizes) == 1:
+            found[name] = sizes.pop()
+    return found
 
 
 def _checked_values(dim_name: str, values: Sequence[int], where: str) -> list[int]:

@@ -55,6 +55,8 @@ def discover_routers():
 async def lifespan(app: FastAPI):
     settings: Settings = app.state.settings
     await run_in_threadpool(prepare_database, settings, app.state.engine)
+    # Which database answers for API keys: a key made by `flexdsa keys create` elsewhere is in another one.
+    log.info("API keys are read from %s (auth %s)", settings.database_shown(), settings.auth)
     # Submits check rule names against every target's registry, which imports the compiler's rules (about a
     # second): done here, so that the first user's request does not pay for it.
     await run_in_threadpool(_warm_registries)

@@ -87,7 +87,8 @@ def keys_create(
         check_key_label(name)
     except ValueError as err:
         raise fail(f"{err} Choose a plain name, e.g. --tenant acme.") from None
-    engine = prepared_engine(settings_or_exit())
+    settings = settings_or_exit()
+    engine = prepared_engine(settings)
     try:
         with session_scope(make_session_factory(engine)) as session:
             key, row = create_api_key(session, tenant, name)
@@ -95,7 +96,17 @@ def keys_create(
     finally:
         engine.dispose()
     typer.echo(key)
-    typer.echo(f"(tenant {tenant!r}, key prefix {prefix}; store it now, it cannot be shown again)", err=True)
+    # The key works only on a server reading this database: say which, since embedded mode's is per directory.
+    where = (
+        "a server started in this directory (or with FLEXDSA_DATA_DIR / FLEXDSA_DATABASE_URL naming it) reads it"
+        if settings.is_sqlite
+        else "servers with this FLEXDSA_DATABASE_URL read it"
+    )
+    typer.echo(
+        f"(tenant {tenant!r}, key prefix {prefix}; store it now, it cannot be shown again. Written to "
+        f"{settings.database_shown()}: {where}.)",
+        err=True,
+    )
 
 
 @keys_app.command("revoke")

@@ -7,13 +7,20 @@ With ``--targets a,b,c`` (or ``all``) the server makes one job group, one job pe
 follows the group (``GET /groups/{id}``) until every job has ended, prints the comparison table (each figure
 with its source), and with ``-o`` downloads each target's artifacts into ``OUT/<target>/``.
 
-Posts to ``/optimize`` (the model plus a spec JSON built from ``--spec FILE`` and the options), then, with
-``--wait`` or ``-o``, polls ``GET /jobs/{id}`` under a progress bar until the job ends and downloads every
-artifact (just ``bundle.zip``, unpacked, when the server offers one) into OUT. Exit status: 0 when the job
-succeeded (or was queued, without ``--wait``), 1 when it failed or was cancelled (its error is printed),
-2 when the request itself was refused or the server could not be reached.
+Posts to ``/optimize`` (the model, ``--calibration`` samples, and a spec JSON built from ``--spec FILE`` and
+the options: every key of the API's spec has its flag or goes in the file), then, with ``--wait`` or ``-o``,
+polls ``GET /jobs/{id}`` under a progress bar until the job ends and downloads every artifact (just
+``bundle.zip``, unpacked, when the server offers one) into OUT. The spec is read with the API's own reader
+(``flexdsa_core.spec_check``) before anything is uploaded, so a typo is refused at once with the API's sentence.
 
-This is a client: it talks HTTP only, and reads the key from ``--api-key`` or ``FLEXDSA_API_KEY``.
+Gates (``--require``, the spec's ``requirements``) are judged by the server when the job ends
+(``flexdsa_core.requirements``); the job succeeds either way, and this command says which requirement was not
+met, with its figure, and exits 3. Exit status (``EXIT``): 0 the job succeeded (or was queued, without
+``--wait``) and met its requirements; 1 it failed or was cancelled (its error is printed); 2 the request was
+refused or the server could not be reached; 3 it succeeded but missed a requirement.
+
+Every error is one line with its fix, in this command's terms (``--api-key``, not the header). This is a client:
+it talks HTTP only, and reads the key from ``--api-key`` or ``FLEXDSA_API_KEY``.
 """
 
 from __future__ import annotations
@@ -31,6 +38,9 @@ API_KEY_HEADER = "X-API-Key"
 TERMINAL = {"succeeded", "failed", "cancelled"}
 POLL_S = 0.5
 BUNDLE = "bundle.zip"
+EXIT = {"ok": 0, "job_failed": 1, "refused": 2, "requirement_not_met": 3}
+# A job's report warnings printed per job; the rest are in its report.json.
+WARNINGS_SHOWN = 5
 
 
 class ClientError(Exception):
@@ -38,21 +48,27 @@ class ClientError(Exception):
 
 
 def _error_message(response) -> str:
+    """The server's error as one line, in this command's terms: ``message (code, HTTP status)``, a refused
+    spec's field errors folded in, and the flag that fixes it where the server names a header or a field."""
+    from flexdsa_core.spec_check import one_line
+
     try:
         error = response.json()["error"]
-        text = f"{error['message']} ({error['code']}, HTTP {response.status_code})"
+        code, message, details = error["code"], error["message"], error.get("details")
     except Exception:
-        return f"HTTP {response.status_code}: {response.text[:300]}"
-    # A refused spec names each wrong field in details: print them, the message alone says "see details".
-    details = error.get("details")
-    if isinstance(details, list):
-        lines = [
-            f"{'.'.join(str(p) for p in item.get('loc', ()))}: {item.get('msg', '')}"
-            for item in details[:10]
-            if isinstance(item, dict) and item.get("msg")
-        ]
-        text += "".join(f"\n  {line}" for line in lines)
-    return text
+        return f"HTTP {response.status_code}: {' '.join(response.text[:300].split())}"
+    if code == "missing_api_key":  # the API names its header; here the key is a flag
+        message = (
+            "This server requires an API key: pass --api-key KEY (or set FLEXDSA_API_KEY). Make one with "
+            "`flexdsa keys create --tenant NAME` against the server's database."
+        )
+    inner = details.get("error") if isinstance(details, dict) and isinstance(details.get("error"), dict) else details
+    if isinstance(inner, dict) and inner.get("fix") == "calibration samples":
+        # The core's sentence names `flexdsa optimize`'s flags, which this command takes alike.
+        message = message.replace("flexdsa optimize --", "flexdsa submit --")
+    text = one_line(message, details if isinstance(details, list) else None)
+    hint = "(The key came from --api-key or FLEXDSA_API_KEY.)" if code == "invalid_api_key" else ""
+    return f"{text} ({code}, HTTP {response.status_code})" + (f" {hint}" if hint else "")
 
 
 class Client:
@@ -78,15 +94,16 @@ class Client:
             raise ClientError(_error_message(response))
         return response
 
-    def submit(self, model: Path, spec: dict, idempotency_key: str | None = None) -> dict:
+    def submit(
+        self, model: Path, spec: dict, idempotency_key: str | None = None, calibration: Path | None = None
+    ) -> dict:
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
-        with model.open("rb") as handle:
+        with model.open("rb") as handle, (calibration or model).open("rb") as samples:
+            files = {"model": (model.name, handle, "application/octet-stream")}
+            if calibration is not None:
+                files["calibration"] = (calibration.name, samples, "application/octet-stream")
             return self._call(
-                "POST",
-                "/optimize",
-                files={"model": (model.name, handle, "application/octet-stream")},
-                data={"spec": json.dumps(spec)},
-                headers=headers,
+                "POST", "/optimize", files=files, data={"spec": json.dumps(spec)}, headers=headers
             ).json()
 
     def get_json(self, path: str, **params) -> dict:
@@ -171,9 +188,16 @@ def _sha256_of_digest(header: str | None) -> str | None:
 
 
 def build_spec(
-    target: str | None, spec_file: Path | None, objective: str | None, disable: list[str], targets: str | None = None
+    target: str | None,
+    spec_file: Path | None,
+    objective: str | None,
+    disable: list[str],
+    targets: str | None = None,
+    **options,
 ) -> dict:
-    """The request spec: the file's keys, then the command line's (``--target``/``--targets`` always win)."""
+    """The request spec: the file's keys, then the command line's (``--target``/``--targets`` always win).
+    ``options``: the other flags' keys of the spec (``precision``, ``shape_buckets``, ``model_name``,
+    ``requirements``, ``allow_synthetic_calibration``), None or empty where not given."""
     spec: dict = {}
     if spec_file is not None:
         try:
@@ -182,20 +206,44 @@ def build_spec(
             raise ClientError(f"Cannot read the spec file {spec_file}: {err}") from None
         if not isinstance(spec, dict):
             raise ClientError(f"{spec_file} must hold a JSON object (the request spec).")
-    if (target is None) == (targets is None):
+    if target is not None and targets is not None:
+        raise ClientError("Give --target (one) or --targets (several to compare), not both.")
+    if target is None and targets is None and not ("target" in spec or "targets" in spec):
         raise ClientError("Name one target with --target, or several to compare with --targets a,b,c (or all).")
+    if target is not None and target.strip().lower() == "all":
+        raise ClientError("--target names one target: to compare every target, use --targets all.")
     if targets is not None:
         spec.pop("target", None)
         names = [name.strip() for name in targets.split(",") if name.strip()]
         spec["targets"] = "all" if names == ["all"] else names
-    else:
+    elif target is not None:
         spec.pop("targets", None)
         spec["target"] = target
     if objective:
         spec["objective"] = objective
     if disable:
         spec["disabled_rules"] = sorted({*spec.get("disabled_rules", []), *disable})
+    requirements = options.pop("requirements", None)
+    if requirements:
+        spec["requirements"] = [*spec.get("requirements", []), *requirements]
+    spec.update({key: value for key, value in options.items() if value not in (None, False, {}, [])})
     return spec
+
+
+def check_spec(spec: dict, calibration: Path | None) -> None:
+    """The refusals the API makes from the spec alone, made here before a byte is uploaded and in the API's
+    words (``flexdsa_core.spec_check``): keys it does not take (with "did you mean"), values out of range,
+    requirements it cannot read, calibration samples without a precision that uses them."""
+    from flexdsa_core.errors import InvalidOptionsError
+    from flexdsa_core.spec_check import check_calibration_use, parse_request
+
+    single = {key: value for key, value in spec.items() if key != "targets"}
+    if "targets" in spec or isinstance(single.get("target"), str):
+        single["target"] = "cpu-ort"  # the names are the server's to check, against its own targets
+    try:
+        check_calibration_use(parse_request(single, "The spec"), calibration is not None)
+    except InvalidOptionsError as err:
+        raise ClientError(f"{err.message} ({err.code})") from None
 
 
 def safe_destination(out: Path, name: str) -> Path:
@@ -275,10 +323,52 @@ def submit(
     spec: Annotated[
         Path | None,
         typer.Option(
-            exists=True, dir_okay=False, help="JSON file with more request options (the API's spec)."
+            exists=True, dir_okay=False, help="JSON file with more request options (any key of the API's spec)."
         ),
     ] = None,
     objective: Annotated[str | None, typer.Option(help="latency, energy or balanced.")] = None,
+    precision: Annotated[
+        str | None,
+        typer.Option(help="fp32 (default); int8 or mixed (every target, each in its own format); fp16 (accelerators)."),
+    ] = None,
+    calibration: Annotated[
+        Path | None,
+        typer.Option(
+            exists=True, dir_okay=False,
+            help="Calibration samples sent with the model: an .npz with one array per model input, samples stacked "
+            "on the first axis (with --precision int8, mixed or fp16). Without shape buckets, shapes they give "
+            "become the buckets.",
+        ),
+    ] = None,
+    allow_synthetic_calibration: Annotated[
+        bool,
+        typer.Option(
+            "--allow-synthetic-calibration",
+            help="An int8-only target (xilinx-kv260) without --calibration: quantise on seeded random inputs "
+            "instead of being refused (numerics only, no accuracy claim; a warning says so).",
+        ),
+    ] = False,
+    buckets: Annotated[
+        list[str] | None,
+        typer.Option("--buckets", help="shape_buckets: 'seq=32,64' (repeatable, one dim each) or a JSON object."),
+    ] = None,
+    model_name: Annotated[
+        str | None,
+        typer.Option(help="The model this job is a version of (default: MODEL's file name without .onnx); a job "
+                     "is compared with the previous successful job of this model on the same target."),
+    ] = None,
+    require: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--require",
+            help="A gate (repeatable; implies --wait): 'speedup>=1.2' (the headline speed-up over the fp32 "
+            "original: measured on this CPU for cpu-ort, estimated elsewhere), 'accuracy>=0.99' (the worst "
+            "accuracy figure the report states: vendor simulator, else held-out samples; an fp32 job checked "
+            "numerically only has none), 'latency_ms<5', 'bundle_mb<=20', 'cpu_nodes==0', or 'no_regression' "
+            "(no figure worse than this model's previous successful job on the target). Unmet: the job still "
+            "succeeds, and this command prints one line per unmet requirement and exits 3.",
+        ),
+    ] = None,
     disable: Annotated[
         list[str] | None, typer.Option("--disable", help="Switch a fusion rule off by name (repeatable).")
     ] = None,
@@ -301,20 +391,34 @@ def submit(
         typer.Option(help="use (default): an identical earlier job answers at once; refresh: same as --refresh."),
     ] = None,
 ) -> None:
-    """Submit MODEL to a Flex-DSA server; with --wait/-o follow it and download its artifacts."""
+    """Submit MODEL to a Flex-DSA server; with --wait/-o follow it and download its artifacts.
+
+    Exit status: 0 succeeded (or queued, without --wait) and met every --require; 1 the job (or a target of
+    --targets) failed or was cancelled; 2 the request was refused or the server could not be reached; 3 the
+    job succeeded but missed a --require (one line each, with its figure)."""
     from rich.console import Console
 
-    console = Console(stderr=True)
+    from flexdsa_core.spec_check import SpecError, parse_buckets
+
+    console = Console(stderr=True, highlight=False, soft_wrap=True)
     client = None
     try:
-        request = build_spec(target, spec, objective, disable or [], targets)
+        try:
+            shape_buckets = parse_buckets(buckets) if buckets else None
+        except SpecError as err:
+            raise ClientError(err.message) from None
+        request = build_spec(
+            target, spec, objective, disable or [], targets, precision=precision, shape_buckets=shape_buckets,
+            model_name=model_name, requirements=require or [], allow_synthetic_calibration=allow_synthetic_calibration,
+        )  # fmt: skip
         if refresh or cache:
-            request["cache"] = "refresh" if refresh else cache  # the server refuses a value it does not know
+            request["cache"] = "refresh" if refresh else cache
+        check_spec(request, calibration)  # the API's refusals, before the upload
         client = Client(server, api_key)
-        created = client.submit(model, request, idempotency_key)
+        created = client.submit(model, request, idempotency_key, calibration)
+        follow = bool(wait or out or request.get("requirements"))  # a gate needs the result
         if "group_id" in created:
-            _follow_group(client, console, created, server, out, quiet, timeout)
-            return
+            raise typer.Exit(_follow_group(client, console, created, server, out, quiet, timeout))
         job_id = created["job_id"]
         typer.echo(job_id)
         if not quiet:
@@ -322,7 +426,7 @@ def submit(
             console.print(
                 f"Job {job_id}: {created['status']}{cached}. Status: {server.rstrip('/')}{created['status_url']}"
             )
-        if not (wait or out):
+        if not follow:
             return
         if created["status"] in TERMINAL:  # a cached answer: already done
             job = client.job(job_id)
@@ -334,23 +438,70 @@ def submit(
                 f"[red]Job {job_id} {job['status']}[/red]"
                 + (f" ({error.get('code')}): {error.get('message')}" if error else "")
             )
-            raise typer.Exit(1)
+            raise typer.Exit(EXIT["job_failed"])
         if not quiet:
             summary = job.get("report_summary") or {}
             if summary.get("nodes_before") is not None:
                 console.print(
                     f"Succeeded: nodes {summary['nodes_before']} -> {summary['nodes_after']}{_speed_text(summary)}."
                 )
+            _print_job_notes(console, job)
         if out is not None:
             written = fetch_artifacts(client, job_id, out)
             if not quiet:
                 console.print(f"Wrote {len(written)} files to {out}/: {', '.join(p.name for p in written)}")
+        if _print_unmet(console, job):
+            raise typer.Exit(EXIT["requirement_not_met"])
     except ClientError as err:
         console.print(f"[red]error:[/red] {err}")
-        raise typer.Exit(2) from None
+        raise typer.Exit(EXIT["refused"]) from None
     finally:
         if client is not None:
             client.close()
+
+
+def _print_job_notes(console, job: dict, prefix: str = "") -> None:
+    """The job's report warnings (the first few), its comparison with the previous job of its model, and its
+    requirements that were met."""
+    warnings = (job.get("report_summary") or {}).get("warnings") or []
+    for warning in warnings[:WARNINGS_SHOWN]:
+        console.print(f"{prefix}[yellow]warning:[/yellow] {' '.join(str(warning).split())}")
+    if len(warnings) > WARNINGS_SHOWN:
+        console.print(f"{prefix}... and {len(warnings) - WARNINGS_SHOWN} more warnings in report.json")
+    previous = job.get("previous")
+    if previous:
+        console.print(f"{prefix}{previous_line(previous, job.get('model_name'))}")
+    for verdict in job.get("requirements") or []:
+        if verdict["met"]:
+            console.print(f"{prefix}requirement met: {verdict['expr']} ({verdict['detail']})")
+
+
+def previous_line(previous: dict, model_name: str | None) -> str:
+    """``vs job 1a2b3c4d (model bert): latency_ms 0.52 -> 0.5 (-3.8%), ...``: each figure, previous -> this."""
+    parts = []
+    for row in previous["rows"]:
+        if row["current"] is None and row["previous"] is None:
+            continue
+        change = ""
+        if row["change"] is not None:
+            change = f" ({row['change']:+.1%})" if row["figure"] in ("latency_ms", "bundle_mb") else f" ({row['change']:+g})"
+        mark = " REGRESSED" if row["regressed"] else ""
+        parts.append(f"{row['figure']} {_figure(row['previous'])} -> {_figure(row['current'])}{change}{mark}")
+    return f"vs job {previous['job_id'][:8]} (previous of model {model_name!r}): " + ", ".join(parts)
+
+
+def _figure(value) -> str:
+    return "-" if value is None else f"{value:.4g}"
+
+
+def _print_unmet(console, job: dict, prefix: str = "") -> bool:
+    """One line per unmet requirement; True when there was one."""
+    from flexdsa_core.requirements import unmet_line
+
+    unmet = [verdict for verdict in job.get("requirements") or [] if not verdict["met"]]
+    for verdict in unmet:
+        console.print(f"{prefix}[red]{unmet_line(verdict)}[/red]")
+    return bool(unmet)
 
 
 def _speed_text(summary: dict) -> str:
@@ -398,8 +549,9 @@ def wait_for_group(client: Client, group_id: str, quiet: bool, timeout_s: float 
 
 
 def _follow_group(client: Client, console, created: dict, server: str, out: Path | None, quiet: bool,
-                  timeout: float | None) -> None:  # fmt: skip
-    """The --targets path: print the group id, wait for every job, print the comparison, fetch bundles."""
+                  timeout: float | None) -> int:  # fmt: skip
+    """The --targets path: print the group id, wait for every job, print the comparison, fetch bundles;
+    each target's warnings and requirements. Returns the exit status."""
     from flexdsa_core.compare import render_comparison
 
     group_id = created["group_id"]
@@ -410,17 +562,24 @@ def _follow_group(client: Client, console, created: dict, server: str, out: Path
         )
     group = wait_for_group(client, group_id, quiet, timeout)
     typer.echo(render_comparison(group["comparison"]))
-    if out is not None:
-        for job in group["jobs"]:
-            if job["status"] == "succeeded":
-                written = fetch_artifacts(client, job["job_id"], safe_destination(out, job["target"]))
-                if not quiet:
-                    console.print(f"Wrote {len(written)} files to {out}/{job['target']}/")
+    unmet = False
+    for member in group["jobs"]:
+        if member["status"] != "succeeded":
+            continue
+        job = client.job(member["job_id"])
+        if not quiet:
+            _print_job_notes(console, job, prefix=f"{member['target']}: ")
+        unmet = _print_unmet(console, job, prefix=f"{member['target']}: ") or unmet
+        if out is not None:
+            written = fetch_artifacts(client, member["job_id"], safe_destination(out, member["target"]))
+            if not quiet:
+                console.print(f"Wrote {len(written)} files to {out}/{member['target']}/")
     failed = [job for job in group["jobs"] if job["status"] != "succeeded"]
     if failed:
         console.print(f"[red]{len(failed)} of {len(group['jobs'])} targets did not succeed:[/red] "
                       + ", ".join(f"{job['target']} ({job['status']})" for job in failed))  # fmt: skip
-        raise typer.Exit(1)
+        return EXIT["job_failed"]
+    return EXIT["requirement_not_met"] if unmet else EXIT["ok"]
 
 
 def register(app: typer.Typer) -> None:

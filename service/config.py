@@ -184,6 +184,24 @@ class Settings(BaseSettings):
     def is_sqlite(self) -> bool:
         return (self.database_url or "").startswith("sqlite")
 
+    def database_shown(self) -> str:
+        """The database as operators see it (``flexdsa serve``'s start-up line, ``flexdsa keys create``):
+        a SQLite file by its absolute path, any other URL without its password."""
+        from sqlalchemy.engine import make_url
+
+        url = make_url(self.database_url)
+        if url.get_backend_name() == "sqlite" and url.database and url.database != ":memory:":
+            return f"SQLite file {Path(url.database).resolve()}"
+        return url.render_as_string(hide_password=True)
+
+    def keys_read_from(self) -> str:
+        """Where API keys are looked up, as a refused client is told: embedded mode's SQLite file by its path
+        (the key was likely made in another directory, hence another file); a shared database not by its URL,
+        which is the operator's to know."""
+        if self.is_sqlite:
+            return self.database_shown()
+        return "the database FLEXDSA_DATABASE_URL names on the server"
+
     @model_validator(mode="after")
     def _fill_defaults_and_refuse_unsafe(self) -> Settings:
         if self.database_url is None:

@@ -62,17 +62,35 @@ def job_list_view(
     }
 
 
+# The target the form starts on: the one that runs here, measured, and needs nothing installed.
+DEFAULT_TARGET = "cpu-ort"
+
+
 def upload_form(max_upload_bytes: int) -> dict[str, Any]:
-    """The upload form's choices: targets, switchable fusion rules, the size limit."""
-    return {"targets": _targets(), "rules": _rule_names(), "max_upload_mb": max_upload_bytes // (1024 * 1024)}
+    """The upload form's choices: targets (int8-only ones marked: the form offers synthetic calibration when
+    one is chosen), the default target, switchable fusion rules, the size limit."""
+    targets = _targets()
+    int8_only = [t["name"] for t in targets if t["int8_only"]]
+    return {
+        "targets": targets,
+        "default_target": DEFAULT_TARGET,
+        "int8_only_names": int8_only,
+        "show_synthetic": DEFAULT_TARGET in int8_only,
+        "rules": _rule_names(),
+        "max_upload_mb": max_upload_bytes // (1024 * 1024),
+    }
 
 
 def _targets() -> list[dict]:
     """The built-in targets, as GET /targets lists them."""
     from flexdsa_core import list_targets
+    from flexdsa_core.precision.formats import int8_only
 
     try:
-        return [{"name": t.name, "vendor": t.vendor, "description": t.description} for t in list_targets()]
+        return [
+            {"name": t.name, "vendor": t.vendor, "description": t.description, "int8_only": int8_only(t)}
+            for t in list_targets()
+        ]
     except Exception:
         log.exception("dashboard: cannot list targets")
         return []

@@ -215,10 +215,11 @@ def _check_room_for(session: Session, settings: Settings, tenant: Tenant, adding
 # --- reading ----------------------------------------------------------------------------------------------
 
 
-def group_of_tenant(session: Session, tenant: Tenant, group_id: str) -> JobGroup:
+def group_of_tenant(session: Session, tenant: Tenant, group_id: str, missing: str | None = None) -> JobGroup:
+    """The tenant's group, or 404 with ``missing`` (the same sentence whether or not the id exists)."""
     group = session.get(JobGroup, group_id)
     if group is None or group.tenant_id != tenant.id:
-        raise NotFound(f"No job group {group_id!r} for this tenant.", code="group_not_found")
+        raise NotFound(missing or f"No job group {group_id!r} for this tenant.", code="group_not_found")
     return group
 
 

@@ -22,6 +22,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from flexdsa_core import RequestSpec, TargetSpec, __version__
+from flexdsa_core.options import REQUEST_ONLY
 from flexdsa_core.toolchains import get_toolchain
 from service.models import Job, JobStatus
 
@@ -46,9 +47,9 @@ def job_cache_key(
     calibration_sha256: str | None = None,
     toolchains_dir: Path | None = None,
 ) -> str:
-    canonical = json.dumps(
-        spec.model_dump(mode="json", exclude={"target", "cache"}), sort_keys=True, separators=(",", ":")
-    )
+    # What the pipeline computes from: not the target (named below), the cache policy, nor what the service
+    # does around the job (its model name and requirements are judged afresh for each job).
+    canonical = json.dumps(spec.model_dump(mode="json", exclude=REQUEST_ONLY), sort_keys=True, separators=(",", ":"))
     body = (
         f"{model_sha256}|{target.name}@{target.version}:{target.content_sha256}|{canonical}|{__version__}"
         f"|toolchain:{toolchain_state(target, toolchains_dir)}"

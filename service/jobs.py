@@ -21,13 +21,14 @@ from datetime import datetime
 from pydantic import ValidationError
 from sqlalchemy import and_, func, or_, select, update
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, object_session
 
 from flexdsa_core import FlexDSAError, RequestSpec, TargetSpec
 from flexdsa_core.calibration import check_calibration_file
 from flexdsa_core.errors import InvalidOptionsError
-from flexdsa_core.options import did_you_mean, known_keys
 from flexdsa_core.preflight import check_request
+from flexdsa_core.spec_check import SpecError, check_calibration_use, parse_request
+from service import gates
 from service.config import Settings
 from service.dispatch import enqueue as dispatch
 from service.edge import check_spec_json
@@ -51,20 +52,13 @@ def job_channel(job_id: str) -> str:
 
 
 def parse_spec(spec_json: str) -> tuple[RequestSpec, TargetSpec]:
-    """The request spec and its target, or ``InvalidRequest`` (422) naming every field error."""
+    """The request spec and its target, or ``InvalidRequest`` (422) naming every field error: the sentence
+    ``flexdsa optimize`` and ``flexdsa submit`` print for the same mistake (``flexdsa_core.spec_check``)."""
     check_spec_json(spec_json)  # control characters, int64 overflow: refused before anything else sees them
     try:
-        spec = RequestSpec.model_validate_json(spec_json)
-    except ValidationError as err:
-        details = [_field_error(e) for e in err.errors(include_url=False)]
-        hints = [d["did_you_mean"] for d in details if d.get("did_you_mean")]
-        raise InvalidRequest(
-            "The 'spec' field is not a valid request spec"
-            + (f" (did you mean {', '.join(map(repr, hints))}?)" if hints else "")
-            + "; see details.",
-            code="invalid_spec",
-            details=details,
-        ) from None
+        spec = parse_request(spec_json, "The 'spec' field")
+    except SpecError as err:
+        raise InvalidRequest(err.message, code=err.code, details=err.details) from None
     try:
         target = spec.target_spec()
     except ValidationError as err:
@@ -77,20 +71,6 @@ def parse_spec(spec_json: str) -> tuple[RequestSpec, TargetSpec]:
         # An unknown target inside a request is a bad request (422), not a missing resource.
         raise InvalidRequest(err.message, code=err.code, details=err.details) from None
     return spec, target
-
-
-def _field_error(error: dict) -> dict:
-    """One field error of the spec; an unknown key names the accepted key it most resembles."""
-    loc = list(error.get("loc", ()))
-    entry = {"loc": loc, "msg": error.get("msg", ""), "type": error.get("type", "")}
-    if entry["type"] == "extra_forbidden":
-        suggestion = did_you_mean(loc)
-        if suggestion:
-            entry["did_you_mean"] = suggestion
-            entry["msg"] = f"Unknown key {loc[-1]!r}: did you mean {suggestion!r}?"
-        else:
-            entry["msg"] = f"Unknown key {loc[-1]!r}. Accepted here: {', '.join(known_keys(loc)) or 'see the API docs'}."
-    return entry
 
 
 def check_model(upload: ReceivedUpload) -> None:
@@ -120,13 +100,8 @@ def check_calibration_upload(upload: ReceivedUpload, spec: RequestSpec) -> None:
     weights (a 1 MB compressed .npz can unpack to a GiB)."""
     if upload.calibration is None:
         return
-    if spec.precision == "fp32":
-        raise InvalidRequest(
-            "A 'calibration' file was sent but the spec's precision is fp32, which does not use it: set "
-            "precision to int8, mixed or fp16, or leave the file out.",
-            code="invalid_calibration",
-        )
     try:
+        check_calibration_use(spec, has_calibration=True)
         check_calibration_file(upload.weightless(), upload.calibration.path)
     except InvalidOptionsError as err:
         raise InvalidRequest(err.message, code=err.code, details=err.details) from None
@@ -332,6 +307,7 @@ def new_job(
         job_cache_key=cache_key,
         attempts=0,
         max_attempts=settings.max_attempts,
+        model_name=gates.model_name_of(spec.model_name, columns.get("model_filename")),
         **columns,
     )
     with session.no_autoflush:
@@ -378,6 +354,8 @@ def _answer_from_cache(job: Job, source: Job) -> None:
         Artifact(name=a.name, blob_key=a.blob_key, size=a.size, content_type=a.content_type, created_at=now)
         for a in source.artifacts
     ]
+    # Judged as itself: its own requirements, against its own model's previous job (not its source's verdicts).
+    gates.conclude(object_session(source), job, sum(a.size for a in job.artifacts))
     job.record("cached", f"Identical to job {source.id}; its artifacts are reused.")
 
 
@@ -487,6 +465,7 @@ def job_out(job: Job, root_path: str = "") -> JobOut:
     queued_s = (job.started_at - job.created_at).total_seconds() if job.started_at else None
     run_s = ((job.finished_at or now) - job.started_at).total_seconds() if job.started_at else None
     base = f"{root_path}/jobs/{job.id}"
+    summary = job.report_summary if isinstance(job.report_summary, dict) else {}
     return JobOut(
         id=job.id,
         status=job.status,
@@ -512,6 +491,9 @@ def job_out(job: Job, root_path: str = "") -> JobOut:
         parent_job_id=job.parent_job_id,
         bundle_version=job.bundle_version or 1,
         group_id=job.group_id,
+        model_name=job.model_name,
+        requirements=summary.get("requirements") if job.status == JobStatus.succeeded else None,
+        previous=summary.get("previous") if job.status == JobStatus.succeeded else None,
         error=_job_error(job.error),
         links=JobLinks(self=base, events=f"{base}/events", artifacts=f"{base}/artifacts"),
     )

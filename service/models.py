@@ -125,6 +125,8 @@ class Job(Base):
         Index("ix_jobs_tenant_status", "tenant_id", "status"),
         # The reconciler's sweep: running jobs whose lease has lapsed.
         Index("ix_jobs_status_lease", "status", "lease_expires_at"),
+        # A job's predecessor: the same model's latest earlier job on the same target (service/gates.py).
+        Index("ix_jobs_tenant_model_target", "tenant_id", "model_name", "target", "created_at"),
     )
 
     id: Mapped[str] = mapped_column(String(36), primary_key=True, default=lambda: str(uuid.uuid4()))
@@ -138,6 +140,8 @@ class Job(Base):
     model_blob_key: Mapped[str] = mapped_column(String(64))
     model_filename: Mapped[str] = mapped_column(String(255))
     model_size: Mapped[int] = mapped_column(BigInteger)
+    # The model this job is a version of: the spec's model_name, else the file name without its suffix.
+    model_name: Mapped[str | None] = mapped_column(String(255), nullable=True)
     # Calibration samples (.npz) uploaded beside the model, content-addressed in the same store.
     calibration_blob_key: Mapped[str | None] = mapped_column(String(64), nullable=True)
     idempotency_key: Mapped[str | None] = mapped_column(String(255), nullable=True)

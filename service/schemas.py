@@ -53,6 +53,27 @@ class JobLinks(BaseModel):
     artifacts: str
 
 
+class RequirementOut(BaseModel):
+    expr: str = Field(..., description="The requirement, e.g. 'speedup>=1.2' or 'no_regression'.")
+    figure: Any = Field(None, description="The job's figure (null: not known); no_regression: the worse figures.")
+    met: bool
+    detail: str = Field("", description="The figure with its source, or why it is not known / what regressed.")
+
+
+class FigureChange(BaseModel):
+    figure: str
+    current: float | None
+    previous: float | None
+    change: float | None = Field(None, description="Relative for latency_ms and bundle_mb, absolute otherwise.")
+    regressed: bool | None = Field(None, description="null: not compared (a figure missing, or another source).")
+    rule: str
+
+
+class PreviousJobOut(BaseModel):
+    job_id: str
+    rows: list[FigureChange]
+
+
 class JobOut(BaseModel):
     model_config = ConfigDict(from_attributes=True)
 
@@ -88,6 +109,20 @@ class JobOut(BaseModel):
     bundle_version: int = Field(1, description="1 for a submitted model; one more per re-specialisation.")
     group_id: str | None = Field(
         None, description="The job group this job is one target of (GET /groups/{id}: the comparison)."
+    )
+    model_name: str | None = Field(
+        None, description="The model this job is a version of (the spec's model_name, else the file's stem)."
+    )
+    requirements: list[RequirementOut] | None = Field(
+        None,
+        description="Once the job has succeeded, one verdict per requirement of its spec: the figure it was judged "
+        "on and whether it is met. A job that misses one still succeeds (its artifacts are real); flexdsa submit "
+        "exits 3.",
+    )
+    previous: PreviousJobOut | None = Field(
+        None,
+        description="Once the job has succeeded: the previous successful job of the same model_name on the same "
+        "target, and the figures side by side (null: none before it).",
     )
     error: JobError | None
     links: JobLinks

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from service.cli import prepared_engine, settings_or_exit
+from service.cli import fail, prepared_engine, settings_or_exit
 
 
 def serve(
@@ -36,6 +36,7 @@ def serve(
     overrides = {k: v for k, v in {"host": host, "port": port, "api_workers": workers}.items() if v is not None}
     settings = settings.model_copy(update=overrides)
     settings = settings.model_copy(update={"api_workers": settings.api_processes()})
+    _check_port_free(settings.host, settings.port)  # before anything starts: one line naming --port
     engine = prepared_engine(settings)
     if settings.auth == "optional":
         with session_scope(make_session_factory(engine)) as session:
@@ -51,8 +52,8 @@ def serve(
     processes = f", {settings.api_workers} API processes" if settings.api_workers > 1 else ""
     typer.echo(
         f"Flex-DSA {settings.mode} mode on http://{settings.host}:{settings.port} "
-        f"(database {settings.database_url.split('@')[-1]}, artifacts {settings.artifact_url or settings.artifact_dir}, auth {settings.auth}"
-        f"{processes})"
+        f"(artifacts {settings.artifact_url or settings.artifact_dir}, auth {settings.auth}{processes}); "
+        f"jobs and API keys are read from {settings.database_shown()}"
     )
     from service.logs import configure_logging
 
@@ -71,6 +72,27 @@ def serve(
         "stack.cli:process_app", factory=True, workers=settings.api_workers, host=settings.host,
         port=settings.port, log_level=settings.log_level, log_config=None,
     )
+
+
+def _check_port_free(host: str, port: int) -> None:
+    """Exit with one line when the port is taken, rather than uvicorn's log record after start-up."""
+    import errno
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds: TIME_WAIT is no conflict
+        try:
+            probe.bind((host, port))
+        except OSError as err:
+            taken = err.errno == errno.EADDRINUSE
+            reason = "is already in use (another `flexdsa serve`?)" if taken else f"cannot be bound ({err.strerror})"
+            raise fail(
+                f"Port {port} on {host} {reason}: choose another with --port N (or FLEXDSA_PORT), "
+                "or stop what holds it."
+                if taken
+                else f"Port {port} on {host} {reason}: choose another with --port N or --host."
+            ) from None
 
 
 def process_app():

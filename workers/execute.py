@@ -36,6 +36,7 @@ from datetime import timedelta
 from sqlalchemy import and_, bindparam, delete, func, insert, or_, select, update
 from sqlalchemy.exc import InterfaceError, OperationalError
 
+from service import gates
 from service.db import session_factory_for
 from service.logs import job_context
 from service.models import Artifact, Incident, Job, JobEvent, JobStatus, UTCDateTime, utcnow
@@ -432,6 +433,8 @@ class _JobRun:
             job.stage = "done"
             job.progress = 1.0
             _finish(job, JobStatus.succeeded)
+            # Its figures, the comparison with its model's previous job, and its requirements' verdicts.
+            gates.conclude(session, job, sum(int(a["size"]) for a in artifacts))
             if cached_from:
                 job.record("cached", f"served from the job cache (job {cached_from})")
             job.record("succeeded", f"{len(artifacts)} artifacts")

@@ -2,7 +2,8 @@
 and the context every page shares (the mount point, version, mode, who is logged in).
 
 Filters: ``filesize`` (bytes in B/KB/MB/GB, base 1024), ``seconds`` (µs below a millisecond, ms below a
-second, minutes from two minutes on), ``when`` (a UTC timestamp). A value that is not a number reads "–".
+second, minutes from two minutes on), ``when`` (a UTC timestamp), ``speed_tone`` (the colour of a headline
+speed-up: green only when faster as shown). A value that is not a number reads "–".
 """
 
 from __future__ import annotations
@@ -51,7 +52,23 @@ def _when(value) -> str:
     return value.strftime("%Y-%m-%d %H:%M:%S UTC") if value is not None else "–"
 
 
-templates.env.filters.update(filesize=_filesize, seconds=_seconds, when=_when)
+def _speed_tone(headline: dict | None) -> str:
+    """The class a speed-up is shown in: green only for a figure that is faster as shown (a measured verdict
+    'faster', or an estimate above 1.00x at two decimals); amber for slower; plain for 1.00x or a tie."""
+    if not isinstance(headline, dict) or not _number(headline.get("speedup")):
+        return ""
+    shown = round(headline["speedup"], 2)
+    verdict = headline.get("verdict")
+    if verdict == "no significant difference" or shown == 1.0:
+        return ""
+    if verdict == "slower" or (verdict is None and shown < 1.0):
+        return "warn-text"
+    if verdict == "faster" or (verdict is None and shown > 1.0):
+        return "ok-text" if shown > 1.0 else ""
+    return ""
+
+
+templates.env.filters.update(filesize=_filesize, seconds=_seconds, when=_when, speed_tone=_speed_tone)
 
 
 def root(request: Request) -> str:

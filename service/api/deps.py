@@ -94,7 +94,9 @@ def current_tenant(
         if tenant is None:
             # A wrong key is refused even when keys are optional: the caller meant some tenant, not 'default'.
             raise Unauthorized(
-                "The API key is not valid (unknown, malformed or revoked). Create one with `flexdsa keys create`.",
+                f"The API key is not valid (unknown, malformed or revoked); keys are read from "
+                f"{settings.keys_read_from()}. Create one with `flexdsa keys create --tenant NAME` run against that "
+                "database (the same FLEXDSA_DATABASE_URL, or in embedded mode the same directory as the server).",
                 code="invalid_api_key",
                 headers={"WWW-Authenticate": API_KEY_HEADER},
             )
@@ -159,14 +161,28 @@ def admitted_submit(
 AdmittedSubmit = Annotated[Admission, Depends(admitted_submit)]
 
 
+def not_yours(request: Request, what: str) -> str:
+    """The 404 sentence for a job or group the caller cannot see: when no key was sent (keys optional, so the
+    request acts as the default tenant), that is said, since a job submitted with a key is seen only with it.
+    The same sentence whether or not the id exists, so ids cannot be probed."""
+    sent_key = request.headers.get(API_KEY_HEADER) or bearer_token(request) or request.cookies.get(API_KEY_COOKIE)
+    if sent_key:
+        return f"No {what} for this tenant."
+    return (
+        f"No {what} for the default tenant, and no API key was sent: a job submitted with a key is seen only "
+        f"with that key (send it as {API_KEY_HEADER}; flexdsa submit --api-key or FLEXDSA_API_KEY)."
+    )
+
+
 def job_of_current_tenant(
+    request: Request,
     job_id: Annotated[str, Path(description="Job id (from POST /optimize)")],
     tenant: CurrentTenant,
     session: SessionDep,
 ) -> Job:
     job = session.get(Job, job_id)
     if job is None or job.tenant_id != tenant.id:
-        raise NotFound(f"No job {job_id!r} for this tenant.", code="job_not_found")
+        raise NotFound(not_yours(request, f"job {job_id!r}"), code="job_not_found")
     return job
 
 

@@ -14,7 +14,7 @@ from fastapi.responses import HTMLResponse
 from service import group_views, groups
 from service.api._pages import login_redirect, render, root
 from service.api._ui_auth import PageTenant
-from service.api.deps import CurrentTenant, SessionDep
+from service.api.deps import CurrentTenant, SessionDep, not_yours
 from service.models import JobGroup
 from service.schemas import ERROR_RESPONSES, GroupOut
 
@@ -22,11 +22,12 @@ router = APIRouter(tags=["jobs"], responses=ERROR_RESPONSES)
 
 
 def group_of_current_tenant(
+    request: Request,
     group_id: Annotated[str, Path(description="Group id (from POST /optimize with targets)")],
     tenant: CurrentTenant,
     session: SessionDep,
 ) -> JobGroup:
-    return groups.group_of_tenant(session, tenant, group_id)
+    return groups.group_of_tenant(session, tenant, group_id, not_yours(request, f"job group {group_id!r}"))
 
 
 GroupOfCurrentTenant = Annotated[JobGroup, Depends(group_of_current_tenant)]

@@ -43,6 +43,20 @@
       message.textContent = text;
       message.classList.toggle("error", Boolean(isError));
     };
+    // Synthetic calibration is offered when an int8-only target (it quantises every model) is chosen: as the
+    // one target, among those compared, or through "all".
+    const synthetic = document.getElementById("synthetic-calibration");
+    const int8OnlyChosen = () => {
+      const compared = Array.from(form.querySelectorAll("input[name=targets]:checked"));
+      if (compared.length) return compared.some((box) => box.value === "all" || box.dataset.int8Only === "true");
+      const option = form.elements.target.selectedOptions[0];
+      return Boolean(option && option.dataset.int8Only === "true");
+    };
+    const showSynthetic = () => {
+      if (synthetic) synthetic.hidden = !int8OnlyChosen();
+    };
+    form.addEventListener("change", showSynthetic);
+    showSynthetic();
     form.addEventListener("submit", async (event) => {
       event.preventDefault();
       const file = form.elements.model.files[0];
@@ -62,6 +76,10 @@
         spec.targets = compared.includes("all") ? "all" : compared;
       }
       if (form.elements.cache_refresh && form.elements.cache_refresh.checked) spec.cache = "refresh";
+      const allowSynthetic = form.elements.allow_synthetic_calibration;
+      if (allowSynthetic && allowSynthetic.checked && int8OnlyChosen()) spec.allow_synthetic_calibration = true;
+      const modelName = form.elements.model_name ? form.elements.model_name.value.trim() : "";
+      if (modelName) spec.model_name = modelName;
       if (form.elements.precision && form.elements.precision.value !== "fp32") spec.precision = form.elements.precision.value;
       const buckets = form.elements.shape_buckets ? form.elements.shape_buckets.value.trim() : "";
       if (buckets) {

@@ -56,7 +56,9 @@ def embedded_server(data_dir: Path, *, workers: int = 1, **settings: str) -> Ite
     log_path = data_dir / "server.log"
     with log_path.open("wb") as log:
         command = (
-            [sys.executable, "-m", "uvicorn", "stack:create_app", "--factory",
+            # Through the tests' launcher: a FLEXDSA_TEST_* setting (test_optimizer=...) reaches the jobs' pipeline
+            # processes (tests/workers/hooks.py); nothing of the kind ships.
+            [sys.executable, "-m", "tests.workers.launch", "uvicorn", "stack:create_app", "--factory",
              "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
             if workers == 1
             else [sys.executable, "-m", "flexdsa_core.cli", "serve", "--port", str(port), "--workers", str(workers)]

@@ -9,6 +9,7 @@ import pytest
 from sqlalchemy import update
 
 from service.db import session_factory_for
+from service.gates import without_gates
 from service.models import Job
 from tests.workers.conftest import create_job, load_job, tiny_model
 from workers.execute import execute_job
@@ -37,9 +38,10 @@ def test_job_succeeds_with_artifacts_events_and_published_progress(settings, red
     job = load_job(settings, job_id)
     assert (job.status, job.progress, job.attempts, job.lease_owner) == ("succeeded", 1.0, 1, None)
     assert _names(job) == ARTIFACTS
-    summary = dict(job.report_summary)
+    summary = without_gates(job.report_summary)  # the gates' figures and verdicts: tests/service/test_gates.py
     comparison = summary.pop("comparison")  # the job's row for a comparison across targets, from its report
     assert summary == {"kernels": 3, "cache_hits": 0}
+    assert job.report_summary["requirements"] is None and job.report_summary["previous"] is None
     # The stand-in's report names no target and checks no output: the row says so rather than guessing.
     assert comparison["target"] is None and comparison["accuracy"]["detail"] == "outputs were not checked"
     kinds = [e.kind for e in job.events]
