@@ -19,7 +19,7 @@ from __future__ import annotations
 import mmap
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import onnx
@@ -98,6 +98,65 @@ def _limit_text(tracker, bucket) -> tuple[str, str, dict] | None:
             low, high = (middle, high) if loads(middle) else (low, middle)
         what = "positions" if tracker.dim_kind(name) == "sequence" else f"for dim {name!r}"
         return f"this model takes at most {low} {what}", f"{name} <= {low}", {"dim": name, "max": low}
+    return None
+
+
+# A dim is probed up to this value: a model that loads there is taken to have no limit of its own in that dim.
+LIMIT_PROBE = 1 << 16
+
+
+def model_limits(tracker, buckets, loading: Mapping[str, int] | None = None) -> dict[str, int]:
+    """The largest value of each dynamic dim (batch dims aside) at which ONNX Runtime still loads the model,
+    for the dims where it has one (``seq`` of a model with a 64-row position table: 64); dims that load at
+    ``LIMIT_PROBE`` are left out. What the runtime refuses a request by, naming the limit, before any backend
+    is called. Probed on the model without its weights (large initializers as inputs of the same shape: a
+    load checks shapes and needs no values) with its inputs' dims bound, at ORT_ENABLE_BASIC (ONNX Runtime's
+    own shape inference and constant folding), other dims at the first bucket's values. ``loading``: values
+    known to load (the shape plan's representative ones); with those, one or two loads (tens of ms each)
+    where the limit is the largest of them or there is none, a bisection otherwise."""
+    from flexdsa_core.serialized import weightless_proto
+
+    names = [d for d in tracker.infer().dims if tracker.dim_kind(d) != "batch"]
+    if not names:
+        return {}
+    light = weightless_proto(tracker.model)
+    base = {d: 1 for d in tracker.infer().dims} | (dict(buckets[0].dims) if buckets else {})
+    limits = {}
+    for name in names:
+        def loads(value: int, name: str = name) -> bool:
+            return _bound_load_refusal(light, {**base, name: value}) is None
+
+        from_buckets = [b.dims[name] for b in buckets if name in b.dims]  # each loaded in check_buckets
+        low = max(from_buckets, default=(loading or {}).get(name, 1))
+        if loads(LIMIT_PROBE) or not (from_buckets or loads(low)):
+            continue  # no limit; or the starting value does not load with the other dims here: nothing to say
+        high = LIMIT_PROBE  # loads(low), not loads(high)
+        if not loads(low + 1):
+            high = low + 1  # the largest bucket is the model's limit (the usual case: no bisection)
+        while high - low > 1:
+            middle = (low + high) // 2
+            low, high = (middle, high) if loads(middle) else (low, middle)
+        limits[name] = low
+    return limits
+
+
+def _bound_load_refusal(proto: onnx.ModelProto, dims: dict[str, int]) -> str | None:
+    """Why ONNX Runtime refuses ``proto`` with its inputs' named dims bound to ``dims``, or None."""
+    import onnxruntime as ort
+
+    bound = onnx.ModelProto()
+    bound.CopyFrom(proto)
+    for value in bound.graph.input:
+        for dim in value.type.tensor_type.shape.dim:
+            if dim.HasField("dim_param") and dim.dim_param in dims:
+                dim.dim_value = dims[dim.dim_param]
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    options.log_severity_level = 4
+    try:
+        ort.InferenceSession(bound.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    except Exception as error:  # noqa: BLE001 - any refusal at these shapes is the answer
+        return str(error).splitlines()[0]
     return None
 
 

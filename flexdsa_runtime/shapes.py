@@ -56,6 +56,8 @@ class ShapePolicy:
         self.pad_values: dict[str, Any] = dict(runtime.get("pad_values") or {})
         self.crop: dict[str, dict[str, list[int]]] = dict(runtime.get("crop") or {})
         self.inputs: list[str] = list((runtime.get("inputs") or {}).keys())
+        # The largest value the model itself takes per dim, where it has one (older bundles: none known).
+        self.limits: dict[str, int] = dict(runtime.get("limits") or {})
         # Per input, per axis: the dim it carries (for counting padded elements).
         self.axes: dict[str, dict[int, str]] = {}
         for dim, places in self.places.items():
@@ -111,6 +113,14 @@ class ShapePolicy:
 
     def choose(self, inputs: Mapping[str, np.ndarray]) -> Choice:
         dims = self.dims_of(inputs)
+        past = {d: v for d, v in dims.items() if d in self.limits and v > self.limits[d]}
+        if past:
+            named = ", ".join(f"{d} = {v} (this model takes at most {self.limits[d]})" for d, v in past.items())
+            raise ShapeRefused(
+                f"the request has {named}: past the model's own limit, which no bucket and no re-specialisation "
+                "can serve. Truncate or split the input to fit.",
+                details={"dims": dict(dims), "limits": {d: self.limits[d] for d in past}, "over_limit": past},
+            )
         shapes = {name: array.shape for name, array in inputs.items()}
         fitting = [b for b in self.buckets if self.fits(b, dims)]
         if not fitting:
@@ -123,7 +133,11 @@ class ShapePolicy:
         over = {d: v for d, v in dims.items() if values.get(d) and v > max(values[d])}
         details = {"dims": dict(dims), "bucket_values": values}
         if over:
-            named = ", ".join(f"{d} = {v} (largest bucket {max(values[d])})" for d, v in over.items())
+            named = ", ".join(
+                f"{d} = {v} (largest bucket {max(values[d])}"
+                + (f"; the model takes up to {self.limits[d]})" if d in self.limits else ")")
+                for d, v in over.items()
+            )
             return ShapeRefused(
                 f"the request has {named}: larger than every bucket of this static-shape bundle. Re-specialise "
                 "with this shape (send the traffic and POST /jobs/{id}/respecialise), or truncate the input.",

@@ -204,10 +204,12 @@ def _runtime_section(report: Mapping[str, Any], target: TargetSpec) -> dict[str,
             "elements (ties: the earlier bucket); pad each bucketed input axis at its end with the input's pad "
             "value up to the bucket's size, run, and crop each output axis listed in 'crop' back to the "
             "request's size. A dim whose padding is not tolerated is served only at a bucket's exact size. A "
-            "request larger than every bucket needs a new compile (re-specialise with its shape)."
+            "request past a dim's entry in 'limits' (the model's own largest value) is refused as such; one "
+            "larger than every bucket but within the limits needs a new compile (re-specialise with its shape)."
         ),
         "static_shapes": target.static_shapes,
         "dims": (shapes.get("manifest") or {}).get("dims", {}),
+        "limits": (shapes.get("manifest") or {}).get("limits", {}),
         "inputs": shapes.get("inputs", {}),
         "outputs": shapes.get("outputs", {}),
         "padding": padding.get("dims", {}),

@@ -50,6 +50,23 @@ ignore_mask (float[batch, seq, 4] x, int64[batch, seq] ignore_mask) => (float[ba
   z = ReduceSum <keepdims = 0> (kept, one) }
 """
 
+# A learned position table of 16 rows sliced to the sequence and added: the model itself takes seq <= 16.
+POSITIONED = """
+<ir_version: 9, opset_import: ["" : 17]>
+positioned (float[batch, seq, 4] x) => (float[batch, seq, 4] y)
+<float[16, 4] table = {0.0, 0.1, 0.2, 0.3, 1.0, 1.1, 1.2, 1.3, 2.0, 2.1, 2.2, 2.3, 3.0, 3.1, 3.2, 3.3,
+                       4.0, 4.1, 4.2, 4.3, 5.0, 5.1, 5.2, 5.3, 6.0, 6.1, 6.2, 6.3, 7.0, 7.1, 7.2, 7.3,
+                       8.0, 8.1, 8.2, 8.3, 9.0, 9.1, 9.2, 9.3, 10.0, 10.1, 10.2, 10.3, 11.0, 11.1, 11.2, 11.3,
+                       12.0, 12.1, 12.2, 12.3, 13.0, 13.1, 13.2, 13.3, 14.0, 14.1, 14.2, 14.3, 15.0, 15.1, 15.2, 15.3},
+ int64[1] zero = {0}, int64[1] start = {0}>
+{ shape = Shape (x)
+  one_index = Constant <value = int64 {1}> ()
+  seq = Gather <axis = 0> (shape, one_index)
+  end = Unsqueeze (seq, zero)
+  rows = Slice (table, start, end)
+  y = Add (x, rows) }
+"""
+
 
 def model_bytes(text: str) -> bytes:
     return parse(text).SerializeToString()
