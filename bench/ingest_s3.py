@@ -32,8 +32,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.ingest import load, onnx_model
 from bench.loopback import free_port, wait_http
+from bench.uploads import load, onnx_model
 
 ROOT = Path(__file__).resolve().parent.parent
 SPEC = json.dumps({"target": "cpu-ort", "measure_latency": False})
@@ -185,7 +185,7 @@ def run(args) -> dict:
 def sequential_ingest(base_url: str, args) -> float:
     """MB/s of one client submitting distinct models one after another through the API (each answered 202
     only once the store has it): the like-for-like peer of the store's single-client PUT rate."""
-    from bench.ingest import multipart_request, send_upload
+    from bench.uploads import multipart_request, send_upload
 
     host, port = base_url.rsplit("//", 1)[1].rsplit(":", 1)
     requests = [

@@ -37,7 +37,7 @@ from service.job_cache import job_cache_key, job_cache_source, refresh_requested
 from service.models import Artifact, Job, JobStatus, Tenant, utcnow
 from service.schemas import JobError, JobLinks, JobOut
 from service.storage import ArtifactStore
-from service.upload import NotOnnxError, PendingUpload, ReceivedUpload, check_onnx_structure
+from service.upload import NotOnnxError, ReceivedUpload, check_onnx_structure
 
 log = logging.getLogger("flexdsa.service")
 
@@ -318,27 +318,6 @@ def new_job(
     else:
         _answer_from_cache(job, source)
     return job
-
-
-def accept_upload(
-    session: Session,
-    settings: Settings,
-    store: ArtifactStore,
-    tenant: Tenant,
-    pending: PendingUpload | ReceivedUpload,
-    idempotency_key: str | None,
-) -> tuple[Job, bool, int]:
-    """Finish receiving (``PendingUpload.complete``: a small body's whole parse, write and fsync), record
-    the job and hand it to the workers, in one call: (job, replayed, model bytes). The upload's temp files
-    are gone when it returns."""
-    upload = pending.complete() if isinstance(pending, PendingUpload) else pending
-    try:
-        job, replayed = submit_job(session, settings, store, tenant, upload, idempotency_key)
-    finally:
-        upload.discard()
-    if not replayed and job.status == JobStatus.queued:
-        enqueue(job.id, settings)
-    return job, replayed, upload.size
 
 
 def _answer_from_cache(job: Job, source: Job) -> None:

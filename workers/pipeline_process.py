@@ -81,14 +81,6 @@ class _Spare:
             self.process.kill()
 
 
-def discard_spare() -> None:
-    """Stop this thread's warm pipeline process (tests, shutdown)."""
-    spare = getattr(_spares, "spare", None)
-    _spares.spare = None
-    if spare is not None:
-        spare.discard()
-
-
 class PipelineProcess:
     """One ``python -m workers.child`` process and the thread that reads its JSON lines."""
 
