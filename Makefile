@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN     = $(VENV)/bin
 
-.PHONY: serve test test-fast bench bench-large bench-service bench-targets install lint toolchains docker
+.PHONY: serve test test-fast bench bench-large bench-service bench-targets install lint toolchains docker docs docs-serve
 
 # Install, optimise the example model shipped in the repo, then start the service on embedded defaults.
 serve: $(VENV)/.installed
@@ -12,7 +12,7 @@ serve: $(VENV)/.installed
 
 # The whole test suite: compiler core, service and workers against real PostgreSQL, Redis and Celery
 # workers, and the dashboard in headless Chromium.
-test: $(VENV)/.installed-test
+test: $(VENV)/.installed-test $(VENV)/.installed-docs
 	scripts/check-test-services.sh
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q --durations=20
@@ -42,6 +42,15 @@ docker:
 	$(COMPOSE) up -d
 	COMPOSE="$(COMPOSE)" scripts/docker-smoke.sh
 
+# The manual (docs/, mkdocs.yml) as a static site in site/: strict (a broken link, a missing page or a
+# reference page that cannot be generated fails), nothing fetched from elsewhere. docs-serve: at
+# http://127.0.0.1:8001 while you edit.
+docs: $(VENV)/.installed-docs
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
+docs-serve: $(VENV)/.installed-docs
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve -a 127.0.0.1:8001
+
 bench-targets: $(VENV)/.installed-test
 	$(BIN)/python -m bench.targets
 
@@ -66,6 +75,10 @@ $(VENV)/.installed-test: pyproject.toml $(VENV)/.installed
 	$(BIN)/pip install -q -e '.[test]'
 	scripts/install-browser.sh
 	scripts/install-s3-server.sh
+	touch $@
+
+$(VENV)/.installed-docs: pyproject.toml $(VENV)/.installed
+	$(BIN)/pip install -q -e '.[docs]'
 	touch $@
 
 $(VENV)/.installed-bench: pyproject.toml $(VENV)/.installed
