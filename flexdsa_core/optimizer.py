@@ -36,6 +36,7 @@ from flexdsa_core.compilation import BucketRun, Compilation, Stage, loadable
 from flexdsa_core.cost_model import CostModel
 from flexdsa_core.delivery import check_delivery
 from flexdsa_core.errors import FlexDSAError
+from flexdsa_core.figures import job_figures
 from flexdsa_core.fusion_switcher import FusionSwitcher
 from flexdsa_core.in_memory import (
     InMemoryModel,
@@ -535,6 +536,8 @@ class FlexDSAOptimizer:
             report["vendor"] = vendor
             for bucket_name, plan in exploration.plans.items():
                 comp.fusion_plans.setdefault(bucket_name, {})["vendor_exploration"] = plan
+        # The one latency, energy and accuracy per bucket every surface shows, each named with its source.
+        report["figures"] = job_figures(report)
         # The one speed-up every surface shows, from the best source for this target, named with it.
         report["headline"] = headline(report)
         files = self.adapter.generate(comp.buckets, self.target, report, workdir=job.workdir)

@@ -4,14 +4,19 @@
 job row; ``render_summary`` is the readable text the CLI prints. Estimated figures (cost model) and
 measured ones (ONNX Runtime on this machine) are labelled as such and never mixed.
 
+``figures`` (``flexdsa_core.figures``) is the job's one latency and energy per bucket and its one accuracy,
+each with its source, that every surface shows. ``estimates`` is the cost model's node-by-node cost of the
+whole graph before and after (what the Fusion Switcher compares), not a latency figure.
+
 ``headline`` is the job's one speed-up, the figure the report, the job row, the API, the CLI and the dashboard
-all show, from the best source for the target, named with it (``SOURCES``):
+all show, from the best source for the target, named with it (``SOURCES``) and with what it divides:
 
 * a target that runs here (``cpu-ort``): this CPU, measured, in paired rounds: ``1 / median(t_opt / t_orig)``
   with its 95% interval ``[1 / high, 1 / low]``, and "no significant difference" when the paired comparison's
   verdict is a tie; in a lower-precision job, the shipped precision's own comparison with the original;
 * an accelerator: the vendor's own estimate of ours against its compiler alone (cycles), where the
-  toolchain ran; else our roofline estimate of the original against the optimised model on the target.
+  toolchain ran; else our roofline estimate of the original against the optimised model on the target,
+  each costed node by node (the Fusion Switcher's measure: every node priced alone on the target's roofline).
   This machine's CPU timings never stand for an accelerator (they stay in ``latency``, labelled).
 """
 
@@ -24,6 +29,7 @@ from importlib.metadata import PackageNotFoundError, version
 
 import onnx_ir as ir
 
+from flexdsa_core.figures import figures_of, seconds_text
 from flexdsa_core.targets.spec import op_key
 from flexdsa_core.version import __version__
 
@@ -137,7 +143,8 @@ def build_report(
         },
         "memory": comp.memory,
         "estimates": {
-            "label": "estimate from the cost model"
+            "label": "the cost model's node-by-node cost of the whole graph, before and after (what the Fusion "
+            "Switcher compares; not the latency figure, which is under figures)"
             + (
                 " (calibrated by measuring ONNX Runtime kernels on this machine)" if target.calibrated else ""
             ),
@@ -215,6 +222,7 @@ def _measured_headline(report: dict) -> dict | None:
         "confidence": comparison.get("confidence"),
         "verdict": verdict,
         "against": "the original model",
+        "divides": "its time / the optimised model's, paired rounds",
         "of": of,
         "source": SOURCES["measured"],
         "detail": f"ONNX Runtime CPU, 1 thread, {comparison.get('rounds')} paired rounds",
@@ -229,6 +237,7 @@ def _estimated_headline(report: dict) -> dict | None:
             figure = {
                 "speedup": round(1 / row["ratio"], 4), "interval": None, "verdict": None,
                 "against": f"the original compiled by {vendor.get('tool')} alone", "of": row.get("precision") or "fp32",
+                "divides": "its cycles / ours",
                 "source": SOURCES["vendor"], "detail": f"{vendor.get('measure') or vendor.get('tool')}, bucket {bucket}",
             }  # fmt: skip
             return {**figure, "text": _headline_text(figure)}
@@ -239,6 +248,7 @@ def _estimated_headline(report: dict) -> dict | None:
             figure = {
                 "speedup": round(before / after, 4), "interval": None, "verdict": None,
                 "against": "the original model", "of": "fp32", "source": SOURCES["roofline"],
+                "divides": "its node-by-node roofline cost / the optimised model's",
                 "detail": f"cost model from the {report['target']['name']} spec, bucket {bucket}",
             }  # fmt: skip
             return {**figure, "text": _headline_text(figure)}
@@ -246,15 +256,18 @@ def _estimated_headline(report: dict) -> dict | None:
 
 
 def _headline_text(figure: dict) -> str:
-    """``1.12x the original model (95% interval 1.05-1.19), this CPU, measured``."""
+    """``1.12x the original model (its time / the optimised model's, paired rounds; 95% interval 1.05-1.19),
+    this CPU, measured``: the ratio, what it divides, its interval and its source."""
     interval, bounds = figure.get("interval"), ""
     if interval and None not in interval:
         bounds = f"{round((figure.get('confidence') or 0.95) * 100)}% interval {interval[0]:.2f}-{interval[1]:.2f}"
+    divides = figure.get("divides")
     if figure.get("verdict") == "no significant difference":
         inner = ", ".join(part for part in (f"median {figure['speedup']:.2f}x", bounds) if part)
-        speed = f"no significant difference from {figure['against']} ({inner})"
+        speed = f"no significant difference from {figure['against']} ({inner}{'; ' + divides if divides else ''})"
     else:
-        speed = f"{figure['speedup']:.2f}x {figure['against']}" + (f" ({bounds})" if bounds else "")
+        inner = "; ".join(part for part in (divides, bounds) if part)
+        speed = f"{figure['speedup']:.2f}x {figure['against']}" + (f" ({inner})" if inner else "")
     of = f" ({figure['of']})" if figure.get("of") not in (None, "fp32") else ""
     return f"{speed}{of}, {figure['source']}"
 
@@ -268,6 +281,8 @@ def report_summary(report: dict) -> dict:
     latency = (report.get("latency") or {}) if here else {}
     top = report.get("headline") or headline(report)
     return {
+        # The job's one latency and energy per bucket and its accuracy, as every surface shows them.
+        "figures": figures_of(report),
         "target": report["target"]["name"],
         "nodes_before": report["nodes"]["total_before"],
         "nodes_after": report["nodes"]["total_after"],
@@ -365,6 +380,27 @@ def _placement_line(report: dict) -> str | None:
     return f"Placement     {'; '.join(parts)} (Subgraph Mapper)" if parts else None
 
 
+# The precision summary's figures, each ratio named with what it divides.
+_PRECISION_FIGURES = (
+    ("min_cosine", "min cosine to the original"),
+    ("speedup_vs_fp32", "fp32 time / shipped time"),
+    ("speedup_vs_original", "original time / shipped time"),
+)
+
+
+def _figure_lines(figures: dict) -> list[str]:
+    """The job's figures as ``figures`` gives them: what the validation compared, each bucket's latency and
+    energy (a lower bound marked, with what it leaves out) and the accuracy of the model that ships."""
+    lines = [f"Validation    {figures['validation']['text']}"]
+    for bucket, found in figures["per_bucket"].items():
+        lines.append(f"Latency       [{bucket}] {found['latency']['label']}")
+        lines.append(f"Energy        [{bucket}] {found['energy']['label']}")
+        if found.get("vendor_cycles"):
+            lines.append(f"  vendor      [{bucket}] {found['vendor_cycles']['cycles']:,.0f} cycles ({found['vendor_cycles']['source']})")
+    lines.append(f"Accuracy      {figures['accuracy']['label']}")
+    return lines
+
+
 def render_summary(report: dict) -> str:
     s = report_summary(report)
     lines = [
@@ -392,26 +428,13 @@ def render_summary(report: dict) -> str:
             lines.append(f"Legalised     [{bucket}] {note}")
     for rollback in report["rollbacks"]:
         lines.append(f"Rolled back   {rollback['rewrite']} ({rollback['reason']}): {rollback['detail']}")
-    validation = report["validation"]
-    if validation["performed"]:
-        worst = max(
-            (
-                o["max_abs"]
-                for b in validation["buckets"]
-                for o in b["outputs"]
-                if isinstance(o["max_abs"], float)
-            ),
-            default=0.0,
-        )
-        lines.append(
-            f"Validation    {'passed' if validation['ok'] else 'FAILED'} (max abs error {worst:.3g})"
-        )
-    else:
-        lines.append("Validation    skipped (validate_outputs=false)")
+    lines += _figure_lines(s["figures"])
+    latency = report.get("latency") or {}
     if s["latency_before_ms"]:
         lines.append(
-            f"ORT CPU       {s['latency_before_ms']:.3f} ms -> {s['latency_after_ms']:.3f} ms "
-            "(this CPU, measured, 1 thread, ORT_ENABLE_ALL, medians)"
+            f"ORT CPU       {seconds_text(latency['before_s'])} -> {seconds_text(latency['after_s'])} "
+            "(original -> optimised; this CPU, measured, 1 thread, ORT_ENABLE_ALL, medians"
+            + (f"; {latency['measures']})" if latency.get("measures") else ")")
         )
     if s["headline"]:
         lines.append(f"Speed-up      {s['headline']['text']}")
@@ -420,8 +443,7 @@ def render_summary(report: dict) -> str:
         lines.append(placement)
     precision = s.get("precision")
     if precision:
-        figures = [f"{key} {precision[key]}" for key in ("min_cosine", "speedup_vs_fp32", "speedup_vs_original")
-                   if precision.get(key) is not None]  # fmt: skip
+        figures = [f"{label} {precision[key]}" for key, label in _PRECISION_FIGURES if precision.get(key) is not None]
         lines.append(
             f"Precision     {precision['requested']} requested, {precision['shipped']} shipped "
             f"(calibration: {precision['calibration']}{'; ' + ', '.join(figures) if figures else ''})"
@@ -441,7 +463,7 @@ def render_summary(report: dict) -> str:
         lines.append(f"Vendor        ours vs {vendor['tool']} alone, by {vendor['measure'] or 'its placement'}")
         for bucket, row in vendor["buckets"].items():
             if row["ours"] is not None and row["vendor_alone"]:
-                figure = f"{row['ours']:,.0f} vs {row['vendor_alone']:,.0f} cycles ({row['ratio']:.3f}x)"
+                figure = f"{row['ours']:,.0f} vs {row['vendor_alone']:,.0f} cycles (ours / alone: {row['ratio']:.3f}x)"
             else:
                 figure = "no cost figure from the vendor"
             lines.append(
@@ -453,7 +475,7 @@ def render_summary(report: dict) -> str:
             lines.append(
                 f"  traffic: {traffic['expected_cycles_per_request']:,.0f} cycles per request over the buckets vs "
                 f"{traffic['vendor_alone_at_largest']:,.0f} for the vendor alone at the largest observed shape "
-                f"({traffic['ratio']:.3f}x, {traffic['requests']} requests)"
+                f"(ours / alone: {traffic['ratio']:.3f}x, {traffic['requests']} requests)"
             )
     for bucket, memory in report["memory"].items():
         arena, naive = memory.get("arena_bytes"), memory.get("naive_bytes")

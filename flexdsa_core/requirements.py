@@ -12,8 +12,11 @@ figures, each read from the job's report (``figures``: the report summary and it
 * ``accuracy``: the worst accuracy figure the report states: the vendor simulator's (judged score, else the
   worst cosine to the original) where a toolchain ran, else the held-out samples' worst figure (``1 - loss``)
   of an int8/mixed/fp16 job. A job checked only numerically (fp32: ONNX Runtime, max abs difference on
-  synthetic inputs) makes no accuracy claim, so it has no accuracy figure and an accuracy requirement is unmet;
-* ``latency_ms``: the optimised model's latency in ms (measured on cpu-ort, the roofline estimate elsewhere);
+  synthetic inputs; any figure on synthetic inputs, marked "numerics only") makes no accuracy claim, so it
+  has no accuracy figure and an accuracy requirement is unmet;
+* ``latency_ms``: the optimised model's latency in ms (measured on cpu-ort, the roofline estimate elsewhere),
+  the job's figure (``report["figures"]``); where that estimate is a lower bound (CPU-fallback nodes left
+  out), an upper limit (``latency_ms<5``) cannot be established from it and is unmet, saying why;
 * ``bundle_mb``: every file of the bundle together, in MB (10^6 bytes);
 * ``cpu_nodes``: the nodes the Subgraph Mapper leaves on the CPU (headline bucket; 0 on cpu-ort).
 
@@ -97,7 +100,11 @@ def figures(summary: dict | None, bundle_bytes: int | None) -> dict[str, Any]:
     latency = row.get("latency") or {}
     accuracy = row.get("accuracy") or {}
     headline = summary.get("headline") or {}
-    claimed = accuracy.get("value") is not None and accuracy.get("metric") not in (None, "max_abs")
+    claimed = (
+        accuracy.get("value") is not None
+        and accuracy.get("metric") not in (None, "max_abs")
+        and not accuracy.get("numerics_only")
+    )
     return {
         "speedup": summary.get("speedup"),
         "speedup_source": headline.get("source"),
@@ -107,12 +114,19 @@ def figures(summary: dict | None, bundle_bytes: int | None) -> dict[str, Any]:
         "accuracy_source": accuracy.get("source") if claimed else _no_accuracy_reason(accuracy),
         "latency_ms": round(latency["seconds"] * 1e3, 6) if latency.get("seconds") is not None else None,
         "latency_source": latency.get("source"),
+        "latency_complete": latency.get("complete", not latency.get("partial")),
+        "latency_text": latency.get("label"),
         "bundle_mb": round(float(bundle_bytes) / 1e6, 6) if bundle_bytes is not None else None,
         "cpu_nodes": row.get("cpu_fallback_nodes"),
     }
 
 
 def _no_accuracy_reason(accuracy: dict) -> str:
+    if accuracy.get("numerics_only") and accuracy.get("metric") not in (None, "max_abs"):
+        return (
+            f"no accuracy claim: {accuracy.get('text') or accuracy['metric']} rests on synthetic inputs (numerics "
+            "only); calibration samples of your data give one"
+        )
     if accuracy.get("metric") == "max_abs":
         return (
             f"no accuracy claim: outputs checked numerically only (ONNX Runtime, max abs difference "
@@ -191,8 +205,11 @@ def evaluate(requirements: list[str], current: dict, previous: dict | None) -> l
             reason = current.get(f"{name}_source") if name == "accuracy" else "the report gives no such figure"
             verdicts.append({"expr": expression, "figure": None, "met": False, "detail": f"{name} not known, {reason}"})
             continue
-        verdicts.append({"expr": expression, "figure": figure, "met": bool(OPERATORS[op](figure, bound)),
-                         "detail": _figure_text(name, figure, current)})  # fmt: skip
+        met = bool(OPERATORS[op](figure, bound))
+        detail = _figure_text(name, figure, current)
+        if name == "latency_ms" and op in ("<", "<=", "==") and not current.get("latency_complete", True):
+            met, detail = False, f"{detail}: a lower bound, so an upper limit cannot be established from it"
+        verdicts.append({"expr": expression, "figure": figure, "met": met, "detail": detail})
     return verdicts
 
 
@@ -202,7 +219,7 @@ def _figure_text(name: str, figure: float, current: dict) -> str:
     if name == "accuracy":
         return f"{current.get('accuracy_metric')} {figure:.5f}, {current.get('accuracy_source')}"
     if name == "latency_ms":
-        return f"{figure:.4g} ms, {current.get('latency_source')}"
+        return current.get("latency_text") or f"{figure:.4g} ms, {current.get('latency_source')}"
     if name == "bundle_mb":
         return f"{figure:.3f} MB"
     return f"{figure} nodes on the CPU"

@@ -5,7 +5,15 @@ traffic_cost``: the target's cost model, never measured): the bundle's current b
 ones (what a submission without ``shape_buckets`` compiles), and at most ``k`` buckets the planner chooses
 (``traffic_buckets.choose_traffic_buckets``). Each gets the expected cost per request and the padding waste
 (``traffic_buckets.expected_cost``). The service (``POST /jobs/{id}/respecialise``) and ``bench.runtime`` both
-call it. Dims with more distinct values than the planner costs are rounded up first (a bucket at the rounded
+call it.
+
+The cost function is the model's own node-by-node cost at each shape, which is no figure the job shows; so the
+service anchors it (``anchor``): scaled so that the shape of the job's headline bucket costs the job's
+latency figure for that bucket (``report["figures"]``), the expected costs are in the job's own terms (a
+bundle serving all its traffic from that bucket costs exactly that figure per request, and a lower bound
+stays one, written ``≥``), and only how the cost changes with the shape comes from the cost model; the
+ratios are the same either way. "Padding waste" here is of the cost: (expected cost - the cost of each
+request at its own shape) / the latter, not the runtime's padding in input elements. Dims with more distinct values than the planner costs are rounded up first (a bucket at the rounded
 value still holds each request).
 """
 
@@ -17,6 +25,7 @@ from typing import Any
 import onnx_ir as ir
 
 from flexdsa_core.errors import FlexDSAError
+from flexdsa_core.figures import bound_text, seconds_text
 from flexdsa_core.shape_tracker import MAX_TRAFFIC_VALUES, ShapeTracker
 from flexdsa_core.targets.spec import TargetSpec
 from flexdsa_core.traffic_buckets import choose_traffic_buckets, expected_cost
@@ -61,6 +70,7 @@ def propose(
     input_shapes: Mapping[str, Sequence[int | str]] | None = None,
     exact_dims: Sequence[str] = (),
     allow_narrower: bool = False,
+    anchor: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The proposal for ``observed`` ((dims, count) per shape) served today by ``current_buckets`` (the
     manifest's ``buckets``, each with its ``dims``): ``current``, ``default``, ``proposed`` (each
@@ -68,11 +78,15 @@ def propose(
 
     A new version never serves less than the one it replaces: unless ``allow_narrower``, the proposed
     buckets reach at least as far in every dim as the current largest bucket, however short the traffic was
-    (the planner is given that shape with no requests: a dim's largest candidate value is always a bucket)."""
+    (the planner is given that shape with no requests: a dim's largest candidate value is always a bucket).
+
+    ``anchor``: the job's latency figure for one bucket (``bucket``, ``dims``, ``seconds``, ``complete``,
+    ``label``), the size the expected costs are scaled to (module docstring); without one they are the cost
+    model's own seconds, and the basis says so."""
     observed, notes = rounded(observed)
     tracker = ShapeTracker(model, input_shapes=input_shapes)
     tracker.infer()
-    cost, basis = tracker.traffic_cost(target)
+    cost, basis, anchored = _anchored(*tracker.traffic_cost(target), anchor)
     memo: dict[tuple, float] = {}
 
     def cached(dims: Mapping[str, int]) -> float:
@@ -126,10 +140,16 @@ def propose(
             return None
         return a["expected_cost_s"] / b["expected_cost_s"]
 
+    complete = anchored["complete"] if anchored else True
+    for row in (current, default, proposed):
+        if row.get("expected_cost_s") is not None:
+            row["expected_cost_text"] = bound_text(seconds_text(row["expected_cost_s"]), complete)
     return {
         "requests": sum(count for _, count in observed),
         "max_buckets": k,
         "cost_basis": basis,
+        "anchor": anchored,
+        "padding_waste_of": "cost: (expected cost - the cost of each request at its own shape) / the latter",
         "current": current,
         "default": default,
         "proposed": {**proposed, "evenly_spaced": choice.evenly_spaced},
@@ -144,6 +164,25 @@ def propose(
         "notes": notes,
         "cost_evaluations": len(memo),
     }
+
+
+def _anchored(cost, basis: str, anchor: Mapping[str, Any] | None):
+    """The cost function scaled to the job's figure (``propose``'s ``anchor``), its basis, and what it was
+    anchored to; unchanged, with the basis saying so, where the job gives no figure."""
+    if not anchor or not anchor.get("seconds"):
+        return cost, f"{basis}; the cost model's own seconds (the job has no latency figure to anchor them to)", None
+    at = cost(anchor["dims"])
+    if not at:
+        return cost, f"{basis}; the cost model's own seconds (it prices bucket {anchor['bucket']} at zero)", None
+    scale = anchor["seconds"] / at
+    found = {"bucket": anchor["bucket"], "dims": dict(anchor["dims"]), "figure": anchor.get("label"),
+             "complete": bool(anchor.get("complete", True)), "model_cost_s": at, "scale": scale}  # fmt: skip
+    basis = (
+        f"{basis}; scaled so that bucket {anchor['bucket']} costs the job's latency figure for it "
+        f"({anchor.get('label') or seconds_text(anchor['seconds'])}): the cost model gives how the cost changes "
+        "with the shape, the job's figure its size"
+    )
+    return (lambda dims: cost(dims) * scale), basis, found
 
 
 def _coverage(reach: Mapping[str, int], chosen: Mapping[str, Sequence[int]]) -> dict[str, Any]:

@@ -77,6 +77,8 @@ class Mapping:
     hits: int
     notes: list[str]
     split: list[dict] = field(default_factory=list)  # over a documented limit, split by the vendor compiler
+    # (FLOPs, bytes) of each node on the CPU: what ``targets/estimate.py`` prices where the CPU has a sourced peak.
+    cpu_work: list[tuple[float, float]] = field(default_factory=list)
 
     @property
     def transitions(self) -> int:
@@ -287,13 +289,17 @@ class SubgraphMapper:
         groups: list[Group] = []
         explored = hits = 0
         flops = {ACCELERATOR: 0.0, CPU: 0.0}
+        cpu_work: list[tuple[float, float]] = []
         for part in partitions:
             if part.device == ACCELERATOR:
                 found, e, h = self.group(part, opsets)
                 groups += found
                 explored, hits = explored + e, hits + h
             for node in part.nodes:
-                flops[part.device] += self._node_cost(node, opsets).flops
+                cost = self._node_cost(node, opsets)
+                flops[part.device] += cost.flops
+                if part.device == CPU:
+                    cpu_work.append((cost.flops, cost.bytes))
         fallback = [
             {"node": n.name, "op": op_key(n.op_type, n.domain), "reason": reasons[n.name]}
             for n in model.graph
@@ -310,7 +316,7 @@ class SubgraphMapper:
                 f"{self.target.name}: on-chip SRAM size unsourced; layers were not grouped for on-chip reuse"
             )
         notes += self.adapter.partition_notes(model, self.target)
-        return Mapping(device, fallback, partitions, groups, flops, explored, hits, notes, split)
+        return Mapping(device, fallback, partitions, groups, flops, explored, hits, notes, split, cpu_work)
 
 
 def _cheaper(merged: Group, left: Group, right: Group | None) -> bool:

@@ -445,6 +445,8 @@ def submit(
                 console.print(
                     f"Succeeded: nodes {summary['nodes_before']} -> {summary['nodes_after']}{_speed_text(summary)}."
                 )
+            for line in figure_lines(summary):
+                console.print(line, markup=False)
             _print_job_notes(console, job)
         if out is not None:
             written = fetch_artifacts(client, job_id, out)
@@ -502,6 +504,22 @@ def _print_unmet(console, job: dict, prefix: str = "") -> bool:
     for verdict in unmet:
         console.print(f"{prefix}[red]{unmet_line(verdict)}[/red]")
     return bool(unmet)
+
+
+def figure_lines(summary: dict) -> list[str]:
+    """The job's figures as its report gives them (``report_summary["figures"]``): per bucket its latency and
+    energy, then the accuracy of the model that ships and what the validation compared."""
+    figures = summary.get("figures")
+    if not isinstance(figures, dict) or "per_bucket" not in figures:  # a job from before figures were kept
+        return []
+    lines = []
+    for bucket, found in (figures.get("per_bucket") or {}).items():
+        lines.append(f"latency [{bucket}]: {found['latency']['label']}")
+        lines.append(f"energy [{bucket}]: {found['energy']['label']}")
+    lines.append(f"accuracy: {figures['accuracy']['label']}")
+    if figures.get("validation"):
+        lines.append(f"validation: {figures['validation']['text']}")
+    return lines
 
 
 def _speed_text(summary: dict) -> str:

@@ -20,6 +20,7 @@ from urllib.parse import quote
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from flexdsa_core.figures import figures_of
 from service import jobs
 from service.graph_layout import render_graph
 from service.models import Artifact, Incident, Job, JobEvent, Tenant
@@ -189,6 +190,9 @@ def _report_view(report: dict, fusion_plan: dict | None) -> dict[str, Any]:
         if report.get(key)
     }
     return {
+        # The job's one latency, energy and accuracy per bucket, as the report, the API and the CLI give them.
+        "figures": figures_of(report),
+        "node_costs": _node_cost_rows(report),
         "op_rows": op_rows,
         "after_bucket": bucket,
         "other_buckets": list(after_by_bucket)[1:],
@@ -196,6 +200,23 @@ def _report_view(report: dict, fusion_plan: dict | None) -> dict[str, Any]:
         "fusions_unmatched": unmatched,
         "target_notes": notes,
     }
+
+
+def _node_cost_rows(report: dict) -> list[dict]:
+    """The cost model's node-by-node cost of the original and the optimised graph per bucket (what the Fusion
+    Switcher compares and the estimated speed-up divides), as a ratio to the original's: not a latency."""
+    rows = []
+    for bucket, estimate in ((report.get("estimates") or {}).get("per_bucket") or {}).items():
+        before, after = estimate.get("before") or {}, estimate.get("after") or {}
+        if not before and not after:
+            rows.append({"bucket": bucket, "note": estimate.get("note") or "no estimate"})
+            continue
+        base = before.get("seconds")
+        for side, found in (("original", before), ("optimised", after)):
+            relative = found.get("seconds") / base if base and found.get("seconds") is not None else None
+            rows.append({"bucket": bucket, "model": side, "flops": found.get("flops"), "bytes": found.get("bytes"),
+                         "kernels": found.get("kernels"), "relative": relative, "basis": found.get("basis")})  # fmt: skip
+    return rows
 
 
 def _fusion_candidates(report: dict, fusion_plan: dict | None) -> list[dict]:

@@ -2,7 +2,8 @@
 same model on the same target, and a verdict per requirement of its spec (``flexdsa_core.requirements``
 defines each figure and rule).
 
-``conclude`` writes them into the job's report summary, under ``figures``, ``previous`` and ``requirements``:
+``conclude`` writes them into the job's report summary, under ``gate_figures``, ``previous`` and ``requirements``
+(``figures`` there is the report's own: latency, energy and accuracy per bucket, ``flexdsa_core.figures``):
 the worker calls it as it records a succeeded job, and the API as it answers a job from the whole-job cache
 (a cached job is compared and judged as itself, never with its source's verdicts). A job that misses a
 requirement still succeeds: its artifacts are real and downloadable; ``flexdsa submit`` exits 3 on it.
@@ -24,7 +25,7 @@ from service.models import Artifact, Job, JobStatus
 
 log = logging.getLogger("flexdsa.service")
 # What ``conclude`` adds to a report summary.
-GATE_KEYS = ("figures", "previous", "requirements")
+GATE_KEYS = ("gate_figures", "previous", "requirements")
 
 
 def without_gates(summary: dict | None) -> dict:
@@ -78,11 +79,11 @@ def _conclude(session: Session, job: Job, artifact_bytes: int | None) -> None:
     previous = None
     before = predecessor(session, job)
     if before is not None:
-        earlier = (before.report_summary or {}).get("figures") or figures(
+        earlier = (before.report_summary or {}).get("gate_figures") or figures(
             before.report_summary, bundle_bytes(session, before.id)
         )
         previous = {"job_id": before.id, "rows": compare_with_previous(current, earlier)}
-    summary["figures"] = current
+    summary["gate_figures"] = current
     summary["previous"] = previous
     requirements = (job.spec or {}).get("requirements") or []
     summary["requirements"] = evaluate(requirements, current, previous) if requirements else None

@@ -101,7 +101,11 @@ class JobOut(BaseModel):
         ...,
         description="The report's summary. `speedup` is the job's one headline figure; `headline` gives it "
         "with its interval, verdict ('no significant difference' on a tie) and source ('this CPU, measured', "
-        "'vendor estimate', 'roofline estimate'). CPU latencies appear only where the target is this CPU.",
+        "'vendor estimate', 'roofline estimate') and what it divides. `figures` is the report's: per bucket one "
+        "latency and one energy, each with its source, `text`/`label` as every surface shows it and `complete` (False: "
+        "a lower bound, `left_out` naming what it leaves out), and the accuracy of the model that ships "
+        "(`numerics_only` on synthetic inputs). `gate_figures`, `previous` and `requirements`: the gates. CPU "
+        "latencies appear only where the target is this CPU.",
     )
     parent_job_id: str | None = Field(
         None, description="The job whose bundle this one re-specialised from its traffic (POST /jobs/{id}/respecialise)."

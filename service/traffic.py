@@ -362,10 +362,25 @@ def _propose(
             input_shapes=spec.input_shapes,
             exact_dims=exact,
             allow_narrower=allow_narrower,
+            anchor=figure_anchor(job),
         )
     except FlexDSAError as err:
         raise InvalidRequest(err.message, code=err.code, details=err.details) from None
     return {"job_id": job.id, **found, "requests": totals["requests"]}
+
+
+def figure_anchor(job: Job) -> dict[str, Any] | None:
+    """The job's latency figure for its headline bucket, with the dims it is for: what the proposal's expected
+    costs are scaled to, so that they are in the job's own terms (``flexdsa_core.respecialise``). None for a
+    job recorded before figures were kept, or one with no latency figure."""
+    figures = (job.report_summary or {}).get("figures") or {}
+    bucket = figures.get("bucket")
+    found = (figures.get("per_bucket") or {}).get(bucket) or {}
+    latency = found.get("latency") or {}
+    if latency.get("seconds") is None:
+        return None
+    return {"bucket": bucket, "dims": found.get("dims") or {}, "seconds": latency["seconds"],
+            "complete": latency.get("complete", True), "label": latency.get("label")}  # fmt: skip
 
 
 # --- re-specialising --------------------------------------------------------------------------------------

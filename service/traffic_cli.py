@@ -70,7 +70,7 @@ def push(
         stored = client.send_json("POST", f"/jobs/{job_id}/traffic", body)
         typer.echo(
             f"Stored {stored['stored_entries']} entries; the job has {stored['requests']} requests of traffic, "
-            f"padding waste {stored['padding_waste']:.1%}."
+            f"padding {stored['padding_waste']:.1%} (extra input elements per real one)."
         )
         if stored.get("auto_respecialised_job_id"):
             typer.echo(
@@ -88,7 +88,7 @@ def show(job_id: str, server: Server = DEFAULT_SERVER, api_key: ApiKey = None) -
         found = client.get_json(f"/jobs/{job_id}/traffic")
         typer.echo(
             f"{found['requests']} requests in {found['pushes']} push(es): {found['served']} served, "
-            f"{found['refused']} refused; padding waste {found['padding_waste']:.1%}"
+            f"{found['refused']} refused; padding {found['padding_waste']:.1%} (extra input elements per real one)"
         )
         for bucket in found["buckets"]:
             typer.echo(f"  {bucket['name']:<24} {bucket['requests']:>8} requests")
@@ -115,10 +115,14 @@ def propose(
             if row.get("buckets") is None:
                 typer.echo(f"{label:<9} -")
                 continue
+            cost = row.get("expected_cost_text") or f"{row['expected_cost_s'] * 1e3:.3g} ms"
             typer.echo(
-                f"{label:<9} {json.dumps(row['buckets']):<40} {row['expected_cost_s'] * 1e3:9.3f} ms/request "
-                f"(estimate), padding waste {row['padding_waste']:.1%}"
+                f"{label:<9} {json.dumps(row['buckets']):<40} {cost + '/request':>16} (estimate), "
+                f"padding waste {row['padding_waste']:.1%} (of the cost)"
             )
+        gain = found.get("gain") or {}
+        if gain.get("cost_vs_current") is not None:
+            typer.echo(f"expected cost, proposed / current: {gain['cost_vs_current']:.2f}x")
         typer.echo(f"cost basis: {found['cost_basis']}")
         typer.echo(coverage_line(found["coverage"]))
         for note in found["notes"]:

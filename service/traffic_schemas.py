@@ -49,7 +49,9 @@ class TrafficPushOut(BaseModel):
     stored_entries: int
     requests: int = Field(..., description="Requests of this job's traffic so far, every push added up.")
     padding_waste: float = Field(
-        ..., description="sum(padded - real) / sum(real) input elements over the served requests so far."
+        ...,
+        description="Padding in input elements: sum(padded - real) / sum(real) input elements over the served "
+        "requests so far (the runtime's count; a proposal's padding waste is of the cost instead).",
     )
     auto_respecialised_job_id: str | None = Field(
         None, description="The new version this push started, past the job's auto_respecialise_waste."
@@ -63,7 +65,7 @@ class TrafficOut(BaseModel):
     refused: int
     dropped: int
     pushes: int
-    padding_waste: float
+    padding_waste: float = Field(..., description="Padding in input elements: sum(padded - real) / sum(real).")
     dims: list[str]
     buckets: list[dict[str, Any]] = Field(
         ..., description="The bundle's buckets with the requests each served."
@@ -76,8 +78,18 @@ class ProposalOut(BaseModel):
     job_id: str
     requests: int
     max_buckets: int
-    cost_basis: str
-    current: dict[str, Any] = Field(..., description="This bundle's buckets on the traffic.")
+    cost_basis: str = Field(..., description="What the expected costs rest on, and the job figure they are scaled to.")
+    anchor: dict[str, Any] | None = Field(
+        None, description="The job's latency figure the expected costs are scaled to: bucket, dims, figure (its label), "
+        "complete (False: a lower bound, so are the costs), model_cost_s (the cost model's own), scale.",
+    )
+    padding_waste_of: str = Field(
+        "cost", description="What each row's padding_waste measures: of the cost, not of the input elements."
+    )
+    current: dict[str, Any] = Field(
+        ..., description="This bundle's buckets on the traffic: expected_cost_s (and expected_cost_text, as shown), "
+        "padding_waste (of the cost).",
+    )
     default: dict[str, Any] = Field(..., description="The target's default buckets on the traffic.")
     proposed: dict[str, Any] = Field(..., description="The buckets chosen from the traffic.")
     gain: dict[str, Any]

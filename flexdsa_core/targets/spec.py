@@ -49,6 +49,10 @@ class TargetSpec(BaseModel):
     mem_bandwidth_bytes_per_s: float | None = None
     sram_bytes: int | None = None
     power_w: float | None = None
+    # Float32 operations per second of the CPU beside the accelerator, where a source gives it: CPU-fallback
+    # nodes are then estimated on it (``targets/estimate.py``); None (every built-in part today) leaves their
+    # time out of the latency, and the figure says so.
+    cpu_peak_ops_per_s: float | None = Field(None, gt=0)
     launch_overhead_s: float = Field(2e-6, description="Per-kernel fixed cost the cost model adds.")
     preferred_layout: Literal["NCHW", "NHWC", "any"] = "NCHW"
     dtypes: list[str] = Field(default_factory=lambda: ["float32"])
@@ -116,7 +120,10 @@ class TargetSpec(BaseModel):
         its target, since two specs may share a name and version (a custom spec, an edited built-in) and
         differ in the figures every cached estimate rests on. Kept once computed: the spec is frozen, and
         ``model_copy`` drops it."""
-        canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        fields = self.model_dump(mode="json")
+        if fields.get("cpu_peak_ops_per_s") is None:  # added later: a spec without it keeps its hash
+            fields.pop("cpu_peak_ops_per_s", None)
+        canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()
 
     def model_copy(self, *, update=None, deep: bool = False) -> TargetSpec:

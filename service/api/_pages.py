@@ -2,7 +2,7 @@
 and the context every page shares (the mount point, version, mode, who is logged in).
 
 Filters: ``filesize`` (bytes in B/KB/MB/GB, base 1024), ``seconds`` (µs below a millisecond, ms below a
-second, minutes from two minutes on), ``when`` (a UTC timestamp), ``speed_tone`` (the colour of a headline
+second, three significant digits as every figure, minutes from two minutes on), ``when`` (a UTC timestamp), ``speed_tone`` (the colour of a headline
 speed-up: green only when faster as shown). A value that is not a number reads "–".
 """
 
@@ -16,6 +16,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse
 from fastapi.templating import Jinja2Templates
 
 from flexdsa_core import __version__
+from flexdsa_core.figures import seconds_text
 from service.api._ui_auth import is_operator, logged_in
 
 SERVICE_DIR = Path(__file__).resolve().parent.parent
@@ -39,12 +40,11 @@ def _filesize(size: int | None) -> str:
 
 
 def _seconds(value: float | None) -> str:
+    """Below a second as every figure is written (``flexdsa_core.figures.seconds_text``)."""
     if not _number(value):
         return "–"
-    if value < 1e-3:
-        return f"{value * 1e6:.1f} µs"
     if value < 1:
-        return f"{value * 1e3:.3g} ms"
+        return seconds_text(value)
     return f"{value:.2f} s" if value < 120 else f"{value / 60:.1f} min"
 
 

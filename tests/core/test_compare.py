@@ -20,6 +20,7 @@ from flexdsa_core.compare import (
     resolve_targets,
 )
 from flexdsa_core.errors import TargetNotFoundError
+from flexdsa_core.figures import job_figures
 from flexdsa_core.targets import load_target
 
 TINY_BERT = Path(__file__).resolve().parents[2] / "examples" / "tiny_bert.onnx"
@@ -55,9 +56,12 @@ def test_cpu_ort_latency_is_measured_here(reports):
     assert row["target"] == "cpu-ort" and row["bundle_bytes"] == 1234
     assert row["latency"]["source"] == MEASURED_HERE
     assert row["latency"]["seconds"] == reports["cpu-ort"]["latency"]["after_s"]
-    assert row["energy"] == {"joules": None, "source": NOT_KNOWN, "detail": row["energy"]["detail"]}
+    assert row["latency"] == reports["cpu-ort"]["figures"]["latency"]  # the job's own figure, not recomputed
+    assert row["energy"]["joules"] is None and row["energy"]["source"] == NOT_KNOWN and row["energy"]["text"] == NOT_KNOWN
     assert row["accelerator_flop_share"] == 1.0 and row["cpu_fallback_nodes"] == 0
     assert row["accuracy"]["source"] == OUR_VALIDATION and row["accuracy"]["ok"] is True
+    # Random validation inputs check numerics only: the figure says so and claims no accuracy.
+    assert row["accuracy"]["numerics_only"] is True and row["accuracy"]["text"].endswith(", numerics only")
     assert row["vendor_alone"] is None
 
 
@@ -84,7 +88,8 @@ def test_an_unsourced_power_leaves_energy_not_known(reports):
     assert on_target["latency_s"] > 0 and on_target["energy_j"] is None
     row = comparison_row(report)
     assert row["latency"]["source"] == ROOFLINE and row["latency"]["seconds"] == on_target["latency_s"]
-    assert row["energy"] == {"joules": None, "source": NOT_KNOWN, "detail": "the target's power is unsourced"}
+    assert row["energy"]["joules"] is None and row["energy"]["source"] == NOT_KNOWN
+    assert row["energy"]["label"] == "not known (the target's power is unsourced)"
     [header, line, _legend] = render_comparison([row]).splitlines()
     energy_at = header.index("energy")
     assert line.startswith(UNPOWERED["name"]) and "[r]" in line
@@ -108,6 +113,7 @@ def _with_vendor(report: dict, alone_cycles: float | None, ours_cycles: float) -
     report["toolchain"] = {"name": "rockchip", "ran": True, "buckets": {bucket: {
         "numerics": [{"name": "out", "cosine": 0.99991, "max_abs": 0.01}], "placement_agreement": {"share": 1.0},
     }}}  # fmt: skip
+    report["figures"] = job_figures(report)  # as the pipeline computes them, once the vendor's sections are in
     return report
 
 
@@ -117,12 +123,13 @@ def test_the_vendor_alone_baseline_and_the_simulators_accuracy(reports):
     assert row["vendor_alone"]["ratio"] == pytest.approx(0.9)
     assert row["vendor_estimate"]["cycles"] == 45000.0
     assert row["vendor_estimate"]["source"].startswith("vendor estimate: rknn-toolkit2 2.5.0")
-    assert row["accuracy"] == {
-        "value": 0.99991, "metric": "cosine", "ok": None, "source": "vendor simulator (rockchip)",
-        "detail": row["accuracy"]["detail"],
-    }  # fmt: skip
+    accuracy = row["accuracy"]
+    assert (accuracy["value"], accuracy["metric"], accuracy["ok"]) == (0.99991, "cosine", None)
+    assert accuracy["source"] == "vendor simulator (rockchip)"
+    # The simulator ran on the random validation inputs: numerics only, on every surface.
+    assert accuracy["numerics_only"] and accuracy["text"] == "cosine 0.99991, numerics only"
     table = render_comparison([row])
-    assert "0.900x cycles [v]" in table and "cosine 0.99991 [v]" in table
+    assert "0.900x cycles [v]" in table and "cosine 0.99991, numerics only [v]" in table
 
 
 def test_a_vendor_alone_that_failed_is_said(reports):

@@ -175,7 +175,9 @@ def test_a_tie_is_no_significant_difference_everywhere_never_the_ratio_of_median
     assert f"Speed-up      {top['text']}" in render_summary(report)
 
     faster = headline(_report("cpu-ort", True, latency=_latency(0.8, 0.75, 0.85, "faster")))
-    assert faster["verdict"] == "faster" and faster["text"].startswith("1.25x the original model (95% interval")
+    assert faster["verdict"] == "faster" and faster["text"].startswith(
+        "1.25x the original model (its time / the optimised model's, paired rounds; 95% interval"
+    )
 
 
 def test_an_accelerator_job_shows_no_cpu_timing_and_names_its_estimate():

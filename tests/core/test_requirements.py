@@ -108,3 +108,24 @@ def test_measured_latency_has_room_for_noise_and_other_sources_are_not_compared(
     assert compare_with_previous(noisy, before)[0]["regressed"] is False
     estimated = figures(_summary(latency_s=0.0009, source="roofline estimate"), None)
     assert compare_with_previous(estimated, before)[0]["regressed"] is None
+
+
+def test_a_figure_on_synthetic_inputs_claims_no_accuracy():
+    synthetic = {"value": 0.99915, "metric": "cosine", "source": "vendor simulator (amd)", "numerics_only": True,
+                 "text": "cosine 0.99915, numerics only"}  # fmt: skip
+    found = figures(_summary(accuracy=synthetic), None)
+    assert found["accuracy"] is None and "numerics only" in found["accuracy_source"]
+    [verdict] = evaluate(["accuracy>=0.99"], found, None)
+    assert verdict["met"] is False and "synthetic inputs" in verdict["detail"]
+
+
+def test_an_upper_limit_is_not_met_by_a_lower_bound():
+    """A latency that leaves the CPU-fallback nodes out only bounds the time from below: 'latency_ms<5' cannot
+    be established from it, while 'latency_ms>0.001' can."""
+    summary = _summary(latency_s=2.6e-5, source="roofline estimate")
+    summary["comparison"]["latency"].update(
+        complete=False, label="≥ 26 µs (roofline estimate; not included: 4 CPU-fallback nodes)"
+    )
+    below, above = evaluate(["latency_ms<5", "latency_ms>0.001"], figures(summary, None), None)
+    assert below["met"] is False and "a lower bound" in below["detail"] and "4 CPU-fallback nodes" in below["detail"]
+    assert above["met"] is True

@@ -155,19 +155,21 @@ def test_the_comparison_page_shows_a_table_and_a_chart(page, live, transformer_g
     rows = page.locator("#compare-table tbody tr")
     assert sorted(rows.nth(i).get_attribute("data-target") for i in range(rows.count())) == sorted(ALL)
     cpu = page.locator("#compare-table tr[data-target=cpu-ort]")
-    assert cpu.locator("td[data-field=latency] .src.measured").inner_text().endswith(" ms")
+    # Each figure as the job's report writes it (µs below a millisecond), the same text as its job page.
+    assert re.fullmatch(r"[\d.]+ (µs|ms|s)", cpu.locator("td[data-field=latency] .src.measured").inner_text())
     orin = page.locator("#compare-table tr[data-target=nvidia-orin-nano]")
-    assert orin.locator("td[data-field=latency] .src.estimate").inner_text().endswith(" ms")
+    assert re.fullmatch(r"(≥ )?[\d.]+ (µs|ms|s)", orin.locator("td[data-field=latency] .src.estimate").inner_text())
     assert "roofline estimate" in orin.locator("td[data-field=latency]").get_attribute("title")
     assert orin.locator("td[data-field=flop_share]").inner_text().endswith("%")
     chart = page.locator("svg#compare-chart")
     assert chart.is_visible()
-    latency = chart.locator("g.panel").first
-    assert "Latency" in latency.locator(".panel-title").text_content()
-    assert latency.locator("g.bar-row").count() == len(ALL)
-    assert latency.locator("rect.bar.measured").count() == 1  # cpu-ort, the one target measured here
-    assert latency.locator("rect.bar.estimate").count() == len(ALL) - 1
-    widths = [float(w) for w in latency.locator("rect.bar").evaluate_all("rs => rs.map(r => r.getAttribute('width'))")]
+    # Measured and estimated latencies never share an axis: one panel each, each scaled to its own largest.
+    measured, estimated = chart.locator("g.panel").nth(0), chart.locator("g.panel").nth(1)
+    assert measured.locator(".panel-title").text_content() == "Latency, measured on this CPU"
+    assert estimated.locator(".panel-title").text_content().startswith("Latency, roofline estimate on each target")
+    assert measured.locator("rect.bar.measured").count() == measured.locator("g.bar-row").count() == 1  # cpu-ort
+    assert estimated.locator("rect.bar.estimate").count() == estimated.locator("g.bar-row").count() == len(ALL) - 1
+    widths = [float(w) for w in estimated.locator("rect.bar").evaluate_all("rs => rs.map(r => r.getAttribute('width'))")]
     assert max(widths) == pytest.approx(300, abs=1) and min(widths) > 0
     page.screenshot(path=str(SHOTS / "flexdsa-compare-group.png"), full_page=True)
     # Linked from the jobs list and from each job's page.
@@ -197,4 +199,5 @@ def test_the_upload_form_compares_several_targets(page, live, tmp_path):
     assert group["targets"] == ["cpu-ort", "nvidia-orin-nano"] and group["model_filename"] == "leaky.onnx"
     rows = page.locator("#compare-table tbody tr")
     assert [rows.nth(i).get_attribute("data-target") for i in range(rows.count())] == ["cpu-ort", "nvidia-orin-nano"]
-    assert page.locator("svg#compare-chart g.panel").first.locator("rect.bar").count() == 2
+    panels = page.locator("svg#compare-chart g.panel")
+    assert panels.nth(0).locator("rect.bar").count() == panels.nth(1).locator("rect.bar").count() == 1

@@ -88,7 +88,10 @@ def test_traffic_against_the_buckets_and_re_specialising_from_the_page(page, ser
     assert proposed[-1] == 48 and len(proposed) > 1 and min(proposed) < 13
     rows = section.locator("table.proposal tbody tr")
     assert rows.count() == 3 and "[48]" in rows.nth(0).inner_text() and "[128]" in rows.nth(1).inner_text()
-    assert re.search(r"Proposed vs this bundle: 0\.\d\d×", section.locator("#proposal-gain").inner_text())
+    assert re.search(r"Expected cost, proposed / this bundle's: 0\.\d\d×", section.locator("#proposal-gain").inner_text())
+    # Every request fits the one bucket: this bundle costs, per request, the job's own figure for it.
+    figure = httpx.get(f"{server.url}/jobs/{job_id}").json()["report_summary"]["figures"]["latency"]
+    assert rows.nth(0).locator("[data-field=expected-cost]").inner_text() == figure["text"]
     assert section.locator("table.versions tbody tr").count() == 1
     page.screenshot(path=str(SHOTS / "flexdsa-dashboard-traffic-v1.png"), full_page=True)
     section.screenshot(path=str(SHOTS / "flexdsa-dashboard-traffic-section.png"))
