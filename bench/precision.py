@@ -246,9 +246,11 @@ def _task_figures(reference: list[dict], got: list[dict], accuracy) -> dict:
     found = score(reference, got, accuracy)
     task = {}
     for name, entry in found["outputs"].items():
-        if "top1_agreement" in entry:
-            task[f"{name} top-1"] = entry["top1_agreement"]
+        if "top1_rule" in entry:  # on the rows the rule judges (confident ones by default), and on every row
+            rows = f"{entry['rows']} {'confident ' if entry['top1_rule'] == 'confident' else ''}rows"
+            task[f"{name} top-1 ({rows})"] = entry["top1_agreement"]
             task[f"{name} top-1 expected"] = entry["top1_expected"]
+            task[f"{name} top-1 all {entry['rows_all']} rows"] = entry["top1_agreement_all_rows"]
         for piece, figures in (entry.get("slices") or {}).items():
             task[f"{name}[{piece}] cosine"] = figures.get("cosine", figures.get("top1_agreement"))
     cosines = [e["cosine"] for e in found["outputs"].values() if "cosine" in e]
@@ -274,7 +276,8 @@ def bench_trained(name: str, rounds: int, warmup: int) -> dict:
     reference = [dict(zip(names, probe.run(names, feed), strict=True)) for feed in feeds]
     del probe
     buffer = io.BytesIO()
-    np.savez(buffer, **calibration)
+    groups = trained.groups()  # each sample's photo or clip: the job holds out whole ones
+    np.savez(buffer, **calibration, **({} if groups is None else {"groups": groups[: len(calibration_feeds)]}))
     with tempfile.TemporaryDirectory(prefix=f"bench-precision-{name}-") as tmp:
         folder = Path(tmp)
         paths: dict[str, Path] = {"original": trained.model}
@@ -290,7 +293,7 @@ def bench_trained(name: str, rounds: int, warmup: int) -> dict:
             section = result.report["precision"]
             record["flexdsa"] = {
                 "seconds": round(time.perf_counter() - started, 1), "shipped": section.get("shipped"),
-                "judgement": section.get("judgement"), "warnings": section.get("warnings"),
+                "judgement": section.get("judgement"), "warnings": section.get("warnings"), "claim": section.get("claim"),
                 "own_verdict": {k: (section.get(k) or {}).get("loss") for k in ("accuracy", "calibration_accuracy")},
                 "candidates": [{k: c.get(k) for k in ("name", "how", "meets_target", "time_ratio_vs_fp32")}
                                | {"loss": c["accuracy"].get("loss")} for c in section.get("candidates", [])],
@@ -343,7 +346,7 @@ def _trained_table(results: dict) -> str:
         shipped = (record.get("flexdsa") or {}).get("shipped") or (record.get("flexdsa") or {}).get("error", "")[:60]
         for variant, entry in record["variants"].items():
             acc = entry["accuracy"]
-            task = ", ".join(f"{k} {v:.4f}" for k, v in acc["task"].items())
+            task = ", ".join(f"{k} {v:.4f}" for k, v in acc["task"].items() if v is not None)
             label = f"flexdsa ({shipped})" if variant == "flexdsa" else variant
             lines.append(
                 f"{name:<19} {label:<12} {entry['speedup']:>8.2f}x {'[{:.2f}, {:.2f}]'.format(*entry['speedup_iqr']):>13} "
@@ -361,6 +364,130 @@ def _trained_table(results: dict) -> str:
     return "\n".join(lines)
 
 
+# ------------------------------------------------------------------------------ claims against other photos
+# Candidates of graded accuracy: static int8 of the classifier with its first k weight layers (graph order)
+# kept float.
+CLAIM_LADDER = (0, 5, 10, 20, 35)
+CLAIM_RULES = ("confident", "all")
+
+
+def _ort_static(original: Path, out: Path, samples: list[dict], exclude: list[str]) -> Path:
+    from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
+
+    from flexdsa_core.precision import cpu_int8_features
+
+    reader = iter(samples)
+    quantize_static(
+        str(original), str(out), type("Reader", (), {"get_next": lambda self: next(reader, None)})(),
+        quant_format=QuantFormat.QDQ, activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
+        per_channel=True, reduce_range=cpu_int8_features()["reduce_range"], nodes_to_exclude=exclude,
+    )  # fmt: skip
+    return out
+
+
+def claims_study(name: str = "efficientnet-lite0", photos: int = 8, seed: int = 0) -> dict:
+    """Does what a job claims from its held-out samples hold on other photos? Twice: the crops of the first
+    ``photos`` photos are the job's samples and the rest are the other photos, then the other way round. The
+    job's samples are split as a job splits them: by crops (the crops of one photo on both sides) or by whole
+    photos (``groups``); each candidate of ``CLAIM_LADDER`` is calibrated on the one side and judged on the
+    other (the claim: top-1 found and expected, ``accuracy.score``), then run on the crops of every other
+    photo (what it does), under each top-1 rule. Results: ``bench/results/precision_claims.json``."""
+    from bench.trained import fixture
+
+    every = list(dict.fromkeys(str(s) for s in fixture(name).groups()))
+    studies = [_claims_on(name, every[:photos], seed), _claims_on(name, every[photos:], seed)]
+    rows = [row for study in studies for row in study["rows"]]
+    return {"model": name, "arrangements": studies, "rows": rows, "summary": _claims_summary(rows)}
+
+
+def _claims_on(name: str, first: list[str], seed: int) -> dict:
+    """``claims_study`` with the crops of ``first`` as the job's samples."""
+    import onnx
+
+    from bench.trained import fixture
+    from flexdsa_core.accuracy import score
+    from flexdsa_core.holdout import plan
+    from flexdsa_core.options import AccuracyTarget, HoldOut
+
+    trained = fixture(name)
+    feeds, sources = trained.feeds(trained.arrays()), [str(s) for s in trained.groups()]
+    own = [i for i, source in enumerate(sources) if source in first]
+    other = [i for i, source in enumerate(sources) if source not in first]
+    splits = {
+        "crops of the same photos": plan(len(own), HoldOut(by_groups=False), seed),
+        "whole photos (groups)": plan(len(own), HoldOut(), seed, groups=[sources[i] for i in own]),
+    }
+    weight_layers = [n.name for n in onnx.load(str(trained.model)).graph.node if n.op_type in ("Conv", "Gemm", "MatMul")]
+
+    def outputs(path, indices):
+        sess = session(str(path), "enable_all")
+        names = [o.name for o in sess.get_outputs()]
+        return [dict(zip(names, sess.run(names, feeds[i]), strict=True)) for i in indices]
+
+    other_reference = outputs(trained.model, other)
+    record: dict = {"model": name, "calibration_photos": first, "other_photos": len(set(sources) - set(first)),
+                    "other_rows": len(other), "rows": []}  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="bench-claims-") as tmp:
+        for split_name, split in splits.items():
+            fold = split.first
+            calibrate, judge = [own[i] for i in fold.calibrate], [own[i] for i in fold.judge]
+            judged_reference = outputs(trained.model, judge)
+            for keep in CLAIM_LADDER:
+                print(f"  {split_name}: {keep} layers float ...", flush=True)
+                path = _ort_static(trained.model, Path(tmp) / f"k{keep}.onnx", [feeds[i] for i in calibrate], weight_layers[:keep])
+                judged, found = outputs(path, judge), outputs(path, other)
+                for rule in CLAIM_RULES:
+                    target = AccuracyTarget(**trained.accuracy, top1_rows=rule)
+                    claim = score(judged_reference, judged, target)["outputs"]["logits"]
+                    truth = score(other_reference, found, target)["outputs"]["logits"]
+                    record["rows"].append({
+                        "job_photos": first[0], "split": split_name, "judged_samples": len(judge), "judged_groups": split.groups_in(fold.judge),
+                        "float_layers": keep, "rule": rule, "rows": claim["rows"], "found": claim["top1_agreement"],
+                        "expected": claim["top1_expected"], "bound": claim["top1_bound"], "other_rows": truth["rows"],
+                        "other_found": truth["top1_agreement"], "cosine": claim["cosine"], "other_cosine": truth["cosine"],
+                    })  # fmt: skip
+    return record
+
+
+def _claims_summary(rows: list[dict]) -> dict:
+    """Per split and rule: how far the figures claimed were from what the models did on other photos (mean
+    absolute error of found and of expected, and the mean signed error of expected), and of the candidates a
+    job would have shipped (top-1 found and expected, and cosine, >= 0.99 on the held-out crops), how many
+    the other photos refuted (top-1 or cosine under 0.99 there)."""
+    found: dict = {}
+    for split in dict.fromkeys(r["split"] for r in rows):
+        for rule in CLAIM_RULES:
+            mine = [r for r in rows if r["split"] == split and r["rule"] == rule and r["found"] is not None]
+            if not mine:
+                continue
+            claimed = [r for r in mine if min(r["found"], r["expected"], r["cosine"]) >= 0.99]
+            found[f"{split}, {rule} rows"] = {
+                "found_error": round(statistics.mean(abs(r["found"] - r["other_found"]) for r in mine), 4),
+                "expected_error": round(statistics.mean(abs(r["expected"] - r["other_found"]) for r in mine), 4),
+                "expected_bias": round(statistics.mean(r["expected"] - r["other_found"] for r in mine), 4),
+                "claims_met": len(claimed), "refuted": sum(min(r["other_found"], r["other_cosine"]) < 0.99 for r in claimed),
+                "top1_claims_refuted": sum(min(r["found"], r["expected"]) >= 0.99 > r["other_found"] for r in mine),
+                "their_cosine_at_most": max((r["cosine"] for r in mine if min(r["found"], r["expected"]) >= 0.99), default=None),
+            }
+    return found
+
+
+def _claims_table(record: dict) -> str:
+    lines = [f"{record['model']}: a job's claim from held-out crops of 8 photos, against the crops of the 8 others"]
+    for study in record["arrangements"]:
+        lines.append(f"  job photos from {study['calibration_photos'][0]}: other photos' crops {study['other_rows']}")
+    lines.append(f"{'split':<26} {'float':>5} {'rule':<9} {'rows':>4} {'found':>6} {'expected':>8} {'bound':>6}  "
+                 f"{'other photos (rows)':>20}")  # fmt: skip
+    for r in record["rows"]:
+        figures = (f"{r['found']:>6.3f} {r['expected']:>8.3f} {r['bound']:>6.3f}" if r["found"] is not None
+                   else f"{'-':>6} {'-':>8} {'-':>6}")  # fmt: skip
+        lines.append(f"{r['split']:<26} {r['float_layers']:>5} {r['rule']:<9} {r['rows']:>4} {figures}  "
+                     f"{r['other_found']:>13.3f} ({r['other_rows']})")  # fmt: skip
+    for key, value in record["summary"].items():
+        lines.append(f"{key}: " + ", ".join(f"{k} {v}" for k, v in value.items()))
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trained", default=None, help="comma-separated trained fixtures (default: all of them)")
@@ -368,11 +495,22 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--show", action="store_true", help="print the table of the last results, run nothing")
+    parser.add_argument("--claims", action="store_true",
+                        help="the claims study instead: does a job's held-out figure hold on other photos?")
     args = parser.parse_args(argv)
     # onnxruntime.quantization logs "consider pre-processing" to the root logger on every model it quantises.
     logging.getLogger().setLevel(logging.ERROR)
     from flexdsa_core.precision import cpu_int8_features
 
+    if args.claims:
+        out = RESULTS_DIR / "precision_claims.json"
+        record = json.loads(out.read_text()) if args.show else claims_study()
+        record["summary"] = _claims_summary(record["rows"])
+        if not args.show:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(json.dumps(record, indent=1, default=str))
+        print(_claims_table(record))
+        return record
     if args.models is None:
         return _main_trained(args)
     if args.show:

@@ -22,7 +22,7 @@ Every fixture is built once, in an environment of its own (``<cache>/env``: the 
 packages above; nothing enters the project's environment), and cached under ``<cache>/<name>-<key>/``:
 ``model.onnx``, ``samples.npz`` (every real sample, in source order: the first part of the order is what
 ``bench.precision`` calibrates on) and ``meta.json`` (task, the accuracy spec to judge it with, what the samples
-are). The key hashes the builder (``bench/trained_build.py``) and the environment's requirements: editing
+are, and ``sources``: each sample's photo, sentence or clip, given to the optimizer as ``groups``). The key hashes the builder (``bench/trained_build.py``) and the environment's requirements: editing
 either rebuilds.
 ``<cache>`` is ``$FLEXDSA_FIXTURES_DIR`` or ``~/.cache/flexdsa/fixtures``.
 
@@ -90,6 +90,14 @@ class TrainedFixture:
         first = {k: v[: cut * (len(v) // count)] for k, v in arrays.items()}
         rest = {k: v[cut * (len(v) // count) :] for k, v in arrays.items()}
         return first, rest
+
+    def groups(self):
+        """The source of each sample (the photo a crop was cut from, the clip a window came from), as the
+        calibration file's ``groups`` array takes it; None where the fixture does not say."""
+        import numpy as np
+
+        sources = self.meta.get("sources")
+        return None if sources is None else np.array(sources)
 
     def feeds(self, arrays: dict) -> list[dict]:
         """``arrays`` (a split's) as one feed per sample."""

@@ -7,6 +7,16 @@ but the same for every input that names it (``seq`` of ``input_ids`` and of ``at
 must be the inputs' own (no silent casts: a float64 array for a float32 input is refused with the fix).
 Integer inputs that index an embedding table must lie inside it.
 
+Two array names are reserved, unless the model has an input of that name (then it is that input): they
+say something about the samples and are never fed to the model. Both are stacked on the first axis like the
+inputs (one entry per row of the inputs' first axis):
+
+* ``labels``: integer class indices of the top-1 output's rows (one per row of a ``[batch, classes]``
+  output; ``[n, seq]`` for one per position); a negative value marks a row without a label. With labels, the
+  accuracy target judges that output against them (``accuracy``, MLPerf's rule).
+* ``groups``: the source of each sample (ints or strings: the photo eight crops came from, the speaker of a
+  clip); the held-out samples are then whole groups (``holdout``). The rows of one sample share one group.
+
 Without uploaded samples, ``synthetic_samples`` draws seeded random ones (``validate.make_inputs``); the
 report then warns that accuracy was judged on them.
 """
@@ -27,9 +37,13 @@ from flexdsa_core.errors import InvalidOptionsError
 from flexdsa_core.validate import _gather_vocab_sizes, make_inputs
 
 __all__ = [
-    "CalibrationError", "check_calibration", "check_calibration_file", "load_calibration", "read_layouts",
-    "synthetic_samples",
+    "RESERVED", "CalibrationError", "CalibrationSamples", "check_calibration", "check_calibration_file",
+    "load_calibration", "read_layouts", "synthetic_samples",
 ]  # fmt: skip
+
+# Arrays that describe the samples instead of feeding the model (module docstring), unless the model has an
+# input of that name.
+RESERVED = ("labels", "groups")
 
 # More samples add calibration time, not much accuracy: the rest of the upload is left unused (reported).
 MAX_SAMPLES = 256
@@ -42,6 +56,17 @@ class CalibrationError(InvalidOptionsError):
     """Calibration data that cannot be read, or does not fit the model's inputs."""
 
     code = "invalid_calibration"
+
+
+class CalibrationSamples(list):
+    """The samples as feeds (one dict of inputs per ONNX Runtime run), with what the file said about them:
+    ``labels`` (per sample, the class index of each of its rows, -1 where none; None: no labels) and
+    ``groups`` (per sample, its source; None: not named)."""
+
+    def __init__(self, feeds, labels: list[np.ndarray] | None = None, groups: list | None = None) -> None:
+        super().__init__(feeds)
+        self.labels = labels
+        self.groups = groups
 
 
 _HOW = "Save it with numpy.savez('samples.npz', input_name=array, ...), one array per model input."
@@ -178,7 +203,8 @@ def _check_fit(
 ) -> dict[str, int]:
     """The number of samples per input, or a ``CalibrationError``: names, then dtypes and shapes (from
     ``layouts``), then the ids of inputs that index a table (``values(name)``: the array, or None to skip)."""
-    missing, extra = sorted(set(specs) - set(layouts)), sorted(set(layouts) - set(specs))
+    reserved = _reserved(specs)
+    missing, extra = sorted(set(specs) - set(layouts)), sorted(set(layouts) - set(specs) - reserved)
     if missing or extra:
         raise CalibrationError(
             "calibration data does not name the model's inputs: "
@@ -190,10 +216,13 @@ def _check_fit(
                 )
                 if part
             )
-            + f". The model's inputs are: {', '.join(f'{n} {d} {s}' for n, (d, s) in specs.items())}.",
+            + f". The model's inputs are: {', '.join(f'{n} {d} {s}' for n, (d, s) in specs.items())}"
+            + (f" ({' and '.join(map(repr, sorted(reserved)))} may describe the samples as well)." if reserved else "."),
             details={"missing": missing, "unexpected": extra},
         )
     problems, counts = _layout_problems(specs, layouts)
+    if not problems:
+        problems = _annotation_problems(layouts, reserved, next(iter(counts.values())), values)
     if not problems:
         for name, size in _gather_vocab_sizes(model).items():
             array = values(name) if name in layouts else None
@@ -210,6 +239,42 @@ def _check_fit(
     return counts
 
 
+def _reserved(specs: dict) -> set[str]:
+    """The reserved names (``RESERVED``) that are not inputs of this model."""
+    return {name for name in RESERVED if name not in specs}
+
+
+def _annotation_problems(
+    layouts: dict[str, tuple[np.dtype, tuple[int, ...]]],
+    reserved: set[str],
+    samples: int,
+    values: Callable[[str], np.ndarray | None],
+) -> list[str]:
+    """What is wrong with the ``labels`` and ``groups`` arrays: their kind, and a first axis of one entry per
+    sample or per row (a multiple of the samples: a fixed batch's rows); a sample's rows in two groups
+    (``values(name)``: the array, or None to skip)."""
+    problems = []
+    for name in sorted(reserved & set(layouts)):
+        dtype, shape = layouts[name]
+        if not shape or not shape[0] or shape[0] % samples:
+            problems.append(
+                f"{name!r} has {shape[0] if shape else 'no'} entries on its first axis for {samples} samples: give one "
+                "per sample (or per row of the inputs' first axis), stacked like the inputs"
+            )
+        elif name == "labels" and dtype.kind not in "iu":
+            problems.append(f"'labels' is {dtype}: labels are class indices (convert with .astype(numpy.int64))")
+        elif name == "groups" and (dtype.kind not in "iuUS" or len(shape) != 1):
+            problems.append(
+                f"'groups' is {dtype} {list(shape)}: give one integer or string per sample, a 1-D array (e.g. the "
+                "name of the photo each crop was cut from)"
+            )
+        elif name == "groups" and shape[0] > samples:
+            groups, step = values(name), shape[0] // samples
+            if groups is not None and (groups.reshape(-1, step) != groups[::step, None]).any():
+                problems.append(f"'groups' names two groups within one sample of {step} rows")
+    return problems
+
+
 def check_calibration_file(model: onnx.ModelProto, source: str | Path, *, max_read_bytes: int = 64 << 20) -> int:
     """``check_calibration`` for an ``.npz`` file, judged from its arrays' headers (dtype and shape): values are
     read only for inputs that index a table (their ids' range), each at most ``max_read_bytes`` (larger ones
@@ -221,7 +286,7 @@ def check_calibration_file(model: onnx.ModelProto, source: str | Path, *, max_re
 
         def values(name: str) -> np.ndarray | None:
             dtype, shape = layouts[name]
-            if name not in vocab or dtype.itemsize * math.prod(shape) > max_read_bytes:
+            if name not in vocab and name not in RESERVED or dtype.itemsize * math.prod(shape) > max_read_bytes:
                 return None
             return archive[name]
 
@@ -229,21 +294,31 @@ def check_calibration_file(model: onnx.ModelProto, source: str | Path, *, max_re
     return min(next(iter(counts.values())), MAX_SAMPLES)
 
 
-def check_calibration(model: onnx.ModelProto, arrays: dict[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
-    """The samples as feeds (one dict per ONNX Runtime run), or a ``CalibrationError`` saying what does not
-    fit and how to fix it. ``model`` may be loaded without weights (shapes of Gather tables suffice)."""
+def check_calibration(model: onnx.ModelProto, arrays: dict[str, np.ndarray]) -> CalibrationSamples:
+    """The samples as feeds (one dict per ONNX Runtime run) with their labels and groups where the file has
+    them (``CalibrationSamples``), or a ``CalibrationError`` saying what does not fit and how to fix it.
+    ``model`` may be loaded without weights (shapes of Gather tables suffice)."""
     specs = _input_specs(model)
     layouts = {name: (array.dtype, array.shape) for name, array in arrays.items()}
     counts = _check_fit(model, specs, layouts, arrays.get)
-    samples = min(next(iter(counts.values())), MAX_SAMPLES)
+    count = next(iter(counts.values()))
+    samples = min(count, MAX_SAMPLES)
     feeds = []
     for index in range(samples):
         feed = {}
         for name, (_, dims) in specs.items():
-            step = dims[0] if isinstance(dims[0], int) and dims[0] > 0 else 1
-            feed[name] = np.ascontiguousarray(arrays[name][index * step : (index + 1) * step])
+            rows = dims[0] if isinstance(dims[0], int) and dims[0] > 0 else 1
+            feed[name] = np.ascontiguousarray(arrays[name][index * rows : (index + 1) * rows])
         feeds.append(feed)
-    return feeds
+    reserved = _reserved(specs)
+    labels = groups = None
+    if "labels" in reserved and "labels" in arrays:  # one entry per sample, or per row of a fixed batch
+        step = len(arrays["labels"]) // count
+        labels = [arrays["labels"][i * step : (i + 1) * step].astype(np.int64).ravel() for i in range(samples)]
+    if "groups" in reserved and "groups" in arrays:
+        step = len(arrays["groups"]) // count
+        groups = [arrays["groups"][i * step].item() for i in range(samples)]
+    return CalibrationSamples(feeds, labels, groups)
 
 
 def synthetic_samples(model: onnx.ModelProto, *, seed: int, count: int = SYNTHETIC_SAMPLES) -> list[dict]:

@@ -2,7 +2,8 @@
 
 Accuracy (``AccuracyTarget``, scored by ``accuracy.score``: per output its task's metric, cosine, top-1 or
 per-slice) is judged against the fp32 original on samples the quantiser did not calibrate on: the samples
-are split (``holdout.plan``; k-fold when few), every quantiser calibrates on one part (``run.calibration``)
+are split (``holdout.plan``; k-fold when few; whole groups when the calibration file names each sample's
+source), every quantiser calibrates on one part (``run.calibration``)
 and every decision is taken on the other (``run.judged``); the candidate about to ship is confirmed on every
 fold (``_confirm``). A model below the target on the held-out samples is never shipped, whatever it scored on
 its calibration samples (both figures are reported). Synthetic samples check numerics only and say so.
@@ -33,7 +34,8 @@ Each is scored, then timed with the fp32 model (and the original) in interleaved
 ships (the never-slower guard), else fp32 or a failure naming the most sensitive layers, as asked.
 
 **mixed** (cpu-ort). Sensitivity of a layer (a node with quantised weights) = the accuracy it alone costs:
-the model with only that layer quantised, ``1 - min over outputs of min(cosine, top-1 agreement)``. Then the
+the model with only that layer quantised, ``1 - min over outputs of min(cosine, top-1 agreement)`` (top-1 by
+the accuracy target's rule: confident rows, or labels; ties broken over every row, ``sensitivity_order``). Then the
 ``k`` most sensitive weight layers stay float for the smallest ``k`` whose static model meets the target,
 found by bisection over ``k`` (ops measured slower in int8 are float throughout; when every other op in
 int8 misses the target, only weight layers are quantised); then the kept-float layers with the largest

@@ -14,6 +14,7 @@ import time
 import numpy as np
 import onnx_ir as ir
 
+from flexdsa_core.accuracy import labelled_output, metrics_for
 from flexdsa_core.holdout import Fold, SplitPlan, plan
 from flexdsa_core.precision.formats import int8_format
 from flexdsa_core.precision.fp16 import _fp16
@@ -34,14 +35,23 @@ def apply_precision(run: PrecisionRun) -> tuple[ir.Model | None, dict]:
         },
         "warnings": [],
     }
+    if run.labels is not None:
+        report["calibration"]["labelled_rows"] = int(sum((labels >= 0).sum() for labels in run.labels))
+    if run.groups is not None:
+        report["calibration"]["groups"] = len(set(run.groups))
     if run.options.precision == "fp16":  # nothing calibrates: every sample judges
         run.split = SplitPlan("none", len(run.samples), (Fold((), tuple(range(len(run.samples)))),), "as_given")
         run.use_fold(0)
         report["judgement"] = {"mode": "no calibration (float16)", "judged_on": len(run.samples)}
     else:
-        run.split = plan(len(run.samples), run.options.holdout, run.options.seed)
+        run.split = plan(len(run.samples), run.options.holdout, run.options.seed, groups=run.groups)
         run.use_fold(0)
         report["judgement"] = run.split.as_dict()
+        report["warnings"].extend(_group_warnings(run))
+    if run.labels is not None:  # which output they label, refused before any work where that is ambiguous
+        report["calibration"]["labels_output"] = labelled_output(
+            metrics_for(run.reference()[0], run.options.accuracy), run.options.accuracy
+        )
     report["judgement"]["claim"] = (
         "numerics only: synthetic random inputs check that the lower-precision model computes what the original "
         "does on them; they make no accuracy claim (upload samples of your data for one)"
@@ -74,6 +84,19 @@ def apply_precision(run: PrecisionRun) -> tuple[ir.Model | None, dict]:
     if not math.isfinite(report["seconds"]):
         report["seconds"] = None
     return model, report
+
+
+def _group_warnings(run: PrecisionRun) -> list[str]:
+    """Groups named that could not be held out whole."""
+    if run.groups is None or run.split.mode == "none":
+        return []
+    if not run.options.holdout.by_groups:
+        return [f"the samples name {len(set(run.groups))} groups but holdout.by_groups is false: samples of one "
+                "group were split between calibrating and judging, so the figure is not on unseen sources"]  # fmt: skip
+    if run.split.group_of is None:
+        return ["every sample names the same group: nothing from another source could be held out, so samples of "
+                "that one group were split; send samples from several sources for a figure that holds on new ones"]  # fmt: skip
+    return []
 
 
 def replace_model(bucket, model: ir.Model):

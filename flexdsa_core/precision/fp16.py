@@ -11,7 +11,7 @@ import onnxruntime as ort
 from flexdsa_core.accuracy import describe as _describe
 from flexdsa_core.accuracy import score
 from flexdsa_core.errors import ValidationFailedError
-from flexdsa_core.precision.scoring import PrecisionRun, _outputs, _save
+from flexdsa_core.precision.scoring import PrecisionRun, _outputs, _save, claim
 from flexdsa_core.validate import DEFAULT_TOLERANCES
 
 
@@ -32,7 +32,8 @@ def _fp16(run: PrecisionRun, report: dict) -> ir.Model:
     atol, rtol = DEFAULT_TOLERANCES["float16"]
     if run.options.tolerances and "float16" in run.options.tolerances:
         atol, rtol = run.options.tolerances["float16"].atol, run.options.tolerances["float16"].rtol
-    accuracy = score(reference, [{k: v.astype(np.float32) for k, v in s.items()} for s in got], run.options.accuracy)
+    accuracy = score(reference, [{k: v.astype(np.float32) for k, v in s.items()} for s in got], run.options.accuracy,
+                     labels=run.judged_labels, groups=run.judged_groups, cosine_by_bound=run.claims)  # fmt: skip
     worst_abs = 0.0
     elementwise_ok = True
     for want_sample, got_sample in zip(reference, got, strict=True):
@@ -57,4 +58,6 @@ def _fp16(run: PrecisionRun, report: dict) -> ir.Model:
             details={"precision": report},
         )
     report["shipped"] = "fp16"
+    report["claim"], warnings = claim(run, accuracy)
+    report["warnings"].extend(warnings)
     return ir.from_proto(onnx.load(str(path)))

@@ -44,8 +44,9 @@ from flexdsa_core.precision.scoring import (
     _score_on_calibration,
     _scored,
     _scored_search,
-    _thin_evidence,
     _time_against_fp32,
+    claim,
+    sensitivity_order,
 )
 from flexdsa_core.significance import KERNEL_MIN_EFFECT, MIN_ROUNDS
 from flexdsa_core.version import __version__
@@ -252,7 +253,8 @@ def _int8(run: PrecisionRun, report: dict) -> ir.Model | None:
     report["shipped"] = chosen.name
     report["accuracy"] = chosen.accuracy
     report["calibration_accuracy"] = chosen.calibration_accuracy
-    report["warnings"].extend(_thin_evidence(chosen.accuracy, options.accuracy))
+    report["claim"], warnings = claim(run, chosen.accuracy)
+    report["warnings"].extend(warnings)
     return ir.from_proto(onnx.load(str(chosen.path)))
 
 
@@ -332,7 +334,7 @@ def _no_int8(run, report, candidates, layers, reference, cache, fmt, fp32) -> No
     worst_layers = ""
     if layers and not any("sensitivity" in row for row in report.get("layers", [])):
         sensitivity = _sensitivity(run, fp32, layers, reference, cache, fmt)
-        ranked = sorted(sensitivity.items(), key=lambda item: -item[1]["loss"])[:5]
+        ranked = sorted(sensitivity.items(), key=lambda item: sensitivity_order(item[1]))[:5]
         rows = {row["layer"]: row for row in report.get("layers", [])}
         for name, entry in sensitivity.items():
             rows.setdefault(name, {"layer": name}).update(sensitivity=entry["loss"], alone=entry["outputs"])

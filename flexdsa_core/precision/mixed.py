@@ -1,7 +1,8 @@
 """The mixed-precision searches: which layers stay float so the model meets the accuracy target.
 
 Sensitivity of a layer = the accuracy it alone costs (``1 - min over outputs of min(cosine, top-1)`` with
-only it quantised). The ``k`` most sensitive stay float for the smallest ``k`` that meets the target, found
+only it quantised, top-1 by the accuracy target's rule; ties broken by the same over every row, near-ties
+included: ``scoring.sensitivity_order``). The ``k`` most sensitive stay float for the smallest ``k`` that meets the target, found
 by bisection (``_bisect_float_layers``); kept-float layers with the largest measured int8 gain are then tried
 back one at a time (``_readmit``). ``_dynamic_mixed`` is the same ranking in dynamic int8.
 """
@@ -13,7 +14,6 @@ from pathlib import Path
 import onnx
 
 from flexdsa_core.accuracy import describe as _describe
-from flexdsa_core.accuracy import score
 from flexdsa_core.precision.cpu_forms import (
     DYNAMIC_OP_TYPES,
     EXACT_TOP_K,
@@ -22,7 +22,7 @@ from flexdsa_core.precision.cpu_forms import (
 )
 from flexdsa_core.precision.formats import Int8Format
 from flexdsa_core.precision.quantise import _quantize_dynamic, _quantize_static, _static_recipe
-from flexdsa_core.precision.scoring import _Candidate, _cosine_kept, _outputs
+from flexdsa_core.precision.scoring import _Candidate, sensitivity_order
 
 # After the bisection, at most this many kept-float layers (largest measured int8 gain first) are tried
 # back in int8, one quantise-and-score each.
@@ -36,13 +36,12 @@ SENSITIVITY_SAMPLES = 8
 def _sensitivity(run, fp32: Path, layers, reference, cache: Path, fmt: Int8Format) -> dict[str, dict]:
     """Each layer quantised alone (the rest float): the accuracy it costs by itself, on the first
     ``SENSITIVITY_SAMPLES`` samples (a ranking; the chosen model is judged on all of them)."""
-    samples, reference = run.judged[:SENSITIVITY_SAMPLES], reference[:SENSITIVITY_SAMPLES]
     result = {}
     for index, (name, _) in enumerate(layers):
         run.report(0.3 + 0.5 * index / max(len(layers), 1), f"sensitivity of layer {index + 1}/{len(layers)}: {name}")
         out = run.workdir / f"only_{index}.onnx"
         _quantize_static(fp32, out, run.calibration, cache, fmt, keep=run.tail(fp32), method=run.method, nodes_to_quantize=[name])
-        result[name] = score(reference, _outputs(out, samples, level=run.judge_level), run.options.accuracy)
+        result[name] = run.score_judged(out, SENSITIVITY_SAMPLES)
         out.unlink(missing_ok=True)
     return result
 
@@ -57,7 +56,7 @@ def _readmit(run, fp32, cache, fmt, reference, kept: list[str], chosen: frozense
         trial = chosen | {name}
         out = run.workdir / f"mixed_readmit_{index}.onnx"
         _quantize_static(fp32, out, run.calibration, cache, fmt, keep=run.tail(fp32), method=run.method, nodes_to_quantize=sorted(trial))
-        accuracy = score(reference, _outputs(out, run.judged, level=run.judge_level), run.options.accuracy)
+        accuracy = run.score_judged(out)
         outcome.append({"layer": name, "gain_ms": round(gains[name], 4), "ok": accuracy["ok"], "loss": accuracy["loss"]})
         if accuracy["ok"]:
             chosen, best = trial, (out, accuracy)
@@ -74,9 +73,9 @@ def _mixed(run, fp32, layers, reference, cache, fmt, full: _Candidate, slower: f
     every weight layer excluded the model is the fp32 one and keeping more layers float always reaches the
     target."""
     sensitivity = _sensitivity(run, fp32, layers, reference, cache, fmt)
-    # Ties in loss are common where top-1 decides it (one flipped sample of 8 each): the cosine lost breaks
-    # them; equal on both keeps graph order (sorted is stable).
-    ranked = sorted(layers, key=lambda layer: (-sensitivity[layer[0]]["loss"], _cosine_kept(sensitivity[layer[0]])))
+    # Ties in loss are common where top-1 decides it (no confident row of 8 flips): the loss over every row,
+    # then the cosine lost, break them; equal on all keeps graph order (sorted is stable).
+    ranked = sorted(layers, key=lambda layer: sensitivity_order(sensitivity[layer[0]]))
     tried: dict[int, dict] = {}
     path_of: dict[int, Path] = {}
     chosen_of: dict[int, frozenset[str] | None] = {}
@@ -90,7 +89,7 @@ def _mixed(run, fp32, layers, reference, cache, fmt, full: _Candidate, slower: f
                 return tried[keep_float]
             out = run.workdir / f"mixed_{keep_float}.onnx"
             _quantize_static(fp32, out, run.calibration, cache, fmt, keep=run.tail(fp32), method=run.method, nodes_to_quantize=chosen)
-            tried[keep_float] = score(reference, _outputs(out, run.judged, level=run.judge_level), run.options.accuracy)
+            tried[keep_float] = run.score_judged(out)
             path_of[keep_float] = out
         return tried[keep_float]
 
@@ -164,7 +163,7 @@ def _float_islands(run, fp32: Path, layers, sensitivity: dict, cache: Path, fmt:
     ``k = 0`` and missed it). ``mixed`` keeps every activation-only op float once the all-int8 model misses
     (its weight-only scope); on a CNN that costs a Q/DQ pair around every layer, and the weight-only model ran
     slower than fp32 (EfficientNet-Lite0: 1.09x its time) where a few float islands keep the int8 chain."""
-    ranked = sorted((name for name, _ in layers), key=lambda n: (-sensitivity[n]["loss"], _cosine_kept(sensitivity[n])))
+    ranked = sorted((name for name, _ in layers), key=lambda n: sensitivity_order(sensitivity[n]))
     tried: dict[int, dict] = {0: full.accuracy}
 
     def attempt(keep: int) -> dict:
@@ -173,7 +172,7 @@ def _float_islands(run, fp32: Path, layers, sensitivity: dict, cache: Path, fmt:
             excluded = sorted(slower | set(ranked[:keep]))
             _quantize_static(fp32, out, run.calibration, cache, fmt, keep=run.tail(fp32), method=run.method,
                              nodes_to_exclude=excluded)  # fmt: skip
-            tried[keep] = score(run.reference(), _outputs(out, run.judged, level=run.judge_level), run.options.accuracy)
+            tried[keep] = run.score_judged(out)
         return tried[keep]
 
     candidate = _Candidate("mixed_islands", run.workdir / "mixed_islands.onnx", "")
@@ -213,7 +212,7 @@ def _dynamic_mixed(run, fp32: Path, fmt: Int8Format, sensitivity: dict, referenc
     del form
     ranked = [
         name
-        for name, entry in sorted(sensitivity.items(), key=lambda item: (-item[1]["loss"], _cosine_kept(item[1])))
+        for name, entry in sorted(sensitivity.items(), key=lambda item: sensitivity_order(item[1]))
         if name in matmuls and (head is None or name != head.node)
     ]
     candidate = _Candidate("dynamic_mixed", run.workdir / "dynamic_mixed.onnx", "")
@@ -223,7 +222,7 @@ def _dynamic_mixed(run, fp32: Path, fmt: Int8Format, sensitivity: dict, referenc
         if keep not in tried:
             out = run.workdir / f"dynamic_mixed_{keep}.onnx"
             _quantize_dynamic(fp32, out, fmt, keep_float=tuple(ranked[:keep]), head=head)
-            tried[keep] = score(reference, _outputs(out, run.judged, level=run.judge_level), run.options.accuracy)
+            tried[keep] = run.score_judged(out)
             if not tried[keep]["ok"]:
                 out.unlink(missing_ok=True)
         return tried[keep]

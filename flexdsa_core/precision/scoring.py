@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,8 +21,9 @@ import onnx
 import onnx_ir as ir
 import onnxruntime as ort
 
-from flexdsa_core.accuracy import metrics_for, score
+from flexdsa_core.accuracy import evidence, metrics_for, score
 from flexdsa_core.cache import KernelCache, kernel_key
+from flexdsa_core.calibration import MAX_SAMPLES
 from flexdsa_core.cost_model import _machine_fingerprint
 from flexdsa_core.holdout import SplitPlan
 from flexdsa_core.options import AccuracyTarget, OptimizeOptions
@@ -198,6 +200,14 @@ class PrecisionRun:
     judged: list[dict] = field(default_factory=list)
     # The calibration method of the static candidates (MinMax; Percentile or Entropy where they judge better).
     method: str = "MinMax"
+    # What the calibration file said about the samples (``calibration.CalibrationSamples``), per sample: the
+    # class of each row of the labelled top-1 output (None: no labels), and its source (None: not named).
+    labels: list[np.ndarray] | None = None
+    groups: list | None = None
+    # The labels of ``calibration`` and ``judged``, and the groups of ``judged`` (set by ``use_fold``).
+    calibration_labels: list[np.ndarray] | None = None
+    judged_labels: list[np.ndarray] | None = None
+    judged_groups: list | None = None
     _tails: dict = field(default_factory=dict)
     _reference: list[dict] | None = None
     _calibration_reference: list[dict] | None = None
@@ -206,7 +216,34 @@ class PrecisionRun:
         fold = self.split.folds[index]
         self.calibration = [self.samples[i] for i in fold.calibrate]
         self.judged = [self.samples[i] for i in fold.judge]
+        self.calibration_labels = self.labels_of(fold.calibrate)
+        self.judged_labels = self.labels_of(fold.judge)
+        self.judged_groups = self.groups_of(fold.judge)
         self._reference = self._calibration_reference = None
+
+    @property
+    def claims(self) -> bool:
+        """Whether the figures make an accuracy claim (samples of the user's data): then a cosine must meet the
+        target by its one-sided 95% bound, not only its figure. Synthetic inputs check numerics only."""
+        return not self.synthetic
+
+    def labels_of(self, indices) -> list[np.ndarray] | None:
+        return None if self.labels is None else [self.labels[i] for i in indices]
+
+    def groups_of(self, indices) -> list | None:
+        """The groups of samples ``indices``, where the split held out whole groups (else None)."""
+        if self.groups is None or self.split is None or self.split.group_of is None:
+            return None
+        return [self.groups[i] for i in indices]
+
+    def score_judged(self, path: Path, count: int | None = None) -> dict:
+        """``accuracy.score`` of the model at ``path`` on the judged samples (the first ``count``), against the
+        original's outputs, with their labels."""
+        labels = None if self.judged_labels is None else self.judged_labels[:count]
+        groups = None if self.judged_groups is None else self.judged_groups[:count]
+        got = _outputs(path, self.judged[:count], level=self.judge_level)
+        return score(self.reference()[:count], got, self.options.accuracy, labels=labels, groups=groups,
+                     cosine_by_bound=self.claims)
 
     def calibration_reference(self) -> list[dict]:
         """The original model's outputs on the calibration samples (graph as written)."""
@@ -239,9 +276,11 @@ class PrecisionRun:
             return f"{len(self.samples)} calibration {kind}: none could be held out"
         if not judged:
             return f"the {len(self.calibration)} calibration {kind} (the ones the quantiser saw)"
+        groups = self.split.groups_in(self.split.first.judge)
+        sources = f" from {groups} groups, none of which calibrated" if groups else ""
         if self.split.mode == "kfold":
-            return f"{len(self.judged)} held-out {kind} (fold 1 of {len(self.split.folds)})"
-        return f"{len(self.judged)} held-out {kind}, never calibrated on"
+            return f"{len(self.judged)} held-out {kind}{sources} (fold 1 of {len(self.split.folds)})"
+        return f"{len(self.judged)} held-out {kind}{sources or ', never calibrated on'}"
 
     def report(self, fraction: float, message: str) -> None:
         if self.progress is not None:
@@ -351,9 +390,11 @@ def _confirm(run: PrecisionRun, candidate: _Candidate) -> bool:
         judged_ids.extend(fold.judge)
         reference.extend(_outputs(run.original, feeds, level=ort.GraphOptimizationLevel.ORT_DISABLE_ALL))
         got.extend(_outputs(path, feeds, level=level))
-    pooled = score(reference, got, accuracy)
+    pooled = score(reference, got, accuracy, labels=run.labels_of(judged_ids), groups=run.groups_of(judged_ids),
+                   cosine_by_bound=run.claims)  # fmt: skip
+    groups = f" ({split.groups_in(judged_ids)} groups, each held out whole)" if split.group_of is not None else ""
     pooled["measured_on"] = (
-        f"all {len(judged_ids)} samples, each held out from the model that judged it ({len(split.folds)}-fold)"
+        f"all {len(judged_ids)} samples{groups}, each held out from the model that judged it ({len(split.folds)}-fold)"
     )
     pooled["first_fold"] = {k: candidate.accuracy.get(k) for k in ("ok", "loss", "samples")}
     candidate.accuracy = pooled
@@ -363,7 +404,7 @@ def _confirm(run: PrecisionRun, candidate: _Candidate) -> bool:
     candidate.path = final
     candidate.calibration_accuracy = score(
         _outputs(run.original, run.samples, level=ort.GraphOptimizationLevel.ORT_DISABLE_ALL),
-        _outputs(final, run.samples, level=level), accuracy,
+        _outputs(final, run.samples, level=level), accuracy, labels=run.labels,
     )  # fmt: skip
     candidate.calibration_accuracy["measured_on"] = f"all {len(run.samples)} samples, the ones the shipped model calibrated on"
     return True
@@ -374,12 +415,21 @@ def _cosine_kept(accuracy_score: dict) -> float:
     return min((entry["cosine"] for entry in accuracy_score["outputs"].values() if "cosine" in entry), default=1.0)
 
 
+def sensitivity_order(accuracy_score: dict) -> tuple[float, float, float]:
+    """How a layer quantised alone ranks, most sensitive first (a sort key): by the loss the decision takes
+    (top-1 on the rows the rule judges), then, where those tie (on 8 samples a layer alone seldom flips a
+    confident row), by the loss over every row (how near it brings near-ties to flipping: the finer signal
+    of how much it moves the logits), then by the cosine it keeps."""
+    loss = accuracy_score["loss"]
+    return -loss, -accuracy_score.get("loss_all_rows", loss), _cosine_kept(accuracy_score)
+
+
 def _scored(run: PrecisionRun, candidate: _Candidate, build, reference: list[dict]) -> _Candidate:
     """Build a candidate and score it; a quantiser failing is the candidate's error, said in the report."""
     started = time.perf_counter()
     try:
         build()
-        candidate.accuracy = score(reference, _outputs(candidate.path, run.judged, level=run.judge_level), run.options.accuracy)
+        candidate.accuracy = run.score_judged(candidate.path)
         _score_on_calibration(run, candidate)
     except Exception as err:  # noqa: BLE001 - one quantiser failing leaves the others; said in the report
         candidate.error = f"{type(err).__name__}: {str(err).splitlines()[0][:300]}"
@@ -394,7 +444,8 @@ def _score_on_calibration(run: PrecisionRun, candidate: _Candidate) -> None:
         return
     reference = run.calibration_reference()
     candidate.calibration_accuracy = score(
-        reference, _outputs(candidate.path, run.calibration, level=run.judge_level), run.options.accuracy
+        reference, _outputs(candidate.path, run.calibration, level=run.judge_level), run.options.accuracy,
+        labels=run.calibration_labels,
     )
     candidate.calibration_accuracy["measured_on"] = run.measured_on(judged=False)
 
@@ -411,17 +462,56 @@ def _scored_search(search) -> _Candidate:
     return candidate
 
 
-def _thin_evidence(accuracy_score: dict, target: AccuracyTarget) -> list[str]:
-    """A top-1 target met on too few held-out rows to support it: its one-sided 95% bound far below the
-    target (22 crops of 3 photos agreeing on EfficientNet-Lite0 bound top-1 at 0.89; on 85 crops of other
-    photos that model kept 0.88). Said, so the figure is not taken for more than it is."""
-    found = []
-    for name, entry in accuracy_score.get("outputs", {}).items():
-        bound = entry.get("top1_bound")
-        if bound is not None and entry.get("ok") and bound < target.min_top1 - 0.05:
-            found.append(
-                f"output {name!r}: top-1 {entry['top1_agreement']:.3f} on {entry['rows']} held-out rows only bounds "
-                f"the agreement at {bound:.3f} (95%), short of the {target.min_top1} asked: send more samples of your "
-                "data (the held-out part decides) for a figure that supports the target"
+def claim(run: PrecisionRun, accuracy_score: dict) -> tuple[dict, list[str]]:
+    """What the shipped figure rests on and what it can establish (``accuracy.evidence``), with the samples
+    and groups it was judged on; and a warning for each figure the evidence cannot establish, naming how many
+    more judged rows, and samples of your data, would (at the rate found, or at a rate of 1)."""
+    target = run.options.accuracy
+    judged = accuracy_score.get("samples") or 0
+    split = run.split
+    found: dict = {"samples": judged, "measured_on": accuracy_score.get("measured_on") or run.measured_on()}
+    judged_ids = [i for fold in split.folds for i in fold.judge] if split.mode == "kfold" else list(split.first.judge)
+    if split.group_of is not None:
+        found["groups"] = split.groups_in(judged_ids)
+    found["outputs"] = evidence(accuracy_score, target)
+    found["established"] = all(
+        figure.get("established", True) for item in found["outputs"].values() for figure in item.values()
+    )
+    if not run.claims:  # synthetic inputs: numerics only, said once by apply_precision
+        found["established"] = False
+        found["note"] = "synthetic random inputs: numerics only, no accuracy claim"
+        return found, []
+    warnings = []
+    share = run.options.holdout.share if split.mode == "split" else 1.0
+    for name, item in found["outputs"].items():
+        top1 = item.get("top1")
+        if top1 and not top1["rows"]:
+            warnings.append(
+                f"output {name!r}: no judged row where the original is confident (top-class probability >= "
+                f"{target.confident_probability}), so top-1 was not judged and the claim rests on the cosine alone; "
+                "send samples the original classifies with confidence, or labels, to judge top-1"
             )
-    return found
+        elif top1 and not top1["established"] and top1.get("rows_to_establish"):
+            per_sample = top1["rows"] / judged if judged else 0.0
+            more_rows = top1["rows_to_establish"] - top1["rows"]
+            samples = math.ceil(top1["rows_to_establish"] / per_sample / share) if per_sample else None
+            rate = "if every further row agreed" if top1["at_rate"] == 1.0 else f"at the rate found, {top1['rate']:.3f}"
+            ask = (f"; at {per_sample:.2f} such rows per sample, about {samples} samples in all"
+                   + (f", more than the {MAX_SAMPLES} one job takes" if samples > MAX_SAMPLES else "")
+                   if samples else "")  # fmt: skip
+            warnings.append(
+                f"output {name!r}: the top-1 figure ({top1['rule']} rows) rests on {top1['rests_on']}"
+                f"{' from ' + str(found['groups']) + ' groups' if 'groups' in found else ''}, which establish only "
+                f"{top1['bound']:.3f} (one-sided 95%) against the {top1['goal']} asked; establishing it takes "
+                f"{top1['rows_to_establish']} such rows ({more_rows} more) {rate}{ask}. The job decided on the "
+                "agreement found and expected there, and on the cosine's bound; send more samples of your data, "
+                "from more sources, for a figure that establishes the target"
+            )
+        cosine = item.get("cosine")
+        if cosine and not cosine["established"] and cosine.get("samples_to_establish"):
+            warnings.append(
+                f"output {name!r}: its cosine over {cosine['samples']} judged samples is bounded at {cosine['bound']:.4f} "
+                f"(5th percentile of resamplings), under the {cosine['goal']} asked; about "
+                f"{math.ceil(cosine['samples_to_establish'] / share)} samples in all would establish it"
+            )
+    return found, warnings

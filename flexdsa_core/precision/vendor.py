@@ -11,12 +11,11 @@ import onnx
 import onnx_ir as ir
 
 from flexdsa_core.accuracy import describe as _describe
-from flexdsa_core.accuracy import score
 from flexdsa_core.errors import ValidationFailedError
 from flexdsa_core.precision.formats import Int8Format, int8_format
 from flexdsa_core.precision.mixed import _layer_table, _mixed, _sensitivity
 from flexdsa_core.precision.quantise import _quantize_static, _weight_layers
-from flexdsa_core.precision.scoring import PrecisionRun, _Candidate, _outputs, _save
+from flexdsa_core.precision.scoring import PrecisionRun, _Candidate, _save, sensitivity_order
 
 
 def _vendor(run: PrecisionRun, report: dict, fmt: Int8Format | None) -> None:
@@ -41,7 +40,7 @@ def _vendor(run: PrecisionRun, report: dict, fmt: Int8Format | None) -> None:
     cache = run.workdir / "calibration_ranges.json"
     full = _quantize_static(fp32, run.workdir / "stand_in.onnx", run.calibration, cache, fmt, keep=run.tail(fp32), method=run.method)
     layers = _weight_layers(onnx.load(str(full)))
-    full_score = score(reference, _outputs(full, run.judged, level=run.judge_level), run.options.accuracy)
+    full_score = run.score_judged(full)
     full_score["measured_on"] = run.measured_on()
     report["stand_in_all_int8"] = full_score
     if not layers:
@@ -103,7 +102,7 @@ def vendor_verdict(run: PrecisionRun, section: dict, bucket: str, accuracy: dict
         full = _quantize_static(fp32, run.workdir / "stand_in.onnx", run.calibration, cache, fmt, keep=run.tail(fp32), method=run.method)
         sensitivity = _sensitivity(run, fp32, _weight_layers(onnx.load(str(full))), reference, cache, fmt)
         ranked = [{"layer": n, "sensitivity": s["loss"], "alone": s["outputs"]}
-                  for n, s in sorted(sensitivity.items(), key=lambda item: -item[1]["loss"])[:5]]  # fmt: skip
+                  for n, s in sorted(sensitivity.items(), key=lambda item: sensitivity_order(item[1]))[:5]]  # fmt: skip
         section["layers"] = ranked
     worst = sorted(ranked, key=lambda row: -row["sensitivity"])[:5]
     names = ", ".join(f"{row['layer']} (loss {row['sensitivity']:.4f})" for row in worst) or "none found"

@@ -74,6 +74,8 @@ def precision_buckets(job: Job, comp, original_source, options, samples, recompi
             options, job.optimizer.target, original_source, fp32_models[index], bucket_samples, synthetic, folder,
             unfused_models[index], progress, cache,
         )  # fmt: skip
+        if not synthetic:  # what the calibration file said of the samples: their labels and sources
+            run.labels, run.groups = getattr(samples, "labels", None), getattr(samples, "groups", None)
         model, section = apply_precision(run)
         section["bucket"] = bucket.name
         if misfit:

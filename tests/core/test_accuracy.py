@@ -1,15 +1,15 @@
-"""Task-aware accuracy (``flexdsa_core.accuracy``), the split between calibrating and judging
-(``flexdsa_core.holdout``) and the packed outputs whose tails stay float (``precision.packed_tails``)."""
+"""Task-aware accuracy (``flexdsa_core.accuracy``): the top-1 rule (confident rows, all rows, labels), what a
+figure can establish, and the packed outputs whose tails stay float (``precision.packed_tails``). The split
+between calibrating and judging is in ``test_holdout.py``."""
 
 import numpy as np
 import pytest
 from onnx import TensorProto, helper
 from pydantic import ValidationError
 
-from flexdsa_core.accuracy import check_outputs, metrics_for, score
+from flexdsa_core.accuracy import check_outputs, describe, evidence, metrics_for, rows_to_establish, score
 from flexdsa_core.errors import InvalidOptionsError
-from flexdsa_core.holdout import plan
-from flexdsa_core.options import AccuracyTarget, HoldOut
+from flexdsa_core.options import AccuracyTarget
 from flexdsa_core.precision import packed_tails
 
 PACKED = AccuracyTarget(outputs={"det": {"metric": "slices", "slices": {
@@ -41,12 +41,33 @@ def test_top1_figures_carry_a_wilson_bound_and_cosines_a_bootstrap_bound():
     rng = np.random.default_rng(1)
     want = [{"logits": rng.standard_normal((1, 10)).astype(np.float32)} for _ in range(40)]
     got = [{"logits": w["logits"] + 0.01 * rng.standard_normal((1, 10)).astype(np.float32)} for w in want]
-    found = score(want, got, AccuracyTarget())["outputs"]["logits"]
+    found = score(want, got, AccuracyTarget(top1_rows="all"))["outputs"]["logits"]
     assert found["metric"] == "top1" and found["rows"] == 40
     assert 0 < found["top1_bound"] < found["top1_agreement"] <= 1  # 40 rows: a bound well below the figure
     assert found["cosine_bound"] <= found["cosine"]
-    one = score(want[:1], got[:1], AccuracyTarget())["outputs"]["logits"]
+    one = score(want[:1], got[:1], AccuracyTarget(top1_rows="all"))["outputs"]["logits"]
     assert one["cosine_bound"] is None  # one sample: no resampling, no bound claimed
+
+
+def test_with_groups_the_cosine_bound_resamples_whole_groups():
+    # 4 photos of 8 crops: three reproduced closely, one (its crops alike) much less. Resampling crops treats
+    # its 8 crops as 8 chances; resampling photos, as one, and the bound says how much one photo can move it.
+    rng = np.random.default_rng(3)
+    want = [{"features": rng.standard_normal((1, 64)).astype(np.float32)} for _ in range(32)]
+    noise = [0.3 if index >= 24 else 0.05 for index in range(32)]
+    got = [{"features": w["features"] + n * rng.standard_normal((1, 64)).astype(np.float32)} for w, n in zip(want, noise)]
+    groups = [index // 8 for index in range(32)]
+    by_samples = score(want, got, AccuracyTarget())["outputs"]["features"]
+    by_groups = score(want, got, AccuracyTarget(), groups=groups)["outputs"]["features"]
+    assert by_samples["cosine"] == by_groups["cosine"]  # the figure is the same; its bound is not
+    assert by_groups["cosine_bound_over"] == "groups" and by_samples["cosine_bound_over"] == "samples"
+    assert by_groups["cosine_bound"] < by_samples["cosine_bound"]
+    # Where the figure meets the target and its bound does not, a claim on the user's data is refused.
+    target = AccuracyTarget(min_cosine=round((by_groups["cosine"] + by_groups["cosine_bound"]) / 2, 4))
+    assert score(want, got, target, groups=groups)["ok"]  # numerics (synthetic inputs): the figure decides
+    claimed = score(want, got, target, groups=groups, cosine_by_bound=True)
+    assert not claimed["ok"] and claimed["outputs"]["features"]["cosine_decided_by"] == "bound"
+    assert "bounded at" in describe(claimed, target) and "over resampled groups" in describe(claimed, target)
 
 
 def _logits(rows: list[list[float]]) -> list[dict]:
@@ -69,19 +90,140 @@ def test_expected_top1_pairs_each_lost_lead_with_every_margin():
 
 
 def test_rows_that_all_agree_with_losses_near_their_margins_do_not_meet_the_target():
-    """EfficientNet-Lite0's case: every judged row agrees, yet the leads lost are as large as typical margins,
-    so rows of other inputs flip; the figure expected says so, the agreement found does not."""
+    """EfficientNet-Lite0's case over every row: every judged row agrees, yet the leads lost are as large as
+    typical margins, so rows of other inputs flip; the figure expected says so, the agreement found does not."""
     rng = np.random.default_rng(4)
     want = [{"logits": rng.standard_normal((1, 100)).astype(np.float32) * 2} for _ in range(200)]
     got = [{"logits": w["logits"] + 0.15 * rng.standard_normal((1, 100)).astype(np.float32)} for w in want]
-    judged = score(want[:20], got[:20], AccuracyTarget())
+    every_row = AccuracyTarget(top1_rows="all")
+    judged = score(want[:20], got[:20], every_row)
     found = judged["outputs"]["logits"]
-    truth = score(want[20:], got[20:], AccuracyTarget())["outputs"]["logits"]["top1_agreement"]
+    truth = score(want[20:], got[20:], every_row)["outputs"]["logits"]["top1_agreement"]
     # Seeded: all 20 judged rows agree, 0.963 expected, 0.889 on the 180 other rows.
     assert found["top1_agreement"] == 1.0 and truth < 0.95
     assert found["top1_expected"] < 0.99 and not judged["ok"]
     assert abs(found["top1_expected"] - truth) < abs(found["top1_agreement"] - truth)
     assert judged["loss"] == pytest.approx(1 - found["top1_expected"], abs=1e-6)  # what sensitivity ranks by
+
+
+def _mixed_confidence(rng, count: int = 200, classes: int = 50) -> tuple[list[dict], list[dict], np.ndarray]:
+    """A classifier's rows, a quarter of them confident (one class 6 above the rest: top probability ~0.9),
+    the rest near-ties; the candidate's noise flips near-ties and none of the confident rows."""
+    logits = rng.standard_normal((count, classes)).astype(np.float32) * 0.3
+    confident = np.arange(count) % 4 == 0
+    logits[confident, 7] += 6.0
+    noisy = logits + 0.2 * rng.standard_normal(logits.shape).astype(np.float32)
+    return _logits(logits.tolist()), _logits(noisy.tolist()), confident
+
+
+def test_top1_is_judged_on_the_rows_where_the_original_is_confident_and_reported_on_all():
+    want, got, confident = _mixed_confidence(np.random.default_rng(5))
+    target = AccuracyTarget(min_cosine=0.9)  # the near-ties' noise costs cosine too: ~0.93 here
+    judged = score(want, got, target)
+    entry = judged["outputs"]["logits"]
+    # Softmax of the original: the confident quarter has a top probability >= 0.5, the near-ties do not.
+    assert entry["top1_rule"] == "confident" and entry["confident_rows"] == entry["rows"] == int(confident.sum())
+    assert entry["rows_all"] == len(want)
+    assert entry["top1_agreement"] == 1.0 and entry["top1_expected"] >= 0.99 and judged["ok"]
+    assert entry["top1_agreement_all_rows"] < 0.9 and entry["top1_expected_all_rows"] < 0.9  # near-ties flip
+    # The decision's loss is the confident rows' (here the cosine's); the all-rows loss ranks layers beside it.
+    assert judged["loss"] == pytest.approx(1 - entry["cosine"], abs=1e-6)
+    assert judged["loss_all_rows"] > 0.1
+    # Asked for every row, the near-ties decide, as before.
+    every_row = score(want, got, target.model_copy(update={"top1_rows": "all"}))
+    assert not every_row["ok"] and every_row["outputs"]["logits"]["rows"] == len(want)
+    assert f"on {len(want)} rows (needs 0.99)" in describe(every_row, target)
+    # The cosine floor still covers every row, confident or not.
+    assert not score(want, got, AccuracyTarget(min_cosine=0.999))["ok"]
+
+
+def test_an_output_that_already_is_a_distribution_is_not_softmaxed_again():
+    # 0.45 / 0.35 / 0.2 read as the probabilities they are: confident at 0.4; softmaxed again (0.37 / 0.33 /
+    # 0.29) they would not be.
+    three = [{"probs": np.array([[0.45, 0.35, 0.2]], np.float32)}]
+    assert score(three, three, AccuracyTarget())["outputs"]["probs"]["confident_rows"] == 0
+    assert score(three, three, AccuracyTarget(confident_probability=0.4))["outputs"]["probs"]["confident_rows"] == 1
+    # Logits of the same values are not a distribution (they do not sum to 1): softmax, 0.37.
+    logits = [{"logits": np.array([[0.45, 0.35, 0.1]], np.float32)}]
+    assert score(logits, logits, AccuracyTarget(confident_probability=0.4))["outputs"]["logits"]["confident_rows"] == 0
+
+
+def test_with_no_confident_row_top1_is_not_judged_and_the_cosine_decides():
+    rng = np.random.default_rng(6)
+    want = _logits((rng.standard_normal((30, 100)) * 0.1).tolist())  # near-uniform: top probability ~0.02
+    flipped = _logits((np.array([w["logits"][0] for w in want]) + 0.05 * rng.standard_normal((30, 100))).tolist())
+    judged = score(want, flipped, AccuracyTarget(min_cosine=0.8))  # noise half the logits' spread: ~0.89
+    entry = judged["outputs"]["logits"]
+    assert entry["confident_rows"] == 0 and entry["top1_judged"] is False and entry["top1_agreement"] is None
+    assert "no row where the original's top class has probability >= 0.5" in entry["top1_note"]
+    assert entry["top1_agreement_all_rows"] < 0.9  # reported beside, not deciding
+    assert judged["ok"] and judged["loss"] == pytest.approx(1 - entry["cosine"], abs=1e-6)
+    assert "not judged: no row where the original is confident" in describe(judged, AccuracyTarget())
+    said = evidence(judged, AccuracyTarget())["logits"]["top1"]
+    assert said["rows"] == 0 and not said["established"] and "cosine decided" in said["rests_on"]
+    missed = score(want, flipped, AccuracyTarget(min_cosine=0.9999))
+    assert not missed["ok"] and "cosine" in describe(missed, AccuracyTarget(min_cosine=0.9999))
+
+
+def test_labels_judge_accuracy_against_99_percent_of_the_originals():
+    # 100 rows, the original right on 80 of them. A candidate that breaks one of those 80 keeps 79/100 =
+    # 0.79 >= 0.99 * 0.80 = 0.792? No: 0.79 < 0.792, it misses; one that breaks only rows the original got
+    # wrong anyway keeps 0.80 and meets it, though its agreement with the original is lower.
+    rng = np.random.default_rng(7)
+    logits = rng.standard_normal((100, 10)).astype(np.float32)
+    logits[np.arange(100), 3] += 8.0  # the original says class 3 everywhere, confidently
+    labels = np.where(np.arange(100) < 80, 3, 5)
+    want = _logits(logits.tolist())
+
+    def candidate(flip_rows) -> list[dict]:
+        got = logits.copy()
+        got[flip_rows, 4] += 16.0  # now class 4: neither the label nor the original
+        return _logits(got.tolist())
+
+    per_sample = [np.array([label]) for label in labels]
+    wrong_anyway = score(want, candidate([80, 81]), AccuracyTarget(min_cosine=0.5), labels=per_sample)
+    entry = wrong_anyway["outputs"]["logits"]
+    assert entry["top1_rule"] == "labels" and wrong_anyway["ok"]
+    assert entry["labels"]["fp32_accuracy"] == 0.8 and entry["labels"]["accuracy"] == 0.8
+    assert entry["labels"]["rows"] == 100 and entry["labels"]["needs"] == pytest.approx(0.792)
+    assert entry["top1_agreement"] == 0.98  # below min_top1, reported beside: the labels decide
+    broke_one = score(want, candidate([0]), AccuracyTarget(min_cosine=0.5), labels=per_sample)
+    assert not broke_one["ok"] and broke_one["outputs"]["logits"]["labels"]["accuracy"] == 0.79
+    assert "accuracy on the labels 0.790" in describe(broke_one, AccuracyTarget())
+    looser = AccuracyTarget(min_cosine=0.5, label_ratio=0.98)
+    assert score(want, candidate([0]), looser, labels=per_sample)["ok"]
+    # A negative label is no label: those rows are left out of both accuracies.
+    partly = [np.array([label if index % 2 else -1]) for index, label in enumerate(labels)]
+    assert score(want, want, AccuracyTarget(), labels=partly)["outputs"]["logits"]["labels"]["rows"] == 50
+    # The evidence: the share of the original's right rows kept, bounded.
+    said = evidence(wrong_anyway, AccuracyTarget())["logits"]["top1"]
+    assert said["rule"] == "labels" and said["rows"] == 80 and said["rate"] == 1.0 and not said["established"]
+    assert said["rows_to_establish"] == 268
+
+
+def test_labels_that_do_not_fit_the_output_are_refused_clearly():
+    want = _logits([[3.0, 0.0, 0.0], [0.0, 3.0, 0.0]])
+    with pytest.raises(InvalidOptionsError, match="past the 3 classes"):
+        score(want, want, AccuracyTarget(), labels=[np.array([0]), np.array([7])])
+    with pytest.raises(InvalidOptionsError, match="2 labels, output 'logits'"):
+        score(want, want, AccuracyTarget(), labels=[np.array([0, 1]), np.array([1, 0])])
+    two = [{"a_logits": w["logits"], "b_logits": w["logits"]} for w in want]
+    with pytest.raises(InvalidOptionsError, match="name the one the labels refer to with accuracy.labels_output"):
+        score(two, two, AccuracyTarget(), labels=[np.array([0]), np.array([1])])
+    named = score(two, two, AccuracyTarget(labels_output="b_logits"), labels=[np.array([0]), np.array([1])])
+    assert named["outputs"]["b_logits"]["top1_rule"] == "labels" and "labels" not in named["outputs"]["a_logits"]
+    with pytest.raises(InvalidOptionsError, match="no output is judged by top-1"):
+        score(want, want, AccuracyTarget(top1_outputs=[]), labels=[np.array([0]), np.array([1])])
+    # Named, an output is a classifier whatever its look.
+    named = score(want, want, AccuracyTarget(top1_outputs=[], labels_output="logits"), labels=[np.array([0]), np.array([1])])
+    assert named["outputs"]["logits"]["top1_rule"] == "labels"
+
+
+def test_rows_to_establish_solves_the_wilson_bound():
+    assert rows_to_establish(1.0, 0.99) == 268  # n / (n + z^2) >= 0.99
+    needed = rows_to_establish(0.995, 0.99)
+    assert needed > 268 and score is not None
+    assert rows_to_establish(0.99, 0.99) is None and rows_to_establish(0.5, 0.99) is None
 
 
 def test_an_embedding_is_judged_by_cosine_not_by_the_argmax_of_its_dims():
@@ -102,27 +244,13 @@ def test_metrics_are_validated_against_the_model_and_among_themselves():
         AccuracyTarget(outputs={"d": "f1"})
     with pytest.raises(InvalidOptionsError, match="'nope'"):
         check_outputs(AccuracyTarget(outputs={"nope": "top1"}), {"y": [1, 10]})
+    with pytest.raises(InvalidOptionsError, match="'nope'"):
+        check_outputs(AccuracyTarget(labels_output="nope"), {"y": [1, 10]})
     with pytest.raises(InvalidOptionsError, match="past the 5 positions"):
         check_outputs(PACKED.model_copy(update={"outputs": {"det": PACKED.outputs["det"].model_copy(
             update={"slices": {"scores": PACKED.outputs["det"].slices["scores"].model_copy(update={"stop": 6})}})}}),
             {"det": [1, 50, 5]})  # fmt: skip
     check_outputs(PACKED, {"det": [1, "cells", 5]})
-
-
-def test_the_split_holds_out_samples_the_quantiser_never_sees():
-    split = plan(40, HoldOut(), seed=0)
-    fold = split.first
-    assert split.mode == "split" and len(fold.judge) == 20 and not set(fold.calibrate) & set(fold.judge)
-    assert sorted(fold.calibrate + fold.judge) == list(range(40))
-    assert fold.judge != tuple(range(20, 40))  # shuffled: sorted data still lands on both sides
-    ordered = plan(40, HoldOut(order="as_given", share=0.25), seed=0).first
-    assert ordered.judge == tuple(range(30, 40)) and ordered.calibrate == tuple(range(30))
-    few = plan(10, HoldOut(), seed=0)
-    assert few.mode == "kfold" and len(few.folds) == 4
-    judged = [i for f in few.folds for i in f.judge]
-    assert sorted(judged) == list(range(10))  # every sample judged once, by a fold that did not calibrate on it
-    assert all(not set(f.calibrate) & set(f.judge) for f in few.folds)
-    assert plan(1, HoldOut()).mode == "none"
 
 
 def test_the_tail_of_a_concatenated_head_stays_float_and_the_network_does_not():

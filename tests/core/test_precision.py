@@ -83,6 +83,55 @@ def test_calibration_that_does_not_fit_is_refused_with_what_to_do():
     assert set(load_calibration(_npz(**good))) == set(good)
 
 
+def test_labels_and_groups_describe_the_samples_and_are_not_fed_to_the_model(tmp_path):
+    from flexdsa_core.calibration import check_calibration_file
+
+    model = onnx.load(fixture("bert"), load_external_data=False)
+    ids = np.zeros((4, 8), np.int64)
+    good = {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": ids}
+    found = check_calibration(model, {**good, "labels": np.array([3, 1, -1, 0]), "groups": np.array(["a", "a", "b", "c"])})
+    assert len(found) == 4 and all(set(feed) == set(good) for feed in found)  # never an input
+    assert [labels.tolist() for labels in found.labels] == [[3], [1], [-1], [0]] and found.groups == ["a", "a", "b", "c"]
+    per_position = check_calibration(model, {**good, "labels": np.zeros((4, 8), np.int32)})
+    assert per_position.labels[0].shape == (8,) and per_position.groups is None
+    with pytest.raises(CalibrationError, match="'labels' has 3 entries on its first axis for 4 samples"):
+        check_calibration(model, {**good, "labels": np.array([3, 1, 0])})
+    with pytest.raises(CalibrationError, match=r"'labels' is float32: labels are class indices \(convert"):
+        check_calibration(model, {**good, "labels": np.zeros(4, np.float32)})
+    with pytest.raises(CalibrationError, match="'groups' is float64 .*one integer or string per sample"):
+        check_calibration(model, {**good, "groups": np.zeros(4)})
+    with pytest.raises(CalibrationError, match="not inputs of the model 'label'.*'groups' and 'labels' may describe"):
+        check_calibration(model, {**good, "label": np.zeros(4, np.int64)})
+    # The service's check, from the file's headers, takes them too.
+    path = tmp_path / "samples.npz"
+    np.savez(path, **good, labels=np.arange(4), groups=np.array([1, 1, 2, 2]))
+    assert check_calibration_file(model, path) == 4
+    np.savez(path, **good, groups=np.array([1, 1, 2]))
+    with pytest.raises(CalibrationError, match="'groups' has 3 entries"):
+        check_calibration_file(model, path)
+    # A fixed batch of 2: one entry per row (or per sample), and a sample's two rows in one group.
+    graph = onnx.helper.make_graph(
+        [onnx.helper.make_node("Identity", ["x"], ["y"])], "batch2",
+        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 3])],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2, 3])],
+    )  # fmt: skip
+    pairs = check_calibration(onnx.helper.make_model(graph), {"x": np.zeros((4, 3), np.float32),
+                                                             "labels": np.array([0, 1, 2, 0]), "groups": np.array([5, 5, 6, 6])})  # fmt: skip
+    assert [labels.tolist() for labels in pairs.labels] == [[0, 1], [2, 0]] and pairs.groups == [5, 6]
+    per_sample = check_calibration(onnx.helper.make_model(graph), {"x": np.zeros((4, 3), np.float32), "groups": np.array(["p", "q"])})
+    assert per_sample.groups == ["p", "q"]
+    with pytest.raises(CalibrationError, match="two groups within one sample of 2 rows"):
+        check_calibration(onnx.helper.make_model(graph), {"x": np.zeros((4, 3), np.float32), "groups": np.array([5, 6, 6, 6])})
+    # A model whose input is named 'labels' takes it as an input.
+    graph = onnx.helper.make_graph(
+        [onnx.helper.make_node("Identity", ["labels"], ["y"])], "named_labels",
+        [onnx.helper.make_tensor_value_info("labels", onnx.TensorProto.FLOAT, ["batch", 3])],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["batch", 3])],
+    )  # fmt: skip
+    taken = check_calibration(onnx.helper.make_model(graph), {"labels": np.zeros((2, 3), np.float32)})
+    assert set(taken[0]) == {"labels"} and taken.labels is None
+
+
 def test_calibration_that_unpacks_past_the_limit_is_refused_before_unpacking(monkeypatch):
     import flexdsa_core.calibration as calibration
 
@@ -109,13 +158,18 @@ def test_precision_the_target_cannot_have_is_refused():
 
 
 # ------------------------------------------------------------------------------------------ accuracy
+# Random weights give near-tied logits, where the original is confident on no row and the default top-1 rule
+# (confident rows) leaves the cosine to decide; the tests about top-1 flips of such models ask for every row.
+EVERY_ROW = AccuracyTarget(top1_rows="all")
+
+
 def test_score_checks_cosine_and_top1_on_classifier_outputs():
     rng = np.random.default_rng(1)
     reference = [{"logits": rng.standard_normal((1, 10)).astype(np.float32)} for _ in range(20)]
     same = score(reference, reference, AccuracyTarget())
     assert same["ok"] and same["outputs"]["logits"]["top1_agreement"] == 1.0 and same["loss"] == 0.0
     noisy = [{"logits": s["logits"] + rng.standard_normal((1, 10)).astype(np.float32)} for s in reference]
-    judged = score(reference, noisy, AccuracyTarget())
+    judged = score(reference, noisy, EVERY_ROW)
     assert not judged["ok"] and judged["outputs"]["logits"]["top1_agreement"] < 0.99
 
 
@@ -246,7 +300,7 @@ def test_int8_re_scores_a_language_model_head_whose_top1_int8_flips():
     ids = np.random.default_rng(2).integers(0, vocab, (16, 32)).astype(np.int64)
     result = FlexDSAOptimizer("cpu-ort").optimize(
         language_model(vocab, tied=True).SerializeToString(),
-        OptimizeOptions(precision="int8", measure_latency=False), calibration=_npz(ids=ids),
+        OptimizeOptions(precision="int8", measure_latency=False, accuracy=EVERY_ROW), calibration=_npz(ids=ids),
     )  # fmt: skip
     precision = result.report["precision"]
     assert precision["classifier_head"]["classes"] == vocab and precision["classifier_head"]["exact_top_k"] == 8
@@ -264,7 +318,7 @@ def test_mixed_keeps_the_body_float_and_the_re_scored_head_int8_when_that_is_wha
     ids = np.random.default_rng(2).integers(0, vocab, (16, 32)).astype(np.int64)
     result = FlexDSAOptimizer("cpu-ort").optimize(
         language_model(vocab, tied=False, body=True).SerializeToString(),
-        OptimizeOptions(precision="mixed", measure_latency=False), calibration=_npz(ids=ids),
+        OptimizeOptions(precision="mixed", measure_latency=False, accuracy=EVERY_ROW), calibration=_npz(ids=ids),
     )  # fmt: skip
     candidates = {c["name"]: c for c in result.report["precision"]["candidates"]}
     assert not candidates["dynamic_exact_head"]["meets_target"]
@@ -425,7 +479,8 @@ def test_mixed_on_gpt2_keeps_enough_layers_float_for_top1_on_its_logits():
     percent of positions; mixed keeps the most sensitive layers float until 99% agree."""
     ids = np.random.default_rng(4).integers(0, 200, size=(16, 8)).astype(np.int64)
     result = FlexDSAOptimizer("cpu-ort").optimize(
-        fixture("gpt2"), OptimizeOptions(precision="mixed", measure_latency=False), calibration=_npz(input_ids=ids)
+        fixture("gpt2"), OptimizeOptions(precision="mixed", measure_latency=False, accuracy=EVERY_ROW),
+        calibration=_npz(input_ids=ids),
     )
     precision = result.report["precision"]
     mixed = next(c for c in precision["candidates"] if c["name"] == "mixed")
