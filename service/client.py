@@ -62,10 +62,6 @@ def _error_message(response) -> str:
             "This server requires an API key: pass --api-key KEY (or set FLEXDSA_API_KEY). Make one with "
             "`flexdsa keys create --tenant NAME` against the server's database."
         )
-    inner = details.get("error") if isinstance(details, dict) and isinstance(details.get("error"), dict) else details
-    if isinstance(inner, dict) and inner.get("fix") == "calibration samples":
-        # The core's sentence names `flexdsa optimize`'s flags, which this command takes alike.
-        message = message.replace("flexdsa optimize --", "flexdsa submit --")
     text = one_line(message, details if isinstance(details, list) else None)
     hint = "(The key came from --api-key or FLEXDSA_API_KEY.)" if code == "invalid_api_key" else ""
     return f"{text} ({code}, HTTP {response.status_code})" + (f" {hint}" if hint else "")

@@ -90,10 +90,10 @@ def check_calibration_source(options: OptimizeOptions, target, has_samples: bool
         return
     raise InvalidOptionsError(
         f"{target.name} computes int8 only, so every model is quantised for it, and quantising needs calibration "
-        "samples of your data: send them as the 'calibration' file (flexdsa optimize --calibration samples.npz: "
+        "samples of your data: send them as the 'calibration' file (on the command line --calibration samples.npz: "
         "one array per model input, named as the input, samples stacked on the first axis) with precision 'int8' "
         "or 'mixed'. To quantise on seeded random inputs instead (numerics only, no accuracy claim), set "
-        "allow_synthetic_calibration: true (flexdsa optimize --allow-synthetic-calibration).",
+        "allow_synthetic_calibration: true (--allow-synthetic-calibration; the dashboard's synthetic-calibration box).",
         details={"target": target.name, "target_dtypes": list(target.dtypes), "fix": "calibration samples"},
     )
 
