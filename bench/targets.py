@@ -188,7 +188,7 @@ def vendor_row(model: str, toolchains: Path, samples: int) -> dict:
         "alone_best": row.get("vendor_alone_best"), "ours": row["ours"], "ratio": row["ratio"],
         "shipped": row["shipped"], "precision": row.get("precision") or "float16", "forms": row["forms"],
         "accuracy": accuracy, "decision": row["decision"], "measure": result.report["vendor"]["measure"],
-        "energy": result.report["vendor"]["energy"]["detail"],
+        "energy": result.report["vendor"]["energy"]["detail"], "exact_rewrites": row.get("exact_rewrites"),
     }  # fmt: skip
 
 
@@ -198,7 +198,10 @@ def _acc(figure: dict | None) -> str:
         return "-"
     cosines = [o["cosine"] for o in figure["outputs"].values() if o.get("cosine") is not None]
     top1 = [o["top1_agreement"] for o in figure["outputs"].values() if o.get("top1_agreement") is not None]
+    worst = [o["worst_sample_cosine"] for o in figure["outputs"].values() if o.get("worst_sample_cosine") is not None]
     text = f"cos {min(cosines):.4f}" if cosines else ""
+    if worst:
+        text += f" worst {min(worst):.4f}"
     if top1:
         text += f" top1 {min(top1):.3f}"
     return f"{text} ({figure.get('samples', '?')})" + ("" if figure.get("ok") else " MISS")
@@ -220,6 +223,8 @@ def print_vendor(rows: list[dict]) -> None:
             f"{row['precision'] + (' + forms' if row['forms'] else ''):<22} {_acc(row['accuracy']):>26}",
             flush=True,
         )
+    for row in rows:
+        print_exact(row)
     ratios = [r["ratio"] for r in rows if r["ratio"]]
     for with_samples in (False, True):
         chosen = [r["ratio"] for r in rows if bool(r["samples"]) == with_samples and r["ratio"]]
@@ -231,6 +236,27 @@ def print_vendor(rows: list[dict]) -> None:
         print("ratio: ours / the vendor alone's best build that keeps the accuracy target (float16, or its own w8a8 "
               "where accurate on the held-out samples)")  # fmt: skip
         print(f"measure: {rows[0]['measure']}; {rows[0]['energy']}")
+
+
+def print_exact(row: dict) -> None:
+    """The exact rewrites of a row (where the vendor alone's w8a8 lost accuracy): what they did, the cycles against
+    the vendor alone's float16 and w8a8, and the vendor's per-layer analysis before and after (worst layers)."""
+    exact = row.get("exact_rewrites")
+    if not exact:
+        return
+    int8 = (row["alone_int8"] or {}).get("cycles")
+    ours, fp16 = row["ours"].get("cycles"), row["alone_fp16"].get("cycles")
+    print(f"\n{row['model']} ({row['samples']} samples), exact rewrites: shipped {row['precision']}; "
+          f"{_fmt(ours, '.0f')} cycles = {_fmt(ours / fp16 if ours and fp16 else None, '.3f')}x the vendor alone's float16, "
+          f"{_fmt(ours / int8 if ours and int8 else None, '.3f')}x its w8a8; {exact.get('validation', '')}")  # fmt: skip
+    for name, form in exact.get("forms", {}).items():
+        sites = form.get("sites") or {}
+        print(f"  {name}: {len(sites)} site(s)" + (f", e.g. {next(iter(sites.items()))}" if sites else ""))
+    for label, key in (("vendor alone w8a8", "layer_accuracy_vendor_alone"), ("w8a8 + exact rewrites", "layer_accuracy")):
+        layers = exact.get(key) or {}
+        worst = ", ".join(f"{w['op']} {w['layer']} {w['cosine_single']:.4f}" for w in (layers.get("worst_single") or [])[:4])
+        if worst:
+            print(f"  per-layer (rknn accuracy_analysis, single-layer cosine, {label}): {worst}")
 
 
 if __name__ == "__main__":

@@ -53,6 +53,8 @@ class BucketSpec:
     dims: dict[str, int]
     artifacts: list[dict[str, Any]]
     inputs: list[dict[str, Any]] = field(default_factory=list)
+    # Outputs the compiled artifact leaves to the runtime (``flexdsa_runtime.served``).
+    served: list[dict[str, Any]] = field(default_factory=list)
 
     def artifact(self, *roles: str) -> dict[str, Any] | None:
         """The first artifact of one of ``roles`` (in ``roles`` order), or None."""
@@ -84,9 +86,12 @@ class Bundle:
 
     @property
     def buckets(self) -> list[BucketSpec]:
+        from flexdsa_runtime.served import checked
+
         return [
             BucketSpec(
-                b["name"], dict(b.get("dims", {})), list(b.get("artifacts", [])), list(b.get("inputs", []))
+                b["name"], dict(b.get("dims", {})), list(b.get("artifacts", [])), list(b.get("inputs", [])),
+                checked(b.get("served_by_runtime"), b["name"]),
             )
             for b in self.manifest["buckets"]
         ]

@@ -32,6 +32,7 @@ from flexdsa_runtime.backends import load_backend
 from flexdsa_runtime.backends.base import Backend
 from flexdsa_runtime.bundle import Bundle, UnpackLimits, open_bundle, unpack
 from flexdsa_runtime.errors import BundleError, ShapeRefused
+from flexdsa_runtime.served import serve
 from flexdsa_runtime.shapes import ShapePolicy, lost_shapes
 from flexdsa_runtime.traffic import Traffic
 from flexdsa_runtime.versions import VersionStore
@@ -201,6 +202,8 @@ class Runtime:
         outputs = backend.run(feeds)
         backend_s = time.perf_counter() - backend_started
         outputs = served.policy.crop_outputs(outputs, choice)
+        if choice.bucket.served:  # outputs the compiled artifact leaves to the runtime (an input passed through)
+            outputs = {**serve(choice.bucket.served, arrays), **outputs}
         self.traffic.record(choice.dims, choice.bucket.name, choice.elements, choice.padded_elements)
         timing = self.timing
         timing.requests += 1

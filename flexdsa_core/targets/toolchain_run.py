@@ -10,7 +10,8 @@ environment, ``flexdsa_core.toolchains``). What comes back is checked here:
   the bar is the accuracy target, ``cosine >= MIN_COSINE``, not fp32 tolerances);
 * placement: the vendor's accelerator/CPU decision per node against the Subgraph Mapper's prediction,
   as the share of nodes both name on which they agree;
-* artifacts: the compiled files join the bundle;
+* artifacts: the compiled files join the bundle; outputs the vendor's model left to the runtime (rknn: inputs
+  passed through, ``served_by_runtime``) come back computed from the inputs, as the runtime will make them;
 * precision: at a precision other than fp32 the request carries each bucket's calibration samples
   (``dataset``: the very samples our precision stage calibrated on, so the vendor's quantiser calibrates on the
   user's data) and the adapter's options say which format to make (``toolchain_options`` reads
@@ -120,7 +121,8 @@ def run_toolchain(
             "numerics": numerics,
             "placement_agreement": agreement,
             "vendor_placement": entry.get("placement", {}),
-            **{k: entry[k] for k in ("reasons", "layers", "notes", "seconds", "quantization") if k in entry},
+            **{k: entry[k] for k in ("reasons", "layers", "notes", "seconds", "quantization", "served_by_runtime",
+                                     "layer_accuracy") if k in entry},
         }
         if name in sample_references and accuracy is not None:
             per_bucket[name]["accuracy"] = _sample_accuracy(

@@ -16,11 +16,20 @@ rknn-toolkit2's per-layer cycle table), per shape bucket:
    in cycles or CPU-fallback nodes, is not shipped. When nothing of ours is at least as good, the bucket
    ships the original model, the vendor alone's build, and the report says why.
 
+5. **Precision** (int8/mixed with samples, ``_precisions``): each precision the vendor makes, on the chosen form,
+   calibrated on the calibration samples and judged in its simulator on held-out ones, beside the vendor
+   alone's own int8 and its per-layer analysis. Where the adapter names exact rewrites (``vendor_exact_forms``:
+   ``forms.ExactForm``, e.g. a bounded attention-mask constant, outlier channels on a path of their own), they
+   are applied with figures measured on the calibration samples, kept only where the outputs stay within the
+   fp32 tolerances of the original's, compiled int8 with the vendor's per-layer analysis, then with the float16
+   hybrids the adapter picks from that analysis (``vendor_sensitivity_hybrids``); the cheapest accurate
+   candidate ships, and an exact-rewritten model that wins replaces the bucket's model.
+
 The optimizer validates changed models against the original again, and the toolchain's final compile
 (``toolchain_run``) runs the winner in the vendor's simulator.
 
-Over 500 lines because the four steps above, the precision candidates the vendor compiles and the traffic
-figures all read and fill one ``Exploration`` per job, and the report's ``vendor`` section is made from it.
+Over 500 lines because the steps above, the precision candidates the vendor compiles and the traffic figures
+all read and fill one ``Exploration`` per job, and the report's ``vendor`` section is made from it.
 """
 
 from __future__ import annotations
@@ -61,6 +70,7 @@ class Candidate:
     cached: bool = False
     precision: str = "float16"  # what the vendor compiles the candidate to
     accuracy: dict | None = None  # its simulator's outputs on the held-out samples, scored (precision only)
+    layer_accuracy: list[dict] | None = None  # the vendor's per-layer analysis of its simulator (where asked)
 
     @property
     def label(self) -> str:
@@ -74,6 +84,7 @@ class Candidate:
             "precision": self.precision,
             "vendor": self.cost.as_dict() if self.cost else None,
             "accuracy": self.accuracy,
+            **({"layer_accuracy": self.layer_accuracy} if self.layer_accuracy else {}),
             "error": self.error,
             "from_kernel_cache": self.cached,
         }
@@ -200,6 +211,7 @@ class VendorCompiler:
             self._read(candidate, {"error": _first_line(entry.get("error")), "layers": entry.get("layers") or []})
             if candidate.error is None:
                 candidate.accuracy = _scored(references[candidate.bucket], entry.get("sample_outputs") or [], accuracy, score)
+                candidate.layer_accuracy = entry.get("layer_accuracy")
 
     def _read(self, candidate: Candidate, kept: dict) -> None:
         candidate.error = kept.get("error")
@@ -335,8 +347,13 @@ def explore(
             compiler, chosen, original, sources, shapes, report, plans, precision, calibration, held_out or {},
             accuracy, original_source,
         )  # fmt: skip
-        for name, options in explored.items():
+        for name, (options, model) in explored.items():
             bucket_options[name] = {**bucket_options.get(name, {}), **options}
+            if model is not None:  # exact rewrites made its int8 accurate: that model ships (validated again)
+                chosen = [replace(b, model=model, portable=None) if b.name == name else b for b in chosen]
+                changed.add(name)
+                original.discard(name)
+                bucket_options[name] = dict(options)
     if traffic and traffic.get("observed"):
         say(0.9, f"compiling the original at the largest observed shape with {compiler.tool}")
         summary_traffic = _traffic(compiler, traffic, original_file, buckets)
@@ -357,20 +374,24 @@ JUDGED_SAMPLES = 8
 
 
 def _precisions(compiler, buckets, original, sources, shapes, report, plans, precision, calibration, held_out,
-                accuracy, original_source) -> dict[str, dict]:  # fmt: skip
+                accuracy, original_source) -> dict[str, tuple[dict, ir.Model | None]]:  # fmt: skip
     """Per bucket, each precision the vendor makes (``adapter.vendor_precisions``: its int8, its own other
     calibration, hybrids keeping our float layers in float16, float16 itself under ``mixed``) compiled on the
     chosen form, calibrated on the calibration samples and judged in the vendor's simulator on the held-out
-    ones; beside them the vendor alone's int8 of the original on the same samples. The cheapest candidate
-    that meets the accuracy target ships (float16's own figure where ``mixed`` allows it); none does: the
-    request's own format ships and the accuracy verdict after the final build decides (fail, or fp32)."""
+    ones; beside them the vendor alone's int8 of the original on the same samples. Then the exact rewrites
+    (``_exact``), judged the same way. The cheapest candidate that meets the accuracy target ships (float16's
+    own figure where ``mixed`` allows it; at equal cost the more accurate); none does: the request's own format
+    ships and the accuracy verdict after the final build decides (fail, or fp32). Returns per bucket the driver
+    options of the choice and, where an exact rewrite won, the rewritten model that ships."""
     from flexdsa_core.validate import run
 
-    variants = compiler.adapter.vendor_precisions(compiler.target, {"precision": precision})
+    adapter = compiler.adapter
+    variants = adapter.vendor_precisions(compiler.target, {"precision": precision})
     if not variants:
         return {}
     plain_int8 = next(iter(variants.values()))
-    candidates, datasets, judged, references = [], {}, {}, {}
+    alone_options = {**plain_int8, "custom_hybrid": {}, **adapter.vendor_alone_options}
+    candidates, datasets, judged, references, models = [], {}, {}, {}, {}
     for bucket in buckets:
         samples = calibration.get(bucket.name)
         if not samples:
@@ -378,18 +399,23 @@ def _precisions(compiler, buckets, original, sources, shapes, report, plans, pre
         datasets[bucket.name] = samples
         judged[bucket.name] = (held_out.get(bucket.name) or samples)[:JUDGED_SAMPLES]
         references[bucket.name] = [run(original_source, s) for s in judged[bucket.name]]
+        models[bucket.name] = _original_model(sources[bucket.name]) if bucket.name in original else bucket.model
         model = None if bucket.name in original else bucket.model
         forms = report[bucket.name]["forms"]
         for name, options in variants.items():
             if options.get("dtype") == "float16":
                 continue  # scored already: the chosen form's own figure
             candidates.append(Candidate(bucket.name, name, model, forms=forms, options=options, precision=name))
+        # The vendor alone's int8, with the vendor's own per-layer analysis: where its quantiser loses accuracy.
         candidates.append(Candidate(bucket.name, f"{ALONE}: {next(iter(variants))}", None,
-                                    options={**plain_int8, "custom_hybrid": {}}, precision=next(iter(variants))))  # fmt: skip
+                                    options={**alone_options, "accuracy_analysis": True}, precision=next(iter(variants))))  # fmt: skip
     if not candidates:
         return {}
     compiler.simulate(candidates, sources, shapes, datasets, judged, references, accuracy)
-    chosen: dict[str, dict] = {}
+    exact = _exact(compiler, models, report, datasets, judged, references, sources, shapes, accuracy,
+                   original_source, plain_int8)  # fmt: skip
+    candidates += [c for found in exact.values() for c in found["candidates"]]
+    chosen: dict[str, tuple[dict, ir.Model | None]] = {}
     for bucket in buckets:
         mine = [c for c in candidates if c.bucket == bucket.name]
         if not mine:
@@ -402,15 +428,18 @@ def _precisions(compiler, buckets, original, sources, shapes, report, plans, pre
         floor = row["explored"]["cycles"] if row["explored"] and "float16" in [
             n for n, o in variants.items() if o.get("dtype") == "float16"
         ] else None  # fmt: skip
-        best = min(ours, key=lambda c: c.cost.cycles, default=None)
+        best = min(ours, key=lambda c: (c.cost.cycles, (c.accuracy or {}).get("loss", 1.0)), default=None)
         if best is not None and (floor is None or best.cost.cycles < floor):
-            chosen[bucket.name] = best.options
+            rewritten = best.model if best.name.startswith(EXACT) else None
+            chosen[bucket.name] = (best.options, rewritten)
             row["precision"] = best.name
             row["explored"] = best.cost.as_dict()
+            if rewritten is not None:
+                row["forms"] = {**best.forms}
             decision = f"{best.name}: {best.cost.cycles:.0f} cycles, accurate on {len(judged[bucket.name])} held-out samples"
         elif floor is not None:
             fp16 = next(n for n, o in variants.items() if o.get("dtype") == "float16")
-            chosen[bucket.name] = variants[fp16]
+            chosen[bucket.name] = (variants[fp16], None)
             row["precision"] = fp16
             decision = "float16: no quantised candidate met the accuracy target more cheaply"
         else:
@@ -420,6 +449,9 @@ def _precisions(compiler, buckets, original, sources, shapes, report, plans, pre
             **(alone.cost.as_dict() if alone.cost else {"error": alone.error}),
             "precision": alone.precision, "accuracy": alone.accuracy,
         }  # fmt: skip
+        if bucket.name in exact:
+            row["exact_rewrites"] = {key: value for key, value in exact[bucket.name].items() if key != "candidates"}
+            row["exact_rewrites"]["layer_accuracy_vendor_alone"] = _worst_layers(alone.layer_accuracy)
         row["explored_ratio"] = ratio(
             _cost_of(row["explored"]), _cheapest_accurate_alone(row)
         )
@@ -427,6 +459,115 @@ def _precisions(compiler, buckets, original, sources, shapes, report, plans, pre
         plans[bucket.name]["candidates"] += [c.record() for c in mine]
         plans[bucket.name]["precision"] = row["precision"]
     return chosen
+
+
+# Candidates with the exact rewrites are named from here (``_exact``); one of them shipping changes the model.
+EXACT = "w8a8 + exact rewrites"
+# Calibration samples the exact rewrites are checked against the original on (with the held-out judged ones).
+EXACTNESS_SAMPLES = 24
+# Layers listed per analysis in the report (the worst by single-layer cosine); fusion_plan.json has them all.
+WORST_LAYERS = 12
+
+
+def _exact(compiler, models, report, datasets, judged, references, sources, shapes, accuracy, original_source,
+           int8: dict) -> dict[str, dict]:  # fmt: skip
+    """The adapter's exact rewrites (``vendor_exact_forms``: ``forms.ExactForm``) applied to each bucket's
+    chosen model with figures measured on its calibration samples, kept only where the rewritten model's
+    outputs stay within the fp32 tolerances of the original's on the samples; compiled w8a8 with the forms'
+    float16 paths and the vendor's per-layer analysis (round 1), then with the float16 hybrids the adapter
+    chooses from that analysis (``vendor_sensitivity_hybrids``: round 2), all judged in the simulator on the
+    held-out samples like every precision candidate."""
+    names = getattr(compiler.adapter, "vendor_exact_forms", ())
+    forms = [discover_forms()[n] for n in names if n in discover_forms()]
+    if not forms:
+        return {}
+    found, first = {}, []
+    for name, model in models.items():
+        rewritten = model.clone()
+        applied = {form.name: form.apply(rewritten, datasets[name]) for form in forms}
+        taken = {form: result for form, result in applied.items() if result.sites}
+        section = {
+            "forms": {form: {"sites": result.sites, "measured": result.measured,
+                             "float16_nodes": len(result.float16)} for form, result in applied.items()},  # fmt: skip
+            "candidates": [],
+        }
+        found[name] = section
+        if not taken:
+            section["detail"] = "no exact rewrite applies to this model"
+            continue
+        checked = datasets[name][:EXACTNESS_SAMPLES] + judged[name]
+        problem = _exactness(original_source, rewritten, checked)
+        section["validation"] = problem or (
+            f"the rewritten model's outputs are within the fp32 tolerances of the original's on {len(checked)} "
+            "samples (ONNX Runtime)"
+        )
+        if problem:
+            continue
+        float16 = [node for result in taken.values() for node in result.float16]
+        options = {**int8, "hybrid_layers": {"nodes": float16}, "accuracy_analysis": True}
+        forms_taken = {**report[name]["forms"], **{f: dict(r.sites) for f, r in taken.items()}}
+        candidate = Candidate(name, EXACT, rewritten, forms=forms_taken, options=options, precision=EXACT)
+        section["candidates"].append(candidate)
+        section["float16"] = float16
+        first.append(candidate)
+    if not first:
+        return found
+    compiler.simulate(first, sources, shapes, datasets, judged, references, accuracy)
+    second = []
+    for candidate in first:
+        section = found[candidate.bucket]
+        section["layer_accuracy"] = _worst_layers(candidate.layer_accuracy)
+        hybrids = compiler.adapter.vendor_sensitivity_hybrids(
+            candidate.options, candidate.layer_accuracy or [], section["float16"]
+        )
+        for label, options in hybrids.items():
+            second.append(Candidate(candidate.bucket, f"{EXACT} + {label}", candidate.model, forms=candidate.forms,
+                                    options=options, precision=f"{EXACT} + {label}"))  # fmt: skip
+    if second:
+        compiler.simulate(second, sources, shapes, datasets, judged, references, accuracy)
+    for candidate in second:
+        found[candidate.bucket]["candidates"].append(candidate)
+    return found
+
+
+def _exactness(original_source, rewritten: ir.Model, samples: list[dict]) -> str | None:
+    """None when ``rewritten`` gives the original's outputs within the fp32 validation tolerances on every
+    sample (ONNX Runtime); else what differs."""
+    import numpy as np
+
+    from flexdsa_core.validate import DEFAULT_TOLERANCES, run, session
+
+    before, after = session(original_source), session(ir.to_proto(rewritten).SerializeToString())
+    for index, sample in enumerate(samples):
+        want, got = run(before, sample), run(after, sample)
+        for name, value in want.items():
+            other = got.get(name)
+            if other is None or other.shape != value.shape:
+                return f"output {name!r} is missing or reshaped on sample {index}"
+            if not np.issubdtype(value.dtype, np.floating):
+                if not np.array_equal(value, other):
+                    return f"output {name!r} differs on sample {index}"
+                continue
+            atol, rtol = DEFAULT_TOLERANCES.get(str(value.dtype), (1e-4, 1e-3))
+            excess = np.abs(other.astype(np.float64) - value) - (atol + rtol * np.abs(value.astype(np.float64)))
+            if float(excess.max(initial=-1.0)) > 0:
+                return (f"output {name!r} differs beyond the fp32 tolerances on sample {index} (max abs "
+                        f"{float(np.abs(other - value).max()):.3g}): not exact, not offered")  # fmt: skip
+    return None
+
+
+def _worst_layers(rows: list[dict] | None) -> dict | None:
+    """The vendor's per-layer analysis for the report: the layers it scores worst alone (single-layer cosine)."""
+    if not rows:
+        return None
+    scored = [r for r in rows if r.get("cosine_single") is not None]
+    worst = sorted(scored, key=lambda r: r["cosine_single"])[:WORST_LAYERS]
+    return {
+        "layers": len(rows),
+        "worst_single": [{k: r.get(k) for k in ("layer", "op", "cosine", "cosine_single", "onnx_nodes")} for r in worst],
+        "final_cosine": rows[-1].get("cosine"),
+        "measured_on": "the first held-out sample, in the vendor's simulator against its float run",
+    }
 
 
 def _cost_of(figure: dict | None) -> VendorCost | None:
@@ -700,6 +841,8 @@ def vendor_section(target: TargetSpec, adapter, exploration: Exploration, toolch
         if explored.get("vendor_alone_int8"):
             row["vendor_alone_int8"] = explored["vendor_alone_int8"]
             row["precision"] = explored.get("precision")
+        if explored.get("exact_rewrites"):
+            row["exact_rewrites"] = explored["exact_rewrites"]
         best_alone = _cheapest_accurate_alone(explored)
         row["vendor_alone_best"] = best_alone.as_dict() if best_alone else None
         ours_cycles = (row["ours"] or {}).get("cycles")

@@ -96,6 +96,8 @@ def load_backend(
         "onnx": str(path(onnx_file["file"])),
         "inputs": [{"name": i["name"], "shape": i["shape"]} for i in bucket.inputs],
         "outputs": [o["name"] for o in _outputs(bundle, bucket)],
+        # The compiler left these out of the .rknn; the simulator's build leaves them out the same way.
+        "prune_outputs": bool(bucket.served),
         "cwd": str(Path(bundle.folder)),
     }
     dtypes = {i["name"]: i["dtype"] for i in bucket.inputs if i.get("dtype")}
@@ -103,5 +105,7 @@ def load_backend(
 
 
 def _outputs(bundle: Bundle, bucket: BucketSpec) -> list[dict]:
+    """The outputs the bucket's compiled artifact produces, in order: all but those served by the runtime."""
     entry = next(b for b in bundle.manifest["buckets"] if b["name"] == bucket.name)
-    return list(entry.get("outputs", []))
+    served = {s["output"] for s in bucket.served}
+    return [o for o in entry.get("outputs", []) if o["name"] not in served]

@@ -78,7 +78,8 @@ class RknnSimulator:
         steps = [
             ("config", lambda: self.rknn.config(**config)),
             ("load_onnx", lambda: self.rknn.load_onnx(
-                model=request["onnx"], inputs=self.inputs, input_size_list=[i["shape"] for i in request["inputs"]]
+                model=request["onnx"], inputs=self.inputs, input_size_list=[i["shape"] for i in request["inputs"]],
+                **({"outputs": self.outputs} if request.get("prune_outputs") else {}),
             )),
             ("build", lambda: self.rknn.build(do_quantization=bool(request.get("dataset")),
                                               dataset=request.get("dataset"))),

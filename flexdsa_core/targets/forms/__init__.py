@@ -6,6 +6,13 @@ A form module exports ``FORM`` (found by discovery, like fusion rules). Each ``V
 ``apply`` takes exactly the chosen (site, variant) pairs. A site is the name of the node the rule matched at;
 the rewritten node keeps that name and the nodes it adds are named ``<site><site_suffix>``, so the vendor's
 per-layer report (which carries ONNX node names) can be read back per site (``vendor_explore``).
+
+An ``ExactForm`` is judged by the vendor's quantiser instead of its cycles: a rewrite that changes no value of the
+fp32 model (bounded attention-mask constants, outlier channels moved to a path of their own) but removes what
+a per-tensor int8 scale cannot hold. Its rules take figures measured on the calibration samples (``measure``:
+the scores' range a mask constant must stay beyond, the channels that swamp a scale), and it names the nodes
+that must stay float16 for the rewrite to pay (``float16``). Exploration applies it to the chosen form under the
+vendor's int8 precisions and judges it in the vendor's simulator on held-out samples (``vendor_explore``).
 """
 
 from __future__ import annotations
@@ -13,8 +20,10 @@ from __future__ import annotations
 import functools
 import importlib
 import pkgutil
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
+import numpy as np
 import onnx_ir as ir
 import onnx_ir.passes.common as ir_passes
 from onnxscript.rewriter import RewriteRule
@@ -77,12 +86,98 @@ def _root(delta) -> ir.Node:
     return delta.match.outputs[0].producer()
 
 
+@dataclass
+class Applied:
+    """What an ``ExactForm`` did to a model: the sites it rewrote (site -> what was chosen there, in words), the
+    nodes that must stay float16 (names), and the figures it measured, for the report."""
+
+    sites: dict[str, str] = field(default_factory=dict)
+    float16: list[str] = field(default_factory=list)
+    measured: dict = field(default_factory=dict)
+    refused: dict[str, int] = field(default_factory=dict)  # reason -> count, where a rule matched and refused
+
+
+@dataclass(frozen=True)
+class ExactForm:
+    """``apply(model, samples)``: ``measure`` reads the figures its rules need from ``samples`` (ONNX Runtime on
+    ``model``) and returns them parametrised (a list of onnxscript rules), each rewrite records the roles of the
+    nodes it makes (``rule.roles``: node -> role), and the new nodes are named ``<site><site_suffix>/<role>``;
+    those whose role starts with ``float16`` are the float path."""
+
+    name: str
+    summary: str
+    site_suffix: str
+    measure: Callable[[ir.Model, list[dict]], tuple[list, dict]]
+
+    def apply(self, model: ir.Model, samples: list[dict]) -> Applied:
+        from flexdsa_core.fusions.driver import ReasonTracer
+
+        applied = Applied()
+        _name_nodes(model)  # a site is a node's name
+        rules, applied.measured = self.measure(model, samples)
+        applied.refused.update(applied.measured.pop("refused", {}))
+        for rule_class in rules:
+            variants = rule_class.rule().commute()  # Add(a, b) and Add(b, a) alike
+            tracer = ReasonTracer()
+
+            def take(_rule, delta, rule_class=rule_class):
+                site = _root(delta).name
+                main = delta.new_outputs[0].producer()
+                roles = rule_class.roles
+                for index, node in enumerate(n for n in delta.new_nodes if n is not main):
+                    role = roles.get(id(node), f"node{index}")
+                    node.name = f"{site}{self.site_suffix}/{role}"
+                    for number, output in enumerate(node.outputs):  # not the builder's val_N, which may be taken
+                        output.name = f"{node.name}_output_{number}"
+                    if role.startswith("float16"):
+                        applied.float16.append(node.name)
+                main.name = site
+                if roles.get(id(main), "").startswith("float16"):
+                    applied.float16.append(site)
+                applied.sites[site] = rule_class.describe(site)
+                return _Verdict(True)
+
+            drive(model, variants, take, rule_name=self.name, tracer=tracer)
+            applied.refused.update(tracer.reasons)
+        if applied.sites:
+            ir_passes.RemoveUnusedNodesPass()(model)
+        return applied
+
+
+def _name_nodes(model: ir.Model) -> None:
+    taken = {node.name for node in model.graph if node.name}
+    for index, node in enumerate(model.graph):
+        if not node.name:
+            name = f"node_{node.op_type}_{index}"
+            while name in taken:
+                name += "_"
+            node.name = name
+            taken.add(name)
+
+
+def observe(model: ir.Model, values: list[str], samples: list[dict]) -> list[dict[str, np.ndarray]]:
+    """The named values of ``model`` on each sample (ONNX Runtime, no graph optimisation): what a form measures."""
+    from flexdsa_core.validate import run, session
+
+    probe = model.clone()
+    by_name = {v.name: v for node in probe.graph for v in node.outputs}
+    by_name.update({v.name: v for v in probe.graph.inputs})
+    probe.graph.outputs.clear()
+    for name in values:
+        value = by_name[name]
+        if value.type is None:
+            value.type = ir.TensorType(ir.DataType.FLOAT)
+        probe.graph.outputs.append(value)
+    sess = session(ir.to_proto(probe).SerializeToString())
+    return [run(sess, sample, what=f"measuring {len(values)} value(s) for a vendor form") for sample in samples]
+
+
 @functools.cache
-def discover_forms() -> dict[str, VendorForm]:
+def discover_forms() -> dict[str, VendorForm | ExactForm]:
     """Every ``FORM`` exported by a module in this package, by name."""
-    found: dict[str, VendorForm] = {}
+    found: dict[str, VendorForm | ExactForm] = {}
     for module in pkgutil.iter_modules(__path__):
         form = getattr(importlib.import_module(f"{__name__}.{module.name}"), "FORM", None)
-        if isinstance(form, VendorForm):
+        if isinstance(form, VendorForm | ExactForm):
             found[form.name] = form
     return found

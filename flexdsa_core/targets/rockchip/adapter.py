@@ -27,14 +27,23 @@ kernel/stride limits into several NPU ops, fuses attention (exSDPAttention), tan
 SiLU (exSwish), RMSNorm and LayerNorm (exNorm), and Conv + Add + activation. Its ``optimization_level``
 below 3 keeps an attention mask's -3.4e38 fill, which overflows float16 (NaN outputs): the bundle keeps 3.
 
-The bundle's ``convert_rknn.py`` is the template ``templates/convert_rknn.py``; it imports ``rknn_hybrid.py``,
-shipped beside it, the same file the toolchain's ``driver.py`` maps the hybrid layers' names with.
+Where rknn's own w8a8 loses accuracy, exploration offers exact rewrites (``vendor_exact_forms``:
+``forms/bounded_mask.py``, ``forms/outlier_channels.py``) and float16 hybrids chosen from the toolkit's own
+per-layer analysis of them (``vendor_sensitivity_hybrids``). Outputs the runtime can serve from the inputs
+(inputs passed through, their shapes and casts: ``rknn_outputs.py``) are left out of the toolkit's model: it dies
+with SIGFPE on a model that passes an input it consumes through to an output; the manifest lists them per bucket
+(``served_by_runtime``) and ``flexdsa_runtime`` makes them.
+
+The bundle's ``convert_rknn.py`` is the template ``templates/convert_rknn.py``; it imports ``rknn_hybrid.py`` and
+``rknn_outputs.py``, shipped beside it, the same files the toolchain's ``driver.py`` maps the hybrid layers' names
+and leaves the served outputs out with.
 """
 
 from __future__ import annotations
 
 import pprint
 from importlib import resources
+from types import SimpleNamespace
 
 import numpy as np
 import onnx_ir as ir
@@ -46,6 +55,7 @@ from flexdsa_core.targets.accelerator import AcceleratorAdapter, is_constant, ru
 from flexdsa_core.targets.base import BucketModel
 from flexdsa_core.targets.bundle_inputs import mixed_sections
 from flexdsa_core.targets.render import render
+from flexdsa_core.targets.rockchip.rknn_outputs import runtime_served
 from flexdsa_core.targets.spec import TargetSpec
 from flexdsa_core.targets.vendor_cost import VendorCost
 
@@ -59,6 +69,15 @@ SQRT2 = float(np.sqrt(2.0))
 OPTIMIZATION_LEVEL = 3
 # Rows of the toolkit's layer table that are the graph's inputs and outputs, not layers.
 BOUNDARY_OPS = frozenset({"InputOperator", "OutputOperator"})
+# The toolkit's layers its table gives no cycles in int8 or float16 (seen on MiniLM-L6, BERT, ViT): keeping them
+# float16 costs nothing by its measure. Its convolutions (MatMul, Gemm) carry every cycle.
+# A Reshape or Transpose between two of them is kept float16 too: else it rounds the tensor to int8 and back (seen:
+# MiniLM-L6's embedding sum on its way to the first norm, single-layer cosine 0.998). Div and Pow run on its CPU
+# in int8 and on the NPU in float16 (MiniLM-L6's pooling and L2 norm: 7 CPU layers in w8a8, 4 in float16).
+FLOAT16_FREE = ("exNorm", "exSDPAttention", "exSoftmax13", "exGelu", "exSwish", "Add", "Mul", "Sub", "Div", "Pow",
+                "Reshape", "Transpose")
+# A layer whose single-layer cosine in the toolkit's accuracy_analysis is below this is sensitive.
+SENSITIVE_COSINE = 0.999
 
 
 class RockchipAdapter(AcceleratorAdapter):
@@ -107,7 +126,11 @@ class RockchipAdapter(AcceleratorAdapter):
 
     # ---- the vendor's own figure --------------------------------------------------------------------
     vendor_forms = ("strided_conv_space_to_depth",)
+    # Rewrites that change no value but what the toolkit's w8a8 keeps (judged by its simulator, ``vendor_explore``).
+    vendor_exact_forms = ("bounded_attention_mask", "outlier_channel_split")
     vendor_package = "rknn-toolkit2"
+    # The vendor alone is the original as a user hands it over: every output left in (a toolkit crash included).
+    vendor_alone_options = {"serve_passthrough": False}
 
     def vendor_cost(self, entry: dict, versions: dict) -> VendorCost | None:
         """rknn-toolkit2's estimate: the Total cycles of its Network Layer Information Table, summed; the
@@ -151,12 +174,27 @@ class RockchipAdapter(AcceleratorAdapter):
             found["float16"] = {"dtype": "float16", "custom_hybrid": {}}
         return found
 
+    def vendor_sensitivity_hybrids(self, options: dict, layers: list[dict], float16: list[str]) -> dict[str, dict]:
+        """Float16 hybrids over an exact-rewritten w8a8 build, from the toolkit's per-layer analysis of it
+        (``layers``): the layers it costs nothing to keep float16 (``FLOAT16_FREE``) whose single-layer cosine
+        is below ``SENSITIVE_COSINE``, and all of them; each with the exact forms' float16 paths."""
+        sensitive = [row["layer"] for row in layers
+                     if row["op"] in FLOAT16_FREE and (row.get("cosine_single") or 0.0) < SENSITIVE_COSINE]  # fmt: skip
+        found = {}
+        if sensitive:
+            found[f"float16 for the {len(sensitive)} sensitive layer(s)"] = {
+                **options, "accuracy_analysis": False, "hybrid_layers": {"nodes": float16, "tensors": sensitive}}
+        found["float16 for every layer the toolkit gives no cycles"] = {
+            **options, "accuracy_analysis": False, "hybrid_layers": {"nodes": float16, "ops": list(FLOAT16_FREE)}}
+        return found
+
     # ---- the bundle --------------------------------------------------------------------------------
     def toolchain_options(self, target: TargetSpec, report: dict) -> dict:
         """float16 for fp32/fp16; for int8 and mixed the toolkit's own w8a8 quantiser calibrated on our
         calibration samples (each bucket's ``dataset``), and for mixed its hybrid quantisation keeping the layers
-        our sensitivity search found in float (``custom_hybrid``: each layer's [input, output] tensors)."""
-        options = {"target_platform": "rk3588", **_config_switches(target, report)}
+        our sensitivity search found in float (``custom_hybrid``: each layer's [input, output] tensors). Outputs
+        the runtime serves are left out of the toolkit's model (``serve_passthrough``)."""
+        options = {"target_platform": "rk3588", "serve_passthrough": True, **_config_switches(target, report)}
         plan = report.get("precision") or {}
         if plan.get("requested") not in ("int8", "mixed"):
             return options
@@ -181,6 +219,7 @@ class RockchipAdapter(AcceleratorAdapter):
                 "input_size_list": [[int(d) for d in bucket.input_shapes.get(v.name, v.shape)] for v in inputs],
                 "dtypes": [v.dtype.numpy().name if v.dtype is not None else "float32" for v in inputs],
                 **_explored_quantization(report, bucket.name),
+                **({"served_by_runtime": served} if (served := served_outputs(bucket, report)) else {}),
             })  # fmt: skip
         script = render(
             __package__, "convert_rknn.py",
@@ -189,9 +228,25 @@ class RockchipAdapter(AcceleratorAdapter):
             quant=pprint.pformat(_QUANT_CONFIG, sort_dicts=False),
             hybrid=pprint.pformat(self.toolchain_options(target, report).get("custom_hybrid") or {}, width=110),
         )  # fmt: skip
-        # The module convert_rknn.py maps the hybrid layers' names with, the very file the driver imports.
-        hybrid = resources.files(__package__).joinpath("rknn_hybrid.py").read_bytes()
-        return {"convert_rknn.py": script.encode(), "rknn_hybrid.py": hybrid}
+        # The modules convert_rknn.py maps the hybrid layers' names and leaves the served outputs out with, the
+        # very files the driver imports.
+        shared = {name: resources.files(__package__).joinpath(name).read_bytes()
+                  for name in ("rknn_hybrid.py", "rknn_outputs.py")}  # fmt: skip
+        return {"convert_rknn.py": script.encode(), **shared}
+
+    def manifest(self, buckets: list[BucketModel], target: TargetSpec, report: dict) -> dict:
+        """Per bucket, the outputs its .rknn leaves to the runtime (``served_by_runtime``)."""
+        manifest = super().manifest(buckets, target, report)
+        for entry, bucket in zip(manifest["buckets"], buckets, strict=True):
+            served = served_outputs(bucket, report)
+            if served:
+                entry["served_by_runtime"] = served
+                entry["served_by_runtime_note"] = (
+                    "outputs the compiled .rknn does not produce (rknn-toolkit2 2.5.0 dies building a model that "
+                    "passes an input it consumes through to an output): the runtime computes each from the "
+                    "request's input named, by the steps listed"
+                )
+        return manifest
 
     def deploy_steps(self, buckets: list[BucketModel], target: TargetSpec, report: dict) -> list[str]:
         rknn_files = ", ".join(f"`{self.model_filename(b).removesuffix('.onnx')}.rknn`" for b in buckets)
@@ -375,6 +430,38 @@ def _sum_to_add(model: ir.Model) -> int:
 # ---- convert_rknn.py --------------------------------------------------------------------------------
 
 
+def served_outputs(bucket: BucketModel, report: dict) -> list[dict]:
+    """The outputs the bucket's .rknn leaves to the runtime: as the toolchain's build here left them out, else
+    as ``convert_rknn.py`` will (``rknn_outputs.runtime_served``, the driver's own rule)."""
+    entry = (((report.get("toolchain") or {}).get("buckets") or {}).get(bucket.name)) if (report.get("toolchain") or {}).get("ran") else None
+    if entry is not None:
+        return list(entry.get("served_by_runtime") or [])
+    return runtime_served(_graph_view(bucket.model))
+
+
+def _graph_view(model: ir.Model) -> SimpleNamespace:
+    """The parts of an ONNX GraphProto ``rknn_outputs`` reads (names, op types, integer attributes, input
+    dtypes), from the IR without serialising its weights."""
+
+    def value(v: ir.Value) -> SimpleNamespace:
+        elem = int(v.dtype) if v.dtype is not None else 0
+        return SimpleNamespace(name=v.name, type=SimpleNamespace(tensor_type=SimpleNamespace(elem_type=elem)))
+
+    def attribute(name: str, attr) -> SimpleNamespace:
+        number = attr.value if isinstance(attr.value, int) else 0
+        return SimpleNamespace(name=name, i=number)
+
+    graph = model.graph
+    nodes = [
+        SimpleNamespace(op_type=n.op_type, domain=n.domain, input=[v.name if v is not None else "" for v in n.inputs],
+                        output=[v.name for v in n.outputs],
+                        attribute=[attribute(k, a) for k, a in n.attributes.items()])
+        for n in graph
+    ]  # fmt: skip
+    return SimpleNamespace(input=[value(v) for v in graph.inputs], output=[value(v) for v in graph.outputs],
+                           node=nodes, initializer=[SimpleNamespace(name=k) for k in graph.initializers])  # fmt: skip
+
+
 def _config_switches(target: TargetSpec, report: dict) -> dict:
     """rknn.config() switches. The toolkit has no per-fusion switch that holds (R1; its disable_rules did
     not stop the attention fusion in 2.5.0), and a lower optimization_level breaks float16 attention masks,
@@ -395,7 +482,8 @@ def _explored_quantization(report: dict, bucket: str) -> dict:
         return {"explored": "float16: no quantised build met the accuracy target more cheaply", "int8": False}
     chosen = {key: options[key] for key in _QUANT_CONFIG if key in options}
     return {"quantization": chosen, "hybrid": bool((options.get("custom_hybrid") or {}).get(bucket)),
-            "auto_hybrid": bool(options.get("auto_hybrid"))}  # fmt: skip
+            "auto_hybrid": bool(options.get("auto_hybrid")),
+            **({"hybrid_layers": options["hybrid_layers"]} if any((options.get("hybrid_layers") or {}).values()) else {})}  # fmt: skip
 
 
 ADAPTER = RockchipAdapter()

@@ -23,8 +23,21 @@ a dict input name -> path) builds with the toolkit's w8a8 quantisation; ``custom
 [[input tensor, output tensor], ...]}``) then keeps those subgraphs in float16 through the toolkit's hybrid
 quantisation (``hybrid_quantization_step1(custom_hybrid=...)``, then ``step2``); ``auto_hybrid`` asks the
 toolkit's own automatic hybrid quantisation instead (``build(auto_hybrid=True)``, layers whose quantised output
-falls below ``auto_hybrid_cos_thresh`` kept float16). The bucket's ``samples``
-are run in the simulator too (``sample_outputs``), for the core to judge the quantised model on.
+falls below ``auto_hybrid_cos_thresh`` kept float16); ``hybrid_layers`` (``{"tensors": [...], "nodes": [...],
+"ops": [...]}``) keeps float16 exactly the layers of the toolkit's own graph it names (``rknn_hybrid.layer_pairs``:
+layer output tensors as the toolkit names them, ONNX node names, toolkit op types). The bucket's ``samples``
+are run in the simulator too (``sample_outputs``), for the core to judge the quantised model on;
+``accuracy_analysis`` then runs the toolkit's ``accuracy_analysis`` on the first of them: per layer, the cosine of
+the simulator's tensor to the float one, accumulated (``cosine``) and with the layer fed the float inputs
+(``cosine_single``), in ``layer_accuracy``.
+
+``serve_passthrough``: outputs the runtime can serve from the inputs (``rknn_outputs``: inputs passed through,
+their shapes and casts) are left out of the toolkit's model (``load_onnx(outputs=...)``; rknn-toolkit2 2.5.0
+dies with SIGFPE building a model that passes an input it consumes through to an output), listed in
+``served_by_runtime``, and computed from the inputs beside the simulator's outputs, as the runtime will.
+
+Each bucket's toolkit steps run in a forked child process: a toolkit that dies of a signal fails that bucket
+with the signal's name, and the other buckets of the request still run.
 
 Placement comes from the verbose build's "Network Layer Information Table": one row per compiled layer
 with its op type, Target (CPU/NPU), cycles (DDR/NPU/Total) and FullName ``OpType:layer name``. A layer
@@ -57,7 +70,8 @@ import _driver_common as common  # noqa: E402
 # when run as a script; added when the driver is loaded by file path).
 if str(Path(__file__).resolve().parent) not in sys.path:
     sys.path.insert(1, str(Path(__file__).resolve().parent))
-from rknn_hybrid import map_hybrid, quantized_tensors  # noqa: E402
+from rknn_hybrid import layer_pairs, map_hybrid, quantized_tensors  # noqa: E402
+from rknn_outputs import kept_outputs, runtime_served, serve  # noqa: E402
 
 TABLE_TITLE = "Network Layer Information Table"
 ROW = re.compile(
@@ -68,6 +82,10 @@ LINEAGE = re.compile(
     r"^\s*D?\s*(?P<rule>\w+): remove node = (?P<removed>\[.*?\]), add node = (?P<added>\[.*?\])"
 )
 LOG_PREFIX = re.compile(r"^[DIWE] RKNN: \[[\d:.]+\] ")
+# A row of accuracy_analysis's error_analysis.txt: [OpType] tensor  cos | euc   cos | euc (entire, single).
+ANALYSIS_ROW = re.compile(
+    r"^\[(?P<op>[^\]]+)\]\s+(?P<tensor>\S+)\s+(?P<cos>\S+)\s*\|\s*(?P<euc>\S+)\s+(?P<cos1>\S+)\s*\|\s*(?P<euc1>\S+)"
+)
 BOUNDARY_OPS = {"InputOperator", "OutputOperator"}
 PACKAGES = ("rknn-toolkit2", "onnx", "onnxruntime", "numpy", "torch")  # versions in result.json
 
@@ -94,13 +112,21 @@ def compile_bucket(bucket: dict, out_dir: Path, options: dict) -> dict:
     rknn_name = f"model.{name}.rknn"
     started = time.perf_counter()
     crash = ""
+    served = runtime_served(graph) if options.get("serve_passthrough") else []
+    output_names = kept_outputs(graph, served)
+    if served:
+        entry["served_by_runtime"] = served
     with common.captured("rknn-") as log_path, _scratch_cwd():
         try:
             options = {**options, "dataset": bucket.get("dataset") or options.get("dataset"),
                        "custom_hybrid": (options.get("custom_hybrid") or {}).get(name),
-                       "samples": common.load_samples(bucket.get("samples"), input_names)}  # fmt: skip
-            error, outputs = _build(bucket["onnx"], input_names, shapes, out_dir / rknn_name, feeds, options,
-                                    out_dir, name)  # fmt: skip
+                       "samples": common.load_samples(bucket.get("samples"), input_names),
+                       "outputs": output_names if served else None,
+                       "analysis_inputs": [bucket["inputs"][n] for n in input_names] if bucket.get("inputs") else None}  # fmt: skip
+            error, outputs, found = _contained(
+                _build, bucket["onnx"], input_names, shapes, out_dir / rknn_name, feeds, options, out_dir, name
+            )
+            options.update(found)
         except Exception as err:  # the toolkit raises on some parser failures instead of returning -1
             error, outputs = f"rknn-toolkit2 raised {type(err).__name__}: {err}", None
             crash = traceback.format_exc()
@@ -112,16 +138,19 @@ def compile_bucket(bucket: dict, out_dir: Path, options: dict) -> dict:
         return entry
     if options.get("export", True):
         entry["artifacts"].append(rknn_name)
-    output_names = [value.name for value in graph.output]
     outputs = outputs or []
     sample_outputs = outputs[1:] if options.get("samples") else []
     outputs = outputs[0] if options.get("samples") and outputs else outputs
-    common.save_outputs(entry, out_dir, name, zip(output_names, outputs, strict=False))
+    common.save_outputs(entry, out_dir, name, _with_served(output_names, outputs, served, feeds))
     entry["sample_outputs"] = []
-    for index, found in enumerate(sample_outputs):
+    for index, found_outputs in enumerate(sample_outputs):
         saved = {"outputs": {}}
-        common.save_outputs(saved, out_dir, f"{name}.sample{index:03d}", zip(output_names, found, strict=False))
+        sample = options["samples"][index]
+        common.save_outputs(saved, out_dir, f"{name}.sample{index:03d}",
+                            _with_served(output_names, found_outputs, served, sample))  # fmt: skip
         entry["sample_outputs"].append(saved["outputs"])
+    if options.get("layer_accuracy"):
+        entry["layer_accuracy"] = _named_layers(options["layer_accuracy"], graph, parse_lineage(log))
     if options.get("dtype") == "int8":
         hybrid = options.get("hybrid_mapped") or []
         entry["quantization"] = (
@@ -144,11 +173,61 @@ def compile_bucket(bucket: dict, out_dir: Path, options: dict) -> dict:
     return entry
 
 
+def _with_served(names, outputs, served, inputs):
+    """(output name, array) pairs: the toolkit's outputs, then those the runtime serves from ``inputs``."""
+    pairs = list(zip(names, outputs, strict=False))
+    return pairs + list(serve(served, inputs).items()) if served and pairs else pairs
+
+
+def _contained(function, *args):
+    """``function(*args)`` (-> (error, outputs, options found)) in a forked child process: a toolkit that dies
+    of a signal fails this bucket with the signal's name instead of ending the whole request."""
+    import pickle
+    import signal
+
+    import rknn.api  # noqa: F401  imported once here, inherited by every child
+
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read)
+        try:
+            payload = pickle.dumps(function(*args))
+        except BaseException as err:  # reported as in-process: one line, the traceback in the log
+            traceback.print_exc()
+            payload = pickle.dumps((f"rknn-toolkit2 raised {type(err).__name__}: {err}", None, {}))
+        with os.fdopen(write, "wb") as handle:
+            handle.write(payload)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as handle:
+        payload = handle.read()
+    _, status = os.waitpid(pid, 0)
+    if os.WIFSIGNALED(status):
+        number = os.WTERMSIG(status)
+        return (f"rknn-toolkit2 died with {signal.Signals(number).name} (signal {number}) while building or "
+                "running this model (see the log)"), None, {}  # fmt: skip
+    if not payload:
+        return f"rknn-toolkit2's process ended with status {os.WEXITSTATUS(status)} and no result", None, {}
+    return pickle.loads(payload)
+
+
 def _build(onnx_path, input_names, shapes, rknn_path, feeds, options, out_dir, name):
-    """The toolkit's steps; returns (error in plain words or None, outputs or None)."""
+    """The toolkit's steps; returns (error in plain words or None, outputs or None, what the steps found for
+    the entry: the hybrid pairs, the per-layer analysis)."""
+    found: dict = {}
+    error, outputs = _steps(onnx_path, input_names, shapes, rknn_path, feeds, options, out_dir, name, found)
+    return error, outputs, found
+
+
+def _steps(onnx_path, input_names, shapes, rknn_path, feeds, options, out_dir, name, found):
     from rknn.api import RKNN
 
     rknn = RKNN(verbose=True)
+    load = {"model": onnx_path, "inputs": input_names, "input_size_list": shapes,
+            **({"outputs": options["outputs"]} if options.get("outputs") else {})}  # fmt: skip
     try:
         config = {"target_platform": options.get("target_platform", "rk3588")}
         for key in ("optimization_level", "op_target", "remove_reshape", "enable_flash_attention",
@@ -158,28 +237,29 @@ def _build(onnx_path, input_names, shapes, rknn_path, feeds, options, out_dir, n
                 config[key] = options[key]
         if rknn.config(**config) != 0:
             return f"rknn.config({config}) failed", None
-        if rknn.load_onnx(model=onnx_path, inputs=input_names, input_size_list=shapes) != 0:
+        if rknn.load_onnx(**load) != 0:
             return "rknn.load_onnx could not parse the model (see the log)", None
         quantize = options.get("dtype") == "int8"
         dataset = _dataset_file(options.get("dataset"), input_names, out_dir, name) if quantize else None
         if quantize and dataset is None:
             return "int8 needs a calibration dataset (options.dataset: lists of .npy paths per sample)", None
-        if quantize and options.get("custom_hybrid"):
+        if quantize and (options.get("custom_hybrid") or any((options.get("hybrid_layers") or {}).values())):
             # Hybrid: step 1 writes <stem>.model/.data/.quantization.cfg into the working directory; step 2, in
             # a fresh instance, builds from them. The toolkit renames tensors as it rewrites (a MatMul's output
-            # 'wide' becomes 'wide_mm', a fused Relu's output is gone), so a first step 1 lists its names and
-            # ours are mapped onto them before the step 1 that keeps the subgraphs float.
+            # 'wide' becomes 'wide_mm', a fused Relu's output is gone), so a first step 1 lists its names (and
+            # leaves its own graph, check3_fuse_ops.onnx) and ours are mapped onto them before the step 1 that
+            # keeps the subgraphs float.
             if rknn.hybrid_quantization_step1(dataset=dataset) != 0:
                 return "rknn.hybrid_quantization_step1 failed (see the log)", None
             known = quantized_tensors(_hybrid_files()[2])
-            graph = _onnx_graph(onnx_path)
-            pairs, unmapped = map_hybrid(options["custom_hybrid"], known, graph)
-            options["hybrid_mapped"], options["hybrid_unmapped"] = pairs, unmapped
+            pairs, unmapped = map_hybrid(options.get("custom_hybrid") or [], known, _onnx_graph(onnx_path))
+            if any((options.get("hybrid_layers") or {}).values()):
+                chosen = layer_pairs(_onnx_graph("check3_fuse_ops.onnx"), known, **options["hybrid_layers"])
+                pairs += [pair for pair in chosen if pair not in pairs]
+            found["hybrid_mapped"], found["hybrid_unmapped"] = pairs, unmapped
             rknn.release()
             rknn = RKNN(verbose=True)
-            if rknn.config(**config) != 0 or rknn.load_onnx(
-                model=onnx_path, inputs=input_names, input_size_list=shapes
-            ) != 0:  # fmt: skip
+            if rknn.config(**config) != 0 or rknn.load_onnx(**load) != 0:
                 return "rknn could not reload the model for hybrid quantisation", None
             if pairs and rknn.hybrid_quantization_step1(dataset=dataset, custom_hybrid=pairs) != 0:
                 return "rknn.hybrid_quantization_step1 with the float layers failed (see the log)", None
@@ -208,9 +288,54 @@ def _build(onnx_path, input_names, shapes, rknn_path, feeds, options, out_dir, n
             if outputs is None:
                 return "rknn.inference (simulator) returned no outputs", None
             results.append(outputs)
+        if options.get("accuracy_analysis") and options.get("analysis_inputs"):
+            found["layer_accuracy"] = _accuracy_analysis(rknn, options["analysis_inputs"])
         return None, results if options.get("samples") else results[0]
     finally:
         rknn.release()
+
+
+def _accuracy_analysis(rknn, inputs: list[str]) -> list[dict] | None:
+    """The toolkit's per-layer error on one sample (its simulator against its float run), parsed."""
+    import shutil
+
+    folder = tempfile.mkdtemp(prefix="rknn-analysis-")
+    try:
+        if rknn.accuracy_analysis(inputs=inputs, output_dir=folder) != 0:
+            return None
+        return parse_analysis((Path(folder) / "error_analysis.txt").read_text(errors="replace"))
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def parse_analysis(text: str) -> list[dict]:
+    """Rows of ``error_analysis.txt``: per layer (its output tensor as the toolkit names it), the cosine and
+    euclidean distance of the simulator's tensor to the float one, accumulated and single-layer."""
+
+    def number(text: str) -> float | None:
+        try:
+            return float(text)
+        except ValueError:  # 'f_zero': the float tensor is all zeros
+            return None
+
+    rows = []
+    for line in text.splitlines():
+        match = ANALYSIS_ROW.match(line.strip())
+        if match and match["op"] != "Input":
+            rows.append({"layer": match["tensor"], "op": match["op"], "cosine": number(match["cos"]),
+                         "euclidean": number(match["euc"]), "cosine_single": number(match["cos1"]),
+                         "euclidean_single": number(match["euc1"])})  # fmt: skip
+    return rows
+
+
+def _named_layers(rows: list[dict], graph, lineage: dict[str, list[str]]) -> list[dict]:
+    """Each analysed layer with the ONNX node(s) it came from (read like the layer table's names)."""
+    names = {node.name for node in graph.node if node.name}
+    producer = {out: node.name for node in graph.node for out in node.output}
+    for row in rows:
+        tensor = row["layer"]
+        row["onnx_nodes"] = [producer[tensor]] if tensor in producer else _onnx_names(tensor, names, lineage)
+    return rows
 
 
 def _hybrid_files() -> tuple[str, str, str]:

@@ -235,8 +235,9 @@ def test_mixed_bundle_convert_script_carries_the_hybrid_list_and_maps_it_as_the_
     assert namespace["HYBRID"] == {"batch1": [["wide", "y"], ["r", "wide"]]}
     assert namespace["HYBRID"] == ADAPTER.toolchain_options(TARGET, report)["custom_hybrid"]
     # The script imports the mapping from rknn_hybrid.py, shipped beside it: the very file the driver imports.
-    assert "from rknn_hybrid import map_hybrid, quantized_tensors" in script
-    assert (tmp_path / "rknn_hybrid.py").read_bytes() == (DRIVER.parent / "rknn_hybrid.py").read_bytes()
+    assert "from rknn_hybrid import layer_pairs, map_hybrid, quantized_tensors" in script
+    for shared in ("rknn_hybrid.py", "rknn_outputs.py"):
+        assert (tmp_path / shared).read_bytes() == (DRIVER.parent / shared).read_bytes()
     spec = importlib.util.spec_from_file_location("bundle_rknn_hybrid", tmp_path / "rknn_hybrid.py")
     shipped = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(shipped)

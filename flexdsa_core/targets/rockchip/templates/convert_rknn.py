@@ -6,9 +6,11 @@
                                                      # layers in HYBRID stay float16 (hybrid quantisation)
     python convert_rknn.py --bucket NAME             # one bucket only
 
-Needs `pip install rknn-toolkit2` (x86_64/arm64 Linux) and rknn_hybrid.py beside it (in this bundle). Each
-bucket is a static-shape ONNX model; the toolkit runs what the NPU cannot on its CPU runtime, and its verbose
-log's "Network Layer Information Table" says which layer went where.
+Needs `pip install rknn-toolkit2` (x86_64/arm64 Linux) and rknn_hybrid.py and rknn_outputs.py beside it (in this
+bundle). Each bucket is a static-shape ONNX model; the toolkit runs what the NPU cannot on its CPU runtime, and its
+verbose log's "Network Layer Information Table" says which layer went where. A bucket's "served_by_runtime" outputs
+(inputs passed through, their shapes) are left out of its .rknn: rknn-toolkit2 2.5.0 dies building a model that
+passes an input it consumes through to an output; manifest.json lists them and flexdsa_runtime computes them.
 """
 
 import argparse
@@ -17,8 +19,10 @@ import sys
 import numpy as np
 from rknn.api import RKNN
 
-# Shipped beside this script: the same file the toolchain's driver maps the hybrid layers with.
-from rknn_hybrid import map_hybrid, quantized_tensors
+# Shipped beside this script: the same files the toolchain's driver maps the hybrid layers and leaves the served
+# outputs out with.
+from rknn_hybrid import layer_pairs, map_hybrid, quantized_tensors
+from rknn_outputs import kept_outputs
 
 BUCKETS = {{ buckets }}
 
@@ -27,7 +31,8 @@ CONFIG = {{ config }}
 
 # Used with --int8 only: the RK3588 takes w8a8 (asymmetric, per-channel weights). A bucket's own "quantization"
 # (the calibration Flex-DSA's exploration found accurate on your held-out samples) takes its place, its "hybrid"
-# says whether the float layers below stay float16, and "int8": False means exploration shipped float16.
+# says whether the float layers below stay float16, its "hybrid_layers" the layers of the toolkit's own graph kept
+# float16 over exact rewrites (rknn_hybrid.layer_pairs), and "int8": False means exploration shipped float16.
 QUANTIZATION = {{ quant }}
 
 # precision "mixed": per bucket, the [input, output] tensors of the layers Flex-DSA's sensitivity search keeps
@@ -40,7 +45,13 @@ def loaded(bucket, config, verbose):
     rknn = RKNN(verbose=verbose)
     if rknn.config(**config) != 0:
         raise RuntimeError("rknn.config failed")
-    if rknn.load_onnx(model=bucket["onnx"], inputs=bucket["inputs"], input_size_list=bucket["input_size_list"]) != 0:
+    load = {"model": bucket["onnx"], "inputs": bucket["inputs"], "input_size_list": bucket["input_size_list"]}
+    if bucket.get("served_by_runtime"):
+        import onnx
+
+        graph = onnx.load(bucket["onnx"], load_external_data=False).graph
+        load["outputs"] = kept_outputs(graph, bucket["served_by_runtime"])
+    if rknn.load_onnx(**load) != 0:
         raise RuntimeError("load_onnx failed for " + bucket["onnx"])
     return rknn
 
@@ -53,7 +64,8 @@ def convert(bucket, int8=False, dataset=None, check=False, verbose=False):
     rknn = loaded(bucket, config, verbose)
     try:
         hybrid = HYBRID.get(bucket["name"]) if int8 and bucket.get("hybrid", True) else None
-        if hybrid:
+        layers = bucket.get("hybrid_layers") if int8 else None
+        if hybrid or layers:
             # A first step 1 lists the toolkit's tensor names (it renames as it rewrites); ours are mapped onto
             # them, and a second step 1 on a fresh load keeps those subgraphs float16.
             stem = bucket["onnx"].removesuffix(".onnx")
@@ -62,7 +74,11 @@ def convert(bucket, int8=False, dataset=None, check=False, verbose=False):
             import onnx
 
             graph = onnx.load(bucket["onnx"], load_external_data=False).graph
-            pairs, unmapped = map_hybrid(hybrid, quantized_tensors(stem + ".quantization.cfg"), graph)
+            known = quantized_tensors(stem + ".quantization.cfg")
+            pairs, unmapped = map_hybrid(hybrid or [], known, graph)
+            if layers:  # the toolkit's own graph, as its step 1 left it in this folder
+                toolkit = onnx.load("check3_fuse_ops.onnx", load_external_data=False).graph
+                pairs += [p for p in layer_pairs(toolkit, known, **layers) if p not in pairs]
             if unmapped:
                 print("not found in the toolkit's graph, left quantised:", unmapped)
             print("kept float16 (hybrid quantisation):", pairs)
