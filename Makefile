@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN     = $(VENV)/bin
 
-.PHONY: serve test test-fast bench bench-large bench-service bench-targets install lint toolchains docker docs docs-serve
+.PHONY: serve test test-fast bench bench-large bench-service bench-targets install toolchains docker docs docs-serve
 
 # Install, optimise the example model shipped in the repo, then start the service on embedded defaults.
 serve: $(VENV)/.installed
