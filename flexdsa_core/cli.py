@@ -266,6 +266,35 @@ def _record_incident(folder: Path) -> tuple[str, Path]:
     return incident, path
 
 
+@app.command("verify-bundle")
+def verify_bundle(
+    bundle: Path = typer.Argument(..., help="The bundle: the folder `flexdsa optimize -o` wrote, or a bundle.zip."),
+    original: Path | None = typer.Option(
+        None, "--original", help="The original ONNX model: every artifact is then held against its outputs."
+    ),
+    samples: int = typer.Option(8, "--samples", min=1, help="At most this many shipped samples per artifact."),
+    as_json: bool = typer.Option(False, "--json", help="Print the checks as JSON."),
+) -> None:
+    """Check a bundle: run each artifact through its runtime where that runtime is here (ONNX Runtime; the
+    rockchip/qualcomm toolchains' simulators), on the bundle's own samples, and hold its outputs against what
+    report.json claims. Prints per artifact PASS, FAIL, RAN (nothing comparable to hold it against) or SKIP, with
+    the backend, the measured cosine / max diff and the claimed figure.
+
+    Exit status: 0 every checked artifact holds its claim; 1 one falls below it (or failed to run); 2 the bundle is
+    missing or unusable; 3 nothing could be checked. The same check runs where the bundle is deployed, without the
+    compiler: `python -m flexdsa_runtime verify BUNDLE` (this command runs that, in a process of its own: the
+    compiler never imports the runtime)."""
+    import subprocess
+    import sys
+
+    command = [sys.executable, "-m", "flexdsa_runtime", "verify", str(bundle), "--samples", str(samples)]
+    if original is not None:
+        command += ["--original", str(original)]
+    if as_json:
+        command.append("--json")
+    raise typer.Exit(subprocess.call(command))
+
+
 @app.command()
 def targets(
     toolchains_dir: Path = typer.Option(DEFAULT_TOOLCHAINS_DIR, help="Where vendor toolchains are installed."),

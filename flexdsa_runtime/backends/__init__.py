@@ -5,16 +5,17 @@ importable in this process: ``rknn-lite`` for a ``.rknn`` (on the RK3588), ``qnn
 (onnxruntime-qnn present), ONNX Runtime with the Vitis AI EP for an AMD ``.qdq.onnx`` (where that EP is), else
 ONNX Runtime on the CPU with the bucket's target-ready ONNX, which every bundle has. The bridges
 (``rknn-simulator``, ``qnn-emulator``: the vendor runtime in its toolchain environment, a subprocess per
-bucket) are only used when named: they are for checking a bundle here, not for serving.
+bucket) are only used when named: they are for checking a bundle here, not for serving. ``qnn-emulator`` loads the
+shipped context binary; ``rknn-simulator`` rebuilds the shipped ``.rknn`` from its build record (``rknn_build``:
+same precision, calibration samples and float16 subgraphs), since the toolkit simulates only what it builds.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from flexdsa_runtime.backends.base import Backend
 from flexdsa_runtime.bundle import BucketSpec, Bundle
 from flexdsa_runtime.errors import BackendUnavailable
+from flexdsa_runtime.samples import runtime_inputs
 
 BACKENDS = ("auto", "onnxruntime", "rknn-lite", "rknn-simulator", "qnn", "qnn-emulator")
 
@@ -73,7 +74,8 @@ def load_backend(
         return OnnxRuntimeBackend(path(artifact["file"]), threads=threads)
     if backend == "rknn-lite":
         artifact = _need(bucket, "rknn", backend)
-        return rknn_lite.RknnLiteBackend(path(artifact["file"]), bucket.inputs, _outputs(bundle, bucket))
+        inputs = runtime_inputs(bundle, bucket)
+        return rknn_lite.RknnLiteBackend(path(artifact["file"]), inputs, _outputs(bundle, bucket))
     if backend == "qnn":
         artifact = _need(bucket, "qnn-context", backend)
         options = qnn.provider_options(artifact.get("provider_options"), provider_options)
@@ -83,25 +85,16 @@ def load_backend(
     if backend == "qnn-emulator":
         artifact = _need(bucket, "qnn-context", backend)
         options = qnn.provider_options(artifact.get("provider_options"), provider_options)
-        request = {"context": str(path(artifact["file"])), "provider": options}
-        return BridgeBackend(backend, request)
-    # rknn-simulator: the toolkit rebuilds the bucket's ONNX (it cannot simulate a .rknn read from a file).
+        request = {"context": str(path(artifact["file"]).resolve()), "provider": options}
+        return BridgeBackend(backend, request, notes=[f"the shipped {artifact['file']} loaded as it is"])
+    # rknn-simulator: the toolkit rebuilds the bucket's ONNX as its .rknn was built (it cannot simulate a .rknn
+    # read from a file): the same switches, precision, calibration samples and float16 subgraphs (rknn_build).
+    from flexdsa_runtime.backends.rknn_build import simulator_request
+
     _need(bucket, "rknn", backend)
-    onnx_file = bucket.artifact("onnx")
-    if onnx_file is None or not bucket.inputs:
-        raise BackendUnavailable(
-            f"bucket {bucket.name!r} lacks the static ONNX and input shapes the simulator needs."
-        )
-    request = {
-        "onnx": str(path(onnx_file["file"])),
-        "inputs": [{"name": i["name"], "shape": i["shape"]} for i in bucket.inputs],
-        "outputs": [o["name"] for o in _outputs(bundle, bucket)],
-        # The compiler left these out of the .rknn; the simulator's build leaves them out the same way.
-        "prune_outputs": bool(bucket.served),
-        "cwd": str(Path(bundle.folder)),
-    }
-    dtypes = {i["name"]: i["dtype"] for i in bucket.inputs if i.get("dtype")}
-    return BridgeBackend(backend, request, input_dtypes=dtypes)
+    request, notes = simulator_request(bundle, bucket, [o["name"] for o in _outputs(bundle, bucket)])
+    dtypes = {i["name"]: i["dtype"] for i in runtime_inputs(bundle, bucket) if i.get("dtype")}
+    return BridgeBackend(backend, request, input_dtypes=dtypes, notes=notes)
 
 
 def _outputs(bundle: Bundle, bucket: BucketSpec) -> list[dict]:

@@ -8,9 +8,9 @@ header (JSON) len(payload) payload`` where a payload is an ``.npz`` of named arr
 same across numpy 1.x and 2.x, unlike pickles). The vendor packages print to stdout, so the protocol keeps a
 private copy of it and fd 1 is pointed at stderr.
 
-Ops: ``load`` (``kind`` ``rknn-simulator``: rknn-toolkit2 builds the bucket's ONNX for the RK3588 and
-``init_runtime()`` with no target runs its x86 simulator, because the toolkit refuses to simulate a
-``.rknn`` loaded from a file; ``kind`` ``qnn``: ONNX Runtime with the onnxruntime-qnn plugin loads the
+Ops: ``load`` (``kind`` ``rknn-simulator``: rknn-toolkit2 builds the bucket's ONNX for the RK3588 as the
+shipped ``.rknn`` was built, and ``init_runtime()`` with no target runs its x86 simulator, because the toolkit
+refuses to simulate a ``.rknn`` loaded from a file; ``kind`` ``qnn``: ONNX Runtime with the onnxruntime-qnn plugin loads the
 EPContext model, the HTP emulated on x86), ``run`` (inputs in, outputs out), ``close``.
 """
 
@@ -65,9 +65,18 @@ def unpack(payload: bytes) -> dict:
 
 
 class RknnSimulator:
+    """rknn-toolkit2 rebuilds the bucket's ONNX as the request says (``rknn_build.simulator_request``: the shipped
+    ``.rknn``'s switches, precision, calibration files and float16 subgraphs), exports the rebuild to compare its
+    size with the shipped file's, and runs it in its simulator. The toolkit writes its snapshots and hybrid step
+    files into the working directory: a scratch folder of its own, never the bundle's."""
+
     def __init__(self, request: dict) -> None:
+        import tempfile
+
         from rknn.api import RKNN
 
+        self.scratch = tempfile.mkdtemp(prefix="rknn-simulator-")
+        os.chdir(self.scratch)
         self.rknn = RKNN(verbose=False)
         self.inputs = [i["name"] for i in request["inputs"]]
         self.outputs = request["outputs"]
@@ -75,19 +84,61 @@ class RknnSimulator:
             "target_platform": request.get("target_platform", "rk3588"),
             **(request.get("config") or {}),
         }
-        steps = [
-            ("config", lambda: self.rknn.config(**config)),
-            ("load_onnx", lambda: self.rknn.load_onnx(
-                model=request["onnx"], inputs=self.inputs, input_size_list=[i["shape"] for i in request["inputs"]],
-                **({"outputs": self.outputs} if request.get("prune_outputs") else {}),
-            )),
-            ("build", lambda: self.rknn.build(do_quantization=bool(request.get("dataset")),
-                                              dataset=request.get("dataset"))),
-            ("init_runtime (simulator)", lambda: self.rknn.init_runtime()),
-        ]  # fmt: skip
-        for name, step in steps:
-            if step() != 0:
-                raise RuntimeError(f"rknn-toolkit2 {name} failed (see the worker's log)")
+        load = {"model": request["onnx"], "inputs": self.inputs,
+                "input_size_list": [i["shape"] for i in request["inputs"]],
+                **({"outputs": self.outputs} if request.get("prune_outputs") else {})}  # fmt: skip
+        quantize = request.get("precision") == "int8"
+        dataset = self._dataset(request.get("dataset")) if quantize else None
+        if quantize and dataset is None:
+            raise RuntimeError("an int8 rebuild needs its calibration samples (request 'dataset')")
+        self._step("config", self.rknn.config(**config))
+        self._step("load_onnx", self.rknn.load_onnx(**load))
+        if quantize and request.get("hybrid_steps"):
+            pairs = request.get("hybrid") or []
+            self._step("hybrid_quantization_step1", self.rknn.hybrid_quantization_step1(
+                dataset=dataset, **({"custom_hybrid": pairs} if pairs else {})))  # fmt: skip
+            model, data, cfg = (self._written(suffix) for suffix in (".model", ".data", ".quantization.cfg"))
+            self.rknn.release()
+            self.rknn = RKNN(verbose=False)
+            self._step("hybrid_quantization_step2", self.rknn.hybrid_quantization_step2(
+                model_input=model, data_input=data, model_quantization_cfg=cfg))  # fmt: skip
+        else:
+            self._step("build", self.rknn.build(do_quantization=quantize, dataset=dataset,
+                                                auto_hybrid=bool(quantize and request.get("auto_hybrid"))))  # fmt: skip
+        self.rebuilt = None
+        if request.get("shipped"):  # its bytes differ run to run (the export holds host memory addresses); its size not
+            from importlib import metadata
+
+            self._step("export_rknn", self.rknn.export_rknn("rebuilt.rknn"))
+            self.rebuilt = {"size": os.path.getsize("rebuilt.rknn"), "shipped_size": os.path.getsize(request["shipped"]),
+                            "toolkit": metadata.version("rknn-toolkit2")}  # fmt: skip
+        self._step("init_runtime (simulator)", self.rknn.init_runtime())
+
+    @staticmethod
+    def _step(name: str, status: int) -> None:
+        if status != 0:
+            raise RuntimeError(f"rknn-toolkit2 {name} failed (see the worker's log)")
+
+    @staticmethod
+    def _dataset(rows) -> str | None:
+        """The toolkit's dataset file: one sample a line, its inputs' .npy paths (absolute) in input order."""
+        if not rows:
+            return None
+        with open("dataset.txt", "w") as handle:
+            handle.writelines(" ".join(row) + "\n" for row in rows)
+        return "dataset.txt"
+
+    @staticmethod
+    def _written(suffix: str) -> str:
+        import glob
+
+        found = sorted(glob.glob("*" + suffix))
+        if not found:
+            raise RuntimeError(f"hybrid_quantization_step1 wrote no *{suffix} file")
+        return found[0]
+
+    def describe(self) -> dict:
+        return {"rebuilt": self.rebuilt} if self.rebuilt else {}
 
     def run(self, feeds: dict) -> dict:
         arrays = [feeds[name] for name in self.inputs]
@@ -97,7 +148,10 @@ class RknnSimulator:
         return dict(zip(self.outputs, found, strict=True))
 
     def close(self) -> None:
+        import shutil
+
         self.rknn.release()
+        shutil.rmtree(self.scratch, ignore_errors=True)
 
 
 class QnnContext:
@@ -149,8 +203,6 @@ def main() -> int:
         op = header.get("op")
         try:
             if op == "load":
-                if header.get("cwd"):
-                    os.chdir(header["cwd"])
                 served = KINDS[header["kind"]](header)
                 write_message(
                     replies, {"ok": True, **(served.describe() if hasattr(served, "describe") else {})}

@@ -10,8 +10,9 @@ the vendor package directly (``rknn_lite``, ``qnn``).
 
 * ``rknn-simulator``: rknn-toolkit2 cannot simulate a ``.rknn`` loaded from a file (its ``init_runtime``
   refuses: "use load_xxx & build instead"), so the worker rebuilds the bucket's target-ready ONNX with the
-  toolkit (float16, the same default the compiler's toolchain run used) and runs that in the simulator. The
-  ``.rknn`` itself is verified by checksum and runs only on the board.
+  toolkit as the shipped ``.rknn`` was built (``rknn_build``: its build record's switches, precision, calibration
+  samples and float16 subgraphs), exports the rebuild to compare its size with the shipped file's, and runs it
+  in the simulator. The ``.rknn`` itself is verified by checksum and runs only on the board.
 * ``qnn-emulator``: the bucket's EPContext model and its context binary, loaded as they are.
 """
 
@@ -45,10 +46,26 @@ def toolchain_python(name: str, root: Path | None = None) -> Path | None:
     return python if (home / "ready.json").is_file() and python.exists() else None
 
 
+def rebuilt_note(rebuilt: dict) -> str:
+    """The rknn simulator's rebuild against the shipped .rknn, in words. Its bytes cannot be compared: two exports
+    of one build differ (the toolkit writes host memory addresses into the file, seen with rknn-toolkit2 2.5.0), but
+    their size does not, and another precision or layer choice changes it (int8 19459 bytes, float16 19113, for a
+    3x3 Conv)."""
+    size, shipped = rebuilt.get("size"), rebuilt.get("shipped_size")
+    if size == shipped:
+        return f"the rebuild has the shipped file's size ({size} bytes)"
+    return (
+        f"the rebuild has {size} bytes, the shipped file {shipped}: it was not built as its build record says "
+        f"(rknn-toolkit2 {rebuilt.get('toolkit')} here)"
+    )
+
+
 class BridgeBackend:
     """One bucket served by a worker process in a vendor environment."""
 
-    def __init__(self, backend: str, request: dict, *, root: Path | None = None, input_dtypes=None) -> None:
+    def __init__(
+        self, backend: str, request: dict, *, root: Path | None = None, input_dtypes=None, notes=()
+    ) -> None:
         toolchain = TOOLCHAIN_OF[backend]
         python = toolchain_python(toolchain, root)
         if python is None:
@@ -63,6 +80,12 @@ class BridgeBackend:
             [str(python), str(WORKER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log
         )
         reply, _ = self._call({"op": "load", "kind": KIND_OF[backend], **request})
+        # What was loaded, in words (the rknn rebuild's precision and samples), and the rebuild against the shipped
+        # file (``rebuilt``: the sizes of both and the toolkit's version; see ``rebuilt_note``).
+        self.notes = list(notes)
+        self.rebuilt = reply.get("rebuilt")
+        if self.rebuilt:
+            self.notes.append(rebuilt_note(self.rebuilt))
         self.output_names = reply.get("outputs") or list(request.get("outputs", []))
         described = {i["name"]: ORT_DTYPES.get(i["type"]) for i in reply.get("inputs", [])}
         self.input_dtypes = {n: np.dtype(t) for n, t in described.items() if t is not None} or {
@@ -75,7 +98,8 @@ class BridgeBackend:
                 write_message(self._process.stdin, header, payload)
                 reply, data = read_message(self._process.stdout)
             except (EOFError, BrokenPipeError, OSError):
-                raise BackendUnavailable(f"the {self.name} worker died: {self.log_tail()}") from None
+                tail = self.log_tail()
+                raise BackendUnavailable(f"the {self.name} worker died: {tail}", details={"log_tail": tail}) from None
         if not reply.get("ok"):
             raise BackendUnavailable(
                 f"{self.name}: {reply.get('error')}", details={"log_tail": self.log_tail()}

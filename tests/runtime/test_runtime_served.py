@@ -109,7 +109,10 @@ def test_the_simulator_compiles_it_and_the_runtime_serves_the_rest(make_bundle):
     bundle = make_bundle(model_bytes(PASSTHROUGH), "rockchip-rk3588", toolchain=True, shape_buckets=BUCKETS)
     report = json.loads((bundle / "report.json").read_text())
     entry = report["toolchain"]["buckets"]["batch1_seq8"]
-    assert entry["served_by_runtime"] == SERVED and entry["artifacts"] == ["model.batch1_seq8.rknn"]
+    assert entry["served_by_runtime"] == SERVED
+    assert entry["artifacts"] == ["model.batch1_seq8.rknn", "model.batch1_seq8.rknn.build.json"]
+    record = json.loads((bundle / "model.batch1_seq8.rknn.build.json").read_text())
+    assert record["outputs"] == ["z"] and record["precision"] == "float16"  # what the simulator repeats
     with Runtime.open(bundle, backend="rknn-simulator") as runtime:
         request = _request(8)
         got, want = runtime.run(request), original_outputs(model_bytes(PASSTHROUGH), request)

@@ -157,9 +157,10 @@ class QualcommAdapter(AcceleratorAdapter):
     def vendor_files(self, buckets: list[BucketModel], target: TargetSpec, report: dict) -> dict[str, bytes]:
         sections = mixed_sections(report)
         ran = (report.get("toolchain") or {}).get("buckets") or {}
+        quantised = self.toolchain_options(target, report)["precision"] != "fp16"
         entries = [
             _bucket_entry(
-                self.model_filename(b), b, float_layer_tensors(sections.get(b.name) or {}), ran.get(b.name)
+                self.model_filename(b), b, float_layer_tensors(sections.get(b.name) or {}), ran.get(b.name), quantised
             )
             for b in buckets
         ]
@@ -173,7 +174,7 @@ class QualcommAdapter(AcceleratorAdapter):
         }
 
     def deploy_steps(self, buckets: list[BucketModel], target: TargetSpec, report: dict) -> list[str]:
-        contexts = ", ".join(f"`{_stem(self.model_filename(b))}.qnn_ctx.onnx`" for b in buckets)
+        contexts = ", ".join(f"`model.{b.name}.qnn_ctx.onnx`" for b in buckets)
         raised = {name: len(float_layer_tensors(s)) for name, s in mixed_sections(report).items()}
         counts = ", ".join(f"{count} in bucket {name}" for name, count in raised.items())
         formats = (
@@ -191,10 +192,16 @@ class QualcommAdapter(AcceleratorAdapter):
         return [
             "On an x86_64 Linux or Windows-on-Snapdragon host: `pip install onnxruntime onnxruntime-qnn numpy onnx` "
             "(`flexdsa toolchains install qualcomm` does this in an environment of its own).",
-            "In this folder: `python compile_qnn.py --dataset calib.txt` quantises every bucket to QNN's QDQ "
-            f"({formats}; `--act uint8` or `--act uint16` for one format everywhere; one calibration sample a line, "
-            "one .npy per input, space-separated) and compiles it for the SM8650 HTP into an EPContext model and QNN "
-            f"context binary ({contexts} plus its `_qnn.bin`); `--check` runs each once.{made}",
+            "In this folder: `python compile_qnn.py` builds every bucket as it shipped into `rebuilt/` (never over "
+            "the shipped files): quantised to QNN's QDQ "
+            f"({formats}), on the bundle's own calibration samples, or the float graph on HTP FP16 where that is "
+            "what shipped, and compiled for the SM8650 HTP into an EPContext model and QNN context binary "
+            f"({contexts} plus its `_qnn.bin`). Another build: `--dataset calib.txt` (your samples: one a line, one "
+            ".npy per input, space-separated), `--act uint8` or `--act uint16` (one format everywhere), `--fp16`; "
+            f"`--check` runs each once.{made}",
+            "To check the shipped context binaries against what `report.json` claims: `flexdsa verify-bundle .` (or, "
+            "with only `flexdsa_runtime` installed, `python -m flexdsa_runtime verify .`) runs each on the HTP (emulated "
+            "on x86 by the qualcomm toolchain) on the bundle's samples.",
             "Alternatively, with the QNN SDK: `bash convert_qnn.sh calib_list.txt` (qnn-onnx-converter, then the "
             "model-library and context-binary generators, per bucket).",
             "Copy the `.qnn_ctx.onnx` and `_qnn.bin` files, `run_qnn.py` and `manifest.json` to the device. With "
@@ -230,25 +237,32 @@ def _stem(filename: str) -> str:
 
 
 def _bucket_entry(
-    filename: str, bucket: BucketModel, uint16_tensors: list[str] = (), ran: dict | None = None
+    filename: str, bucket: BucketModel, uint16_tensors: list[str] = (), ran: dict | None = None,
+    quantised: bool = True,
 ) -> dict:
     """A bucket as the scripts see it. ``uint16_tensors``: under ``precision: mixed``, the tensors of the layers
     the sensitivity search keeps out of int8, which ``compile_qnn.py`` quantises at uint16 (the driver's
     per-tensor overrides). ``act``: the activation format ``compile_qnn.py`` makes by default, the one the
     toolchain here kept (``ran``: its entry for the bucket): "uint16" where uint8 (or mixed) missed the accuracy
-    target and it went a16w8 everywhere, else "mixed" with tensors to raise, else "uint8"."""
+    target and it went a16w8 everywhere, else "mixed" with tensors to raise, else "uint8". ``precision``: "fp16"
+    where the shipped context is the float graph on HTP FP16 (or, the toolchain not run, none was to be
+    ``quantised``), else "qdq"."""
     inputs = runtime_inputs(bucket.model)
     act = "mixed" if uint16_tensors else "uint8"
-    if str((ran or {}).get("quantization") or "").startswith("QDQ: uint16 activations"):
+    ran_as = str((ran or {}).get("quantization") or "")
+    if ran_as.startswith("QDQ: uint16 activations"):
         act = "uint16"
     return {
         "name": bucket.name,
         "onnx": filename,
-        "qdq": f"{_stem(filename)}.qdq.onnx",
-        "context": f"{_stem(filename)}.qnn_ctx.onnx",
+        # As the toolchain's driver names them (a single bucket's too: model.static.qdq.onnx beside model.onnx).
+        "qdq": f"model.{bucket.name}.qdq.onnx",
+        "context": f"model.{bucket.name}.qnn_ctx.onnx",
         "inputs": [v.name for v in inputs],
         "shapes": [[int(d) for d in v.shape] for v in inputs],
         "dtypes": [v.dtype.numpy().name if v.dtype is not None else "float32" for v in inputs],
+        # What compile_qnn.py builds by default: what shipped (the toolchain's run here), else what was planned.
+        "precision": "fp16" if ran_as.startswith("float graph on HTP FP16") or (not ran and not quantised) else "qdq",
         "act": act,
         "uint16_tensors": list(uint16_tensors),
     }  # fmt: skip

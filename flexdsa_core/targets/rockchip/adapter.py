@@ -36,7 +36,9 @@ with SIGFPE on a model that passes an input it consumes through to an output; th
 
 The bundle's ``convert_rknn.py`` is the template ``templates/convert_rknn.py``; it imports ``rknn_hybrid.py`` and
 ``rknn_outputs.py``, shipped beside it, the same files the toolchain's ``driver.py`` maps the hybrid layers' names
-and leaves the served outputs out with.
+and leaves the served outputs out with. By default it rebuilds what shipped: a bucket's ``.rknn`` as its build record
+(``model.<bucket>.rknn.build.json``, written by the driver) says, else the precision planned here (``precision`` in
+its ``BUCKETS``); it writes into ``rebuilt/`` and never over a shipped file.
 """
 
 from __future__ import annotations
@@ -208,17 +210,23 @@ class RockchipAdapter(AcceleratorAdapter):
 
     def vendor_files(self, buckets: list[BucketModel], target: TargetSpec, report: dict) -> dict[str, bytes]:
         entries = []
+        planned = self.toolchain_options(target, report).get("dtype") == "int8"
         for bucket in buckets:
+            explored = _explored_quantization(report, bucket.name)
+            # A quantised build that missed the accuracy target was not shipped (the bucket ships its float ONNX).
+            dropped = (((report.get("toolchain") or {}).get("buckets") or {}).get(bucket.name) or {}).get("shipped") is False
             inputs = [v for v in bucket.model.graph.inputs if v.const_value is None]
             entries.append({
                 "name": bucket.name,
                 "onnx": self.model_filename(bucket),
-                "rknn": self.model_filename(bucket).removesuffix(".onnx") + ".rknn",
+                "rknn": rknn_filename(bucket),
                 "inputs": [v.name for v in inputs],
                 # The bucket's shapes: a bucket that ships the original model keeps its symbolic dims.
                 "input_size_list": [[int(d) for d in bucket.input_shapes.get(v.name, v.shape)] for v in inputs],
                 "dtypes": [v.dtype.numpy().name if v.dtype is not None else "float32" for v in inputs],
-                **_explored_quantization(report, bucket.name),
+                # What the script builds where the bundle holds no .rknn (else its build record says).
+                "precision": "int8" if planned and not dropped and explored.get("int8") is not False else "float16",
+                **explored,
                 **({"served_by_runtime": served} if (served := served_outputs(bucket, report)) else {}),
             })  # fmt: skip
         script = render(
@@ -249,7 +257,7 @@ class RockchipAdapter(AcceleratorAdapter):
         return manifest
 
     def deploy_steps(self, buckets: list[BucketModel], target: TargetSpec, report: dict) -> list[str]:
-        rknn_files = ", ".join(f"`{self.model_filename(b).removesuffix('.onnx')}.rknn`" for b in buckets)
+        rknn_files = ", ".join(f"`{rknn_filename(b)}`" for b in buckets)
         kept = {name: s.get("float_layers") or [] for name, s in mixed_sections(report).items()}
         hybrid = (
             "; precision mixed: the script keeps the mixed plan's float layers ("
@@ -261,10 +269,16 @@ class RockchipAdapter(AcceleratorAdapter):
         return [
             "On an x86_64 or arm64 Linux host: `pip install rknn-toolkit2` (install a CPU build of torch first, or "
             "pip fetches a CUDA one; `flexdsa toolchains install rockchip` does this in an environment of its own).",
-            "In this folder: `python convert_rknn.py` compiles every bucket for the RK3588 in float16 "
-            f"({rknn_files}); `python convert_rknn.py --check` also runs each in the toolkit's simulator. For "
-            "int8, `python convert_rknn.py --int8 --dataset dataset.txt` (one calibration sample a line, one .npy "
-            f"or image per input, space-separated; 20-100 samples){hybrid}.",
+            "In this folder: `python convert_rknn.py` compiles every bucket for the RK3588 as it shipped "
+            f"({rknn_files}, into `rebuilt/`; it never writes over the shipped files): the precision, switches, "
+            "float16 layers and calibration samples each shipped `.rknn`'s build record (`.rknn.build.json`) names, "
+            "else the precision planned here; `--check` also runs each in the toolkit's simulator. Another "
+            "precision: `--precision float16`, or `--precision int8 --dataset dataset.txt` (one calibration sample a "
+            f"line, one .npy or image per input, space-separated; 20-100 samples){hybrid}.",
+            "To check the shipped .rknn against what `report.json` claims: `flexdsa verify-bundle .` (or, with only "
+            "`flexdsa_runtime` installed, `python -m flexdsa_runtime verify .`) rebuilds each in the toolkit's "
+            "simulator as its build record says and runs it on the samples the job judged it on (where the bundle "
+            "ships them).",
             "Copy the .rknn file(s) and `manifest.json` to the RK3588 board (the NPU driver and librknnrt.so "
             "come with the board's Rockchip image).",
             "On the board, Python: `pip install rknn-toolkit-lite2`, then `from rknnlite.api import RKNNLite; "
@@ -428,6 +442,11 @@ def _sum_to_add(model: ir.Model) -> int:
 
 
 # ---- convert_rknn.py --------------------------------------------------------------------------------
+
+
+def rknn_filename(bucket: BucketModel) -> str:
+    """The bucket's .rknn as the toolchain's driver names it (``model.<bucket>.rknn``, a single bucket's too)."""
+    return f"model.{bucket.name}.rknn"
 
 
 def served_outputs(bucket: BucketModel, report: dict) -> list[dict]:

@@ -36,6 +36,12 @@ their shapes and casts) are left out of the toolkit's model (``load_onnx(outputs
 dies with SIGFPE building a model that passes an input it consumes through to an output), listed in
 ``served_by_runtime``, and computed from the inputs beside the simulator's outputs, as the runtime will.
 
+Beside each exported .rknn, ``model.<bucket>.rknn.build.json`` (``build_record``) says how it was built: the
+config switches, precision, hybrid pairs in the toolkit's names, and the sha256 of each calibration sample's .npy
+files. The toolkit simulates only a model it built itself, so whoever checks the .rknn here (flexdsa_runtime's
+``rknn-simulator``, the bundle's ``convert_rknn.py``) rebuilds it from this record: the same precision, on the
+same samples (found among the bundle's calibration files by those digests), not a float16 stand-in.
+
 Each bucket's toolkit steps run in a forked child process: a toolkit that dies of a signal fails that bucket
 with the signal's name, and the other buckets of the request still run.
 
@@ -53,6 +59,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import json
 import os
 import re
 import sys
@@ -88,6 +95,7 @@ ANALYSIS_ROW = re.compile(
 )
 BOUNDARY_OPS = {"InputOperator", "OutputOperator"}
 PACKAGES = ("rknn-toolkit2", "onnx", "onnxruntime", "numpy", "torch")  # versions in result.json
+BUILD_RECORD_FORMAT = "flexdsa-rknn-build/1"
 
 
 def main(request_path: str, result_path: str) -> int:
@@ -138,6 +146,9 @@ def compile_bucket(bucket: dict, out_dir: Path, options: dict) -> dict:
         return entry
     if options.get("export", True):
         entry["artifacts"].append(rknn_name)
+        record = build_record(rknn_name, input_names, shapes, options, bucket.get("samples"))
+        (out_dir / record_name(rknn_name)).write_text(json.dumps(record, indent=1))
+        entry["artifacts"].append(record_name(rknn_name))
     outputs = outputs or []
     sample_outputs = outputs[1:] if options.get("samples") else []
     outputs = outputs[0] if options.get("samples") and outputs else outputs
@@ -171,6 +182,46 @@ def compile_bucket(bucket: dict, out_dir: Path, options: dict) -> dict:
         f"{sum(1 for row in layers if row['target'] == 'NPU')} on the NPU; cycles are the toolkit's estimate"
     )
     return entry
+
+
+def record_name(rknn_name: str) -> str:
+    """The build record's file name beside the .rknn: ``model.<bucket>.rknn.build.json``."""
+    return rknn_name + ".build.json"
+
+
+def build_record(
+    rknn_name: str, input_names: list[str], shapes: list[list[int]], options: dict, judged=None
+) -> dict:
+    """How the toolkit built ``rknn_name``, for rebuilding the same model (flexdsa_runtime's ``rknn-simulator``:
+    the toolkit simulates only a model it built itself; the bundle's ``convert_rknn.py``): the ``rknn.config``
+    switches, the outputs kept, the precision, the hybrid pairs as the toolkit names them (mapped already: no
+    first step 1 is needed to repeat it) and, per calibration sample (``calibration``) and per sample its simulator
+    run was judged on (``judged``: the job's accuracy claim), the sha256 of each input's .npy file, which the
+    bundle's calibration files carry too (manifest.json), so the very samples can be found among them."""
+    import hashlib
+
+    def digests(samples) -> list[dict[str, str]]:
+        rows = [s if isinstance(s, dict) else dict(zip(input_names, s, strict=True)) for s in samples or []]
+        return [{name: hashlib.sha256(Path(row[name]).read_bytes()).hexdigest() for name in input_names}
+                for row in rows]  # fmt: skip
+
+    quantized = options.get("dtype") == "int8"
+    return {
+        "format": BUILD_RECORD_FORMAT,
+        "rknn": rknn_name,
+        "toolkit": common.versions(["rknn-toolkit2"]).get("rknn-toolkit2"),
+        "config": options.get("config") or {},
+        "inputs": input_names,
+        "input_size_list": shapes,
+        "outputs": options.get("outputs"),
+        "precision": "int8" if quantized else "float16",
+        "auto_hybrid": bool(quantized and options.get("auto_hybrid")),
+        # Built through hybrid_quantization_step1/step2 (with these pairs, or none), not build().
+        "hybrid_steps": bool(quantized and options.get("hybrid_steps")),
+        "hybrid": list(options.get("hybrid_mapped") or []) if quantized else [],
+        "calibration": digests(options.get("dataset")) if quantized else [],
+        "judged": digests(judged),
+    }
 
 
 def _with_served(names, outputs, served, inputs):
@@ -235,6 +286,7 @@ def _steps(onnx_path, input_names, shapes, rknn_path, feeds, options, out_dir, n
                     "quantized_method", "mean_values", "std_values", "auto_hybrid_cos_thresh"):  # fmt: skip
             if options.get(key) is not None:
                 config[key] = options[key]
+        found["config"] = config
         if rknn.config(**config) != 0:
             return f"rknn.config({config}) failed", None
         if rknn.load_onnx(**load) != 0:
@@ -249,6 +301,7 @@ def _steps(onnx_path, input_names, shapes, rknn_path, feeds, options, out_dir, n
             # 'wide' becomes 'wide_mm', a fused Relu's output is gone), so a first step 1 lists its names (and
             # leaves its own graph, check3_fuse_ops.onnx) and ours are mapped onto them before the step 1 that
             # keeps the subgraphs float.
+            found["hybrid_steps"] = True
             if rknn.hybrid_quantization_step1(dataset=dataset) != 0:
                 return "rknn.hybrid_quantization_step1 failed (see the log)", None
             known = quantized_tensors(_hybrid_files()[2])

@@ -207,7 +207,7 @@ def test_scripts_parse_and_carry_each_bucket(tmp_path):
     assert constants["BUCKETS"] == [{
         "name": "batch1", "onnx": "model.batch1.onnx", "qdq": "model.batch1.qdq.onnx",
         "context": "model.batch1.qnn_ctx.onnx", "inputs": ["x"], "shapes": [[1, 8, 16, 16]], "dtypes": ["float32"],
-        "act": "uint8", "uint16_tensors": [],
+        "precision": "fp16", "act": "uint8", "uint16_tensors": [],
     }]  # fmt: skip
     assert constants["PROVIDER"] == {"backend_type": "htp", "htp_arch": "75", "soc_model": "57"}
     shell = tmp_path / "convert_qnn.sh"
@@ -451,15 +451,18 @@ def test_mixed_bundle_script_quantises_the_float_layers_tensors_at_uint16(tmp_pa
     --act uint8 everything is uint8."""
     toolchain = _toolchain_or_skip()
     checks.mixed_bundle("qualcomm-sm8650", tmp_path)
-    out = checks.run_script(toolchain, tmp_path, "compile_qnn.py", "--dataset", "dataset.txt")
-    assert "activations mixed (3 tensor(s) at uint16)" in out and "wrote model.batch1.qnn_ctx.onnx" in out
-    assert (tmp_path / "model.batch1.qnn_ctx.onnx").is_file()
-    types = checks.quantize_types(tmp_path / "model.batch1.qdq.onnx")
+    out = checks.run_script(toolchain, tmp_path, "compile_qnn.py")  # the bundle's own samples by default
+    assert "samples from dataset.txt" in out and "activations mixed (3 tensor(s) at uint16)" in out
+    assert "wrote rebuilt/model.batch1.qnn_ctx.onnx" in out
+    assert (tmp_path / "rebuilt" / "model.batch1.qnn_ctx.onnx").is_file()
+    types = checks.quantize_types(tmp_path / "rebuilt" / "model.batch1.qdq.onnx")
     uint8, uint16 = onnx.TensorProto.UINT8, onnx.TensorProto.UINT16
     assert {t: types[t] for t in ("r", "wide", "y")} == {"r": uint16, "wide": uint16, "y": uint16}
     assert types["x"] == types["h"] == uint8
-    checks.run_script(toolchain, tmp_path, "compile_qnn.py", "--dataset", "dataset.txt", "--act", "uint8")
-    assert set(checks.quantize_types(tmp_path / "model.batch1.qdq.onnx").values()) == {uint8}
+    checks.run_script(
+        toolchain, tmp_path, "compile_qnn.py", "--dataset", "dataset.txt", "--act", "uint8", "--out", "uint8"
+    )
+    assert set(checks.quantize_types(tmp_path / "uint8" / "model.batch1.qdq.onnx").values()) == {uint8}
 
 
 def test_fp16_runs_the_float_graph_on_the_htp(tmp_path):

@@ -206,14 +206,10 @@ def test_convert_script_compiles_and_carries_each_bucket():
     files = ADAPTER.vendor_files(buckets, TARGET, {"disabled_rewrites": []})
     script = files["convert_rknn.py"].decode()
     compile(script, "convert_rknn.py", "exec")
-    namespace: dict = {}
-    exec(
-        script.split("import argparse")[0] + script[script.index("BUCKETS") : script.index("def convert")],
-        namespace,
-    )
+    namespace = checks.script_constants(script, "BUCKETS = ", "RECORD_FORMAT = ")
     assert namespace["BUCKETS"] == [{
         "name": "batch1", "onnx": "model.batch1.onnx", "rknn": "model.batch1.rknn", "inputs": ["x"],
-        "input_size_list": [[1, 8, 64, 64]], "dtypes": ["float32"],
+        "input_size_list": [[1, 8, 64, 64]], "dtypes": ["float32"], "precision": "float16",
     }]  # fmt: skip
     assert namespace["CONFIG"] == {"target_platform": "rk3588", "optimization_level": 3}
     assert namespace["QUANTIZATION"]["quantized_dtype"] == "w8a8"
@@ -230,8 +226,7 @@ def test_mixed_bundle_convert_script_carries_the_hybrid_list_and_maps_it_as_the_
     report = checks.mixed_bundle("rockchip-rk3588", tmp_path)
     script = (tmp_path / "convert_rknn.py").read_text()
     compile(script, "convert_rknn.py", "exec")
-    namespace: dict = {}
-    exec(script[script.index("BUCKETS") : script.index("def loaded")], namespace)
+    namespace = checks.script_constants(script, "BUCKETS = ", "RECORD_FORMAT = ")
     assert namespace["HYBRID"] == {"batch1": [["wide", "y"], ["r", "wide"]]}
     assert namespace["HYBRID"] == ADAPTER.toolchain_options(TARGET, report)["custom_hybrid"]
     # The script imports the mapping from rknn_hybrid.py, shipped beside it: the very file the driver imports.
@@ -249,6 +244,95 @@ def test_mixed_bundle_convert_script_carries_the_hybrid_list_and_maps_it_as_the_
     assert shipped.map_hybrid(pairs, known, graph)[0] == [["wide_mm", "y"], ["h_mm", "wide_mm"]]
     readme = (tmp_path / "README.md").read_text()
     assert "the script keeps the mixed plan's float layers (batch1: widen, sensitive) float16" in readme
+
+
+# A stand-in for rknn-toolkit2's RKNN class: each call logged as a JSON line (a build's dataset as the files it lists),
+# export_rknn writes a file. Enough to run convert_rknn.py's choices (precision, samples, file names) without the toolkit.
+FAKE_RKNN = """
+import json, os
+
+
+class RKNN:
+    def __init__(self, verbose=False):
+        pass
+
+    def _log(self, *call):
+        with open(os.environ["FAKE_RKNN_LOG"], "a") as handle:
+            handle.write(json.dumps(call) + "\\n")
+        return 0
+
+    def config(self, **switches):
+        return self._log("config", switches)
+
+    def load_onnx(self, **load):
+        return self._log("load_onnx", load)
+
+    def build(self, do_quantization=False, dataset=None, auto_hybrid=False):
+        rows = open(dataset).read().split() if dataset else None
+        return self._log("build", do_quantization, rows, auto_hybrid)
+
+    def export_rknn(self, path):
+        open(path, "w").write("built by the stand-in")
+        return self._log("export_rknn", path)
+
+    def release(self):
+        pass
+"""
+
+
+def _convert(folder: Path, stub: Path, *args: str):
+    """convert_rknn.py run in ``folder`` against the stand-in toolkit; (exit status, output, logged calls)."""
+    import os
+    import subprocess
+    import sys
+
+    (stub / "rknn").mkdir(parents=True, exist_ok=True)
+    (stub / "rknn" / "__init__.py").write_text("")
+    (stub / "rknn" / "api.py").write_text(FAKE_RKNN)
+    log = stub / "calls.jsonl"
+    log.unlink(missing_ok=True)
+    env = {**os.environ, "PYTHONPATH": str(stub), "FAKE_RKNN_LOG": str(log)}
+    done = subprocess.run([sys.executable, "convert_rknn.py", *args], cwd=folder, env=env, capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+    calls = [json.loads(line) for line in log.read_text().splitlines()] if log.is_file() else []
+    return done.returncode, done.stdout + done.stderr, calls
+
+
+def test_convert_script_rebuilds_what_shipped_and_never_overwrites_it(tmp_path):
+    """A bundle shipping an int8 .rknn: by default convert_rknn.py rebuilds int8 with the build record's switches on
+    the samples the record names (found by sha256 among the bundle's, in the record's order), into rebuilt/; it
+    refuses to write over a file there or, without --force, into the bundle's own folder; another precision is a
+    flag away."""
+    from tests.runtime import rknn_bundles
+
+    folder, stub = tmp_path / "bundle", tmp_path / "stub"
+    folder.mkdir()
+    calibrated = [3, 0, 7, 12, 5]
+    rknn_bundles.shipped(folder, calibrated=calibrated, judged=[1, 2])
+    shipped_bytes = (folder / "model.batch1.rknn").read_bytes()
+    files = rknn_bundles.sample_files(folder)
+
+    status, out, calls = _convert(folder, stub)
+    assert status == 0, out
+    assert "batch1: rebuilding as it shipped (int8, model.batch1.rknn.build.json)" in out
+    assert "calibrating on the 5 sample(s) of dataset.txt the shipped .rknn was calibrated on (27 held out)" in out
+    assert ["config", rknn_bundles.CONFIG] in calls
+    [build] = [c for c in calls if c[0] == "build"]
+    assert build == ["build", True, [str((folder / files[i]).resolve()) for i in calibrated], False]
+    assert ["export_rknn", "rebuilt/model.batch1.rknn"] in calls and "wrote rebuilt/model.batch1.rknn" in out
+    assert (folder / "model.batch1.rknn").read_bytes() == shipped_bytes
+
+    status, out, _ = _convert(folder, stub)
+    assert status != 0 and "rebuilt/model.batch1.rknn exists: give another --out, or --force to replace it" in out
+    status, out, calls = _convert(folder, stub, "--out", ".")
+    assert status != 0 and "--out . writes over the shipped .rknn files" in out and calls == []
+    assert (folder / "model.batch1.rknn").read_bytes() == shipped_bytes
+
+    status, out, calls = _convert(folder, stub, "--precision", "float16", "--out", "f16")
+    assert status == 0, out
+    assert [c for c in calls if c[0] == "build"] == [["build", False, None, False]]
+    assert ["config", {"target_platform": "rk3588", "optimization_level": 3}] in calls
+    assert (folder / "f16" / "model.batch1.rknn").is_file()
 
 
 # ---- the driver's reading of the toolkit's log -------------------------------------------------------
@@ -315,7 +399,14 @@ def test_small_graph_through_the_driver(tmp_path):
     x = rng.standard_normal((1, 3, 16, 16)).astype(np.float32)
     options = ADAPTER.toolchain_options(TARGET, {})
     bucket = checks.run_bucket(toolchain, TARGET, path, {"x": x}, tmp_path, options)
-    assert bucket["artifacts"] == ["model.b.rknn"] and (tmp_path / "out" / "model.b.rknn").is_file()
+    assert bucket["artifacts"] == ["model.b.rknn", "model.b.rknn.build.json"]
+    assert (tmp_path / "out" / "model.b.rknn").is_file()
+    # Beside it, how it was built: what the runtime's simulator bridge and convert_rknn.py repeat.
+    record = json.loads((tmp_path / "out" / "model.b.rknn.build.json").read_text())
+    assert record["format"] == "flexdsa-rknn-build/1" and record["precision"] == "float16"
+    assert record["config"] == {"target_platform": "rk3588", "optimization_level": 3}
+    assert record["inputs"] == ["x"] and record["input_size_list"] == [[1, 3, 16, 16]]
+    assert record["calibration"] == [] and record["toolkit"]
     assert set(bucket["placement"].values()) == {"accelerator"}
     assert any(row["op"] == "ConvRelu" and row["target"] == "NPU" for row in bucket["layers"])
     want = run(ir.to_proto(model), {"x": x})[0]
@@ -352,9 +443,11 @@ def test_mixed_bundle_convert_script_keeps_the_float_layers_float16(tmp_path):
     quantisation keeps the float layers' tensors (as the toolkit names them) float16, the rest int8."""
     toolchain = _toolchain_or_skip()
     checks.mixed_bundle("rockchip-rk3588", tmp_path)
-    out = checks.run_script(toolchain, tmp_path, "convert_rknn.py", "--int8", "--dataset", "dataset.txt")
+    # By default: the precision planned (the toolchain did not run, so no .rknn shipped), on the bundle's samples.
+    out = checks.run_script(toolchain, tmp_path, "convert_rknn.py")
+    assert "batch1: building int8" in out
     assert "kept float16 (hybrid quantisation): [['wide_mm', 'y'], ['h_mm', 'wide_mm']]" in out
-    assert "wrote model.batch1.rknn" in out and (tmp_path / "model.batch1.rknn").is_file()
+    assert "wrote rebuilt/model.batch1.rknn" in out and (tmp_path / "rebuilt" / "model.batch1.rknn").is_file()
     config = (tmp_path / "model.batch1.quantization.cfg").read_text()
     custom = config[: config.index("quantize_parameters:")]
     assert "    wide_mm: float16" in custom and "    y_mm: float16" in custom
