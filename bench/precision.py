@@ -8,7 +8,11 @@ sentences, other clips than the rest) is all that ORT's ``quantize_static`` and 
 (``--precision mixed`` with the fixture's task metric, given as an ``.npz``) receive; every variant is judged
 on the other two thirds, which neither saw: the worst output cosine, and the task's metric (top-1 agreement;
 per-slice cosine of a packed output), against the accuracy target (cosine >= 0.99, top-1 >= 0.99). Then every
-variant is timed as below, on a held-out sample. Results: ``bench/results/precision_trained.json``.
+variant is timed as below, on a held-out sample. Results: ``bench/results/precision_trained.json``. The
+variants: the original; ``ort-dynamic`` and ``ort-static`` (below); ``nncf`` and ``nncf-mixed`` (NNCF 3.4's
+``nncf.quantize`` with its default and its ``mixed`` preset, run in NNCF's own environment:
+``bench/nncf_peer.py``); ``flexdsa`` (ours, ``mixed``) and ``flexdsa-no-cle`` (the same without cross-layer
+equalisation among the candidates: what that method adds).
 
 **Random-weight bench models** (``--models NAMES``): per model (the bench models of ``bench/models.py``, batch 1): 16 calibration samples (bench inputs, seeds
 1-16) feed both our pipeline (``--precision int8`` / ``mixed``, given as an ``.npz``) and ORT's
@@ -236,7 +240,7 @@ def _table(results: dict) -> str:
 
 
 # ----------------------------------------------------------------------------------------- trained models
-TRAINED_VARIANTS = ("original", "ort-dynamic", "ort-static", "flexdsa")
+TRAINED_VARIANTS = ("original", "ort-dynamic", "ort-static", "nncf", "nncf-mixed", "flexdsa", "flexdsa-no-cle")
 
 
 def _task_figures(reference: list[dict], got: list[dict], accuracy) -> dict:
@@ -260,7 +264,7 @@ def _task_figures(reference: list[dict], got: list[dict], accuracy) -> dict:
 
 def bench_trained(name: str, rounds: int, warmup: int) -> dict:
     from bench.trained import fixture
-    from flexdsa_core import FlexDSAError, FlexDSAOptimizer, OptimizeOptions
+    from flexdsa_core import FlexDSAError
     from flexdsa_core.options import AccuracyTarget
 
     trained = fixture(name)
@@ -282,25 +286,15 @@ def bench_trained(name: str, rounds: int, warmup: int) -> dict:
         folder = Path(tmp)
         paths: dict[str, Path] = {"original": trained.model}
         paths.update(_ort_quantized(trained.model, folder, calibration_feeds))
-        print("  flexdsa mixed ...", flush=True)
-        started = time.perf_counter()
-        try:
-            result = FlexDSAOptimizer("cpu-ort").optimize(
-                trained.model, OptimizeOptions(precision="mixed", accuracy=accuracy), calibration=buffer.getvalue()
-            )
-            paths["flexdsa"] = folder / "flexdsa.onnx"
-            paths["flexdsa"].write_bytes(result.model_bytes())
-            section = result.report["precision"]
-            record["flexdsa"] = {
-                "seconds": round(time.perf_counter() - started, 1), "shipped": section.get("shipped"),
-                "judgement": section.get("judgement"), "warnings": section.get("warnings"), "claim": section.get("claim"),
-                "own_verdict": {k: (section.get(k) or {}).get("loss") for k in ("accuracy", "calibration_accuracy")},
-                "candidates": [{k: c.get(k) for k in ("name", "how", "meets_target", "time_ratio_vs_fp32")}
-                               | {"loss": c["accuracy"].get("loss")} for c in section.get("candidates", [])],
-            }  # fmt: skip
-        except FlexDSAError as error:
-            record["flexdsa"] = {"error": error.message}
-            print(f"  flexdsa: {error.message[:300]}", flush=True)
+        paths.update(_nncf_quantized(trained.model, folder, calibration_feeds, record))
+        for variant, equalisation in (("flexdsa", True), ("flexdsa-no-cle", False)):
+            print(f"  {variant} mixed ...", flush=True)
+            try:
+                paths[variant], record[variant] = _ours_trained(trained.model, folder / f"{variant}.onnx", accuracy,
+                                                                buffer.getvalue(), equalisation)  # fmt: skip
+            except FlexDSAError as error:
+                record[variant] = {"error": error.message}
+                print(f"  {variant}: {error.message[:300]}", flush=True)
         timed = []
         for variant, path in paths.items():
             sess = session(str(path), "enable_all")
@@ -323,39 +317,98 @@ def bench_trained(name: str, rounds: int, warmup: int) -> dict:
     return record
 
 
+def _ours_trained(model: Path, out: Path, accuracy, npz: bytes, equalisation: bool) -> tuple[Path, dict]:
+    """Our ``mixed`` compile of a trained fixture, with cross-layer equalisation among its candidates or without
+    (``precision.int8.EQUALISATION``: what the new method adds, everything else alike)."""
+    from unittest import mock
+
+    from flexdsa_core import FlexDSAOptimizer, OptimizeOptions
+    from flexdsa_core.precision import int8
+
+    started = time.perf_counter()
+    with mock.patch.object(int8, "EQUALISATION", equalisation):
+        result = FlexDSAOptimizer("cpu-ort").optimize(
+            model, OptimizeOptions(precision="mixed", accuracy=accuracy), calibration=npz
+        )
+    out.write_bytes(result.model_bytes())
+    section = result.report["precision"]
+    return out, {
+        "seconds": round(time.perf_counter() - started, 1), "shipped": section.get("shipped"),
+        "judgement": section.get("judgement"), "warnings": section.get("warnings"), "claim": section.get("claim"),
+        "equalisation": section.get("equalisation"), "calibration_method": section.get("calibration_method"),
+        "own_verdict": {k: (section.get(k) or {}).get("loss") for k in ("accuracy", "calibration_accuracy")},
+        "candidates": [{k: c.get(k) for k in ("name", "how", "meets_target", "time_ratio_vs_fp32")}
+                       | {"loss": c["accuracy"].get("loss")} for c in section.get("candidates", [])],
+    }  # fmt: skip
+
+
+# NNCF's presets run as peers: its default (symmetric int8 activations) and the one ONNX Runtime's u8 kernels take.
+NNCF_PRESETS = ("performance", "mixed")
+
+
+def _nncf_quantized(original: Path, folder: Path, feeds: list[dict], record: dict) -> dict[str, Path]:
+    """NNCF's int8 of ``original`` per preset (``bench/nncf_peer.py``, in NNCF's own environment), on the same
+    calibration feeds; a preset that fails is said in ``record["nncf"]`` and left out."""
+    from bench import nncf_peer
+
+    samples = nncf_peer.save_feeds(feeds, folder / "nncf_calibration.npz")
+    paths, record["nncf"] = {}, {}
+    for preset in NNCF_PRESETS:
+        variant = "nncf" if preset == "performance" else f"nncf-{preset}"
+        print(f"  {variant} ...", flush=True)
+        found = nncf_peer.quantise(original, samples, folder / f"{variant}.onnx", preset)
+        record["nncf"][variant] = found
+        if "error" in found:
+            print(f"  {variant}: {found['error'][:300]}", flush=True)
+        else:
+            paths[variant] = folder / f"{variant}.onnx"
+    return paths
+
+
 def trained_verdict(record: dict) -> dict:
-    """Ours against the goal: accurate on held-out samples, and >= 1.15x the fastest accurate ORT quantiser
-    (>= 1.5x the original where none is accurate)."""
+    """Ours against the goal: accurate on held-out samples, and >= 1.15x the fastest accurate peer (ONNX
+    Runtime's quantisers, NNCF's) (>= 1.5x the original where none is accurate)."""
     variants = record["variants"]
     ours = variants.get("flexdsa")
     if ours is None:
         return {"ok": False, "why": "no Flex-DSA model"}
-    accurate = [v for k, v in variants.items() if k.startswith("ort-") and v["accuracy"]["ok"]]
+    accurate = [v for k, v in variants.items() if k.startswith(("ort-", "nncf")) and v["accuracy"]["ok"]]
     if accurate:
         peer = max(accurate, key=lambda v: v["speedup"])
         ratio = _versus(ours, peer)
-        return {"ok": ours["accuracy"]["ok"] and ratio >= 1.15, "vs": "fastest accurate ORT quantiser",
+        return {"ok": ours["accuracy"]["ok"] and ratio >= 1.15, "vs": "fastest accurate peer",
                 "ratio": ratio}  # fmt: skip
-    return {"ok": ours["accuracy"]["ok"] and ours["speedup"] >= 1.5, "vs": "original (no ORT quantiser is accurate)",
+    return {"ok": ours["accuracy"]["ok"] and ours["speedup"] >= 1.5, "vs": "original (no peer is accurate)",
             "ratio": ours["speedup"]}  # fmt: skip
 
 
 def _trained_table(results: dict) -> str:
-    lines = [f"{'model':<19} {'variant':<12} {'speed-up':>9} {'IQR':>13} {'cosine':>9} {'target':>6}  task metric"]
+    """Per model and variant: what shipped, the speed-up over the original with its interquartile range over
+    rounds, the worst cosine and the task's figures on the held-out samples, and the verdict."""
+    lines = [f"{'model':<19} {'variant':<15} {'shipped':<40} {'speed-up':>9} {'IQR':>13} {'cosine':>9} {'target':>6}  task metric"]
     for name, record in results["models"].items():
-        shipped = (record.get("flexdsa") or {}).get("shipped") or (record.get("flexdsa") or {}).get("error", "")[:60]
         for variant, entry in record["variants"].items():
             acc = entry["accuracy"]
-            task = ", ".join(f"{k} {v:.4f}" for k, v in acc["task"].items() if v is not None)
-            label = f"flexdsa ({shipped})" if variant == "flexdsa" else variant
+            task = ", ".join(f"{k} {v:.4f}" for k, v in acc["task"].items() if v is not None and "expected" not in k)
+            ours = record.get(variant) if variant.startswith("flexdsa") else None
+            shipped = ((ours or {}).get("shipped") or "")[:40] if ours else ("fp32" if variant == "original" else "int8")
             lines.append(
-                f"{name:<19} {label:<12} {entry['speedup']:>8.2f}x {'[{:.2f}, {:.2f}]'.format(*entry['speedup_iqr']):>13} "
-                f"{acc['min_cosine']:>9.5f} {'meets' if acc['ok'] else 'MISS':>6}  {task}"
+                f"{name:<19} {variant:<15} {shipped:<40} {entry['speedup']:>8.2f}x "
+                f"{'[{:.2f}, {:.2f}]'.format(*entry['speedup_iqr']):>13} {acc['min_cosine'] or float('nan'):>9.5f} "
+                f"{'meets' if acc['ok'] else 'MISS':>6}  {task}"
             )
+        for variant in ("flexdsa", "flexdsa-no-cle"):
+            if "error" in (record.get(variant) or {}):
+                lines.append(f"{name:<19} {variant:<15} refused: {record[variant]['error'][:160]}")
         control = record.get("control", {})
         if "speedup" in control:
-            lines.append(f"{name:<19} {'A/A control':<12} {control['speedup']:>8.2f}x "
+            lines.append(f"{name:<19} {'A/A control':<15} {'(noise: the original again)':<40} {control['speedup']:>8.2f}x "
                          + "{:>13}".format("[{:.2f}, {:.2f}]".format(*control["speedup_iqr"])))  # fmt: skip
+        equalisation = (record.get("flexdsa") or {}).get("equalisation")
+        if equalisation:
+            lines.append(f"{name:<19} CLE: {equalisation.get('layers_rescaled')} layers rescaled, candidate "
+                         f"{equalisation.get('candidate')} loss {equalisation.get('loss')} (from {equalisation.get('from')} "
+                         f"loss {equalisation.get('loss_before')}); refused pairs {equalisation.get('refused')}")  # fmt: skip
         verdict = trained_verdict(record)
         if "ratio" in verdict:
             lines.append(f"{name:<19} goal {'met' if verdict['ok'] else 'NOT met'}: ours {verdict['ratio']:.2f}x the "
@@ -552,7 +605,7 @@ def _main_trained(args) -> dict:
         results = json.loads(out.read_text())
     else:
         results = {"cpu": cpu_int8_features(), "rounds": args.rounds, "models": {}}
-        print(f"CPU flags: {', '.join(results['cpu']['flags'])}; int8 dot product: "
+        print(f"CPU vector flags: {', '.join(results['cpu']['flags'])}; int8 dot product: "
               f"{', '.join(results['cpu']['int8_dot_product']) or 'none'} ({results['cpu']['why']})", flush=True)  # fmt: skip
         for name in [m.strip() for m in (args.trained or ",".join(FIXTURES)).split(",") if m.strip()]:
             results["models"][name] = bench_trained(name, args.rounds, args.warmup)

@@ -29,6 +29,13 @@ its calibration samples (both figures are reported). Synthetic samples check num
   residual Adds, LayerNorm, Softmax and attention-score MatMuls float (ViT's residual stream does not fit
   one per-tensor int8 scale: ONNX Runtime's static QDQ of every op keeps a cosine of 0.33 there).
 
+Where the all-int8 model misses the target, it is made again: calibrated by ONNX Runtime's Percentile and
+Entropy methods (``static_qdq_percentile``, ``static_qdq_entropy``: the best of the three calibrates the later
+candidates), with each Conv's bias corrected by the mean error its output carries (``..._bias_corrected``),
+and from the model after cross-layer equalisation (``static_qdq[_method]_cle`` and its bias-corrected form;
+``equalise``: consecutive layers' channel ranges balanced by power-of-two scales through positive-homogeneous
+ops, so the fp32 model's outputs are bit-identical, checked on the held-out samples before it is used).
+
 Each is scored, then timed with the fp32 model (and the original) in interleaved paired rounds
 (``significance.paired``); the fastest that meets the target and is not significantly slower than fp32
 ships (the never-slower guard), else fp32 or a failure naming the most sensitive layers, as asked.
@@ -60,6 +67,7 @@ The package, one module per part (each imports only those listed before it):
 * ``costing`` and ``cache``: per-op int8 against fp32 on this CPU, kept in the kernel cache.
 * ``scoring``: ``PrecisionRun``, accuracy on held-out samples, timing against fp32, the pick.
 * ``quantise``: ONNX Runtime's static QDQ and dynamic quantisers over our model.
+* ``bias_correction`` and ``equalise``: exact or mean-preserving rewrites around the quantiser.
 * ``mixed``: sensitivity and the searches for the layers that stay float.
 * ``int8``: the cpu-ort int8/mixed candidates, built and chosen.
 * ``vendor``: the layers a vendor's quantiser keeps float, and its verdict; ``fp16``: float16.

@@ -11,8 +11,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from flexdsa_core.cost_model import _machine_fingerprint
 from flexdsa_core.errors import InvalidOptionsError
+from flexdsa_core.kernel_timing import machine_fingerprint
 from flexdsa_core.options import OptimizeOptions
 
 # Flags that give the int8 GEMM a dot-product instruction without 16-bit intermediate sums.
@@ -21,7 +21,7 @@ _INT8_DOT_FLAGS = ("avx512_vnni", "avx512vnni", "avx_vnni", "amx_int8", "asimddp
 
 def cpu_int8_features() -> dict:
     """This CPU's vector flags as ONNX Runtime's kernels see them, and the int8 format chosen for it."""
-    fingerprint = _machine_fingerprint()
+    fingerprint = machine_fingerprint()
     flags = fingerprint.rsplit("isa=", 1)[-1].split(",")
     dot = [flag for flag in _INT8_DOT_FLAGS if flag in flags]
     x86 = any(flag.startswith(("avx", "sse")) for flag in flags)

@@ -2,7 +2,8 @@
 
 The candidates are listed in the package docstring (``flexdsa_core/precision/__init__.py``); ``_int8`` runs
 them in order, with the per-op costing (``_op_costing``: ops measured slower in int8 stay float) and the
-calibration methods beyond MinMax where the all-int8 model misses the target. ``_no_int8`` fails or falls
+methods beyond MinMax where the all-int8 model misses the target: Percentile and Entropy calibration, bias
+correction, cross-layer equalisation (``_equalised``). ``_no_int8`` fails or falls
 back to fp32 naming the most sensitive layers.
 """
 
@@ -23,7 +24,10 @@ from flexdsa_core.precision.costing import decide, profile_int8_vs_fp32, quantis
 from flexdsa_core.precision.cpu_forms import (
     EXACT_TOP_K,
 )
+from flexdsa_core.precision.equalise import equalise, max_relative_difference
 from flexdsa_core.precision.formats import Int8Format, cpu_int8_features, int8_format
+from flexdsa_core.precision.layer_cosines import MAX_SAMPLES as LAYER_COSINE_SAMPLES
+from flexdsa_core.precision.layer_cosines import layer_cosines
 from flexdsa_core.precision.mixed import _dynamic_mixed, _float_islands, _layer_table, _mixed, _sensitivity
 from flexdsa_core.precision.quantise import (
     PROFILE_WARMUP,
@@ -39,6 +43,7 @@ from flexdsa_core.precision.scoring import (
     _Candidate,
     _classifier_outputs,
     _confirm,
+    _outputs,
     _pick,
     _save,
     _score_on_calibration,
@@ -53,6 +58,12 @@ from flexdsa_core.version import __version__
 
 # Calibration methods tried beyond MinMax when the all-int8 model misses the target (ONNX Runtime's).
 CALIBRATION_METHODS = ("Percentile", "Entropy")
+# Cross-layer equalisation (``precision.equalise``) tried too when the all-int8 model misses the target. The
+# bench turns it off to measure what it adds; a compile always has it.
+EQUALISATION = True
+# The equalised fp32 model must compute the fp32 model's outputs to within this (relative to each output's
+# largest magnitude); its power-of-two scales make them bit-identical, so anything above is a bug refused.
+EQUALISATION_TOLERANCE = 1e-6
 
 
 def _op_costing(run: PrecisionRun, fp32: Path, static: _Candidate, report: dict, fmt: Int8Format):
@@ -174,6 +185,8 @@ def _int8(run: PrecisionRun, report: dict) -> ir.Model | None:
         candidates.append(full)
     if base.error is None and full.error is None and not full.accuracy.get("ok"):
         full = _calibration_methods(run, base_fp32, base_cache, fmt, full, slower, candidates, report)
+        if EQUALISATION and fmt.runs_here:
+            report["equalisation"] = _equalised(run, base_fp32, base_cache, fmt, full, slower, candidates)
     weights_int8 = [name for name, _ in weight_layers if name not in slower]
     if base.error is None and weights_int8:  # what keeps ViT: its residual stream and attention stay float
         weights = _Candidate(
@@ -254,8 +267,35 @@ def _int8(run: PrecisionRun, report: dict) -> ir.Model | None:
     report["accuracy"] = chosen.accuracy
     report["calibration_accuracy"] = chosen.calibration_accuracy
     report["claim"], warnings = claim(run, chosen.accuracy)
+    report["claim"]["method"] = {"candidate": chosen.name, "how": chosen.how}
     report["warnings"].extend(warnings)
+    if report.get("layers"):
+        report["layer_cosines"] = _layer_cosines(run, chosen, (fp32, base_fp32), report["layers"])
     return ir.from_proto(onnx.load(str(chosen.path)))
+
+
+def _layer_cosines(run: PrecisionRun, chosen: _Candidate, sources: tuple[Path, ...], rows: list[dict]) -> dict:
+    """Each row of ``precision.layers`` gets its output tensor's cosine in the shipped model to the fp32
+    model's on the held-out samples (``layer_cosines``); what was compared, on how many samples."""
+    names = {node.name for node in onnx.load(str(chosen.path), load_external_data=False).graph.node}
+    # The fp32 graph the shipped model was quantised from: the one whose node names it keeps most of.
+    source = max(dict.fromkeys(sources), key=lambda path: len(names & {
+        n.name for n in onnx.load(str(path), load_external_data=False).graph.node}))  # fmt: skip
+    samples = run.judged or run.samples
+    try:
+        found = layer_cosines(source, chosen.path, [row["layer"] for row in rows], samples)
+    except Exception as err:  # noqa: BLE001 - a figure to look at, not a check: its failure is reported, not fatal
+        return {"error": f"{type(err).__name__}: {str(err).splitlines()[0][:300] if str(err) else ''}"}
+    for row in rows:
+        if row["layer"] in found:
+            row.update({k: v for k, v in found[row["layer"]].items() if k != "tensor"})
+    return {
+        "model": chosen.name, "against": source.name, "layers": len(found),
+        "samples": min(len(samples), LAYER_COSINE_SAMPLES),
+        "on": "held-out samples" if run.judged else "the calibration samples (nothing held out)",
+        "how": "cosine of each layer's output tensor in the shipped model to the fp32 model's, both run as written "
+        "(ORT_DISABLE_ALL): over every sample at once, and its worst sample",
+    }  # fmt: skip
 
 
 def _calibration_methods(run, fp32: Path, cache: Path, fmt: Int8Format, full: _Candidate, slower: frozenset[str],
@@ -292,7 +332,50 @@ def _calibration_methods(run, fp32: Path, cache: Path, fmt: Int8Format, full: _C
     return best
 
 
-def _bias_corrected(run, fp32: Path, best: _Candidate, candidates: list[_Candidate]) -> dict:
+def _equalised(run, fp32: Path, cache: Path, fmt: Int8Format, best: _Candidate, slower: frozenset[str],
+               candidates: list[_Candidate]) -> dict:  # fmt: skip
+    """The all-int8 model (``best``: the best-calibrated one, which missed the target) made again from the fp32
+    model after cross-layer equalisation (``precision.equalise``: exact, its outputs checked bit-close on the
+    held-out samples first), a candidate of its own, and that model with its biases corrected (as
+    ``_bias_corrected``) another. Node names do not change, so the same nodes are kept float. What was
+    equalised, and what each candidate lost, for ``precision.equalisation``."""
+    started = time.perf_counter()
+    equalised, found = equalise(onnx.load(str(fp32)))
+    if not found["layers_rescaled"]:
+        return {**found, "candidate": None, "why": "no pair of layers could be equalised exactly"}
+    equalised_fp32 = _save(equalised, run.workdir / "fp32_equalised.onnx")
+    del equalised
+    difference = max_relative_difference(_outputs(fp32, run.judged), _outputs(equalised_fp32, run.judged))
+    found["fp32_max_relative_difference"] = difference
+    if difference > EQUALISATION_TOLERANCE:
+        return {**found, "candidate": None,
+                "why": f"the equalised fp32 model departs from the fp32 one by {difference:.3g} (relative): not used"}  # fmt: skip
+    nodes = {"nodes_to_exclude": sorted(slower)} if slower else {}
+    method = "" if run.method == "MinMax" else f"_{run.method.lower()}"
+    candidate = _Candidate(
+        f"static_qdq{method}_cle", run.workdir / "static_cle.onnx",
+        f"static QDQ ({run.method}) of every quantisable op of the model after cross-layer equalisation "
+        f"({found['layers_rescaled']} layers' output channels rescaled by powers of two against their readers' "
+        "input channels, exact in fp32: precision.equalise)" + (f"; {len(slower)} ops measured slower kept float" if slower else ""),
+        recipe=_static_recipe(run, equalised_fp32, cache.with_name(f"{cache.stem}.equalised.json"), fmt, **nodes),
+        int8_nodes=best.int8_nodes,
+    )  # fmt: skip
+    run.report(0.3, f"int8 candidate {candidate.name}")
+    _scored(run, candidate, lambda: candidate.recipe(run.calibration, "fold0", candidate.path), run.reference())
+    candidates.append(candidate)
+    record = {**found, "candidate": candidate.name,
+              "loss": None if candidate.error else candidate.accuracy.get("loss"),
+              "ok": bool(candidate.accuracy.get("ok")) and candidate.error is None,
+              "from": best.name, "loss_before": best.accuracy.get("loss")}  # fmt: skip
+    if candidate.error is None and candidate.recipe is not None:
+        corrected = _bias_corrected(run, equalised_fp32, candidate, candidates, "static_cle_bias_corrected.onnx")
+        record["bias_corrected"] = {k: corrected.get(k) for k in ("candidate", "loss", "corrected")}
+    record["seconds"] = round(time.perf_counter() - started, 2)
+    return record
+
+
+def _bias_corrected(run, fp32: Path, best: _Candidate, candidates: list[_Candidate],
+                    file: str = "static_bias_corrected.onnx") -> dict:  # fmt: skip
     """The best-calibrated all-int8 model with each Conv's bias corrected by the mean error its output carries
     on the calibration samples (``precision.bias_correction``), a candidate of its own (EfficientNet-Lite0
     all-int8: held-out top-1 0.871 -> 0.929). The later candidates are not corrected: each search step would
@@ -305,7 +388,7 @@ def _bias_corrected(run, fp32: Path, best: _Candidate, candidates: list[_Candida
         return out
 
     candidate = _Candidate(
-        f"{best.name}_bias_corrected", run.workdir / "static_bias_corrected.onnx",
+        f"{best.name}_bias_corrected", run.workdir / file,
         f"{best.how}; each quantised Conv's bias then corrected, layer by layer, by the mean error its output "
         "carries on the calibration samples (precision.bias_correction)",
         recipe=recipe, int8_nodes=best.int8_nodes,

@@ -19,7 +19,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from flexdsa_core.cost_model import _machine_fingerprint
+from flexdsa_core.kernel_timing import machine_fingerprint
 from flexdsa_core.precision.costing import PROFILES
 from flexdsa_core.precision.cpu_forms import (
     DYNAMIC_OP_TYPES,
@@ -200,7 +200,7 @@ def _cached_time_shares(run: PrecisionRun, fp32: Path, runs: int = 5) -> dict[st
         "feed": {name: [list(np.shape(a)), np.asarray(a).dtype.name] for name, a in sorted(run.samples[0].items())},
         "runs": runs,
         "runtime": {"ort": ort.__version__, "level": "disabled", "threads": 1},
-        "machine": _machine_fingerprint(),
+        "machine": machine_fingerprint(),
     }
     key = _key(run, canonical)
     cached = _cache_read(run, key)

@@ -24,8 +24,8 @@ import onnxruntime as ort
 from flexdsa_core.accuracy import evidence, metrics_for, score
 from flexdsa_core.cache import KernelCache, kernel_key
 from flexdsa_core.calibration import MAX_SAMPLES
-from flexdsa_core.cost_model import _machine_fingerprint
 from flexdsa_core.holdout import SplitPlan
+from flexdsa_core.kernel_timing import machine_fingerprint
 from flexdsa_core.options import AccuracyTarget, OptimizeOptions
 from flexdsa_core.precision.formats import int8_format
 from flexdsa_core.significance import MIN_ROUNDS, MODEL_MIN_EFFECT, paired
@@ -320,7 +320,7 @@ def _time_against_fp32(run: PrecisionRun, fp32: Path, candidates: list[_Candidat
         "rounds": rounds,
         "min_effect": MODEL_MIN_EFFECT,
         "runtime": {"ort": ort.__version__, "level": "all", "threads": 1},
-        "machine": _machine_fingerprint(),
+        "machine": machine_fingerprint(),
     })  # fmt: skip
     cached = _cache_read(run, key)
     from_cache = isinstance(cached, dict) and set(cached) == set(models)
