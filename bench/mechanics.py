@@ -3,7 +3,7 @@
 The unit tests assert what these mechanisms do (by events, counters and state); how fast they do it is
 measured here, each beside a peer run in the same process, and printed as a ratio with the goal it is held to:
 
-- ``lock``: the SQLite submit lock's hand-over (``service.jobs._one_writer_at_a_time``): from the moment
+- ``lock``: the SQLite submit lock's hand-over (``service.jobs.service._one_writer_at_a_time``): from the moment
   another process lets go to the moment a waiting submit gets in, against SQLite's own busy handler on the same
   kind of wait. Goal: ours p95 <= 50 ms.
 - ``cancel``: ``execute_job`` on the workers' stand-in (each stage slowed), cancelled once its second stage
@@ -123,7 +123,7 @@ def bench_lock(rounds: int, hold_s: float = 0.3) -> dict:
     from sqlalchemy import create_engine
     from sqlalchemy.orm import Session
 
-    from service.jobs import _one_writer_at_a_time
+    from service.jobs.service import _one_writer_at_a_time
 
     folder = Path(tempfile.mkdtemp(prefix="flexdsa-lock-"))
     try:
@@ -169,8 +169,8 @@ class _Jobs:
     process, and ``tests.workers.conftest.create_job`` to queue jobs as the API does."""
 
     def __init__(self) -> None:
-        from service.config import Settings
-        from service.db import make_engine, upgrade
+        from service.core.config import Settings
+        from service.core.db import make_engine, upgrade
         from tests.workers.hooks import install
 
         install()  # the pipeline processes run the tests' hooked child (the stand-in, the stage delay)
@@ -200,8 +200,8 @@ class _Jobs:
 def bench_cancel(rounds: int, stage_delay_s: float = 2.0) -> dict:
     from sqlalchemy import update
 
-    from service.db import session_factory_for
-    from service.models import Job
+    from service.core.db import session_factory_for
+    from service.core.models import Job
     from tests.workers.conftest import load_job
     from workers.execute import CANCEL_CHECK_S
 
@@ -315,7 +315,8 @@ def bench_fixed_cost(rounds: int) -> dict:
     import onnx_ir as ir
 
     from flexdsa_core.cache import LRUCache
-    from flexdsa_core.cost_model import CostModel, _timed
+    from flexdsa_core.cost_model import CostModel
+    from flexdsa_core.kernel_timing import timed
     from flexdsa_core.targets import load_target
 
     # The MatMul of tests/core/test_cost_model.py's fixed-cost test, its weight an initializer.
@@ -330,7 +331,7 @@ g (float[16, 256] x, float[256, 64] w) => (float[16, 64] y) { y = MatMul (x, w) 
     extra = [0.0]
 
     def timer(function) -> float:
-        return _timed(function) + extra[0]
+        return timed(function) + extra[0]
 
     quiet, busy = [], []
     for _ in range(rounds):
@@ -350,8 +351,8 @@ g (float[16, 256] x, float[256, 64] w) => (float[16, 64] y) { y = MatMul (x, w) 
 def _stream_latencies(settings, rounds: int) -> list[float]:
     from fastapi.testclient import TestClient
 
-    from service import jobs
-    from service.models import Job
+    from service.core.models import Job
+    from service.jobs import service as jobs
     from stack import create_app
     from tests.service.conftest import tiny_onnx
 
@@ -406,7 +407,7 @@ def _stream_latencies(settings, rounds: int) -> list[float]:
 def bench_stream(redis_url: str, rounds: int) -> dict | None:
     import redis
 
-    from service.config import Settings
+    from service.core.config import Settings
 
     try:
         redis.Redis.from_url(redis_url, socket_connect_timeout=2).ping()

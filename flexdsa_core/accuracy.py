@@ -43,8 +43,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from flexdsa_core.accuracy_target import AccuracyTarget, OutputMetric
 from flexdsa_core.errors import InvalidOptionsError
-from flexdsa_core.options import AccuracyTarget, OutputMetric
 
 __all__ = ["check_outputs", "describe", "evidence", "labelled_output", "metrics_for", "rows_to_establish", "score"]
 

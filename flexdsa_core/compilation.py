@@ -1,8 +1,8 @@
 """What one run of the compile pipeline makes (``Compilation``) and the one bisection every rollback shares.
 
 ``bisect(comp, is_good, recompile)`` finds the applied rewrite whose removal makes ``is_good`` hold, by
-recompiling with halves of ``comp.applied`` switched off; validation, the never-slower check and the
-loadability check (``loadable``) all undo a rewrite through it.
+recompiling with halves of ``comp.applied`` switched off; every rollback (``verify.roll_back``: validation,
+the never-slower check, the loadability check of the compile) undoes a rewrite through it.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import onnx_ir as ir
 
-from flexdsa_core.loadable import InternalGraphError, UnloadableGraph
+from flexdsa_core.loadable import UnloadableGraph
 from flexdsa_core.targets import BucketModel
 
 MAX_ROLLBACKS = 6
@@ -41,9 +41,10 @@ Recompile = Callable[[frozenset[str]], Compilation]
 
 @dataclass(frozen=True)
 class Stage:
-    """One stage of the per-bucket pipeline: its name (for timing and progress; None: untimed bookkeeping),
-    what runs it, the progress message, and whether the invariants are checked after it (``supported``:
-    also that every op is in the target's table)."""
+    """One stage of the per-bucket pipeline (``pipeline.stage`` registers each by the name an adapter's
+    ``stages`` lists): its name for timing and progress (None: untimed bookkeeping), what runs it, the
+    progress message, and whether the invariants are checked after it (``supported``: also that every op is
+    in the target's table)."""
 
     name: str | None
     run: Callable[[BucketRun], None]
@@ -63,6 +64,8 @@ class BucketRun:
     cost_model: object
     passes: list
     comp: Compilation
+    # The ``FlexDSAOptimizer`` running the pipeline: its target, adapter, registry and fusion rules.
+    optimizer: object = None
     model: ir.Model | None = None
     at: dict[str, int] = field(default_factory=dict)  # the free symbolic dims' values (``BucketModel.at``)
     records: list = field(default_factory=list)
@@ -107,25 +110,3 @@ def bisect(comp: Compilation, is_good: Callable[[Compilation], bool], recompile:
     culprit = applied[hi - 1]
     without = recompile(frozenset(base | {culprit}))
     return (culprit, without) if without is not None else (None, comp)
-
-
-def loadable(recompile: Recompile, disabled: frozenset[str], rollbacks: list[dict]) -> Compilation:
-    """The first compile whose every bucket ONNX Runtime loads: a rewrite that makes an unloadable graph
-    (or breaks a later stage) is found by bisection (``bisect`` counts such a variant as bad), switched
-    off and recorded (``invalid_graph``)."""
-    for _ in range(MAX_ROLLBACKS + 1):
-        try:
-            return recompile(disabled)
-        except UnloadableGraph as failure:
-            culprit, _ = bisect(failure.comp, lambda compiled: True, recompile)
-            if culprit is None:
-                if failure.error is not None:
-                    raise failure.error from None
-                raise InternalGraphError(
-                    f"the optimised graph does not load in ONNX Runtime ({failure.stage}: {failure.reason}) "
-                    "and switching off every rewrite did not fix it"
-                ) from None
-            rollbacks.append({"rewrite": culprit, "reason": "invalid_graph",
-                              "detail": f"{failure.stage}: {failure.reason}"})  # fmt: skip
-            disabled = frozenset(disabled | {culprit})
-    raise InternalGraphError(f"the optimised graph still does not load after {MAX_ROLLBACKS} rollbacks")

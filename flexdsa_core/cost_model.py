@@ -46,9 +46,10 @@ layers in one model, and across jobs sharing a cache, are measured once. ``CostM
 hits, misses and the measuring time hits saved.
 
 Symbolic dims are specialised before costing: a dim named in ``dims`` (the Shape Tracker's plan,
-``shape_plan``: the optimizer passes every open dim's value) takes that value; otherwise a dim whose name
-says batch (``batch``, ``batch_size``, ``N``, ``B``...) and an unnamed leading dim become 1, and any other
-symbolic dim becomes 128. The whole graph's shapes come from ONNX shape inference at those values
+``shape_plan``: the optimizer passes every open dim's value) takes that value; any other takes
+``shape_plan.open_dim_value``: a batch dim (``batch``, ``batch_size``, ``N``, ``B``...) and an anonymous
+leading dim become 1, any other symbolic dim 128, stepped down ``shape_plan.LOWERED`` where a probe's nodes
+refuse it. The whole graph's shapes come from ONNX shape inference at those values
 (``shape_plan.static_shapes``, nothing allocated); only what it leaves open is probed by running nodes,
 never with a dim nobody could size (reported unknown) nor with inputs over ``memory_budget_bytes``.
 
@@ -61,7 +62,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import statistics
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -72,32 +72,31 @@ import onnx_ir as ir
 import onnxruntime as ort
 
 from flexdsa_core.cache import CacheStats, KernelCache, LRUCache, kernel_key
+from flexdsa_core.cost import Cost
 from flexdsa_core.in_memory import EXTERNAL_MIN_BYTES, declare, session_with, weight_constant
-from flexdsa_core.kernel_timing import (  # noqa: F401 - machine_fingerprint, measure_sgemm_peak, _timed re-exported
-    _LEVELS,
+from flexdsa_core.kernel_timing import (
+    LEVELS,
+    ProbeTooLarge,
     Timer,
-    _bound_runner,
-    _empty_runner,
-    _host_rates,
-    _machine_fingerprint,
-    _ProbeTooLarge,
-    _random_array,
-    _session_options,
-    _single_node_model,
-    _single_node_session,
-    _steady,
-    _thread_empty_runner,
-    _time_beside_empty,
-    _timed,
+    bound_runner,
+    empty_runner,
+    host_rates,
     machine_fingerprint,
-    measure_sgemm_peak,
+    random_array,
+    session_options,
+    single_node_session,
+    steady,
+    thread_empty_runner,
+    time_beside_empty,
+    timed,
 )
-from flexdsa_core.op_costs import (  # noqa: F401 - re-exported: the cost contract
-    Cost,
-    OpView,
-    TensorInfo,
-    op_cost,
-    work,
+from flexdsa_core.op_costs import OpView, TensorInfo, work
+from flexdsa_core.shape_plan import (
+    LOWERED,
+    REPRESENTATIVE_BATCH,
+    REPRESENTATIVE_DIM,
+    open_dim_value,
+    static_shapes,
 )
 from flexdsa_core.significance import (
     KERNEL_MIN_EFFECT,
@@ -112,11 +111,8 @@ from flexdsa_core.targets.spec import TargetSpec, op_key
 from flexdsa_core.validate import guarded_run
 from flexdsa_core.version import __version__
 
-__all__ = ["Cost", "CostModel", "OpView", "TensorInfo", "machine_fingerprint", "measure_sgemm_peak", "op_cost", "work"]
+__all__ = ["CostModel"]
 
-REPRESENTATIVE_BATCH = 1
-REPRESENTATIVE_DIM = 128
-_BATCH_NAMES = re.compile(r"^(n|b|bs|batch|batch_?size|.*_batch|batch_.*)$", re.IGNORECASE)
 # Constant integer inputs up to this many elements are shapes/axes/pads: their values enter the key.
 _SMALL_CONST = 64
 _PROBE_CONSTANT_BUDGET_BYTES = 64 * 1024 * 1024
@@ -148,15 +144,15 @@ class CostModel:
         measure_budget_s: float = 0.05,
         timer: Timer | None = None,
     ) -> None:
-        if ort_level not in _LEVELS:
-            raise ValueError(f"ort_level must be one of {sorted(_LEVELS)}, not {ort_level!r}")
+        if ort_level not in LEVELS:
+            raise ValueError(f"ort_level must be one of {sorted(LEVELS)}, not {ort_level!r}")
         self.target = target
         self.cache: KernelCache = cache if cache is not None else LRUCache()
         self.measuring = bool(calibrate and target.calibrated)
         self.dims = dict(dims or {})
         self.ort_level = ort_level
         self.measure_budget_s = measure_budget_s
-        # Seconds one call of a function takes; the default is this thread's CPU time (``_timed``).
+        # Seconds one call of a function takes; the default is this thread's CPU time (``timed``).
         self.timer: Timer | None = timer
         self.stats = CacheStats()
         self.measure_seconds = 0.0
@@ -316,8 +312,8 @@ class CostModel:
             if run is None:
                 return None
             runners.append((side, run))
-        timer = self.timer or _timed
-        empty_run = _empty_runner()
+        timer = self.timer or timed
+        empty_run = empty_runner()
         # Per round: each kernel's seconds, and the empty run's at both ends of the round (alternating order).
         # The empty run's figure comes from the same rounds (``_local_empty``): the fixed cost of a run moves
         # with the machine's state (seen: 5 us, then 10 us), and a figure from another time, taken off three
@@ -451,9 +447,7 @@ class CostModel:
         name = getattr(dim, "value", None)
         if name is not None and name in self.dims:
             return int(self.dims[name])
-        if name is None or str(name).startswith("unk__"):  # anonymous, or named by shape inference
-            return REPRESENTATIVE_BATCH if axis == 0 else self.representative_dim
-        return REPRESENTATIVE_BATCH if _BATCH_NAMES.match(str(name)) else self.representative_dim
+        return open_dim_value(name, axis, size=self.representative_dim)
 
     def infer_shapes(
         self,
@@ -573,8 +567,6 @@ class CostModel:
 
     def _static_infos(self, graph: ir.Graph, produced: Sequence[ir.Value]) -> dict[ir.Value, TensorInfo]:
         """``shape_plan.static_shapes`` of the graph at this model's dims, for the values in ``produced``."""
-        from flexdsa_core.shape_plan import static_shapes
-
         shapes = static_shapes(graph, self.dims)
         found = {}
         for value in produced:
@@ -620,9 +612,9 @@ class CostModel:
         symbolic = any(v not in known and not _is_static(v) for v in fed)
         candidates = [self.representative_dim]
         if symbolic:
-            candidates += [d for d in (64, 32, 16, 8) if d < self.representative_dim]
+            candidates += [d for d in LOWERED if d < self.representative_dim]
         try:
-            session = session_with(model, weights or {}, _session_options(_LEVELS["disabled"]))
+            session = session_with(model, weights or {}, session_options(LEVELS["disabled"]))
         except Exception as error:  # noqa: BLE001 - ORT raises many types; an unknown shape is not fatal
             self._note(f"could not infer shapes: {str(error).splitlines()[0][:160]}")
             return None
@@ -634,8 +626,8 @@ class CostModel:
             try:
                 for value in fed:
                     info = known.get(value) or self.concrete(value)
-                    feeds[names[value]] = _random_array(info.shape, info.dtype, rng)
-            except _ProbeTooLarge:
+                    feeds[names[value]] = random_array(info.shape, info.dtype, rng)
+            except ProbeTooLarge:
                 self._note("shapes not probed: an input would be too large to allocate")
                 return None
             try:
@@ -682,7 +674,7 @@ class CostModel:
         target = self.target
         dtype = _compute_dtype(view) if view is not None else "float32"
         if self.measuring:
-            peak, bandwidth = _host_rates()
+            peak, bandwidth = host_rates()
         else:
             peak = self.peak(dtype)
             bandwidth = target.mem_bandwidth_bytes_per_s
@@ -779,7 +771,7 @@ class CostModel:
             ],
             "outputs": _live_outputs(node),
             "runtime": {"ort": ort.__version__, "level": self.ort_level, "threads": 1},
-            "machine": _machine_fingerprint(),
+            "machine": machine_fingerprint(),
             "empty_run": "beside",  # the fixed cost of a run timed with the kernel (older figures: once a process)
         }  # fmt: skip
 
@@ -790,12 +782,12 @@ class CostModel:
             return None
         # The fixed cost of a run is timed beside the kernel's runs, not once per process: it moves with the
         # machine's state (issue 8).
-        runs, empties = _time_beside_empty(run, _thread_empty_runner(), self.measure_budget_s, self.timer)
+        runs, empties = time_beside_empty(run, thread_empty_runner(), self.measure_budget_s, self.timer)
         elapsed = time.perf_counter() - started
         self.measure_seconds += elapsed
         return {
-            "seconds": max(_steady(runs) - _steady(empties), 0.0),
-            "raw_steady_s": _steady(runs),
+            "seconds": max(steady(runs) - steady(empties), 0.0),
+            "raw_steady_s": steady(runs),
             "raw_median_s": statistics.median(runs),
             "runs": len(runs),
             "measure_s": elapsed,
@@ -816,19 +808,19 @@ class CostModel:
                 known = info.value is not None
                 try:
                     feeds[name] = (
-                        np.asarray(info.value) if known else _random_array(info.shape, info.dtype, rng)
+                        np.asarray(info.value) if known else random_array(info.shape, info.dtype, rng)
                     )
-                except _ProbeTooLarge:
+                except ProbeTooLarge:
                     return None
             inputs.append((name, info, constant))
         outputs = [f"o{index}" if live else "" for index, live in enumerate(_live_outputs(node))]
         proto = _node_proto(node, [name for name, _, _ in inputs], outputs)
         domains = {"": opsets.get("", _DEFAULT_OPSETS[""]), node.domain: opset}
         try:
-            session = _single_node_session(
-                proto, inputs, [o for o in outputs if o], domains, _LEVELS[self.ort_level]
+            session = single_node_session(
+                proto, inputs, [o for o in outputs if o], domains, LEVELS[self.ort_level]
             )
-            return _bound_runner(session, feeds)
+            return bound_runner(session, feeds)
         except Exception as error:  # noqa: BLE001 - any ORT failure means "not measurable alone"
             self._note(f"{op_key(node.op_type, node.domain)} not measurable alone in ONNX Runtime: "
                        f"{str(error).splitlines()[0][:160]}")  # fmt: skip

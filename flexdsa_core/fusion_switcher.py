@@ -54,9 +54,11 @@ import onnx_ir.passes.common as ir_passes
 import onnxscript.optimizer
 from onnxscript.rewriter import RewriteRule
 
-from flexdsa_core.cost_model import Cost, CostModel, TensorInfo
+from flexdsa_core.cost import Cost
+from flexdsa_core.cost_model import CostModel
 from flexdsa_core.fusions import FusionRule, discover_rules
 from flexdsa_core.fusions.driver import RULE_TAG, ReasonTracer, carry_output_types, drive, removed_nodes
+from flexdsa_core.op_costs import TensorInfo
 from flexdsa_core.rewrites import ordered
 from flexdsa_core.targets.spec import TargetSpec, op_key
 

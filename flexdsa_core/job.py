@@ -1,8 +1,10 @@
 """``Job``: the state of one ``FlexDSAOptimizer.optimize`` call, handed from stage to stage and verifier to
 verifier (the optimizer instance itself holds only what every call shares: target, adapter, registry).
 
-Each stage and verifier reads what the earlier ones left here and adds its own part; ``timed`` and
-``progress`` are the one set of timing and progress hooks they all go through.
+Each stage reads what the earlier ones left here and adds its own part; each verifier answers a
+``verify.Verdict`` (``verdicts``, by verifier name) whose evidence later verifiers and the bundle read
+(``evidence``, ``extra``), and replaces the compilation that ships only through ``verify.switch``. ``timed``
+and ``progress`` are the one set of timing and progress hooks they all go through.
 """
 
 from __future__ import annotations
@@ -14,15 +16,24 @@ from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import onnx_ir as ir
 
+from flexdsa_core.cache import StatsCache
 from flexdsa_core.compilation import Compilation
 from flexdsa_core.in_memory import InMemoryModel
-from flexdsa_core.ingest import needs_external_data, save_model
+from flexdsa_core.ingest import Ingested, needs_external_data, save_model
 from flexdsa_core.options import OptimizeOptions
 from flexdsa_core.serialized import model_bytes
+
+if TYPE_CHECKING:
+    from flexdsa_core.cost_model import CostModel
+    from flexdsa_core.registry import Registry
+    from flexdsa_core.shape_tracker import Bucket, ShapeReport, ShapeTracker
+    from flexdsa_core.targets import PlatformAdapter, TargetSpec
+    from flexdsa_core.verify import Verdict
+    from flexdsa_core.verify.references import References
 
 Progress = Callable[[str, float, str], None]
 
@@ -49,46 +60,61 @@ class StageProgress:
         self.done = min(1.0, self.done + STAGE_WEIGHTS.get(stage, 0.0))
 
 
+class Runner(Protocol):
+    """What stages and verifiers read of the ``FlexDSAOptimizer`` running them (the optimizer imports this
+    module, so it is named by what it offers)."""
+
+    target: TargetSpec
+    adapter: PlatformAdapter
+    registry: Registry
+    rules: list
+    toolchain_root: Path | None
+    clock: Any  # ``verify.latency.ModelClock``
+
+    def supports(self, key: str) -> bool: ...
+
+
 @dataclass
 class Job:
     """One optimisation in flight. ``optimizer``: the ``FlexDSAOptimizer`` (target, adapter, registry, clock)."""
 
-    optimizer: Any
+    optimizer: Runner
     options: OptimizeOptions
-    cache: Any
+    cache: StatsCache
     progress: StageProgress
     workdir: Path
-    calibration: Any = None
+    calibration: dict | bytes | str | Path | None = None
     started: float = field(default_factory=time.perf_counter)
     stage_seconds: Counter = field(default_factory=Counter)
     # ingest
-    ingested: Any = None
+    ingested: Ingested | None = None
     original_source: bytes | Path | None = None
     original_digest: str | None = None
     original_in_memory: InMemoryModel | None = None
     nodes_before: dict[str, int] = field(default_factory=dict)
     samples: list[dict] | None = None
     # shapes and compile
-    tracker: Any = None
-    shape_report: Any = None
-    buckets: list = field(default_factory=list)
-    cost_model: Any = None
+    tracker: ShapeTracker | None = None
+    shape_report: ShapeReport | None = None
+    buckets: list[Bucket] = field(default_factory=list)
+    cost_model: CostModel | None = None
     recompile: Callable[[frozenset[str]], Compilation] | None = None
     comp: Compilation | None = None
     rollbacks: list[dict] = field(default_factory=list)
-    # what the verifiers found (``verify.Verdict`` by verifier name) and the parts the report shows
-    verdicts: dict[str, Any] = field(default_factory=dict)
-    references: Any = None
-    validation: list[dict] = field(default_factory=list)
-    padding: dict | None = None
-    latency: dict | None = None
-    precision: dict | None = None
-    precision_samples: dict | None = None
-    precision_runs: dict = field(default_factory=dict)
-    toolchain_report: dict = field(default_factory=dict)
-    toolchain_files: dict = field(default_factory=dict)
-    vendor: dict | None = None
-    exploration: Any = None
+    # The inputs validation and the latency check use, and the original's outputs on them.
+    references: References | None = None
+    # What the verifiers found, by verifier name: each verdict holds its evidence.
+    verdicts: dict[str, Verdict] = field(default_factory=dict)
+
+    def evidence(self, verifier: str, default: Any = None) -> Any:
+        """The evidence of ``verifier``'s verdict, or ``default`` where it did not run."""
+        verdict = self.verdicts.get(verifier)
+        return default if verdict is None else verdict.evidence
+
+    def extra(self, verifier: str, key: str, default: Any = None) -> Any:
+        """One more part of ``verifier``'s verdict (``Verdict.extra``), or ``default`` where it did not run."""
+        verdict = self.verdicts.get(verifier)
+        return default if verdict is None else verdict.extra.get(key, default)
 
     @contextmanager
     def timed(self, stage: str):

@@ -1,14 +1,14 @@
 """Timing ONNX Runtime kernels on this machine: the pieces the cost model measures with.
 
 A kernel is one node cut out into a one-node model (``_single_node_model``), run in a one-thread session
-with its inputs and outputs bound once (``_bound_runner``: only the kernel and ORT's dispatch are timed)
+with its inputs and outputs bound once (``bound_runner``: only the kernel and ORT's dispatch are timed)
 on random inputs placed on a 64-byte boundary (``_aligned``). A run is timed in CPU time of the calling
-thread (``_timed``); a figure is the median of the faster half of the runs (``_steady``), less the same
-figure for an empty run (``_empty_runner``) timed beside it: a kernel alone with ``_time_beside_empty``,
+thread (``timed``); a figure is the median of the faster half of the runs (``steady``), less the same
+figure for an empty run (``empty_runner``) timed beside it: a kernel alone with ``time_beside_empty``,
 a side-by-side comparison in its own rounds (the fixed cost of a run moves with the machine's state, so a
 figure of it from another time is not taken off). Measurements are keyed by ``machine_fingerprint`` (the CPU
 and the vector extensions ONNX Runtime's kernels choose code paths by) and rooflines of unmeasurable
-kernels use this host's SGEMM peak and copy bandwidth (``measure_sgemm_peak``, ``_host_rates``).
+kernels use this host's SGEMM peak and copy bandwidth (``measure_sgemm_peak``, ``host_rates``).
 """
 
 from __future__ import annotations
@@ -30,8 +30,27 @@ import onnxruntime as ort
 from flexdsa_core.in_memory import EXTERNAL_MIN_BYTES, declare, session_with
 from flexdsa_core.op_costs import TensorInfo
 
+# The timing pieces the cost model (and the precision cache) measure with.
+__all__ = [
+    "LEVELS",
+    "ProbeTooLarge",
+    "Timer",
+    "bound_runner",
+    "empty_runner",
+    "host_rates",
+    "machine_fingerprint",
+    "measure_sgemm_peak",
+    "random_array",
+    "session_options",
+    "single_node_session",
+    "steady",
+    "thread_empty_runner",
+    "time_beside_empty",
+    "timed",
+]
 
-def _session_options(level: ort.GraphOptimizationLevel) -> ort.SessionOptions:
+
+def session_options(level: ort.GraphOptimizationLevel) -> ort.SessionOptions:
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1
     options.inter_op_num_threads = 1
@@ -41,7 +60,7 @@ def _session_options(level: ort.GraphOptimizationLevel) -> ort.SessionOptions:
     return options
 
 
-_LEVELS = {
+LEVELS = {
     "disabled": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
     "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
     "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
@@ -49,7 +68,7 @@ _LEVELS = {
 }
 
 
-class _ProbeTooLarge(Exception):
+class ProbeTooLarge(Exception):
     """A probe input past ``_PROBE_INPUT_BUDGET_BYTES``: estimate instead of allocating it."""
 
 
@@ -62,10 +81,10 @@ _PROBE_INPUT_BUDGET_BYTES = 256 * 1024 * 1024
 _RANDOM_BLOCK = 1 << 16
 
 
-def _random_array(shape: Sequence[int], dtype: str, rng: np.random.Generator) -> np.ndarray:
+def random_array(shape: Sequence[int], dtype: str, rng: np.random.Generator) -> np.ndarray:
     np_dtype = np.dtype(dtype)
     if math.prod(shape) * np_dtype.itemsize > _PROBE_INPUT_BUDGET_BYTES:
-        raise _ProbeTooLarge(f"probe input of shape {list(shape)} is over the budget")
+        raise ProbeTooLarge(f"probe input of shape {list(shape)} is over the budget")
     out = _aligned_empty(tuple(shape), np_dtype)
     if np_dtype.kind == "f":
         # Positive and away from zero: no NaN from Log/Sqrt/Div, no denormals to slow anything down.
@@ -98,7 +117,7 @@ def _aligned(array: np.ndarray) -> np.ndarray:
     return aligned
 
 
-def _bound_runner(session: ort.InferenceSession, feeds: Mapping[str, np.ndarray]) -> Callable[[], None]:
+def bound_runner(session: ort.InferenceSession, feeds: Mapping[str, np.ndarray]) -> Callable[[], None]:
     """One run of the session with inputs and outputs bound once, so that only the kernel (and ORT's
     dispatch) is timed, never allocation or copies."""
     binding = session.io_binding()
@@ -115,7 +134,7 @@ def _bound_runner(session: ort.InferenceSession, feeds: Mapping[str, np.ndarray]
 def _time_session(
     session: ort.InferenceSession, feeds: Mapping[str, np.ndarray], budget_s: float
 ) -> list[float]:
-    return _time_runner(_bound_runner(session, feeds), budget_s)
+    return _time_runner(bound_runner(session, feeds), budget_s)
 
 
 Timer = Callable[[Callable[[], object]], float]
@@ -124,16 +143,16 @@ Timer = Callable[[Callable[[], object]], float]
 def _time_runner(run: Callable[[], None], budget_s: float, timer: Timer | None = None) -> list[float]:
     """Seconds per run: at least 5 runs, as many as fit the budget (at most 50); a kernel slower than
     the budget runs twice."""
-    return _time_beside_empty(run, None, budget_s, timer)[0]
+    return time_beside_empty(run, None, budget_s, timer)[0]
 
 
-def _time_beside_empty(
+def time_beside_empty(
     run: Callable[[], None], empty: Callable[[], None] | None, budget_s: float, timer: Timer | None = None
 ) -> tuple[list[float], list[float]]:
     """``_time_runner``'s runs and, when ``empty`` is given, the empty run timed beside every run
     (alternating which goes first): the kernel's seconds and the fixed cost of a run from the same moments,
     since that cost moves with the machine's state (issue 8)."""
-    timer = timer or _timed
+    timer = timer or timed
     warm = timer(run)
     if empty is not None:
         timer(empty)
@@ -154,11 +173,11 @@ def _time_beside_empty(
 _per_thread = threading.local()
 
 
-def _thread_empty_runner() -> Callable[[], None]:
-    """This thread's empty runner (``_empty_runner``), made once per thread: no binding is shared."""
+def thread_empty_runner() -> Callable[[], None]:
+    """This thread's empty runner (``empty_runner``), made once per thread: no binding is shared."""
     runner = getattr(_per_thread, "empty", None)
     if runner is None:
-        runner = _per_thread.empty = _empty_runner()
+        runner = _per_thread.empty = empty_runner()
     return runner
 
 
@@ -194,7 +213,7 @@ def _single_node_model(
     return onnx.helper.make_model(graph, opset_imports=opset_ids, ir_version=10)
 
 
-def _single_node_session(
+def single_node_session(
     node_proto: onnx.NodeProto,
     inputs: Sequence[tuple[str, TensorInfo | None, np.ndarray | ir.TensorProtocol | None]],
     outputs: Sequence[str],
@@ -205,7 +224,7 @@ def _single_node_session(
     through a protobuf a 154 MB weight cost 1.1-1.3 s a session (several copies), in memory one."""
     weights: dict = {}
     model = _single_node_model(node_proto, inputs, outputs, opsets, weights)
-    return session_with(model, weights, _session_options(level))
+    return session_with(model, weights, session_options(level))
 
 
 def _nbytes(constant) -> int:
@@ -216,19 +235,19 @@ def _dtype_of(constant) -> np.dtype:
     return constant.dtype if isinstance(constant, np.ndarray) else constant.dtype.numpy()
 
 
-def _steady(runs: Sequence[float]) -> float:
+def steady(runs: Sequence[float]) -> float:
     """The median of the faster half of the runs (their lower quartile)."""
     ordered = sorted(runs)
     return statistics.median(ordered[: max(1, (len(ordered) + 1) // 2)])
 
 
-def _empty_runner() -> Callable[[], None]:
+def empty_runner() -> Callable[[], None]:
     """A run that does nothing (Identity on one float), bound and warmed up: the fixed cost of ``run``.
     A fresh one each call (a few ms), so that no two threads share one binding."""
     node = onnx.helper.make_node("Identity", ["x"], ["y"])
     info = TensorInfo((1,), "float32")
-    session = _single_node_session(node, [("x", info, None)], ["y"], {"": 17}, _LEVELS["basic"])
-    return _bound_runner(session, {"x": np.ones(1, np.float32)})
+    session = single_node_session(node, [("x", info, None)], ["y"], {"": 17}, LEVELS["basic"])
+    return bound_runner(session, {"x": np.ones(1, np.float32)})
 
 
 # The instruction-set extensions ONNX Runtime's CPU kernels (MLAS) pick code paths by. Two CPUs with the same
@@ -281,24 +300,24 @@ def measure_sgemm_peak(seconds: float = 1.0, *, size: int = 1024) -> float:
     node = onnx.helper.make_node("MatMul", ["a", "b"], ["y"])
     a_info = TensorInfo((size, size), "float32")
     weight = rng.standard_normal((size, size)).astype(np.float32)
-    session = _single_node_session(
-        node, [("a", a_info, None), ("b", a_info, weight)], ["y"], {"": 17}, _LEVELS["basic"]
+    session = single_node_session(
+        node, [("a", a_info, None), ("b", a_info, weight)], ["y"], {"": 17}, LEVELS["basic"]
     )
     runs = _time_session(session, {"a": rng.standard_normal((size, size)).astype(np.float32)}, seconds)
     return 2.0 * size**3 / min(runs)
 
 
 @functools.cache
-def _host_rates() -> tuple[float, float]:
+def host_rates() -> tuple[float, float]:
     """(FLOP/s, bytes/s) of this host on one thread, for kernels that cannot be measured alone."""
     peak = measure_sgemm_peak(0.2, size=512)
     source = np.ones(8 * 1024 * 1024, dtype=np.float32)
     target = np.empty_like(source)
-    best = min(_timed(lambda: np.copyto(target, source)) for _ in range(5))
+    best = min(timed(lambda: np.copyto(target, source)) for _ in range(5))
     return peak, 2 * source.nbytes / best
 
 
-def _timed(function: Callable[[], object]) -> float:
+def timed(function: Callable[[], object]) -> float:
     """CPU seconds of this thread spent in ``function``. A one-thread ONNX Runtime session runs its
     kernels on the calling thread, so this is the kernel's time; unlike wall time it does not include
     the time the thread sat preempted on a busy shared machine (a 2 ms MatMul read 22 ms of wall time
@@ -306,7 +325,3 @@ def _timed(function: Callable[[], object]) -> float:
     tick = time.thread_time()
     function()
     return time.thread_time() - tick
-
-
-# ---------------------------------------------------------------------------------------------------
-# The cost model.

@@ -22,8 +22,9 @@ The plan, in three steps:
    one buffer per tensor costs. Always ``peak_live_bytes <= arena_bytes <= naive_bytes``: a buffer placed
    on top of the overlapping ones ends at most at the sum of their sizes plus its own.
 
-Symbolic dims take their size from ``dims``; a dim not given is assumed (batch-like names 1, others 128)
-and listed in ``assumed_dims``. Dims ONNX could not relate to the inputs (``unk__<n>``) are never assumed.
+Symbolic dims take their size from ``dims`` (the shape plan's values); a dim not given is assumed as the
+shape plan assumes it (``shape_plan.open_dim_value``: batch-like names 1, others 128) and listed in
+``assumed_dims``. Dims ONNX could not relate to the inputs (``unk__<n>``) are never assumed.
 """
 
 from __future__ import annotations
@@ -36,14 +37,12 @@ from typing import Any
 
 import onnx_ir as ir
 
-from flexdsa_core.dims import is_batch_dim
 from flexdsa_core.errors import InvalidModelError
+from flexdsa_core.shape_plan import REPRESENTATIVE_BATCH, REPRESENTATIVE_DIM, open_dim_value
 
 __all__ = ["ALIGNMENT", "ELEMENTWISE_OPS", "MemoryPlan", "TensorAssignment", "plan_memory"]
 
 ALIGNMENT = 64
-DEFAULT_BATCH = 1
-DEFAULT_DIM = 128
 
 # Ops whose output element i depends only on input element i (after broadcasting), so the output may
 # overwrite an input of the same size that dies there.
@@ -226,7 +225,7 @@ def plan_memory(model: ir.Model, *, dims: Mapping[str, int] | None = None) -> Me
     notes = [
         "Graph inputs/outputs are caller-bound and weights live apart: neither is in the arena.",
         "Sizes of symbolic dims come from 'dims'; those listed in 'assumed_dims' were assumed "
-        f"(batch-like {DEFAULT_BATCH}, others {DEFAULT_DIM}).",
+        f"(batch-like {REPRESENTATIVE_BATCH}, others {REPRESENTATIVE_DIM}).",
     ]
     if owner:
         notes.append("Tensors inside subgraphs are allocated by their control-flow op, not planned here.")
@@ -267,7 +266,7 @@ class _Sizer:
         if _ONNX_FRESH_DIM.match(name):
             return None
         if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
-            value = DEFAULT_BATCH if is_batch_dim(name) else DEFAULT_DIM
+            value = open_dim_value(name)
             self.used[name] = value
             self.assumed.add(name)
             return value

@@ -11,7 +11,11 @@ no stage guesses shapes of its own.
   ``sequence_length``, ``T``, ``L``, ``frames``...); anything else is ``other``.
 * **Value**: batch 1; every other kind ``REPRESENTATIVE_DIM`` (128), then the candidates of
   ``CANDIDATES`` (smaller first: a 64-row position table; then larger: an STFT that needs 256 samples)
-  until the model runs there (``ShapeTracker`` asks ONNX Runtime).
+  until the model runs there (``ShapeTracker`` asks ONNX Runtime). A dim the plan does not hold (a value
+  inside the graph that shape inference named, a model costed without a plan) takes ``open_dim_value``: 1
+  for a batch dim, else the representative size. Where a model refuses a shape after all (a probe of some of
+  its nodes, the original model in validation), every dim but the batch ones steps down ``LOWERED``
+  (``lowered``): the cost model and validation step down the same ladder.
 * **Memory budget**: ``memory_budget(model_bytes, machine_bytes)`` =
   ``clamp(4 x model size, 64 MiB, machine memory / 16)``. At the chosen values no single tensor the model
   makes may exceed it (``static_shapes``: ONNX shape inference on a copy without weights, nothing
@@ -36,24 +40,31 @@ from flexdsa_core.dims import is_batch_dim
 
 __all__ = [
     "CANDIDATES",
+    "LOWERED",
+    "REPRESENTATIVE_BATCH",
     "REPRESENTATIVE_DIM",
     "ShapePlan",
     "dim_kind",
     "is_anonymous_dim",
+    "lowered",
     "machine_memory_bytes",
     "memory_budget",
+    "open_dim_value",
     "static_shapes",
 ]
 
 REPRESENTATIVE_BATCH = 1
 REPRESENTATIVE_DIM = 128
+# The ceilings, largest first, that every dim but the batch ones is held to when a model refuses the shape it
+# was given (a 64-row position table caps a sequence at 64).
+LOWERED = (64, 32, 16, 8)
 # Values tried, in order, when the model does not run at the one before (smaller first: a position table
 # caps a sequence; then larger: a window or an STFT needs a minimum length).
 CANDIDATES = {
-    "batch": (1,),
-    "sequence": (128, 64, 32, 16, 8, 256, 512),
-    "spatial": (128, 64, 32, 256),
-    "other": (128, 64, 32, 16, 8, 256, 512),
+    "batch": (REPRESENTATIVE_BATCH,),
+    "sequence": (REPRESENTATIVE_DIM, *LOWERED, 256, 512),
+    "spatial": (REPRESENTATIVE_DIM, 64, 32, 256),
+    "other": (REPRESENTATIVE_DIM, *LOWERED, 256, 512),
 }
 MIN_BUDGET_BYTES = 64 << 20
 MIN_HALVED_DIM = 8
@@ -88,6 +99,20 @@ def dim_kind(name: str, where: Sequence[tuple[int, int, str | None]]) -> str:
         if all(rank == 4 and axis in (2, 3) and (dtype or "").startswith("float") for axis, rank, dtype in where):
             return "spatial"
     return "other"
+
+
+def open_dim_value(name: str | None, axis: int | None = None, *, size: int = REPRESENTATIVE_DIM) -> int:
+    """The value of a dim no plan or bucket sizes: ``REPRESENTATIVE_BATCH`` for a batch dim (``dim_kind``: by
+    its name, or an anonymous one on axis 0 when ``axis`` is known), else ``size`` (``REPRESENTATIVE_DIM``, or
+    the ceiling of ``LOWERED`` a model that refused it was lowered to)."""
+    where = [(axis, 0, None)] if axis is not None else []
+    return REPRESENTATIVE_BATCH if dim_kind(name or "", where) == "batch" else size
+
+
+def lowered(dims: Mapping[str, int], ceiling: int) -> dict[str, int]:
+    """``dims`` with every dim but the batch ones held to at most ``ceiling`` (one step of ``LOWERED``): the
+    shape tried next where a model refused ``dims``."""
+    return {name: value if is_batch_dim(name) else min(value, ceiling) for name, value in dims.items()}
 
 
 def machine_memory_bytes() -> int | None:

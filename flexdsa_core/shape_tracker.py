@@ -43,9 +43,10 @@ from onnx_ir.passes.common import RemoveUnusedNodesPass, ShapeInferencePass
 from onnxscript.optimizer import fold_constants
 
 from flexdsa_core._libraries import ort_symbolic_shapes
-from flexdsa_core.cost_model import CostModel, measure_sgemm_peak
-from flexdsa_core.dims import is_batch_dim  # noqa: F401 - re-exported for callers of the tracker
+from flexdsa_core.cost_model import CostModel
+from flexdsa_core.dims import is_batch_dim
 from flexdsa_core.errors import InvalidOptionsError
+from flexdsa_core.kernel_timing import measure_sgemm_peak
 from flexdsa_core.options import ObservedShape
 from flexdsa_core.shape_plan import (
     CANDIDATES,
@@ -85,8 +86,6 @@ __all__ = [
 
 DYNAMIC_BUCKET = "dynamic"
 STATIC_BUCKET = "static"
-# A static-shape target with no bucket for a batch-like dim compiles for one sample at a time.
-DEFAULT_BATCH = 1
 # Combinations beyond this are almost always a mistake in shape_buckets, and each one is a full compile.
 MAX_BUCKETS = 64
 # Each distinct observed value of a dim costs one specialisation and one graph costing (~0.1 s on a small
@@ -652,7 +651,7 @@ class ShapeTracker:
                     dim_name, default, f"target {target.name!r} default_shape_buckets"
                 )
             elif target.static_shapes:
-                defaulted[dim_name] = [DEFAULT_BATCH] if kind == "batch" else None
+                defaulted[dim_name] = [REPRESENTATIVE_BATCH] if kind == "batch" else None
         if report.from_samples:
             taken = ", ".join(f"{name} {value}" for name, value in report.from_samples.items())
             report.notes.append(f"buckets from the calibration samples' shapes ({taken}): no shape_buckets given")
@@ -868,7 +867,7 @@ class ShapeTracker:
         """
         cost_model = CostModel(target, calibrate=False)
         peak = _host_sgemm_peak() if target.calibrated else None
-        free = {name: DEFAULT_BATCH for name in self.infer().dims if is_batch_dim(name)}
+        free = {name: REPRESENTATIVE_BATCH for name in self.infer().dims if is_batch_dim(name)}
 
         def cost(dims: Mapping[str, int]) -> float:
             model, _ = self._specialized_model({**free, **dims})

@@ -26,6 +26,7 @@ import onnx
 import onnx_ir as ir
 import onnxruntime as ort
 
+from flexdsa_core.dims import is_batch_dim
 from flexdsa_core.errors import RunBudgetExceededError, UnsupportedModelError, ValidationFailedError
 from flexdsa_core.in_memory import InMemoryModel
 
@@ -45,13 +46,14 @@ DEFAULT_OTHER_DIM = 8
 
 
 def second_shape_dims(at: dict[str, int]) -> dict[str, int]:
-    """The second, small validation shape of a bucket whose dims stay symbolic (at ``at``): batch-named dims
-    at 2, others at ``DEFAULT_OTHER_DIM``, except that a dim the bucket holds at 1 goes to 2 at most: a
-    batch ONNX does not name (tf2onnx's ``unk__``) went to 8, so magika's second run took 8x its bucket's
-    activations, the one run of the job above them. Still a shape other than the bucket's."""
+    """The second, small validation shape of a bucket whose dims stay symbolic (at ``at``): batch dims
+    (``dims.is_batch_dim``) at 2, others at ``DEFAULT_OTHER_DIM``, except that a dim the bucket holds at 1
+    goes to 2 at most: a batch ONNX does not name (tf2onnx's ``unk__``) went to 8, so magika's second run
+    took 8x its bucket's activations, the one run of the job above them. Still a shape other than the
+    bucket's."""
     dims = {}
     for name, value in at.items():
-        default = next((v for k, v in DEFAULT_VALIDATION_DIMS.items() if k in name.lower()), DEFAULT_OTHER_DIM)
+        default = DEFAULT_VALIDATION_DIMS["batch"] if is_batch_dim(name) else DEFAULT_OTHER_DIM
         dims[name] = min(default, 2) if value == 1 else default
     return dims
 # Elements compared per slice (``_check_output``).

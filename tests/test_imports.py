@@ -127,7 +127,7 @@ def test_the_check_finds_an_upward_arrow():
 # legalisations, toolchain runs) is a leaf the stages call, so what both need sits in targets/ or below.
 STAGES = ("flexdsa_core.optimizer", "flexdsa_core.subgraph_mapper", "flexdsa_core.precision",
           "flexdsa_core.fusion_switcher", "flexdsa_core.registry", "flexdsa_core.verify", "flexdsa_core.job",
-          "flexdsa_core.compilation")  # fmt: skip
+          "flexdsa_core.compilation", "flexdsa_core.pipeline", "flexdsa_core.bundle")  # fmt: skip
 TARGET_PACKAGES = ("flexdsa_core.targets", "flexdsa_core.toolchains")
 
 
@@ -161,7 +161,7 @@ def test_the_check_finds_an_arrow_up_from_the_targets():
 # by discovery: nothing outside it imports into it (the core asks get_adapter / get_toolchain), and no vendor
 # imports another's folder (what two vendors share, such as _vitis_ai, sits in targets/ beside them).
 def _vendor_packages() -> tuple[str, ...]:
-    from flexdsa_core.targets.vendors import module_name, vendor_folders
+    from flexdsa_core.vendors import module_name, vendor_folders
 
     return tuple(module_name(vendor) for vendor in vendor_folders())
 

@@ -1,5 +1,7 @@
 """Built-in targets, one folder per vendor (``targets/<vendor>/``, see ``vendors``): the specs are its ``*.json``,
-its adapter the ``ADAPTER`` its package exports, its toolchain the one whose ``targets`` name the spec."""
+its adapter the ``ADAPTER`` its package exports, its toolchain the one whose ``targets`` name the spec.
+``register_vendor`` adds a vendor package kept elsewhere (a plug-in, a test's toy target), laid out the same.
+"""
 
 from __future__ import annotations
 
@@ -7,14 +9,18 @@ import importlib
 import json
 from functools import cache
 
+from flexdsa_core.compare import unknown_target_message
 from flexdsa_core.errors import TargetNotFoundError
 from flexdsa_core.targets.base import BucketModel, Legalized, PlatformAdapter
 from flexdsa_core.targets.spec import TargetSpec, op_key
-from flexdsa_core.targets.vendors import (
+from flexdsa_core.toolchains import discover_toolchains, get_toolchain
+from flexdsa_core.vendors import (
     adapter_names,
     module_name,
+    register,
     spec_files,
     unknown_adapter_message,
+    unregister,
     vendor_folders,
 )
 
@@ -28,13 +34,13 @@ __all__ = [
     "list_targets",
     "load_target",
     "op_key",
+    "register_vendor",
+    "unregister_vendor",
 ]
 
 
 @cache
 def _builtin_specs() -> dict[str, TargetSpec]:
-    from flexdsa_core.toolchains import discover_toolchains
-
     serving = {
         name: toolchain.name for toolchain in discover_toolchains().values() for name in toolchain.targets
     }
@@ -55,6 +61,21 @@ def _builtin_specs() -> dict[str, TargetSpec]:
     return specs
 
 
+def register_vendor(package: str) -> str:
+    """Add the vendor package ``package`` (an importable name) as if it were a folder of ``targets/``: its specs
+    are listed and loaded by name, its ``ADAPTER`` (with the pipeline it lists) serves them. Returns the vendor
+    name. The specs read so far are forgotten, so the next ``load_target`` sees the new ones."""
+    name = register(package)
+    _builtin_specs.cache_clear()
+    return name
+
+
+def unregister_vendor(name: str) -> None:
+    """Undo ``register_vendor`` (a test's toy target, after the test)."""
+    unregister(name)
+    _builtin_specs.cache_clear()
+
+
 def list_targets() -> list[TargetSpec]:
     return sorted(_builtin_specs().values(), key=lambda s: s.name)
 
@@ -63,8 +84,6 @@ def load_target(name: str) -> TargetSpec:
     try:
         return _builtin_specs()[name]
     except KeyError:
-        from flexdsa_core.compare import unknown_target_message
-
         raise TargetNotFoundError(unknown_target_message(name, sorted(_builtin_specs()))) from None
 
 
@@ -91,8 +110,6 @@ def describe_checks(target: TargetSpec, toolchain_root=None) -> str:
     else:
         checks.append(f"op legality against the sourced {target.name} op table")
     if target.toolchain:
-        from flexdsa_core.toolchains import get_toolchain
-
         toolchain = get_toolchain(target.toolchain)
         ready = toolchain_root is not None and toolchain.is_ready(toolchain_root)
         checks.append(

@@ -16,6 +16,10 @@ A vendor file subclasses ``AcceleratorAdapter`` and overrides only what its tool
   target (e.g. that a float model runs on an int8-only accelerator only once quantised).
 * ``vendor_cost(entry, versions)`` and ``vendor_forms``: the vendor compiler's own figure for a compiled
   model, and the rewrites only that figure can decide (``vendor_explore``).
+
+Its pipeline extends the default (``PlatformAdapter.stages`` and ``verifiers``): the Subgraph Mapper after the
+memory plan, and after the default verifiers the vendor's exploration, its build and simulator, and the
+accuracy verdict on its quantised model.
 """
 
 from __future__ import annotations
@@ -75,6 +79,21 @@ class AcceleratorAdapter(PlatformAdapter):
     vendor_needs_inputs: bool = False
     # The vendor package whose version labels its figures ("rknn-toolkit2 2.5.0 estimate").
     vendor_package: str | None = None
+
+    # ---- the pipeline: the default (``PlatformAdapter``) plus the partition and the vendor's own checks ----
+    def stages(self, target: TargetSpec) -> tuple[str, ...]:
+        default = super().stages(target)
+        after_memory = default.index("memory") + 1
+        # Subgraph Mapper: accelerator partitions vs CPU fallback, kernels against SRAM.
+        return (*default[:after_memory], "mapper", *default[after_memory:])
+
+    def verifiers(self, target: TargetSpec) -> tuple[str, ...]:
+        return (
+            *super().verifiers(target),
+            "vendor_exploration",  # forms scored by the vendor's own estimate, the vendor alone beside
+            "toolchain",  # the vendor's own build and simulator of what ships
+            "vendor_accuracy",  # the vendor-quantised model judged by the accuracy target
+        )
 
     def vendor_cost(self, entry: dict, versions: dict) -> VendorCost | None:
         """The vendor's own figure for one compiled model (one driver entry); None where it gives none."""

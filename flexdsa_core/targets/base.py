@@ -3,7 +3,13 @@
 ``PlatformAdapter`` does the common work; a vendor's adapter subclasses it, overrides only what its toolchain
 needs, and its vendor package exports it as ``ADAPTER``. Adapters are found by discovery (the folder a spec lies
 in, ``TargetSpec.adapter``), so adding a platform is adding one folder ``targets/<vendor>/`` holding its spec,
-its adapter and, where one installs, its toolchain (see ``targets.vendors``).
+its adapter and, where one installs, its toolchain (see ``flexdsa_core.vendors``). A vendor package kept outside
+``targets/`` (a plug-in, a test's toy target) is registered with ``targets.register_vendor("package.name")``
+and then found the same way.
+
+An adapter also owns its target's pipeline: ``stages`` (the per-bucket stages, by the names
+``pipeline.stage`` registers) and ``verifiers`` (the checks of the verified run, by the names
+``verify.verifier`` registers). ``FlexDSAOptimizer`` runs what they list, in order, and knows no target.
 """
 
 from __future__ import annotations
@@ -44,7 +50,13 @@ class Legalized:
 
 
 class PlatformAdapter:
-    """Common behaviour; subclasses set ``vendor`` and override what their toolchain needs."""
+    """Common behaviour; subclasses set ``vendor`` and override what their toolchain needs.
+
+    Registration: the package that exports the adapter as ``ADAPTER`` beside its spec(s) ``*.json`` is a folder
+    of ``targets/`` (found by discovery), or a package kept elsewhere added with
+    ``flexdsa_core.targets.register_vendor("its.package")``. Its pipeline is ``stages`` and ``verifiers``
+    below; a stage or verifier of its own is registered (``pipeline.stage``, ``verify.verifier``) by a module
+    outside ``targets/`` that is imported before the optimizer is made (targets never import the stages)."""
 
     vendor = "generic"
     # Execution provider options its compiled models were made with, for the manifest's artifacts (QNN: the HTP).
@@ -79,6 +91,34 @@ class PlatformAdapter:
             if rewrite.apply is not None and rewrite.name not in disabled and rewrite.apply(result, target):
                 result.applied.append(rewrite.name)
         return result
+
+    # ---- the target's pipeline ---------------------------------------------------------------------
+    def stages(self, target: TargetSpec) -> tuple[str, ...]:
+        """The per-bucket pipeline, in order, by stage name (``flexdsa_core.pipeline``). The default, for a
+        target whose output runs here; an accelerator adds the Subgraph Mapper (``AcceleratorAdapter``)."""
+        return (
+            "shapes",  # Shape Tracker: fix this bucket's dims and fold the shape arithmetic they decide
+            # Whole-graph estimate before the rewrites, where costs are estimated (a calibrated target measures)
+            *(() if target.calibrated else ("estimate",)),
+            "passes",  # generic passes to a fixed point: folding, CSE, dead code, no-ops, algebra
+            "fusion",  # Fusion Switcher: legal fusions, each taken only where the cost model says it pays
+            "legalize",  # this adapter's legalisations: ops the target lacks rewritten (or left to CPU fallback)
+            "memory",  # memory plan: lifetimes -> static arena, reported against the naive sum of all tensors
+            "record",  # what the report needs: the delivery check of every taken fusion, the estimates after
+        )
+
+    def verifiers(self, target: TargetSpec) -> tuple[str, ...]:
+        """The verified run's checks, in order, by verifier name (``flexdsa_core.verify``); each answers a
+        ``Verdict`` with its evidence, and those that can undo a rewrite share the one rollback. The default;
+        an accelerator adds the vendor's own exploration, build and simulator (``AcceleratorAdapter``)."""
+        return (
+            "validation",  # every bucket against the original; on a mismatch, roll back the rewrite
+            "padding",  # whether the runtime may pad a request up to its bucket
+            # Timed against the original here: where this machine is the target (calibrated), a rewrite that
+            # costs time is rolled back; elsewhere the timing only checks the graph (not the part's latency).
+            "never_slower" if target.calibrated else "timed_here",
+            "precision",  # int8/mixed/fp16 judged on held-out samples, never slower than fp32
+        )
 
     def generate(
         self, buckets: list[BucketModel], target: TargetSpec, report: dict, *, workdir: Path | None = None

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import onnx_ir as ir
 
-from flexdsa_core.cost_model import Cost
+from flexdsa_core.cost import Cost
 from flexdsa_core.targets.spec import ACCELERATOR, TargetSpec
 
 

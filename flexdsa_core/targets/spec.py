@@ -14,6 +14,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from flexdsa_core.targets.constraints import known_keys
+from flexdsa_core.toolchains import discover_toolchains
+from flexdsa_core.vendors import adapter_names, unknown_adapter_message
+
 ONNX_DOMAIN = ""
 # Where the Subgraph Mapper places a node: on the target's accelerator, or on the CPU beside it.
 ACCELERATOR, CPU = "accelerator", "cpu"
@@ -83,8 +87,6 @@ class TargetSpec(BaseModel):
     @field_validator("adapter")
     @classmethod
     def _registered_adapter(cls, name: str) -> str:
-        from flexdsa_core.targets.vendors import adapter_names, unknown_adapter_message
-
         # Only a registered name: the adapter is looked up, never imported from what a request wrote.
         if name not in adapter_names():
             raise ValueError(unknown_adapter_message(name))
@@ -94,8 +96,6 @@ class TargetSpec(BaseModel):
     @classmethod
     def _known_toolchain(cls, name: str | None) -> str | None:
         if name is not None:
-            from flexdsa_core.toolchains import discover_toolchains
-
             if name not in discover_toolchains():
                 known = ", ".join(discover_toolchains()) or "none"
                 raise ValueError(f"unknown toolchain {name!r} (known: {known})")
@@ -104,8 +104,6 @@ class TargetSpec(BaseModel):
     @field_validator("op_constraints")
     @classmethod
     def _known_constraints(cls, constraints: dict[str, dict]) -> dict[str, dict]:
-        from flexdsa_core.targets.constraints import known_keys
-
         for op, limits in constraints.items():
             unknown = sorted(set(limits) - known_keys())
             if unknown:

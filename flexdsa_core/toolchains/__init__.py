@@ -26,8 +26,8 @@ from __future__ import annotations
 import importlib
 from functools import cache
 
-from flexdsa_core.targets.vendors import has_toolchain, module_name, vendor_folders
 from flexdsa_core.toolchains.base import Toolchain, ToolchainError, ToolchainStatus
+from flexdsa_core.vendors import has_toolchain, module_name, vendor_folders
 
 __all__ = ["Toolchain", "ToolchainError", "ToolchainStatus", "discover_toolchains", "get_toolchain"]
 

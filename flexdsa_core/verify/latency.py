@@ -1,8 +1,10 @@
 """The never-slower check (cpu-ort, where the output runs here): original and optimised timed side by
 side in paired rounds with a confidence bound (``significance``); while the optimised model is
 significantly slower, the rewrite that costs time is bisected and switched off (``verify.roll_back``).
-Still slower at the end: the fastest verified variant measured on the way ships, unless the user allowed
-a slower model (``allow_slower``); either way a warning says so.
+Still slower at the end: the fastest verified variant measured on the way ships (the rollback's
+``fallback``), unless the user allowed a slower model (``allow_slower``); either way a warning says so.
+``TimedHere`` is the same timing on a target that does not run here (an accelerator): a check of the graph
+on this CPU, not the part's latency, so it neither rolls back nor warns.
 
 A comparison that did not find the optimised model slower is kept in the kernel cache under the two
 models' bytes (sha256), the inputs, the rounds and this machine, like a kernel measurement: the same two
@@ -24,10 +26,10 @@ import onnxruntime as ort
 
 from flexdsa_core.cache import kernel_key
 from flexdsa_core.compilation import Compilation
-from flexdsa_core.cost_model import machine_fingerprint
 from flexdsa_core.in_memory import InMemoryModel
 from flexdsa_core.ingest import needs_external_data
 from flexdsa_core.job import Job
+from flexdsa_core.kernel_timing import machine_fingerprint
 from flexdsa_core.significance import (
     MIN_ROUNDS,
     MODEL_MIN_EFFECT,
@@ -38,7 +40,7 @@ from flexdsa_core.significance import (
 )
 from flexdsa_core.targets import TargetSpec
 from flexdsa_core.validate import LatencyRounds, latency_samples
-from flexdsa_core.verify import Verdict, Verifier, roll_back
+from flexdsa_core.verify import Verdict, Verifier, roll_back, verifier
 from flexdsa_core.verify.validation import bucket_inputs, validate_buckets
 from flexdsa_core.version import __version__
 
@@ -56,10 +58,13 @@ class ModelClock:
     in_memory: bool = True
 
 
+@verifier("never_slower")
 class NeverSlower(Verifier):
     """Time original and optimised side by side; roll back what costs time (module docstring)."""
 
     name, stage, reason, finishes = "never_slower", "measure", "latency", True
+    # Whether this machine's timing decides (rolls back, warns): where the target's output runs here.
+    decides = True
     message = "timing original and optimised models in ONNX Runtime"
     bisecting = "optimised model is slower: bisecting the rewrite that costs time"
 
@@ -67,7 +72,7 @@ class NeverSlower(Verifier):
         return job.options.measure_latency
 
     def verify(self, job: Job) -> Verdict:
-        optimizer, options, references = job.optimizer, job.options, job.references
+        options, references = job.options, job.references
         comp = job.comp
         bucket = comp.buckets[0]
         # The bucket's one shape (``BucketModel.at``), the inputs validation used: the shape its fusions were
@@ -88,23 +93,20 @@ class NeverSlower(Verifier):
                     self.hashed[id(source)] = (source, references.digest)
 
         verdict = self.check(job, comp)
-        if options.never_slower and optimizer.target.calibrated:
+        if options.never_slower and self.decides:
             verdict = roll_back(self, job, verdict)
-            if not verdict.ok and not options.allow_slower:
-                job.comp, measured = self._fastest_verified(job, job.comp, verdict.evidence)
-                verdict = Verdict(measured.verdict != "slower", measured, _slower_text(measured))
         measured = verdict.evidence
         warnings: list[str] = []
         slower = measured.verdict == "slower"
         # On an accelerator this CPU's timing is a check of the graph here, not the part's latency: no warning
         # that would read as the device's (the figure stays in report.json's latency, labelled).
-        if slower and optimizer.target.calibrated:
+        if slower and self.decides:
             allowed = " (allowed by allow_slower)" if options.allow_slower else ""
             warnings.append(
                 f"the optimised model is slower than the original on this machine{allowed}: {_slower_text(measured)}"
                 + ("" if options.allow_slower else "; no verified variant was as fast")
             )
-        job.latency = {
+        latency = {
             "measured": True,
             # These two models' comparison on this machine, read from the kernel cache (not timed again).
             "from_kernel_cache": id(measured) in self.reused,
@@ -123,7 +125,7 @@ class NeverSlower(Verifier):
             "speedup": measured.first_s / measured.second_s if measured.second_s else None,
             "comparison": measured.as_dict(),
         }
-        return Verdict(not slower, job.latency, _slower_text(measured) if slower else None)
+        return Verdict(not slower, latency, _slower_text(measured) if slower else None)
 
     # -- the rollback's hooks ----------------------------------------------------------------------
     def check(self, job: Job, comp: Compilation) -> Verdict:
@@ -137,6 +139,12 @@ class NeverSlower(Verifier):
 
     def accept(self, job: Job, candidate: Compilation) -> bool:
         return self._verified(job, candidate)
+
+    def fallback(self, job: Job, verdict: Verdict):
+        """Still slower: the fastest verified variant timed on the way, unless the user allowed a slower model."""
+        if job.options.allow_slower:
+            return None
+        return self._fastest_verified(job, job.comp, verdict.evidence)
 
     # -- timing ------------------------------------------------------------------------------------
     def _digest(self, source: bytes | Path | InMemoryModel) -> str:
@@ -188,24 +196,33 @@ class NeverSlower(Verifier):
     def _fastest_verified(self, job: Job, comp: Compilation, measured: Comparison):
         """Of the variants timed during the bisection (the one with every rewrite off among them), the one
         with the lowest time ratio to the original, if it validates and is significantly faster than ``comp``
-        timed side by side with it (else ``comp``: a variant within noise of it is no reason to change)."""
+        timed side by side with it (None otherwise: a variant within noise of it is no reason to change), with
+        the rollback it records and its verdict."""
         others = [pair for pair in self.tried if pair[1] is not comp and pair[0].ratio < measured.ratio]
         if not others:
-            return comp, measured
+            return None
         comparison, candidate = min(others, key=lambda pair: pair[0].ratio)
         against_current = self._timings(job, candidate, against=comp)
         if against_current.verdict != "faster" or not self._verified(job, candidate):
-            return comp, measured
+            return None
         switched_off = sorted(set(candidate.disabled) - set(comp.disabled))
-        job.rollbacks.append(
-            {
-                "rewrite": ", ".join(switched_off),
-                "reason": "latency",
-                "detail": f"still slower ({_slower_text(measured)}); shipped the fastest verified variant "
-                f"(time ratio {comparison.ratio:.3f}, {against_current.ratio:.3f} of the variant it replaced)",
-            }
-        )
-        return candidate, comparison
+        rollback = {
+            "rewrite": ", ".join(switched_off),
+            "reason": "latency",
+            "detail": f"still slower ({_slower_text(measured)}); shipped the fastest verified variant "
+            f"(time ratio {comparison.ratio:.3f}, {against_current.ratio:.3f} of the variant it replaced)",
+        }
+        verdict = Verdict(comparison.verdict != "slower", comparison, _slower_text(comparison))
+        return candidate, rollback, verdict
+
+
+@verifier("timed_here")
+class TimedHere(NeverSlower):
+    """The same timing where the target does not run here (an accelerator): this CPU's figure checks the
+    graph, it is not the part's latency, so nothing is rolled back and no warning would read as the device's
+    (the figure stays in report.json's latency, labelled)."""
+
+    decides = False
 
 
 def _sha256(source: bytes | Path) -> str:

@@ -21,11 +21,14 @@ from flexdsa_core.precision import (
     replace_model,
 )
 from flexdsa_core.validate import proto_without_weights
-from flexdsa_core.verify import Verdict, Verifier
+from flexdsa_core.verify import Verdict, Verifier, switch, verifier
 
 
+@verifier("precision")
 class Precision(Verifier):
-    """Every bucket at the requested precision (``precision_buckets``)."""
+    """Every bucket at the requested precision (``precision_buckets``). Its evidence is the report's
+    ``precision`` section; ``extra`` holds each bucket's samples (``samples``, the bundle's calibration files)
+    and its ``PrecisionRun`` (``runs``, what the vendor's quantiser and simulator are given)."""
 
     name, stage = "precision", "precision"
 
@@ -36,12 +39,14 @@ class Precision(Verifier):
         return f"{job.options.precision}: calibrating, scoring and timing"
 
     def verify(self, job: Job) -> Verdict:
-        job.comp, job.precision, job.precision_samples, job.precision_runs = precision_buckets(
+        comp, section, samples, runs = precision_buckets(
             job, job.comp, job.original_source, job.options, job.samples, job.recompile, job.progress, job.cache
         )
-        shipped = job.precision.get("shipped")
-        return Verdict(shipped not in (None, "fp32") or job.options.precision == "fp32", job.precision,
-                       None if shipped not in (None, "fp32") else f"{job.options.precision} not shipped")  # fmt: skip
+        switch(job, comp, None)  # each bucket's model at the precision it ships
+        shipped = section.get("shipped")
+        return Verdict(shipped not in (None, "fp32") or job.options.precision == "fp32", section,
+                       None if shipped not in (None, "fp32") else f"{job.options.precision} not shipped",
+                       extra={"samples": samples, "runs": runs})  # fmt: skip
 
 
 def precision_buckets(job: Job, comp, original_source, options, samples, recompile, progress, cache=None):

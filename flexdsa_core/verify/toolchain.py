@@ -23,97 +23,117 @@ from flexdsa_core.precision import vendor_verdict
 from flexdsa_core.report import SOURCES
 from flexdsa_core.subgraph_mapper import SubgraphMapper
 from flexdsa_core.targets import BucketModel
-from flexdsa_core.targets.accelerator import AcceleratorAdapter
 from flexdsa_core.targets.estimate import target_estimate
 from flexdsa_core.targets.toolchain_run import run_toolchain
 from flexdsa_core.targets.vendor_explore import explore, vendor_section
-from flexdsa_core.verify import Verdict, Verifier
+from flexdsa_core.verify import Verdict, Verifier, roll_back, switch, verifier
 from flexdsa_core.verify.validation import validate_buckets
 
 
+@verifier("vendor_exploration")
 class VendorExploration(Verifier):
     """Exploration scored by the vendor's own estimate, the vendor alone beside it (where it gives one):
     forms only its compiler can judge, never worse than the original compiled by the vendor alone. The
-    vendor's figure is one more cost source; a changed bucket is validated against the original again."""
+    vendor's figure is one more cost source; a changed bucket is validated against the original again.
+    Its evidence: the exploration's report; ``extra["exploration"]`` the exploration itself (or None)."""
 
     name, stage, message = "vendor_exploration", "toolchain", "compiling with the vendor toolchain"
 
-    def applies(self, job: Job) -> bool:
-        return isinstance(job.optimizer.adapter, AcceleratorAdapter)
-
     def verify(self, job: Job) -> Verdict:
-        optimizer, options, precision = job.optimizer, job.options, job.precision
+        optimizer, options, precision = job.optimizer, job.options, job.evidence("precision")
         exploration = explore(
             optimizer.target, optimizer.adapter, job.comp.buckets, job.original_source,
             root=optimizer.toolchain_root, workdir=job.workdir, cache=job.cache,
             progress=lambda f, m: job.progress("toolchain", 0.6 * f, m),
             precision={**(precision or {}), "requested": options.precision},
-            accuracy=options.accuracy, **_user_samples(job.precision_runs),
+            accuracy=options.accuracy, **_user_samples(_precision_runs(job)),
             traffic=_traffic_request(options, job.buckets),
         )  # fmt: skip
         if exploration is not None:
-            job.comp, job.validation = _explored(
-                job, job.comp, exploration, job.original_source, options, job.references, job.validation,
-                job.cost_model,
+            validated = job.verdicts.get("validation")
+            comp, validation = _explored(
+                job, job.comp, exploration, job.original_source, options, job.references,
+                validated.evidence if validated is not None else [], job.cost_model,
             )  # fmt: skip
-        job.exploration = exploration
-        return Verdict(True, exploration.report if exploration is not None else None)
+            switch(job, comp, None)
+            if validated is not None:  # the buckets that ship changed: validation's evidence is theirs
+                job.verdicts["validation"] = dataclasses.replace(validated, evidence=validation)
+        return Verdict(True, exploration.report if exploration is not None else None,
+                       extra={"exploration": exploration})  # fmt: skip
 
 
+@verifier("toolchain")
 class Toolchain(Verifier):
-    """The final vendor build of every bucket, run in the vendor's simulator (module docstring)."""
+    """The final vendor build of every bucket, run in the vendor's simulator (module docstring). Where our
+    form crashed the vendor's build and the vendor alone built the original, the original ships (the
+    rollback's ``fallback``). Its evidence: the toolchain report; ``extra``: the vendor's ``files``, the
+    report's ``vendor`` section and the ``exploration`` as it ships."""
 
     name, stage = "toolchain", "toolchain"
-
-    def applies(self, job: Job) -> bool:
-        return isinstance(job.optimizer.adapter, AcceleratorAdapter)
+    bisects = False  # the vendor's build is not bisected: its one fallback is the original model
 
     def verify(self, job: Job) -> Verdict:
-        optimizer, options, comp, precision = job.optimizer, job.options, job.comp, job.precision
-        target, adapter, original_source, workdir = optimizer.target, optimizer.adapter, job.original_source, job.workdir
-        precision_runs, exploration, vendor = job.precision_runs, job.exploration, None
-        compile_final = functools.partial(
-            run_toolchain, target, adapter, partition=comp.partition, original_source=original_source,
-            root=optimizer.toolchain_root, seed=options.seed, workdir=workdir,
-            precision={**(precision or {}), "requested": options.precision},
+        optimizer, options, precision = job.optimizer, job.options, job.evidence("precision")
+        precision_runs = _precision_runs(job)
+        self.exploration = job.extra("vendor_exploration", "exploration")
+        self.compile_final = functools.partial(
+            run_toolchain, optimizer.target, optimizer.adapter, partition=job.comp.partition,
+            original_source=job.original_source, root=optimizer.toolchain_root, seed=options.seed,
+            workdir=job.workdir, precision={**(precision or {}), "requested": options.precision},
             # The vendor's quantiser calibrates on the part of the samples ours calibrated on; its simulator is
             # judged on the part held out (the bundle's calibration.npz keeps them all, for the user's run).
             calibration={name: r.calibration or r.samples for name, r in precision_runs.items()} or None,
             accuracy=options.accuracy, held_out={name: r.judged for name, r in precision_runs.items()},
         )  # fmt: skip
-        toolchain_report, toolchain_files = compile_final(
-            comp.buckets, bucket_options=exploration.bucket_options if exploration else None
-        )
-        if exploration is not None and not toolchain_report.get("ran") and toolchain_report.get("failed"):
-            # Never worse than the vendor alone: our form crashed the vendor's final build; the original does not.
-            comp, exploration = _vendor_fallback(comp, exploration, toolchain_report["failed"])
-            toolchain_report, toolchain_files = compile_final(comp.buckets)
-        if exploration is not None:
-            vendor = vendor_section(target, adapter, exploration, toolchain_report)
-        job.comp, job.exploration, job.vendor = comp, exploration, vendor
-        job.toolchain_report, job.toolchain_files = toolchain_report, toolchain_files
+        bucket_options = self.exploration.bucket_options if self.exploration else None
+        verdict = self._built(job, *self.compile_final(job.comp.buckets, bucket_options=bucket_options))
+        return roll_back(self, job, verdict)
+
+    def _built(self, job: Job, toolchain_report: dict, toolchain_files: dict) -> Verdict:
+        vendor = None
+        if self.exploration is not None:
+            vendor = vendor_section(job.optimizer.target, job.optimizer.adapter, self.exploration, toolchain_report)
         return Verdict(
             bool(toolchain_report.get("ran")) or not toolchain_report.get("failed"), toolchain_report,
             toolchain_report.get("failed") or None,
+            extra={"files": toolchain_files, "vendor": vendor, "exploration": self.exploration},
         )  # fmt: skip
 
+    def fallback(self, job: Job, verdict: Verdict):
+        """Never worse than the vendor alone: our form crashed the vendor's final build; the original does not."""
+        if self.exploration is None:
+            return None
+        comp, self.exploration = _vendor_fallback(job.comp, self.exploration, verdict.evidence["failed"])
+        return comp, None, self._built(job, *self.compile_final(comp.buckets))
 
+
+@verifier("vendor_accuracy")
 class VendorVerdicts(Verifier):
     """Each bucket's vendor-quantised model judged by the accuracy target on held-out samples (after the
-    toolchain ran it): a bucket that misses it loses its quantised artifacts, or the job fails."""
+    toolchain ran it): a bucket that misses it loses its quantised artifacts, or the job fails. Its
+    ``extra["files"]``: the vendor's files that ship."""
 
     name, stage, timed_as = "vendor_accuracy", "toolchain", None
 
     def applies(self, job: Job) -> bool:
-        accelerator = isinstance(job.optimizer.adapter, AcceleratorAdapter)
-        return bool(accelerator and job.precision is not None and job.precision.get("vendor_quantiser"))
+        precision = job.evidence("precision")
+        return bool(precision is not None and precision.get("vendor_quantiser"))
 
     def verify(self, job: Job) -> Verdict:
-        job.toolchain_files = _vendor_verdicts(
-            job.precision, job.precision_runs, job.toolchain_report, job.toolchain_files, vendor=job.vendor
-        )
-        missed = [name for name, entry in (job.toolchain_report.get("buckets") or {}).items() if entry.get("shipped") is False]
-        return Verdict(not missed, job.precision, f"vendor-quantised buckets below the target: {missed}" if missed else None)
+        toolchain = job.verdicts["toolchain"]
+        files = _vendor_verdicts(
+            job.evidence("precision"), _precision_runs(job), toolchain.evidence, dict(toolchain.extra["files"]),
+            vendor=toolchain.extra["vendor"],
+        )  # fmt: skip
+        missed = [name for name, entry in (toolchain.evidence.get("buckets") or {}).items() if entry.get("shipped") is False]
+        return Verdict(not missed, job.evidence("precision"),
+                       f"vendor-quantised buckets below the target: {missed}" if missed else None,
+                       extra={"files": files})  # fmt: skip
+
+
+def _precision_runs(job: Job) -> dict:
+    """Each bucket's ``PrecisionRun`` (the precision verifier's), or none where it did not run."""
+    return job.extra("precision", "runs") or {}
 
 
 def _describe(job: Job, comp: Compilation, bucket: BucketModel, cost_model: CostModel) -> None:

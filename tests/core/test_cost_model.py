@@ -8,8 +8,11 @@ import onnx_ir as ir
 import pytest
 
 from flexdsa_core.cache import LRUCache
-from flexdsa_core.cost_model import Cost, CostModel, OpView, TensorInfo, measure_sgemm_peak, op_cost
-from flexdsa_core.cost_model import work as op_work
+from flexdsa_core.cost import Cost
+from flexdsa_core.cost_model import CostModel
+from flexdsa_core.kernel_timing import measure_sgemm_peak
+from flexdsa_core.op_costs import OpView, TensorInfo, op_cost
+from flexdsa_core.op_costs import work as op_work
 from flexdsa_core.significance import MIN_ROUNDS
 from flexdsa_core.targets import TargetSpec, load_target
 
@@ -278,7 +281,7 @@ def test_a_fixed_cost_per_run_that_moves_between_comparisons_moves_no_decision(m
 
     # Seconds per run, the fixed cost included: the work is 1-2 us, the fixed cost 5 us, as measured.
     figures = {"empty": 5e-6, "Add": 6e-6, "LayerNormalization": 7e-6, "SkipLayerNormalization": 6.5e-6}
-    real_runner, real_empty = CostModel._kernel_runner, module._empty_runner
+    real_runner, real_empty = CostModel._kernel_runner, module.empty_runner
 
     def tagged(run, name):
         def tagged_run():
@@ -290,7 +293,7 @@ def test_a_fixed_cost_per_run_that_moves_between_comparisons_moves_no_decision(m
     monkeypatch.setattr(
         CostModel, "_kernel_runner", lambda self, node, *a: tagged(real_runner(self, node, *a), node.op_type)
     )
-    monkeypatch.setattr(module, "_empty_runner", lambda: tagged(real_empty(), "empty"))
+    monkeypatch.setattr(module, "empty_runner", lambda: tagged(real_empty(), "empty"))
     extra, rng = [0.0], [np.random.default_rng(0)]
 
     def timer(function) -> float:  # every run, the empty one included, costs ``extra`` more
@@ -328,7 +331,7 @@ flags\t\t: fpu sse sse2 ssse3 sse4_1 sse4_2 avx avx2 fma f16c avx512f avx512bw{e
 
 
 def test_fingerprint_includes_the_vector_extensions_read_from_cpuinfo():
-    from flexdsa_core.cost_model import _machine_fingerprint
+    from flexdsa_core.kernel_timing import _machine_fingerprint
 
     with_vnni = _machine_fingerprint(_CPUINFO.format(extra=" avx512_vnni"))
     without = _machine_fingerprint(_CPUINFO.format(extra=""))
@@ -343,16 +346,17 @@ def test_fingerprint_includes_the_vector_extensions_read_from_cpuinfo():
 @pytest.mark.parametrize("flag", ["avx512_vnni", "avx_vnni", "amx_int8", "avx512_bf16"])
 def test_machines_differing_in_one_vector_flag_never_share_a_measurement(monkeypatch, flag):
     from flexdsa_core import cost_model as module
+    from flexdsa_core.kernel_timing import _machine_fingerprint
 
     shared = LRUCache()
     node = _model(MATMUL, w=(256, 64)).graph.node(0)
     fingerprints = {
-        "first": module._machine_fingerprint(_CPUINFO.format(extra=f" {flag}")),
-        "second": module._machine_fingerprint(_CPUINFO.format(extra="")),
+        "first": _machine_fingerprint(_CPUINFO.format(extra=f" {flag}")),
+        "second": _machine_fingerprint(_CPUINFO.format(extra="")),
     }
     keys = {}
     for machine, fingerprint in fingerprints.items():
-        monkeypatch.setattr(module, "_machine_fingerprint", lambda fingerprint=fingerprint: fingerprint)
+        monkeypatch.setattr(module, "machine_fingerprint", lambda fingerprint=fingerprint: fingerprint)
         keys[machine] = CostModel(load_target("cpu-ort"), cache=shared).kernel_key(node)
     assert keys["first"] != keys["second"]
 
@@ -370,13 +374,13 @@ def test_a_kernel_alone_takes_the_fixed_cost_of_a_run_from_its_own_moments():
     off by the difference (issue 8). Seeded clock: the kernel and the empty run run for real, each reports a
     fixed figure plus what the machine's state adds to every run; the figure must not move with that state.
     How close it stays on a real clock is measured by ``python -m bench.mechanics`` (kernel fixed cost)."""
-    from flexdsa_core.kernel_timing import _thread_empty_runner
+    from flexdsa_core.kernel_timing import thread_empty_runner
 
     kernel_s, empty_s, extra = 30e-6, 5e-6, [0.0]
 
     def timer(function) -> float:  # every run, the empty one included, costs ``extra`` more
         function()
-        return (empty_s if function is _thread_empty_runner() else kernel_s) + extra[0]
+        return (empty_s if function is thread_empty_runner() else kernel_s) + extra[0]
 
     node = _model(MATMUL, w=(256, 64)).graph.node(0)
     quiet = CostModel(load_target("cpu-ort"), cache=LRUCache(), timer=timer).node_cost(node).seconds

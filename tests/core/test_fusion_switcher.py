@@ -261,7 +261,7 @@ def test_no_significant_difference_is_decided_by_the_rule(monkeypatch):
     refusal was the same, the reason not, and which way real noise falls is not what this test is about."""
     from flexdsa_core import cost_model as module
 
-    real_empty = module._empty_runner
+    real_empty = module.empty_runner
 
     def tagged_empty():
         run = real_empty()
@@ -272,7 +272,7 @@ def test_no_significant_difference_is_decided_by_the_rule(monkeypatch):
         empty_run.empty = True
         return empty_run
 
-    monkeypatch.setattr(module, "_empty_runner", tagged_empty)
+    monkeypatch.setattr(module, "empty_runner", tagged_empty)
     rng = np.random.default_rng(0)
 
     def timer(function) -> float:

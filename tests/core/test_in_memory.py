@@ -14,7 +14,7 @@ import onnxruntime as ort
 from flexdsa_core import in_memory
 from flexdsa_core.in_memory import InMemoryModel, arrays_scope
 from flexdsa_core.ingest import ingest
-from flexdsa_core.kernel_timing import _single_node_session
+from flexdsa_core.kernel_timing import single_node_session
 from flexdsa_core.op_costs import TensorInfo
 from flexdsa_core.validate import session
 
@@ -88,7 +88,7 @@ def test_a_kernel_with_a_large_constant_is_timed_from_memory():
     weight = np.random.default_rng(2).standard_normal((512, 256)).astype(np.float32)
     node = onnx.helper.make_node("MatMul", ["a", "b"], ["y"])
     inputs = [("a", TensorInfo((4, 512), "float32"), None), ("b", TensorInfo((512, 256), "float32"), weight)]
-    sess = _single_node_session(node, inputs, ["y"], {"": 17}, ort.GraphOptimizationLevel.ORT_ENABLE_BASIC)
+    sess = single_node_session(node, inputs, ["y"], {"": 17}, ort.GraphOptimizationLevel.ORT_ENABLE_BASIC)
     a = np.ones((4, 512), np.float32)
     np.testing.assert_allclose(sess.run(None, {"a": a})[0], a @ weight, rtol=1e-5, atol=1e-4)
     assert sess.flexdsa_weights[0][0].ctypes.data % in_memory.ALIGNMENT == 0

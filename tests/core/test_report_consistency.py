@@ -10,7 +10,8 @@ import pytest
 
 from flexdsa_core import FlexDSAOptimizer, OptimizeOptions
 from flexdsa_core.cache import LRUCache, StatsCache
-from flexdsa_core.cost_model import Cost, CostModel
+from flexdsa_core.cost import Cost
+from flexdsa_core.cost_model import CostModel
 from flexdsa_core.dims import is_batch_dim
 from flexdsa_core.fusion_switcher import _label
 from flexdsa_core.fusions import make_rule

@@ -9,10 +9,11 @@ import onnx_ir as ir
 import pytest
 
 from flexdsa_core.cache import LRUCache
-from flexdsa_core.cost_model import CostModel, _timed
+from flexdsa_core.cost_model import CostModel
 from flexdsa_core.fusion_switcher import FusionSwitcher
 from flexdsa_core.fusions import discover_rules
 from flexdsa_core.ingest import ingest
+from flexdsa_core.kernel_timing import timed
 from flexdsa_core.options import OptimizeOptions
 from flexdsa_core.passes import generic_passes, run_passes
 from flexdsa_core.shape_tracker import ShapeTracker
@@ -71,7 +72,7 @@ def test_a_noisy_clock_changes_no_decision(name):
 
     def noisy(function) -> float:
         spike = rng.uniform(2.0, 5.0) if rng.random() < 0.05 else 1.0
-        return _timed(function) * rng.uniform(0.8, 1.25) * spike
+        return timed(function) * rng.uniform(0.8, 1.25) * spike
 
     quiet = _switcher_decisions(base.clone(), None)
     loud = _switcher_decisions(base.clone(), noisy)

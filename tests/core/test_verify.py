@@ -89,3 +89,35 @@ def test_a_failure_nothing_explains_is_given_up():
     job = _Job()
     verdict = roll_back(Always(), job, Verdict(False, None, "always"))
     assert verdict.failure == "gave up: always" and job.rollbacks == []
+
+
+def test_an_unloadable_compile_goes_through_the_same_rollback():
+    """``Loads``: a compile that raises ``UnloadableGraph`` while a rewrite is applied has that rewrite bisected,
+    switched off and recorded as ``invalid_graph`` by ``roll_back``, like any other culprit."""
+    from flexdsa_core.loadable import UnloadableGraph
+    from flexdsa_core.verify import Loads
+
+    def compile_or_refuse(disabled: frozenset[str]) -> Compilation:
+        comp = _compile(disabled)
+        if "d" in comp.applied:
+            raise UnloadableGraph(comp, "load[b1]", "Type Error")
+        return comp
+
+    job = _Job()
+    job.recompile = compile_or_refuse
+    Loads.compile(job, frozenset())
+    assert job.comp.disabled == frozenset({"d"})
+    assert job.rollbacks == [{"rewrite": "d", "reason": "invalid_graph", "detail": "load[b1]: Type Error"}]
+
+
+def test_an_unloadable_compile_nothing_explains_raises_its_error():
+    from flexdsa_core.loadable import InternalGraphError, UnloadableGraph
+    from flexdsa_core.verify import Loads
+
+    def never_loads(disabled: frozenset[str]) -> Compilation:
+        raise UnloadableGraph(_compile(disabled), "load[b1]", "Type Error")
+
+    job = _Job()
+    job.recompile = never_loads
+    with pytest.raises(InternalGraphError, match="switching off every rewrite did not fix it"):
+        Loads.compile(job, frozenset())

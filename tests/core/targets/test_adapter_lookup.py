@@ -15,7 +15,7 @@ from pydantic import ValidationError
 from flexdsa_core import RequestSpec, TargetSpec, load_target
 from flexdsa_core.errors import TargetNotFoundError
 from flexdsa_core.targets import get_adapter
-from flexdsa_core.targets.vendors import adapter_names
+from flexdsa_core.vendors import adapter_names
 
 HOSTILE = ["os", "..evil", "rockchip.driver", "qualcomm.driver", "toolchain_run", "rockchip/../base", ""]
 

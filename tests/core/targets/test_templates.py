@@ -18,7 +18,7 @@ import pytest
 from flexdsa_core import FlexDSAOptimizer, OptimizeOptions
 from flexdsa_core.cache import LRUCache
 from flexdsa_core.targets.render import render
-from flexdsa_core.targets.vendors import PACKAGE, module_name, vendor_folders
+from flexdsa_core.vendors import PACKAGE, module_name, vendor_folders
 from tests.models import fixture
 
 TARGETS = Path(__file__).resolve().parents[3] / "flexdsa_core" / "targets"
