@@ -33,8 +33,8 @@ def main(argv: list[str] | None = None) -> int:
     from pydantic import SecretStr
 
     from service.app import create_app
-    from service.auth import create_api_key
-    from service.config import Settings
+    from service.auth.keys import create_api_key
+    from service.core.config import Settings
 
     folder = Path(tempfile.mkdtemp(prefix="flexdsa-fuzz-"))
     app = create_app(

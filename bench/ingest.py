@@ -15,7 +15,7 @@ In one run, on loopback:
    model every 100 ms; it prints the probe's latency (p50/p95/p99, and the same probe on the idle service
    first) and the aggregate ingest rate beside the limit from step 1;
 4. **the disk's floor**: a 1 KB file fsync plus a SQLite WAL commit (what a submit waits for to be durable)
-   every 100 ms while two threads write big files the way the service does (``service.upload.StagedFile``),
+   every 100 ms while two threads write big files the way the service does (``service.jobs.upload.StagedFile``),
    with no service at all.
 
 Goals (issue 12): probe p99 <= 100 ms under the load, aggregate >= 80% of the limit. Bounded in count and
@@ -67,11 +67,11 @@ def machine_limit(bodies: list[bytes], folder: Path) -> float:
 def durable_write_floor(bodies: list[bytes], folder: Path, seconds: float = 8.0) -> dict:
     """What a small submit's durability costs on this disk while big uploads are written: every 100 ms a 1 KB
     file written + fsynced and one SQLite WAL commit (the two a submit waits for), alone, while two threads
-    write the clients' bodies without pause the way the service does (``service.upload.StagedFile``). No
+    write the clients' bodies without pause the way the service does (``service.jobs.upload.StagedFile``). No
     service, no network: the disk's own floor (ms)."""
     import sqlite3
 
-    from service.upload import StagedFile
+    from service.jobs.upload import StagedFile
 
     stop = threading.Event()
 
@@ -348,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _default_api_processes() -> int:
-    from service.config import Settings
+    from service.core.config import Settings
 
     return Settings(api_workers=None).api_processes()
 

@@ -75,8 +75,8 @@ def attach_artifact(database: Path, job_id: str, name: str, blob_key: str, size:
     """An artifact row for ``job_id`` (as a worker writes it), and the job marked succeeded."""
     from sqlalchemy import update
 
-    from service.db import make_engine, make_session_factory
-    from service.models import Artifact, Job, utcnow
+    from service.core.db import make_engine, make_session_factory
+    from service.core.models import Artifact, Job, utcnow
 
     engine = make_engine(f"sqlite:///{database}")
     with make_session_factory(engine)() as session, session.begin():
@@ -110,8 +110,8 @@ def presigned_download(base_url: str, job_id: str, name: str, api_pid: int, expe
 
 
 def run(args) -> dict:
-    from service.config import Settings
-    from service.storage import make_store
+    from service.core.config import Settings
+    from service.storage.store import make_store
     from tests.s3server import CephS3
 
     tmp = Path(tempfile.mkdtemp(prefix="flexdsa-ingest-s3-"))

@@ -231,8 +231,8 @@ class Service:
         redis.Redis.from_url(self.args.redis_url).flushdb()
         with psycopg.connect(self.args.pg_admin_url, autocommit=True) as admin:
             admin.execute(f'CREATE DATABASE "{self.db_name}"')
-        from service.auth import create_api_key
-        from service.db import make_engine, make_session_factory, upgrade
+        from service.auth.keys import create_api_key
+        from service.core.db import make_engine, make_session_factory, upgrade
 
         engine = make_engine(self.database_url)
         upgrade(engine)

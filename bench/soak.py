@@ -194,8 +194,8 @@ class Stack:
 
         with psycopg.connect(self.pg.admin_url, autocommit=True) as admin:
             admin.execute('CREATE DATABASE "flexdsa"')
-        from service.auth import create_api_key
-        from service.db import make_engine, make_session_factory, upgrade
+        from service.auth.keys import create_api_key
+        from service.core.db import make_engine, make_session_factory, upgrade
 
         engine = make_engine(self.database_url)
         upgrade(engine)
@@ -409,7 +409,7 @@ def main(argv: list[str] | None = None) -> int:
     faults: list[dict] = []
     try:
         key = stack.start()
-        from service.config import Settings
+        from service.core.config import Settings
 
         defaults = Settings()
         result["recovery_bound_s"] = defaults.lease_seconds + defaults.reconcile_interval_s
@@ -585,8 +585,8 @@ def check_store(stack: Stack, job_ids: list[str]) -> dict:
     the workers' own data folders hold no file (they share nothing but the store)."""
     import psycopg
 
-    from service.config import Settings
-    from service.storage import BlobNotFoundError, ChecksumMismatchError, make_store
+    from service.core.config import Settings
+    from service.storage.store import BlobNotFoundError, ChecksumMismatchError, make_store
 
     url = stack.database_url.replace("postgresql+psycopg://", "postgresql://")
     with psycopg.connect(url) as connection:

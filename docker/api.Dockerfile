@@ -26,7 +26,7 @@ COPY workers ./workers
 COPY stack ./stack
 COPY migrations ./migrations
 # Editable, so `migrations/` (not part of the wheel) sits beside the `service` package where
-# service.db.migrations_dir() looks for it, and the `flexdsa.cli` entry points are registered.
+# service.core.db.migrations_dir() looks for it, and the `flexdsa.cli` entry points are registered.
 RUN pip install --no-deps -e . \
     && useradd --system --uid 10001 --home-dir /data flexdsa \
     && mkdir -p /data/artifacts \

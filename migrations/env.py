@@ -1,4 +1,4 @@
-"""Alembic environment. The database comes from, in order: an engine handed over by ``service.db``
+"""Alembic environment. The database comes from, in order: an engine handed over by ``service.core.db``
 (``flexdsa db upgrade``, embedded start-up, tests), else ``sqlalchemy.url`` in the ini, else ``Settings``."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import Engine
 
-from service.models import Base
+from service.core.models import Base
 
 config = context.config
 target_metadata = Base.metadata
@@ -16,14 +16,14 @@ def _engine() -> Engine:
     engine = config.attributes.get("engine")
     if engine is not None:
         return engine
-    from service.config import get_settings
-    from service.db import make_engine
+    from service.core.config import get_settings
+    from service.core.db import make_engine
 
     return make_engine(config.get_main_option("sqlalchemy.url") or get_settings().database_url)
 
 
 def run_migrations_offline() -> None:
-    from service.config import get_settings
+    from service.core.config import get_settings
 
     url = config.get_main_option("sqlalchemy.url") or get_settings().database_url
     context.configure(url=url, target_metadata=target_metadata, literal_binds=True, render_as_batch=True)

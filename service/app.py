@@ -1,10 +1,12 @@
 """The FastAPI application: ``create_app(settings=None, *, embedded_worker=None)``.
 
-Routers are found by discovery: every module in ``service/api/`` exporting ``router`` is included, so a
-new endpoint group (the dashboard, say) is one new file. Start-up checks the database (embedded SQLite is
+The service is one package per resource (``service/jobs/``, ``service/groups/``, ...), each with its routes,
+schemas and views; app-wide pieces live in ``service/core/``. Routers are found by discovery: every
+``routes`` or ``*_routes`` module of a resource package that exports ``router`` is included, so a new endpoint
+group is one new package (or one more ``*_routes`` module in its package). Start-up checks the database (embedded SQLite is
 migrated on the spot; any other database must already be migrated) and, in embedded mode, starts the
 in-process worker it was handed. The service never imports the workers: the composition root (``stack``)
-hands the worker in, and jobs reach it through ``service.dispatch``. Without one, jobs stay queued in the
+hands the worker in, and jobs reach it through ``service.jobs.dispatch``. Without one, jobs stay queued in the
 database (distributed mode publishes them to the broker instead).
 """
 
@@ -19,16 +21,16 @@ from typing import Protocol
 from fastapi import Depends, FastAPI
 from starlette.concurrency import run_in_threadpool
 
-import service.api
+import service
 from flexdsa_core import __version__
-from service.body_limit import BodyLimitMiddleware
-from service.config import Settings, get_settings
-from service.db import make_engine, make_session_factory, prepare_database
-from service.edge import refuse_control_characters
-from service.errors import install_error_handlers
-from service.metrics import Metrics, MetricsMiddleware
-from service.ratelimit import PROPOSAL, SUBMIT, TRAFFIC, RateLimiter
-from service.storage import make_store
+from service.core.body_limit import BodyLimitMiddleware
+from service.core.config import Settings, get_settings
+from service.core.db import make_engine, make_session_factory, prepare_database
+from service.core.edge import refuse_control_characters
+from service.core.errors import install_error_handlers
+from service.core.metrics import Metrics, MetricsMiddleware
+from service.core.ratelimit import PROPOSAL, SUBMIT, TRAFFIC, RateLimiter
+from service.storage.store import make_store
 
 log = logging.getLogger("flexdsa.service")
 
@@ -42,13 +44,17 @@ class EmbeddedWorker(Protocol):
 
 
 def discover_routers():
-    for info in sorted(pkgutil.iter_modules(service.api.__path__), key=lambda i: i.name):
-        if info.name.startswith("_") or info.name == "deps":
+    for package in sorted(pkgutil.iter_modules(service.__path__), key=lambda i: i.name):
+        if not package.ispkg:
             continue
-        module = importlib.import_module(f"{service.api.__name__}.{info.name}")
-        router = getattr(module, "router", None)
-        if router is not None:
-            yield info.name, router
+        found = importlib.import_module(f"{service.__name__}.{package.name}")
+        for info in sorted(pkgutil.iter_modules(found.__path__), key=lambda i: i.name):
+            if info.name != "routes" and not info.name.endswith("_routes"):
+                continue
+            module = importlib.import_module(f"{found.__name__}.{info.name}")
+            router = getattr(module, "router", None)
+            if router is not None:
+                yield f"{package.name}.{info.name}", router
 
 
 @asynccontextmanager
@@ -76,7 +82,7 @@ async def lifespan(app: FastAPI):
 
 
 def _cache_stats(settings: Settings, session_factory) -> dict:
-    from service.cache_stats import read_cache_stats
+    from service.cache.stats import read_cache_stats
 
     return read_cache_stats(settings, session_factory)
 
@@ -127,7 +133,7 @@ def create_app(settings: Settings | None = None, *, embedded_worker: EmbeddedWor
         "in the `X-API-Key` header or as `Authorization: Bearer <key>`. Every error answers "
         '`{"error": {"code", "message", "details"}}`.',
         lifespan=lifespan,
-        # /docs is served by service/api/docs.py with local assets (FastAPI's own loads them from a CDN);
+        # /docs is served by service/dashboard/docs_routes.py with local assets (FastAPI's own loads them from a CDN);
         # ReDoc would need a CDN too, and Swagger UI covers it.
         docs_url=None,
         redoc_url=None,

@@ -20,7 +20,7 @@ store_app = typer.Typer(no_args_is_help=True, help="The artifact store (an S3-co
 def settings_or_exit():
     from pydantic import ValidationError
 
-    from service.config import get_settings
+    from service.core.config import get_settings
 
     try:
         return get_settings()
@@ -35,7 +35,7 @@ def prepared_engine(settings):
     not migrated, or not reachable."""
     from sqlalchemy.exc import OperationalError
 
-    from service.db import DatabaseNotMigratedError, make_engine, prepare_database
+    from service.core.db import DatabaseNotMigratedError, make_engine, prepare_database
 
     engine = make_engine(settings.database_url)
     try:
@@ -58,7 +58,7 @@ def fail(message: str) -> typer.Exit:
 @db_app.command("upgrade")
 def db_upgrade(revision: Annotated[str, typer.Argument(help="Target revision")] = "head") -> None:
     """Migrate the database at FLEXDSA_DATABASE_URL to the latest schema."""
-    from service.db import current_revision, make_engine, upgrade
+    from service.core.db import current_revision, make_engine, upgrade
 
     settings = settings_or_exit()
     engine = make_engine(settings.database_url)
@@ -79,8 +79,8 @@ def keys_create(
     name: Annotated[str, typer.Option(help="A label for this key")] = "",
 ) -> None:
     """Create an API key and print it. It is shown once: only its hash is stored."""
-    from service.auth import check_key_label, check_tenant_name, create_api_key
-    from service.db import make_session_factory, session_scope
+    from service.auth.keys import check_key_label, check_tenant_name, create_api_key
+    from service.core.db import make_session_factory, session_scope
 
     try:  # refused before the database is touched
         check_tenant_name(tenant)
@@ -114,8 +114,8 @@ def keys_revoke(
     prefix: Annotated[str, typer.Argument(help="The key's prefix (the part after 'fdsa_')")],
 ) -> None:
     """Revoke a key by its prefix."""
-    from service.auth import revoke_api_key
-    from service.db import make_engine, make_session_factory, session_scope
+    from service.auth.keys import revoke_api_key
+    from service.core.db import make_engine, make_session_factory, session_scope
 
     engine = make_engine(settings_or_exit().database_url)
     with session_scope(make_session_factory(engine)) as session:
@@ -162,7 +162,7 @@ def worker(
 
 
 def _incident_rows(query):
-    from service.db import make_engine, make_session_factory
+    from service.core.db import make_engine, make_session_factory
 
     settings = settings_or_exit()
     engine = make_engine(settings.database_url)
@@ -178,7 +178,7 @@ def incidents_list(limit: Annotated[int, typer.Option(help="How many, newest fir
     """Recent incidents: id, time, job, code and the sentence the user saw."""
     from sqlalchemy import select
 
-    from service.models import Incident
+    from service.core.models import Incident
 
     rows = _incident_rows(
         lambda s: s.scalars(select(Incident).order_by(Incident.created_at.desc()).limit(limit)).all()
@@ -192,7 +192,7 @@ def incidents_list(limit: Annotated[int, typer.Option(help="How many, newest fir
 @incidents_app.command("show")
 def incidents_show(incident_id: Annotated[str, typer.Argument(help="The id the user quoted")]) -> None:
     """One incident: its job, tenant, attempt and the whole traceback."""
-    from service.models import Incident
+    from service.core.models import Incident
 
     row = _incident_rows(lambda s: s.get(Incident, incident_id.strip()))
     if row is None:
@@ -211,7 +211,7 @@ def incidents_show(incident_id: Annotated[str, typer.Argument(help="The id the u
 @store_app.command("init")
 def store_init() -> None:
     """Create the bucket of FLEXDSA_ARTIFACT_URL if it is missing and check that it takes writes."""
-    from service.storage import StoreUnavailableError, make_store
+    from service.storage.store import StoreUnavailableError, make_store
 
     settings = settings_or_exit()
     if not settings.artifact_url:
@@ -230,7 +230,7 @@ def store_abort_uploads(
     older_than_hours: Annotated[float, typer.Option(help="Only uploads begun this long ago.")] = 24.0,
 ) -> None:
     """Abort multipart uploads left by processes killed mid-upload (they hold parts, never an object)."""
-    from service.storage import StoreUnavailableError, make_store
+    from service.storage.store import StoreUnavailableError, make_store
 
     settings = settings_or_exit()
     if not settings.artifact_url:

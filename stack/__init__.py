@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from fastapi import FastAPI
 
-    from service.config import Settings
+    from service.core.config import Settings
 
 __all__ = ["create_app"]
 

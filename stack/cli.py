@@ -28,8 +28,8 @@ def serve(
     """Start the service. Embedded (no FLEXDSA_BROKER_URL): migrates SQLite and runs the worker in-process."""
     import uvicorn
 
-    from service.auth import ensure_tenant
-    from service.db import make_session_factory, session_scope
+    from service.auth.keys import ensure_tenant
+    from service.core.db import make_session_factory, session_scope
     from stack import create_app
 
     settings = settings_or_exit()
@@ -55,7 +55,7 @@ def serve(
         f"(artifacts {settings.artifact_url or settings.artifact_dir}, auth {settings.auth}{processes}); "
         f"jobs and API keys are read from {settings.database_shown()}"
     )
-    from service.logs import configure_logging
+    from service.core.logs import configure_logging
 
     configure_logging(settings.log_format, settings.log_level)
     # log_config=None: uvicorn keeps the handlers configured above instead of installing its own.
@@ -98,8 +98,8 @@ def _check_port_free(host: str, port: int) -> None:
 def process_app():
     """One API process of ``flexdsa serve --workers N``: its logging, then the app (settings from the
     environment, as the parent process set it)."""
-    from service.config import get_settings
-    from service.logs import configure_logging
+    from service.core.config import get_settings
+    from service.core.logs import configure_logging
     from stack import create_app
 
     settings = get_settings()

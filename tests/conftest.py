@@ -48,7 +48,7 @@ def create_pg_database():
         created.append(name)
         url = _sqlalchemy_url(name)
         if migrated:
-            from service.db import make_engine, upgrade
+            from service.core.db import make_engine, upgrade
 
             engine = make_engine(url)
             upgrade(engine)

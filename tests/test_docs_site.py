@@ -33,7 +33,7 @@ def site(tmp_path_factory) -> Path:
 
 def test_the_http_api_page_lists_every_operation(site):
     from service.app import create_app
-    from service.config import Settings
+    from service.core.config import Settings
 
     page = (site / "reference" / "http-api.html").read_text()
     operations = create_app(Settings(data_dir=site / "_data", embedded_worker=False)).openapi()["paths"]

@@ -24,8 +24,8 @@ import socket
 
 from celery import signals
 
-from service.config import get_settings
-from service.task_queue import QUEUE, TASK_NAME, create_celery  # noqa: F401 - re-exported
+from service.core.config import get_settings
+from service.jobs.task_queue import QUEUE, TASK_NAME, create_celery  # noqa: F401 - re-exported
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +39,7 @@ def worker_id() -> str:
 
 @app.task(name=TASK_NAME)
 def run_job(job_id: str) -> str:
-    from service.dispatch import enqueue
+    from service.jobs.dispatch import enqueue
     from workers.execute import execute_job
 
     settings = get_settings()
@@ -55,7 +55,7 @@ def run_job(job_id: str) -> str:
 @signals.after_setup_logger.connect
 @signals.after_setup_task_logger.connect
 def _structured_logs(logger=None, **_kwargs) -> None:
-    from service.logs import structure
+    from service.core.logs import structure
 
     structure(logger, get_settings().log_format)
 
@@ -69,7 +69,7 @@ _reconciler = None
 def _refuse_unmigrated_database(**_kwargs) -> None:
     settings = get_settings()
     if not settings.is_sqlite:
-        from service.db import check_migrated, make_engine
+        from service.core.db import check_migrated, make_engine
 
         engine = make_engine(settings.database_url)
         try:
@@ -81,7 +81,7 @@ def _refuse_unmigrated_database(**_kwargs) -> None:
 @signals.worker_ready.connect
 def _start_reconciler(**_kwargs) -> None:
     global _reconciler
-    from service.dispatch import enqueue
+    from service.jobs.dispatch import enqueue
     from workers.reconciler import ReconcilerThread
 
     settings = get_settings()

@@ -12,7 +12,7 @@ a hit on a kernel another tenant compiled would tell a tenant, through its job's
 never answer another's job. Identical layers of one tenant's models still share one entry.
 
 Statistics (hits, misses, puts, seconds saved) are counted per job by ``MeteredCache`` in the pipeline
-process and added to the shared totals by ``service.cache_stats.record_cache_stats``.
+process and added to the shared totals by ``service.cache.stats.record_cache_stats``.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from flexdsa_core.cache import LayeredCache, LRUCache
-from service.cache_stats import insert_ignoring_duplicates
+from service.cache.stats import insert_ignoring_duplicates
 
 log = logging.getLogger(__name__)
 
@@ -112,7 +112,7 @@ class PostgresCache:
     def get(self, key: str) -> bytes | None:
         from sqlalchemy import select, update
 
-        from service.models import KernelCacheEntry, utcnow
+        from service.core.models import KernelCacheEntry, utcnow
 
         if not self._breaker.allows():
             return None
@@ -169,7 +169,7 @@ def build_kernel_cache(
     """The kernel cache a job of ``tenant_id`` uses: LRU -> Redis -> SQL table (Redis only when configured),
     holding that tenant's entries only. ``tenant_id=None`` (no tenant: tests and tools) is one cache shared
     by every such caller, never by a tenant's job."""
-    from service.db import session_factory_for
+    from service.core.db import session_factory_for
 
     layers: list = [LRUCache(LRU_ENTRIES)]
     if settings.redis_url:

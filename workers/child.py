@@ -108,8 +108,8 @@ def run(request: dict, channel: _Channel) -> dict:
     """Run one job's pipeline; return the result message (FlexDSAError and bugs become error messages)."""
     from flexdsa_core import FlexDSAError, RequestSpec
     from flexdsa_core.compare import comparison_row
-    from service.config import Settings
-    from service.storage import (
+    from service.core.config import Settings
+    from service.storage.store import (
         DISK_FULL_ERRNOS,
         BlobNotFoundError,
         ChecksumMismatchError,
@@ -247,10 +247,10 @@ def _store_artifact(store, name: str, content) -> dict:
 
 def _preload() -> None:
     optimizer_class()
-    import service.config  # noqa: F401
-    import service.storage  # noqa: F401
+    import service.core.config  # noqa: F401
+    import service.storage.store  # noqa: F401
     import workers.cache_backends  # noqa: F401
-    from service import models  # noqa: F401
+    from service.core import models  # noqa: F401
 
 
 def _cache_stats(cache, summary) -> dict:

@@ -36,10 +36,10 @@ from datetime import timedelta
 from sqlalchemy import and_, bindparam, delete, func, insert, or_, select, update
 from sqlalchemy.exc import InterfaceError, OperationalError
 
-from service import gates
-from service.db import session_factory_for
-from service.logs import job_context
-from service.models import Artifact, Incident, Job, JobEvent, JobStatus, UTCDateTime, utcnow
+from service.core.db import session_factory_for
+from service.core.logs import job_context
+from service.core.models import Artifact, Incident, Job, JobEvent, JobStatus, UTCDateTime, utcnow
+from service.jobs import gates
 from workers.child import STORE_UNAVAILABLE
 from workers.pipeline_process import PipelineProcess
 
@@ -226,8 +226,8 @@ class _JobRun:
     # -- whole-job cache --
 
     def serve_from_job_cache(self) -> bool:
-        from service.job_cache import job_cache_source, refresh_requested
-        from service.storage import StoreUnavailableError, make_store
+        from service.jobs.job_cache import job_cache_source, refresh_requested
+        from service.storage.store import StoreUnavailableError, make_store
 
         if refresh_requested(self.job.spec):  # the user asked for a fresh run
             return False
@@ -559,7 +559,7 @@ class _JobRun:
 
     def _record_cache_stats(self, final: dict) -> None:
         if final.get("cache_stats"):
-            from service.cache_stats import record_cache_stats
+            from service.cache.stats import record_cache_stats
 
             record_cache_stats(
                 self.settings, final["cache_stats"], self.sessions, tenant_id=self.job.tenant_id

@@ -3,7 +3,7 @@
 ``start(settings)`` starts ``settings.embedded_worker_threads`` threads (1-2 is right: each job runs in its
 own pipeline process anyway) and a reconciler that, at start and then every ``reconcile_interval_s``,
 picks up jobs left queued (e.g. submitted before a restart) or running with a lapsed lease. While it runs,
-``service.dispatch.enqueue`` in embedded mode lands in its ``submit``. ``stop()`` lets running jobs go: their pipeline process dies with the
+``service.jobs.dispatch.enqueue`` in embedded mode lands in its ``submit``. ``stop()`` lets running jobs go: their pipeline process dies with the
 thread, the lease lapses, and the next start runs them again.
 """
 
@@ -15,7 +15,7 @@ import queue
 import socket
 import threading
 
-from service.dispatch import use_local_runner
+from service.jobs.dispatch import use_local_runner
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +82,7 @@ _worker_lock = threading.Lock()
 
 
 def start(settings) -> InProcessWorker:
-    """Start the embedded worker (once) and make it where ``service.dispatch.enqueue`` sends jobs."""
+    """Start the embedded worker (once) and make it where ``service.jobs.dispatch.enqueue`` sends jobs."""
     global _worker
     with _worker_lock:
         if _worker is None:

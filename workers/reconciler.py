@@ -24,8 +24,8 @@ from datetime import timedelta
 
 from sqlalchemy import and_, or_, update
 
-from service.db import session_factory_for
-from service.models import Job, JobEvent, JobStatus, utcnow
+from service.core.db import session_factory_for
+from service.core.models import Job, JobEvent, JobStatus, utcnow
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +86,7 @@ def _redis_broker_backlog(settings) -> Callable[[], int | None]:
             return None
         import redis
 
-        from service.task_queue import QUEUE
+        from service.jobs.task_queue import QUEUE
 
         try:
             client = redis.Redis.from_url(settings.broker_url, socket_timeout=2, socket_connect_timeout=2)
@@ -108,7 +108,7 @@ class ReconcilerThread:
     def __init__(self, settings, publish: Callable[[str], object], *,
                  first_queued_after_s: float | None = None) -> None:
         self.settings = settings
-        self.publish = publish  # handed in (service.dispatch.enqueue, or the embedded worker's submit)
+        self.publish = publish  # handed in (service.jobs.dispatch.enqueue, or the embedded worker's submit)
         # The first sweep may take every queued job at once (the embedded worker after a restart).
         self._first_queued_after_s = first_queued_after_s
         self._stop = threading.Event()

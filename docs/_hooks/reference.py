@@ -32,7 +32,7 @@ def on_files(files, config):
 
 def _openapi() -> dict:
     from service.app import create_app
-    from service.config import Settings
+    from service.core.config import Settings
 
     with tempfile.TemporaryDirectory() as folder:  # embedded defaults in a folder nobody keeps
         return create_app(Settings(data_dir=Path(folder), embedded_worker=False)).openapi()

@@ -52,7 +52,7 @@ class ServiceEnv:
 
     def new_key(self, tenant: str | None = None, max_queued_jobs: int | None = None) -> dict[str, str]:
         """A new tenant (unique name unless given) and its key, as request headers."""
-        from service.auth import create_api_key
+        from service.auth.keys import create_api_key
 
         tenant = tenant or f"t-{uuid.uuid4().hex[:10]}"
         with self.sessions() as session:
@@ -83,7 +83,7 @@ class ServiceEnv:
         )
 
     def job(self, job_id: str):
-        from service.models import Job
+        from service.core.models import Job
 
         with self.sessions() as session:
             job = session.get(Job, job_id)
@@ -98,7 +98,7 @@ class ServiceEnv:
         report: dict | None = None,
     ) -> None:
         """Play the worker: end the job and store its artifacts."""
-        from service.models import Artifact, Job, utcnow
+        from service.core.models import Artifact, Job, utcnow
 
         with self.sessions() as session:
             job = session.get(Job, job_id)
@@ -120,7 +120,7 @@ class ServiceEnv:
 
 @pytest.fixture(scope="session", params=[pytest.param("postgres", marks=pytest.mark.services), "sqlite"])
 def service_env(request, tmp_path_factory):
-    from service.config import Settings
+    from service.core.config import Settings
 
     data_dir = tmp_path_factory.mktemp(f"service-{request.param}")
     if request.param == "postgres":
@@ -149,10 +149,10 @@ def service_env(request, tmp_path_factory):
 @pytest.fixture
 def env(service_env, monkeypatch) -> ServiceEnv:
     """The service on this backend; ``env.enqueued`` collects the ids handed to the workers."""
-    import service.jobs
+    import service.jobs.service
 
     service_env.enqueued = []
-    monkeypatch.setattr(service.jobs, "enqueue", lambda job_id, settings: service_env.enqueued.append(job_id))
+    monkeypatch.setattr(service.jobs.service, "enqueue", lambda job_id, settings: service_env.enqueued.append(job_id))
     return service_env
 
 

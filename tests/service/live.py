@@ -35,7 +35,7 @@ class LiveServer:
 
     def settings(self):
         """The server's settings, for a test that must reach behind the API (its SQLite file, its store)."""
-        from service.config import Settings
+        from service.core.config import Settings
 
         return Settings(data_dir=self.data_dir)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from fastapi.testclient import TestClient
 
-from service.auth import authenticate, create_api_key, generate_key, hash_key, parse_prefix
+from service.auth.keys import authenticate, create_api_key, generate_key, hash_key, parse_prefix
 
 
 def test_key_format_and_hash():
@@ -36,7 +36,7 @@ def test_key_in_cookie_is_accepted(env, headers):
 
 
 def test_revoked_key_is_refused(env):
-    from service.auth import revoke_api_key
+    from service.auth.keys import revoke_api_key
 
     with env.sessions() as session:
         key, row = create_api_key(session, "revoked-tenant", "old")
@@ -77,7 +77,7 @@ def _victim(env) -> tuple[dict, dict, list[str]]:
     parameter, strings that must reach nobody else)."""
     import uuid
 
-    from service.models import Incident
+    from service.core.models import Incident
     from tests.runtime.tiny_models import MASKED, masked_bundle, model_bytes
 
     tag = uuid.uuid4().hex[:12]
@@ -162,7 +162,7 @@ def test_unknown_job_is_404_like_another_tenants(env, headers):
 
 
 def test_optional_auth_acts_as_default_tenant(tmp_path):
-    from service.config import Settings
+    from service.core.config import Settings
     from stack import create_app
 
     settings = Settings(data_dir=tmp_path, embedded_worker=False)
@@ -172,7 +172,7 @@ def test_optional_auth_acts_as_default_tenant(tmp_path):
         with client.app.state.session_factory() as session:
             from sqlalchemy import select
 
-            from service.models import Tenant
+            from service.core.models import Tenant
 
             assert session.scalar(select(Tenant.name).where(Tenant.name == "default")) == "default"
         # A wrong key is still refused: the caller meant a tenant, not 'default'.

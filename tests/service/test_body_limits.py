@@ -1,4 +1,4 @@
-"""Every request body is bounded before it is read, and the key is checked first (service/body_limit.py).
+"""Every request body is bounded before it is read, and the key is checked first (service/core/body_limit.py).
 
 The attack: an unauthenticated client POSTs a body of hundreds of MB to a JSON route (a made-up job's
 ``/respecialise``); FastAPI read it whole before the key check answered 401, and the API's memory grew by
@@ -83,7 +83,7 @@ def test_the_key_is_checked_before_the_body_is_read(server):
 
 
 def test_a_body_over_the_limit_with_a_key_is_413_in_the_error_shape(server):
-    from service.body_limit import DEFAULT_LIMIT
+    from service.core.body_limit import DEFAULT_LIMIT
 
     response = httpx.put(
         f"{server.url}/jobs/made-up/traffic/policy", content=b" " * (DEFAULT_LIMIT + 1), timeout=10,

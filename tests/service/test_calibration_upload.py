@@ -8,7 +8,7 @@ import io
 import numpy as np
 from sqlalchemy import func, select
 
-from service.models import Job
+from service.core.models import Job
 from tests.service.conftest import tiny_onnx
 
 

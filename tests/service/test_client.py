@@ -161,9 +161,9 @@ def test_unreachable_server_exits_2(cli, tmp_path):
 
 def test_bundle_zip_is_downloaded_and_unpacked_instead_of_each_file(live, tmp_path):
     """When a job offers bundle.zip, the client fetches that one file and unpacks it."""
-    from service.db import make_engine, make_session_factory
-    from service.models import Artifact
-    from service.storage import make_store
+    from service.core.db import make_engine, make_session_factory
+    from service.core.models import Artifact
+    from service.storage.store import make_store
 
     server = live.url
     created = httpx.post(

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from starlette.requests import Request
 
-from service.api._ui_auth import secure_cookie
-from service.config import Settings
+from service.auth.sessions import secure_cookie
+from service.core.config import Settings
 
 
 class _App:

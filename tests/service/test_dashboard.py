@@ -541,3 +541,33 @@ def test_the_upload_forms_precision_calibration_and_shape_buckets_reach_the_job(
     assert job["spec"]["precision"] == "int8"
     report = httpx.get(f"{live.url}/jobs/{job_id}/artifacts/report.json", follow_redirects=True).json()
     assert report["precision"]["calibration"] == {"source": "uploaded", "samples": 9, "input_shapes": {"x": [1, 8]}}
+
+
+def test_an_int8_jobs_page_draws_each_layers_cosine_with_its_precision(page, live):
+    """A mixed job's page charts every quantisable layer's cosine to the fp32 tensor on held-out samples, each
+    bar coloured by the precision the layer shipped in, the same figures as report.json."""
+    from tests.core.test_precision import _mlp_calibration, _sensitive_mlp
+
+    response = httpx.post(
+        f"{live.url}/optimize",
+        files={"model": ("mlp.onnx", _sensitive_mlp()), "calibration": ("samples.npz", _mlp_calibration())},
+        data={"spec": json.dumps({"target": "cpu-ort", "precision": "mixed", "measure_latency": False,
+                                  "accuracy": {"top1_outputs": []}})},  # fmt: skip
+        timeout=60,
+    )
+    assert response.status_code == 202, response.text
+    job_id = response.json()["job_id"]
+    assert wait_for_job(live.url, job_id)["status"] == "succeeded"
+    report = httpx.get(f"{live.url}/jobs/{job_id}/artifacts/report.json", follow_redirects=True).json()
+    rows = {r["layer"]: r for r in report["precision"]["layers"] if "cosine" in r}
+    assert rows and report["precision"]["layer_cosines"]["on"] == "held-out samples"
+
+    page.goto(f"/ui/jobs/{job_id}")
+    bars = page.locator("#layers ~ figure svg.layer-chart g.layer")
+    assert bars.count() == len(rows)
+    for index in range(bars.count()):
+        bar = bars.nth(index)
+        row = rows[bar.get_attribute("data-layer")]
+        assert bar.get_attribute("data-precision") == row["precision"]
+        assert float(bar.get_attribute("data-cosine")) == row["cosine"]
+        assert row["precision"] in bar.locator("title").text_content()

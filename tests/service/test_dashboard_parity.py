@@ -13,7 +13,7 @@ import time
 import httpx
 import pytest
 
-from service.api._pages import _speed_tone
+from service.dashboard.pages import _speed_tone
 from tests.service.conftest import tiny_onnx
 from tests.service.live import JOB_TIMEOUT_S, embedded_server, wait_for_job
 from tests.service.test_dashboard import SHOTS, browser, page  # noqa: F401 - the shared browser fixtures

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from service.auth import create_api_key
-from service.config import Settings
+from service.auth.keys import create_api_key
+from service.core.config import Settings
 from stack import create_app
 from tests.service.conftest import tiny_onnx
 

@@ -220,7 +220,7 @@ def _post_form(env, headers, fields: list[tuple[str, tuple]]):
 
 
 def test_the_spec_field_is_bounded(env, headers):
-    from service.upload import MAX_SPEC_BYTES
+    from service.jobs.upload import MAX_SPEC_BYTES
 
     spec = json.dumps({"target": "cpu-ort", "disabled_rules": ["x" * MAX_SPEC_BYTES]})
     error = _refused(env.submit(headers, spec=spec), 422)
@@ -228,7 +228,7 @@ def test_the_spec_field_is_bounded(env, headers):
 
 
 def test_other_fields_are_bounded_each_and_in_total(env, headers):
-    from service.upload import MAX_FIELD_BYTES, MAX_PARTS
+    from service.jobs.upload import MAX_FIELD_BYTES, MAX_PARTS
 
     model = ("model", ("m.onnx", tiny_onnx(), "application/octet-stream"))
     spec = ("spec", (None, '{"target": "cpu-ort"}'))
@@ -240,7 +240,7 @@ def test_other_fields_are_bounded_each_and_in_total(env, headers):
 
 
 def test_a_part_with_huge_headers_is_refused(env, headers):
-    from service.upload import MAX_PART_HEADER_BYTES
+    from service.jobs.upload import MAX_PART_HEADER_BYTES
 
     boundary = "edgeboundary"
     # Lines short enough for the multipart parser's own per-line limit, too many bytes in all.
@@ -298,7 +298,7 @@ def test_external_data_offset_and_length_beyond_int64_never_give_a_500(env, head
 
 @pytest.mark.parametrize("name", ["ac\x00me", "acme\x1b[31m", "", " acme", "x" * 65])
 def test_keys_create_refuses_tenant_names_that_cannot_be_stored(env, name):
-    from service.auth import create_api_key
+    from service.auth.keys import create_api_key
 
     with env.sessions() as session, pytest.raises(ValueError, match="tenant name"):
         create_api_key(session, name)
@@ -307,7 +307,7 @@ def test_keys_create_refuses_tenant_names_that_cannot_be_stored(env, name):
 def test_cli_keys_create_refuses_control_characters_before_the_database(monkeypatch, tmp_path):
     from typer.testing import CliRunner
 
-    from service.config import get_settings
+    from service.core.config import get_settings
     from tests.service.test_operations import _cli
 
     # An unreachable database: the refusal must come before any connection is tried.

@@ -11,7 +11,7 @@ import zipfile
 
 from fastapi.testclient import TestClient
 
-from service.config import Settings
+from service.core.config import Settings
 from stack import create_app
 from tests.service.conftest import tiny_onnx
 

@@ -17,8 +17,8 @@ OPERATOR_PATHS = ("/metrics", "/incidents", "/incidents/{incident_id}", "/cache/
 
 @pytest.fixture(scope="module")
 def fuzz_app(tmp_path_factory):
-    from service.auth import create_api_key
-    from service.config import Settings
+    from service.auth.keys import create_api_key
+    from service.core.config import Settings
     from stack import create_app
 
     settings_ = Settings(

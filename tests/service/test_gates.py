@@ -1,11 +1,11 @@
-"""Gates on the service side (``service/gates.py``), on PostgreSQL and SQLite: a job names its model, finds the
+"""Gates on the service side (``service/jobs/gates.py``), on PostgreSQL and SQLite: a job names its model, finds the
 previous successful job of that model on the same target, and carries its requirements' verdicts in the API;
 unknown requirement names are refused before queuing with "did you mean"."""
 
 from __future__ import annotations
 
-from service import gates
-from service.models import Job
+from service.core.models import Job
+from service.jobs import gates
 from tests.service.conftest import tiny_onnx
 
 

@@ -1,4 +1,4 @@
-"""The dashboard's graph picture (``service.graph_layout``): layers from onnx-ir's topological order, the
+"""The dashboard's graph picture (``service.dashboard.graph_layout``): layers from onnx-ir's topological order, the
 placement rule, what is drawn and what is not, on graphs written as ONNX text, and on a real model."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import onnx.parser
 import onnx_ir as ir
 import pytest
 
-from service.graph_layout import (
+from service.dashboard.graph_layout import (
     BOX_H,
     BOX_W,
     GAP_X,

@@ -1,10 +1,10 @@
-"""The group page's cells and chart (``service.group_views``) from comparison rows: each figure's own text, a lower
+"""The group page's cells and chart (``service.groups.views``) from comparison rows: each figure's own text, a lower
 bound with what it leaves out beside it, and measured and estimated latencies on separate panels."""
 
 from __future__ import annotations
 
 from flexdsa_core.figures import job_figures
-from service.group_views import chart, table
+from service.groups.views import chart, table
 
 
 def _row(target: str, report: dict) -> dict:

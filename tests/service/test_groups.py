@@ -8,8 +8,8 @@ from __future__ import annotations
 from sqlalchemy import func, select
 
 from flexdsa_core import list_targets
-from service.groups import group_status
-from service.models import Job, JobGroup
+from service.core.models import Job, JobGroup
+from service.groups.service import group_status
 
 ALL = [t.name for t in list_targets()]
 

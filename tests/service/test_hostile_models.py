@@ -32,7 +32,7 @@ import pytest
 from onnx import TensorProto, helper
 from sqlalchemy import select
 
-from service.models import Incident
+from service.core.models import Incident
 from tests.core.test_impossible_tensors import tensor_of_shape_model
 from tests.core.test_ingest import matmul_model, nested_if_model
 from tests.core.test_run_budget import endless_loop_model

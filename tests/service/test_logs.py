@@ -4,7 +4,7 @@ import io
 import json
 import logging
 
-from service.logs import handler, job_context
+from service.core.logs import handler, job_context
 
 
 def test_json_lines_carry_the_job_and_tenant():

@@ -22,7 +22,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from service.auth import create_api_key
+from service.auth.keys import create_api_key
 from service.client import Client, fetch_artifacts
 from tests.service.conftest import tiny_onnx
 from tests.service.live import free_port, wait_for_job
@@ -105,7 +105,7 @@ def shared_nothing(create_pg_database, redis_url, s3_server, tmp_path):
         for name, process in processes[:2]:
             _wait_ready(process, tmp_path / f"{name}.log", lambda u=urls[name]: _answers(u), name)
         _wait_ready(worker, worker_log, lambda: b" ready." in worker_log.read_bytes(), "celery worker")
-        from service.db import make_engine, make_session_factory
+        from service.core.db import make_engine, make_session_factory
 
         engine = make_engine(database_url)
         with make_session_factory(engine)() as session:

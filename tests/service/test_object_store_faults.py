@@ -18,11 +18,11 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
-from service.auth import create_api_key
+from service.auth.keys import create_api_key
 from service.client import Client, ClientError
-from service.config import Settings
-from service.models import Artifact, Job
-from service.storage import ChecksumMismatchError
+from service.core.config import Settings
+from service.core.models import Artifact, Job
+from service.storage.store import ChecksumMismatchError
 from tests.service.conftest import tiny_onnx
 from workers.execute import execute_job
 
@@ -34,12 +34,12 @@ SPEC = {"spec": json.dumps({"target": "cpu-ort"})}
 @pytest.fixture
 def s3_app(create_pg_database, redis_url, s3_server, tmp_path, monkeypatch):
     """The app on PostgreSQL with a fresh bucket; ``make(**overrides)`` builds one with other settings."""
-    import service.jobs
+    import service.jobs.service
 
     for name, value in s3_server.env().items():
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("FLEXDSA_TEST_OPTIMIZER", "tests.workers.standin:StandInOptimizer")
-    monkeypatch.setattr(service.jobs, "enqueue", lambda job_id, settings: None)  # execute_job is called here
+    monkeypatch.setattr(service.jobs.service, "enqueue", lambda job_id, settings: None)  # execute_job is called here
     database_url = create_pg_database(migrated=True)
     store = s3_server.settings()
     base = dict(
@@ -187,8 +187,8 @@ def test_a_worker_waits_out_a_store_outage_without_spending_an_attempt(s3_app, s
 
 UPLOADER = """
 import os, sys
-from service.config import Settings
-from service.storage import make_store
+from service.core.config import Settings
+from service.storage.store import make_store
 store = make_store(Settings(data_dir=sys.argv[1], artifact_url=sys.argv[2], s3_endpoint_url=sys.argv[3],
                             s3_part_size_mb=5, s3_upload_concurrency=1))
 path = os.path.join(sys.argv[1], "big.bin")
@@ -221,7 +221,7 @@ def test_a_process_killed_mid_upload_leaves_no_object(s3_server, tmp_path, monke
         process.wait(10)
     listed = s3.list_objects_v2(Bucket=bucket).get("Contents", [])
     assert listed == [], [o["Key"] for o in listed]  # no object, whole or half, under any key
-    from service.storage import make_store
+    from service.storage.store import make_store
 
     store = make_store(Settings(data_dir=tmp_path, **store_settings))
     assert store.abort_incomplete_uploads(older_than_s=0) == 1

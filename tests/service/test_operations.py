@@ -7,9 +7,9 @@ from fastapi.testclient import TestClient
 from pydantic import ValidationError
 from typer.testing import CliRunner
 
-from service.cache_stats import record_cache_stats
-from service.config import Settings
-from service.models import KernelCacheEntry
+from service.cache.stats import record_cache_stats
+from service.core.config import Settings
+from service.core.models import KernelCacheEntry
 from stack import create_app
 from tests.service.conftest import OPERATOR_HEADERS, tiny_onnx
 
@@ -74,7 +74,7 @@ def test_readyz_fails_clearly_on_unmigrated_database(create_pg_database, tmp_pat
 
 @pytest.mark.services
 def test_startup_refuses_unmigrated_postgres(create_pg_database, tmp_path):
-    from service.db import DatabaseNotMigratedError
+    from service.core.db import DatabaseNotMigratedError
 
     url = create_pg_database(migrated=False)
     app = create_app(Settings(data_dir=tmp_path, database_url=url, auth="required", embedded_worker=False))
@@ -120,7 +120,7 @@ def test_metrics(env, headers):
 def test_metrics_cover_failures_durations_stages_and_the_cache(env, headers):
     from datetime import timedelta
 
-    from service.models import Job, JobEvent, utcnow
+    from service.core.models import Job, JobEvent, utcnow
 
     job_id = env.submit(headers, model=tiny_onnx(0.77)).json()["job_id"]
     with env.sessions() as session:
@@ -168,7 +168,7 @@ def test_routers_are_discovered():
     from service.app import discover_routers
 
     names = {name for name, _ in discover_routers()}
-    assert {"optimize", "jobs", "targets", "cache", "health"} <= names and "deps" not in names
+    assert {"jobs.optimize_routes", "jobs.routes", "targets.routes", "cache.routes", "health.routes"} <= names
 
 
 # --- configuration ----------------------------------------------------------------------------------------
@@ -185,7 +185,7 @@ def test_embedded_defaults(tmp_path):
 def test_settings_from_environment(monkeypatch, tmp_path):
     monkeypatch.setenv("FLEXDSA_DATA_DIR", str(tmp_path))
     monkeypatch.setenv("FLEXDSA_MAX_QUEUED_JOBS_PER_TENANT", "7")
-    from service.config import get_settings
+    from service.core.config import get_settings
 
     get_settings.cache_clear()
     try:
@@ -231,9 +231,9 @@ def _cli():
 
 @pytest.mark.services
 def test_cli_db_upgrade_and_keys_create(create_pg_database, monkeypatch, tmp_path):
-    from service.auth import authenticate
-    from service.config import get_settings
-    from service.db import check_migrated, make_engine, make_session_factory
+    from service.auth.keys import authenticate
+    from service.core.config import get_settings
+    from service.core.db import check_migrated, make_engine, make_session_factory
 
     url = create_pg_database(migrated=False)
     monkeypatch.setenv("FLEXDSA_DATABASE_URL", url)
@@ -258,7 +258,7 @@ def test_cli_db_upgrade_and_keys_create(create_pg_database, monkeypatch, tmp_pat
 
 
 def test_cli_worker_refuses_embedded_mode(monkeypatch, tmp_path):
-    from service.config import get_settings
+    from service.core.config import get_settings
 
     monkeypatch.setenv("FLEXDSA_DATA_DIR", str(tmp_path))
     get_settings.cache_clear()

@@ -8,8 +8,8 @@ import pytest
 from fastapi.testclient import TestClient
 from pydantic import SecretStr, ValidationError
 
-from service.cache_stats import record_cache_stats
-from service.config import Settings
+from service.cache.stats import record_cache_stats
+from service.core.config import Settings
 from stack import create_app
 from tests.service.conftest import OPERATOR_HEADERS, OPERATOR_TOKEN
 
@@ -95,7 +95,7 @@ def _failed_job_with_incident(env, headers) -> tuple[str, str, str]:
     id, the incidents table holds the traceback. Returns (job id, incident id, traceback)."""
     import uuid
 
-    from service.models import Incident, Job, utcnow
+    from service.core.models import Incident, Job, utcnow
 
     job_id = env.submit(headers, spec={"target": "cpu-ort", "seed": 4242}).json()["job_id"]
     incident = uuid.uuid4().hex[:12]

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.services
 
 @pytest.fixture
 def relayed_app(pg_database_url, tmp_path):
-    from service.config import Settings
+    from service.core.config import Settings
     from stack import create_app
 
     url = make_url(pg_database_url)
@@ -40,7 +40,7 @@ def relayed_app(pg_database_url, tmp_path):
 
 
 def _key(app) -> dict[str, str]:
-    from service.auth import create_api_key
+    from service.auth.keys import create_api_key
 
     with app.state.session_factory() as session:
         key, _ = create_api_key(session, "outage-tenant", "test")

@@ -3,7 +3,7 @@
 The attack: a tenant with a key submits a 256 MiB model to a group of targets with shape buckets (the bucket
 pre-check parsed the whole model once per target: 1.1 GiB in the API), or a 1 MB compressed ``.npz`` that
 unpacks to a GiB (the calibration check unpacked it). The checks run here in a child process, as the API
-runs them (``service.jobs``), and the child's peak memory above its start is measured by the kernel (VmHWM).
+runs them (``service.jobs.service``), and the child's peak memory above its start is measured by the kernel (VmHWM).
 """
 
 from __future__ import annotations
@@ -67,8 +67,9 @@ CHILD = textwrap.dedent(
     """
     import json, sys
     from pathlib import Path
-    from service import groups, jobs
-    from service.upload import ReceivedFile, ReceivedUpload
+    from service.groups import service as groups
+    from service.jobs import service as jobs
+    from service.jobs.upload import ReceivedFile, ReceivedUpload
 
     def peak_kib():
         for line in open("/proc/self/status"):

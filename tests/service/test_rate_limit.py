@@ -8,13 +8,13 @@ import time
 import pytest
 from fastapi.testclient import TestClient
 
-from service.ratelimit import WINDOW_S
+from service.core.ratelimit import WINDOW_S
 from tests.service.conftest import tiny_onnx
 
 
 @pytest.fixture(params=["in-process", pytest.param("redis", marks=pytest.mark.services)])
 def limited(request, tmp_path):
-    from service.config import Settings
+    from service.core.config import Settings
     from stack import create_app
 
     extra = {}
@@ -42,7 +42,7 @@ def limited(request, tmp_path):
 def _key(app, tenant: str) -> dict[str, str]:
     import uuid
 
-    from service.auth import create_api_key
+    from service.auth.keys import create_api_key
 
     with app.state.session_factory() as session:
         key, _ = create_api_key(session, f"{tenant}-{uuid.uuid4().hex[:8]}", "test")

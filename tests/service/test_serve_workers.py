@@ -39,7 +39,7 @@ def test_two_api_processes_share_the_port_and_run_each_job_once(tmp_path):
 def test_serve_starts_one_api_process_per_core_by_default_bounded_and_overridable(monkeypatch, tmp_path):
     import os
 
-    from service.config import MAX_DEFAULT_API_WORKERS, Settings
+    from service.core.config import MAX_DEFAULT_API_WORKERS, Settings
 
     monkeypatch.delenv("FLEXDSA_API_WORKERS", raising=False)
     cores = len(os.sched_getaffinity(0))

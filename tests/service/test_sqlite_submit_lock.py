@@ -12,7 +12,7 @@ import time
 from sqlalchemy import create_engine
 from sqlalchemy.orm import Session
 
-from service.jobs import _one_writer_at_a_time
+from service.jobs.service import _one_writer_at_a_time
 
 
 def _session(path) -> Session:

@@ -8,8 +8,8 @@ import io
 
 import pytest
 
-from service.storage import BlobNotFoundError, LocalStore
-from service.upload import NotOnnxError, check_onnx_structure
+from service.jobs.upload import NotOnnxError, check_onnx_structure
+from service.storage.store import BlobNotFoundError, LocalStore
 from tests.service.conftest import tiny_onnx
 
 
@@ -72,9 +72,9 @@ def test_onnx_check_refuses_every_truncation(tmp_path, cut):
 def test_the_settings_choose_the_store_and_presigned_urls_name_the_public_endpoint(tmp_path, monkeypatch):
     """FLEXDSA_ARTIFACT_URL picks the S3 store (no server needed: presigning is local), whose download URLs
     name the store as clients reach it; the credentials come from the environment, never the settings."""
-    from service.config import Settings
-    from service.s3store import S3Store
-    from service.storage import LocalStore, make_store
+    from service.core.config import Settings
+    from service.storage.s3store import S3Store
+    from service.storage.store import LocalStore, make_store
 
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIDEXAMPLE")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY")

@@ -9,8 +9,8 @@ import time
 
 from sqlalchemy import func, select
 
-from service.gates import without_gates
-from service.models import Artifact, Job, JobEvent
+from service.core.models import Artifact, Job, JobEvent
+from service.jobs.gates import without_gates
 from tests.service.conftest import tiny_onnx
 
 
@@ -256,8 +256,8 @@ def test_events_follow_a_running_job_until_it_ends(env, headers, monkeypatch):
     """The stream follows the job to its end; with Redis each wait ends on the worker's published nudge, never
     on the fallback re-read (seen at the subscription, not timed). How soon an event reaches the client, with
     nudges and by polling, is measured by ``python -m bench.mechanics`` (progress stream)."""
-    from service import jobs
-    from service.api import jobs as jobs_api
+    from service.jobs import routes as jobs_api
+    from service.jobs import service as jobs
 
     first_read_done, wakes = threading.Event(), []
     real_events_since, real_subscribe = jobs_api._events_since, jobs_api._subscribe

@@ -186,10 +186,10 @@ def test_below_the_threshold_nothing_starts(env, headers, compiled):
 def test_many_pushes_are_folded_and_still_add_up(env, headers, compiled, monkeypatch):
     """A deployment pushing for months must not make every read sum every push: past FOLD_AFTER_PUSHES rows the
     pushes are folded into one, and the totals are the same as summed push by push."""
-    import service.traffic
-    from service.models import JobTraffic
+    import service.traffic.service
+    from service.core.models import JobTraffic
 
-    monkeypatch.setattr(service.traffic, "FOLD_AFTER_PUSHES", 4)
+    monkeypatch.setattr(service.traffic.service, "FOLD_AFTER_PUSHES", 4)
     job_id = _finished_job(env, headers, compiled)
     snapshot = _served(compiled)
     pushes = 11
@@ -207,10 +207,10 @@ def test_many_pushes_are_folded_and_still_add_up(env, headers, compiled, monkeyp
 
 
 def test_shapes_past_the_fold_bound_are_counted_as_dropped(env, headers, compiled, monkeypatch):
-    import service.traffic
+    import service.traffic.service
 
-    monkeypatch.setattr(service.traffic, "FOLD_AFTER_PUSHES", 1)
-    monkeypatch.setattr(service.traffic, "MAX_FOLDED_SHAPES", 3)
+    monkeypatch.setattr(service.traffic.service, "FOLD_AFTER_PUSHES", 1)
+    monkeypatch.setattr(service.traffic.service, "MAX_FOLDED_SHAPES", 3)
     job_id = _finished_job(env, headers, compiled)
     for snapshot in (_served(compiled, {4: 5, 6: 4}), _served(compiled, {8: 3, 12: 2, 20: 1})):
         assert env.client.post(f"/jobs/{job_id}/traffic", headers=headers, json=snapshot).status_code == 201
@@ -243,11 +243,11 @@ def test_traffic_pushes_and_proposals_are_rate_limited_per_tenant(env, headers, 
 def test_an_automatic_re_specialisation_is_tried_at_most_once_per_interval(env, headers, compiled, monkeypatch):
     """Each push past the threshold used to load the model for a proposal; now a job tries at most once per
     AUTO_INTERVAL_S, however often its deployment pushes."""
-    import service.traffic
+    import service.traffic.service
 
     loads = []
-    real = service.traffic._propose
-    monkeypatch.setattr(service.traffic, "_propose", lambda *a, **k: loads.append(1) or real(*a, **k))
+    real = service.traffic.service._propose
+    monkeypatch.setattr(service.traffic.service, "_propose", lambda *a, **k: loads.append(1) or real(*a, **k))
     job_id = _finished_job(env, headers, compiled)
     policy = {"auto_respecialise_waste": 0.0001, "max_buckets": 1}
     assert env.client.put(f"/jobs/{job_id}/traffic/policy", headers=headers, json=policy).status_code == 200

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-import service.upload
-from service.models import Job
-from service.upload import HANDOFF_BYTES
+import service.jobs.upload
+from service.core.models import Job
+from service.jobs.upload import HANDOFF_BYTES
 
 
 def large_onnx(size_bytes: int) -> bytes:
@@ -33,13 +33,13 @@ def large_onnx(size_bytes: int) -> bytes:
 def _threads_feeding_the_parser(monkeypatch) -> list[str]:
     """The names of the threads that feed the upload's parser, in order, as the test's request goes on."""
     fed_on: list[str] = []
-    feed = service.upload._feed
+    feed = service.jobs.upload._feed
 
     def recording_feed(parser, pieces):
         fed_on.append(threading.current_thread().name)
         return feed(parser, pieces)
 
-    monkeypatch.setattr(service.upload, "_feed", recording_feed)
+    monkeypatch.setattr(service.jobs.upload, "_feed", recording_feed)
     return fed_on
 
 
@@ -81,10 +81,10 @@ def _receive(tmp_path, body: bytes, boundary: bytes, on_piece=None):
     after each. Returns the ``ReceivedUpload``."""
     from python_multipart.multipart import MultipartParser
 
-    receiver = service.upload._FormReceiver(tmp_path, limit=len(body))
+    receiver = service.jobs.upload._FormReceiver(tmp_path, limit=len(body))
     parser = MultipartParser(boundary, receiver.callbacks())
     for offset in range(0, len(body), HANDOFF_BYTES):
-        service.upload._feed(parser, [body[offset : offset + HANDOFF_BYTES]])
+        service.jobs.upload._feed(parser, [body[offset : offset + HANDOFF_BYTES]])
         if on_piece is not None:
             on_piece(receiver)
     return receiver.finish()
@@ -97,12 +97,12 @@ def test_a_large_upload_goes_to_disk_as_it_arrives_bypassing_the_page_cache(tmp_
     import fcntl
     import os
 
-    probe = service.upload.StagedFile(os.open(tmp_path / "probe", os.O_WRONLY | os.O_CREAT, 0o600))
+    probe = service.jobs.upload.StagedFile(os.open(tmp_path / "probe", os.O_WRONLY | os.O_CREAT, 0o600))
     direct = probe._direct
     probe.close()
     if not direct:
         pytest.skip("this filesystem refuses O_DIRECT (the buffered path is tested below)")
-    model = large_onnx(3 * service.upload.DIRECT_WRITE_BYTES + 4321)  # whole buffers and a ragged tail
+    model = large_onnx(3 * service.jobs.upload.DIRECT_WRITE_BYTES + 4321)  # whole buffers and a ragged tail
     boundary, body = _multipart(model)
     seen: list[tuple[bool, int]] = []
 
@@ -115,7 +115,7 @@ def test_a_large_upload_goes_to_disk_as_it_arrives_bypassing_the_page_cache(tmp_
     assert all(is_direct for is_direct, _ in seen), seen
     # The file grows by whole buffers while the body is still arriving (not all at the end).
     sizes = [size for _, size in seen]
-    assert sizes[len(sizes) // 2] >= service.upload.DIRECT_WRITE_BYTES, sizes
+    assert sizes[len(sizes) // 2] >= service.jobs.upload.DIRECT_WRITE_BYTES, sizes
     assert result.path.read_bytes() == model and result.sha256 == hashlib.sha256(model).hexdigest()
 
 
@@ -127,7 +127,7 @@ def test_staged_file_writes_every_size_whole(tmp_path, size):
 
     data = np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8).tobytes()
     path = tmp_path / "staged"
-    staged = service.upload.StagedFile(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))
+    staged = service.jobs.upload.StagedFile(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))
     view = memoryview(data)
     for offset in range(0, size, 65_521):  # pieces that never line up with a block
         staged.write(view[offset : offset + 65_521])
@@ -139,15 +139,15 @@ def test_without_o_direct_a_large_upload_is_made_durable_every_few_mib(tmp_path,
     """Where O_DIRECT is refused, the upload is written through the page cache and fdatasynced every
     ``SYNC_EVERY_BYTES`` on the way (so a small submit's own fsync never waits behind all of it)."""
     synced: list[int] = []
-    fdatasync = service.upload.os.fdatasync
+    fdatasync = service.jobs.upload.os.fdatasync
 
     def counting(fd):
         synced.append(fd)
         return fdatasync(fd)
 
-    monkeypatch.setattr(service.upload, "_try_direct", lambda fd: False)
-    monkeypatch.setattr(service.upload.os, "fdatasync", counting)
-    model = large_onnx(3 * service.upload.SYNC_EVERY_BYTES + 4321)
+    monkeypatch.setattr(service.jobs.upload, "_try_direct", lambda fd: False)
+    monkeypatch.setattr(service.jobs.upload.os, "fdatasync", counting)
+    model = large_onnx(3 * service.jobs.upload.SYNC_EVERY_BYTES + 4321)
     boundary, body = _multipart(model)
     result = _receive(tmp_path, body, boundary)
     assert len(synced) >= 2, synced  # about one per SYNC_EVERY_BYTES (the final fsync is apart)
@@ -169,10 +169,10 @@ def test_a_write_o_direct_refuses_falls_back_to_the_page_cache(tmp_path, monkeyp
             raise OSError(errno.EINVAL, "Invalid argument")
         return write(fd, data)
 
-    monkeypatch.setattr(service.upload.os, "write", refusing_once)
-    data = np.random.default_rng(3).integers(0, 256, 2 * service.upload.DIRECT_WRITE_BYTES + 99, dtype=np.uint8).tobytes()
+    monkeypatch.setattr(service.jobs.upload.os, "write", refusing_once)
+    data = np.random.default_rng(3).integers(0, 256, 2 * service.jobs.upload.DIRECT_WRITE_BYTES + 99, dtype=np.uint8).tobytes()
     path = tmp_path / "staged"
-    staged = service.upload.StagedFile(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))
+    staged = service.jobs.upload.StagedFile(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))
     if not staged._direct:
         staged.close()
         pytest.skip("this filesystem refuses O_DIRECT outright")
@@ -196,7 +196,7 @@ def test_a_disk_that_refuses_the_upload_is_the_services_fault_not_the_clients(
     def refusing_write(fd, data):
         raise OSError(failure, os.strerror(failure))
 
-    monkeypatch.setattr(service.upload, "_write_all", refusing_write)
+    monkeypatch.setattr(service.jobs.upload, "_write_all", refusing_write)
     with env.sessions() as session:
         jobs_before = session.query(Job).count()
     response = env.submit(headers, model=large_onnx(size))

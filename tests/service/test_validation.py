@@ -9,7 +9,7 @@ import httpx
 import pytest
 from sqlalchemy import func, select, update
 
-from service.models import Job
+from service.core.models import Job
 from tests.service.conftest import tiny_onnx
 
 
@@ -210,7 +210,7 @@ def test_unhandled_exception_is_500_in_the_error_shape(env):
     # The client gets an incident id; the operator finds the traceback under it.
     incident_id = error["details"]["incident"]
     assert incident_id in error["message"]
-    from service.models import Incident
+    from service.core.models import Incident
 
     with env.sessions() as session:
         incident = session.get(Incident, incident_id)

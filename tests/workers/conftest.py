@@ -61,7 +61,7 @@ def redis_client(redis_url):
 @pytest.fixture
 def settings(pg_database_url, redis_url, redis_client, tmp_path, monkeypatch):
     """Distributed-mode settings on the test database, with the stand-in optimizer in pipeline processes."""
-    from service.config import Settings
+    from service.core.config import Settings
 
     monkeypatch.setenv("FLEXDSA_TEST_OPTIMIZER", STANDIN)
     _clear_tables(pg_database_url)
@@ -74,8 +74,8 @@ def settings(pg_database_url, redis_url, redis_client, tmp_path, monkeypatch):
 def _clear_tables(url: str) -> None:
     from sqlalchemy import text
 
-    from service.config import Settings
-    from service.db import session_factory_for
+    from service.core.config import Settings
+    from service.core.db import session_factory_for
 
     sessions = session_factory_for(Settings(database_url=url, broker_url="redis://unused", **FAST_LIMITS))
     with sessions() as session, session.begin():
@@ -192,11 +192,11 @@ def create_job(settings, model: bytes | None = None, *, spec: dict | None = None
     """Store the model and commit a queued job row, as the API does before it calls enqueue."""
     from sqlalchemy import select
 
-    from service.db import session_factory_for
-    from service.job_cache import job_cache_key
-    from service.jobs import parse_spec
-    from service.models import Job, JobEvent, Tenant
-    from service.storage import make_store
+    from service.core.db import session_factory_for
+    from service.core.models import Job, JobEvent, Tenant
+    from service.jobs.job_cache import job_cache_key
+    from service.jobs.service import parse_spec
+    from service.storage.store import make_store
 
     model = tiny_model() if model is None else model
     spec = spec or {"target": "cpu-ort"}
@@ -223,8 +223,8 @@ def create_job(settings, model: bytes | None = None, *, spec: dict | None = None
 
 
 def load_job(settings, job_id: str):
-    from service.db import session_factory_for
-    from service.models import Job
+    from service.core.db import session_factory_for
+    from service.core.models import Job
 
     with session_factory_for(settings)() as session:
         job = session.get(Job, job_id)

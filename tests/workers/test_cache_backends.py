@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from flexdsa_core.cache import KernelCache, LRUCache
-from service.cache_stats import read_cache_stats, record_cache_stats
-from service.config import Settings
-from service.db import session_factory_for
+from service.cache.stats import read_cache_stats, record_cache_stats
+from service.core.config import Settings
+from service.core.db import session_factory_for
 from workers.cache_backends import PostgresCache, RedisCache, build_kernel_cache
 
 pytestmark = pytest.mark.services
@@ -94,7 +94,7 @@ def test_stats_accumulate_in_redis(settings):
 
 
 def test_embedded_mode_uses_the_sqlite_table_for_entries_and_stats(tmp_path):
-    from service.db import make_engine, upgrade
+    from service.core.db import make_engine, upgrade
 
     embedded = Settings(data_dir=tmp_path)
     upgrade(make_engine(embedded.database_url))
@@ -120,7 +120,7 @@ def test_recording_stats_never_raises(tmp_path):
 def test_stats_are_kept_per_tenant_beside_the_service_total(settings, tmp_path, backend):
     import random
 
-    from service.db import make_engine, upgrade
+    from service.core.db import make_engine, upgrade
 
     if backend == "sqlite":
         settings = Settings(data_dir=tmp_path)

@@ -23,8 +23,8 @@ OPERATOR_TOKEN = "operator-token-for-the-tenant-cache-tests"
 
 @pytest.fixture
 def api(settings):
-    from service.auth import create_api_key
-    from service.db import session_factory_for
+    from service.auth.keys import create_api_key
+    from service.core.db import session_factory_for
     from stack import create_app
 
     keys = {}

@@ -9,10 +9,10 @@ import psutil
 import pytest
 from sqlalchemy import update
 
-from service.db import session_factory_for
-from service.dispatch import enqueue
-from service.models import Job, utcnow
-from service.task_queue import PRIORITY_STEPS, QUEUE
+from service.core.db import session_factory_for
+from service.core.models import Job, utcnow
+from service.jobs.dispatch import enqueue
+from service.jobs.task_queue import PRIORITY_STEPS, QUEUE
 from tests.workers.conftest import create_job, load_job, tiny_model, wait_for, wait_status
 
 pytestmark = pytest.mark.services

@@ -11,9 +11,9 @@ import tempfile
 
 import pytest
 
-import service.storage
-from service.config import Settings
-from service.storage import make_store
+import service.storage.store
+from service.core.config import Settings
+from service.storage.store import make_store
 from tests.service.conftest import tiny_onnx
 from workers import child
 
@@ -34,7 +34,7 @@ def _run_with_failing_store(tmp_path, monkeypatch, failure: int) -> dict:
     def refusing(self, data):
         raise OSError(failure, os.strerror(failure))
 
-    monkeypatch.setattr(service.storage.LocalStore, "put_bytes", refusing)
+    monkeypatch.setattr(service.storage.store.LocalStore, "put_bytes", refusing)
     monkeypatch.setattr(tempfile, "tempdir", tempfile.tempdir)  # run() points it at the job's folder
     work_dir = tmp_path / "job"
     work_dir.mkdir()

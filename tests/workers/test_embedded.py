@@ -7,10 +7,10 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import update
 
-from service.config import Settings
-from service.db import session_factory_for
-from service.dispatch import enqueue
-from service.models import Job, utcnow
+from service.core.config import Settings
+from service.core.db import session_factory_for
+from service.core.models import Job, utcnow
+from service.jobs.dispatch import enqueue
 from tests.workers.conftest import STANDIN, create_job, load_job, wait_status
 from workers import inprocess
 from workers.reconciler import reconcile_once
@@ -18,7 +18,7 @@ from workers.reconciler import reconcile_once
 
 @pytest.fixture
 def embedded(tmp_path, monkeypatch):
-    from service.db import make_engine, upgrade
+    from service.core.db import make_engine, upgrade
 
     monkeypatch.setenv("FLEXDSA_TEST_OPTIMIZER", STANDIN)
     settings = Settings(data_dir=tmp_path, lease_seconds=4, reconcile_interval_s=1)

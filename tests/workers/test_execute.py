@@ -8,9 +8,9 @@ import time
 import pytest
 from sqlalchemy import update
 
-from service.db import session_factory_for
-from service.gates import without_gates
-from service.models import Job
+from service.core.db import session_factory_for
+from service.core.models import Job
+from service.jobs.gates import without_gates
 from tests.workers.conftest import create_job, load_job, tiny_model
 from workers.execute import execute_job
 
@@ -91,7 +91,7 @@ def test_redelivery_runs_once_and_keeps_one_set_of_artifacts(settings):
 def test_live_lease_blocks_a_second_worker(settings):
     from datetime import timedelta
 
-    from service.models import utcnow
+    from service.core.models import utcnow
 
     job_id = create_job(settings)
     _set(settings, job_id, status="running", lease_owner="other", lease_expires_at=utcnow() + timedelta(minutes=5),
@@ -222,7 +222,7 @@ def test_a_refresh_job_runs_the_pipeline_although_a_twin_succeeded(settings):
 
 
 def test_models_sharing_layers_hit_the_kernel_cache(settings, redis_client):
-    from service.cache_stats import read_cache_stats
+    from service.cache.stats import read_cache_stats
 
     first = create_job(settings, tiny_model((0.1, 0.2, 0.3)))
     assert execute_job(first, settings=settings, worker_id="t1") == "succeeded"
@@ -352,7 +352,7 @@ def test_finished_result_survives_a_database_outage_longer_than_the_old_retries(
 def _incidents(settings, job_id: str):
     from sqlalchemy import select
 
-    from service.models import Incident
+    from service.core.models import Incident
 
     with session_factory_for(settings)() as session:
         return session.scalars(select(Incident).where(Incident.job_id == job_id).order_by(Incident.attempt)).all()

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from service.config import Settings
+from service.core.config import Settings
 from tests.workers.conftest import create_job, load_job, tiny_model
 from tests.workers.hooks import PipelineHooks, from_environment
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from service.cache_stats import read_cache_stats
+from service.cache.stats import read_cache_stats
 from tests.workers.conftest import create_job, load_job
 from workers.execute import execute_job
 

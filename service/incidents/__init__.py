@@ -1,0 +1,1 @@
+"""Incidents, for operators: the traceback behind an internal error (``GET /incidents``)."""

@@ -1,0 +1,1 @@
+"""The built-in targets (``GET /targets``, ``GET /targets/{name}``)."""
