@@ -209,7 +209,12 @@ class AcceleratorAdapter(PlatformAdapter):
         for name in manifest.get("vendor_files", []):
             lines.append(f"| `{name}` | vendor conversion script/config |")
         for name in (report.get("toolchain") or {}).get("artifacts", []):
-            lines.append(f"| `{name}` | compiled by the vendor toolchain here |")
+            what = (
+                "how the vendor toolchain built the file beside it (switches, precision, float16 layers, the sha256 of "
+                "its calibration and judged samples): what the rebuild scripts and `flexdsa_runtime verify` repeat"
+                if name.endswith(".build.json") else "compiled by the vendor toolchain here"
+            )  # fmt: skip
+            lines.append(f"| `{name}` | {what} |")
         lines += [
             "| `manifest.json` | the deploy contract: every file per bucket with its role, how to load it and its "
             "sha256; how to pick, pad and crop at run time (`flexdsa_runtime` reads it) |",

@@ -163,7 +163,7 @@ def complete_manifest(
             entry["bucket"] = bucket
         files[name] = entry
         if bucket is not None:
-            runtime, load = _QDQ_LOAD.get(target.vendor, _LOAD["onnx"]) if role == "qdq-onnx" else _LOAD[role]
+            runtime, load = _QDQ_LOAD.get(target.adapter, _LOAD["onnx"]) if role == "qdq-onnx" else _LOAD[role]
             artifact = {"file": name, "role": role, "runtime": runtime, "load": load}
             if role == "qnn-context":
                 artifact["provider_options"] = _provider_options(target)

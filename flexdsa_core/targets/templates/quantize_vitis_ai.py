@@ -3,9 +3,12 @@
     python {{ script }} --dataset ds.txt      # every bucket, calibrated on ds.txt (one sample a line)
     python {{ script }} --random 8            # smoke test only: 8 random samples (accuracy meaningless)
     python {{ script }} --bucket NAME ...     # one bucket only
+    python {{ script }} --out DIR ...         # where to write (default rebuilt/); --force to replace files
 
 ds.txt: one calibration sample a line, one .npy file per model input, space-separated, in the order of
-BUCKETS[...]["inputs"]; 100-1000 samples is usual ({{ sources }}). Writes model.<bucket>.qdq.onnx per bucket.
+BUCKETS[...]["inputs"]; 100-1000 samples is usual ({{ sources }}). Writes model.<bucket>.qdq.onnx per bucket
+into rebuilt/ (--out): a file the bundle shipped is never written over, and an existing file is replaced only
+with --force (after which manifest.json's checksums no longer match it).
 The nodes in each bucket's "float_layers" (precision mixed: the layers Flex-DSA's sensitivity search keeps out
 of int8) and "keep_float" (nodes its partition puts on the CPU) are excluded from quantisation, as Flex-DSA's
 own run of this step excluded them.
@@ -15,6 +18,7 @@ Needs AMD Quark (`pip install amd-quark onnxruntime`, plus a CPU build of torch,
 """
 
 import argparse
+import os
 import sys
 
 import numpy as np
@@ -62,7 +66,16 @@ def load_samples(bucket, dataset=None, random=0):
     ]
 
 
-def quantize_with_quark(bucket, samples):
+def destination(bucket, out, force):
+    """Where this bucket's QDQ model goes: ``out``/its file name; refused if it exists, unless ``force``."""
+    path = os.path.join(out, os.path.basename(bucket["qdq"]))
+    if os.path.exists(path) and not force:
+        raise SystemExit(path + " exists (the bundle's own, or an earlier run's): give --out DIR, or --force")
+    os.makedirs(out, exist_ok=True)
+    return path
+
+
+def quantize_with_quark(bucket, samples, path):
     import copy
 
     from quark.onnx import ModelQuantizer
@@ -70,16 +83,16 @@ def quantize_with_quark(bucket, samples):
 
     config = copy.deepcopy(getattr(custom_config, bucket["preset"] + "_QCONFIG"))
     config.exclude = float_nodes(bucket)
-    ModelQuantizer(config).quantize_model(bucket["onnx"], bucket["qdq"], Samples(samples))
+    ModelQuantizer(config).quantize_model(bucket["onnx"], path, Samples(samples))
 
 
-def quantize_with_vai_q_onnx(bucket, samples):
+def quantize_with_vai_q_onnx(bucket, samples, path):
     import vai_q_onnx
     from onnxruntime.quantization import QuantFormat, QuantType
 
     # The DPU's scheme: power-of-two int8, per tensor (vai_q_onnx README, X8).
     vai_q_onnx.quantize_static(
-        bucket["onnx"], bucket["qdq"], Samples(samples),
+        bucket["onnx"], path, Samples(samples),
         quant_format=QuantFormat.QDQ,
         calibrate_method=vai_q_onnx.PowerOfTwoMethod.MinMSE,
         activation_type=QuantType.QInt8, weight_type=QuantType.QInt8, per_channel=False,
@@ -93,19 +106,24 @@ def main():
     parser.add_argument("--dataset", help="calibration list: one sample a line, one .npy per input")
     parser.add_argument("--random", type=int, default=0, help="N random samples instead (smoke test only)")
     parser.add_argument("--quantizer", choices=QUANTIZERS, default=QUANTIZERS[0])
+    parser.add_argument("--out", default="rebuilt", help="folder to write into (default: rebuilt)")
+    parser.add_argument("--force", action="store_true", help="replace existing files, the bundle's own included")
     args = parser.parse_args()
     if not args.dataset and not args.random:
         parser.error("give --dataset (or --random N for a smoke test)")
+    if os.path.abspath(args.out) == os.path.abspath(".") and not args.force:
+        parser.error("--out . writes over the bundle's shipped models: add --force to mean it")
     chosen = [b for b in BUCKETS if args.bucket in (None, b["name"])]
     if not chosen:
         parser.error("no bucket named " + repr(args.bucket))
     for bucket in chosen:
         samples = load_samples(bucket, args.dataset, args.random)
+        path = destination(bucket, args.out, args.force)
         if args.quantizer == "quark":
-            quantize_with_quark(bucket, samples)
+            quantize_with_quark(bucket, samples, path)
         else:
-            quantize_with_vai_q_onnx(bucket, samples)
-        print("wrote", bucket["qdq"], "with", args.quantizer, bucket["preset"] if args.quantizer == "quark" else "",
+            quantize_with_vai_q_onnx(bucket, samples, path)
+        print("wrote", path, "with", args.quantizer, bucket["preset"] if args.quantizer == "quark" else "",
               "(%d node(s) left in float)" % len(float_nodes(bucket)))
     return 0
 

@@ -223,10 +223,10 @@ def test_bundle_quantize_script_runs_with_quark(tmp_path):
         cwd=tmp_path, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    assert "wrote model.cnn.qdq.onnx with quark XINT8" in done.stdout
-    assert "wrote model.attn.qdq.onnx with quark A8W8" in done.stdout
+    assert "wrote rebuilt/model.cnn.qdq.onnx with quark XINT8" in done.stdout
+    assert "wrote rebuilt/model.attn.qdq.onnx with quark A8W8" in done.stdout
     for bucket in buckets:
-        quantized = onnx.load(tmp_path / ADAPTER.qdq_filename(bucket))
+        quantized = onnx.load(tmp_path / "rebuilt" / ADAPTER.qdq_filename(bucket))
         assert "QuantizeLinear" in {n.op_type for n in quantized.graph.node}
 
 
@@ -235,9 +235,16 @@ def test_mixed_bundle_quantize_script_keeps_the_float_layers_float_with_quark(tm
     search kept out of int8 read float weights and tensors in the QDQ model, the others dequantised int8 ones."""
     toolchain = _toolchain_or_skip()
     checks.mixed_bundle("amd-xdna2", tmp_path)
+    shipped = {p.name: p.read_bytes() for p in tmp_path.glob("*.qdq.onnx")}
     out = checks.run_script(toolchain, tmp_path, "quantize_quark.py", "--dataset", "dataset.txt", timeout=600)
-    assert "wrote model.batch1.qdq.onnx with quark XINT8 (2 node(s) left in float)" in out
-    quantized = onnx.load(tmp_path / "model.batch1.qdq.onnx")
+    assert "wrote rebuilt/model.batch1.qdq.onnx with quark XINT8 (2 node(s) left in float)" in out
+    assert {p.name: p.read_bytes() for p in tmp_path.glob("*.qdq.onnx")} == shipped  # the bundle's own untouched
+    again = subprocess.run(
+        [str(toolchain.python(checks.TOOLCHAIN_ROOT)), "quantize_quark.py", "--dataset", "dataset.txt"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert again.returncode != 0 and "exists" in again.stderr and "--force" in again.stderr
+    quantized = onnx.load(tmp_path / "rebuilt" / "model.batch1.qdq.onnx")
     dequantized = {o for n in quantized.graph.node if n.op_type == "DequantizeLinear" for o in n.output}
     nodes = {n.name: n for n in quantized.graph.node}
     assert all(i in dequantized for i in nodes["first"].input)

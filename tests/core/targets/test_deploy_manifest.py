@@ -76,3 +76,23 @@ def test_a_bundle_lists_every_file_with_its_checksum():
     assert manifest["files"]["convert_rknn.py"]["role"] == "script"
     assert manifest["runtime"]["policy"] == "fewest_padded_elements"
     assert "runtime" in manifest["pick_bucket"]
+
+
+@pytest.mark.parametrize(
+    "target, runtime, says",
+    [("qualcomm-sm8650", None, "compile_qnn.py"), ("amd-xdna2", "onnxruntime", "VitisAIExecutionProvider"),
+     ("xilinx-kv260", None, "compile_kv260.sh")],
+)  # fmt: skip
+def test_a_qdq_model_is_loaded_as_its_vendor_loads_it(target, runtime, says):
+    """The QDQ model's runtime and load text come from the target's own vendor folder, not the generic ONNX one."""
+    from flexdsa_core.targets import load_target
+    from flexdsa_core.targets.deploy_manifest import complete_manifest
+
+    spec = load_target(target)
+    artifacts = {
+        "manifest.json": json.dumps({"buckets": [{"name": "batch1_seq8"}]}).encode(),
+        "model.batch1_seq8.qdq.onnx": b"qdq",
+    }
+    manifest = json.loads(complete_manifest(artifacts, {}, spec))
+    (artifact,) = manifest["buckets"][0]["artifacts"]
+    assert artifact["role"] == "qdq-onnx" and artifact["runtime"] == runtime and says in artifact["load"]
