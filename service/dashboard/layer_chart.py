@@ -3,6 +3,9 @@ on held-out samples, coloured by the precision it was given, with the reason on 
 
 Two sources, one picture each:
 
+Each bar's length is the layer's departure, ``1 - cosine``, on a log axis (a cosine of 0.9999 and one of 0.99
+differ by two decades, where on a linear cosine axis they look the same); the cosine is written beside it.
+
 * ``precision.layers`` (cpu-ort, and every target whose int8 is made here): every quantisable layer's
   ``cosine`` from ``precision.layer_cosines`` (the shipped model's tensor against the fp32 model's, on the
   held-out samples), in graph order;
@@ -15,13 +18,15 @@ An inline SVG (no script, nothing fetched): the page works offline.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from markupsafe import Markup, escape
 
 __all__ = ["layer_charts"]
 
-ROW, LEFT, RIGHT, TOP, LABEL = 16, 230, 70, 26, 34  # px: row height, label column, value column, header
+ROW, LEFT, RIGHT, TOP, LABEL = 16, 230, 80, 40, 34  # px: row height, label column, value column, header
+FLOOR = 1e-7  # 1 - cosine below this draws no bar: the tensor is the fp32 one to float rounding
 WIDTH = 760
 COLOURS = {"int8": "#2f6fdf", "float32": "#a15c00", "float16": "#a15c00", "vendor": "#9aa7b8"}
 MAX_ROWS = 120  # a model with more layers: its worst by cosine (report.json has them all)
@@ -46,7 +51,7 @@ def layer_charts(report: dict) -> list[dict[str, Any]]:
             f"on {meta.get('samples', '?')} {meta.get('on', 'samples')}"
             + (f"; the {MAX_ROWS} lowest of {len(rows)} layers" if len(rows) > MAX_ROWS else "")
         )
-        charts.append({"title": "Per layer: cosine of the shipped model's tensor to the fp32 model's",
+        charts.append({"title": "Per layer: how far the shipped model's tensor departs from the fp32 model's (1 − cosine)",
                        "note": note, "svg": _svg(bars, "per-layer cosine")})  # fmt: skip
     for bucket, row in ((report.get("vendor") or {}).get("buckets") or {}).items():
         exact = row.get("exact_rewrites") or {}
@@ -70,21 +75,29 @@ def _vendor_bar(row: dict, kind: str, who: str) -> dict:
 
 
 def _svg(bars: list[dict], label: str) -> Markup:
-    """Horizontal bars from the lowest value shown (or 0.9, if all are above it) to 1."""
-    low = min([0.9, *(b["value"] for b in bars)])
-    low = max(-1.0, (low // 0.05) * 0.05)
+    """Horizontal bars of each layer's departure from the fp32 tensor, ``1 - cosine`` on a log axis from
+    ``FLOOR`` (no bar: the same to float rounding) to 1 (a bar across: unrelated), its cosine written beside."""
     plot = WIDTH - LEFT - RIGHT
     height = TOP + ROW * len(bars) + LABEL
+    decades = -math.log10(FLOOR)
 
     def x(value: float) -> float:
-        return LEFT + plot * (min(max(value, low), 1.0) - low) / (1.0 - low)
+        departure = min(max(1.0 - value, FLOOR), 1.0)
+        return LEFT + plot * (math.log10(departure) + decades) / decades
 
     parts = [
         f'<svg xmlns="http://www.w3.org/2000/svg" class="layer-chart" viewBox="0 0 {WIDTH} {height}" '
         f'width="{WIDTH}" height="{height}" role="img" aria-label="{escape(label)}">',
-        f'<text x="{LEFT}" y="14" font-size="11" fill="#667085">cosine {low:.2f}</text>',
-        f'<text x="{LEFT + plot}" y="14" font-size="11" fill="#667085" text-anchor="end">1.00</text>',
+        f'<text x="{LEFT}" y="12" font-size="11" fill="#667085">1 − cosine, log scale: a longer bar departs more '
+        "from the fp32 tensor</text>",
     ]
+    for power in range(int(decades) + 1):
+        tick = LEFT + plot * power / decades
+        parts.append(
+            f'<line x1="{tick:.1f}" y1="{TOP - 6}" x2="{tick:.1f}" y2="{TOP + ROW * len(bars)}" stroke="#e4e7ec"/>'
+            f'<text x="{tick:.1f}" y="{TOP - 8}" font-size="10" fill="#667085" text-anchor="middle">'
+            f"1e{power - int(decades)}</text>"
+        )
     for index, bar in enumerate(bars):
         y = TOP + ROW * index
         name = bar["label"] if len(bar["label"]) <= 34 else bar["label"][:15] + "…" + bar["label"][-18:]
@@ -94,7 +107,7 @@ def _svg(bars: list[dict], label: str) -> Markup:
             f'<text x="{LEFT - 6}" y="{y + 11}" font-size="11" text-anchor="end">{escape(name)}</text>'
             f'<rect x="{LEFT}" y="{y + 2}" width="{x(bar["value"]) - LEFT:.1f}" height="{ROW - 4}" '
             f'fill="{COLOURS.get(bar["kind"], "#9aa7b8")}"/>'
-            f'<text x="{LEFT + plot + 6}" y="{y + 11}" font-size="11">{bar["value"]:.4f}</text></g>'
+            f'<text x="{LEFT + plot + 6}" y="{y + 11}" font-size="11">{bar["value"]:.6f}</text></g>'
         )
     y = TOP + ROW * len(bars) + 16
     vendor = any(b["kind"] == "vendor" for b in bars)
