@@ -24,7 +24,7 @@ from flexdsa_core.report import build_report, headline, render_summary, report_s
 from flexdsa_core.rewrites import KINDS
 from flexdsa_core.serialized import kept_bytes, model_bytes
 from flexdsa_core.targets import BucketModel, TargetSpec
-from flexdsa_core.targets.deploy_manifest import complete_manifest
+from flexdsa_core.vendor_runs.deploy_manifest import complete_manifest
 
 __all__ = ["OptimizeResult", "package"]
 

@@ -7,6 +7,8 @@ Commands from outside the core (``serve``, ``worker``, ``db``, ``keys``, ``submi
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from importlib.metadata import entry_points
 from pathlib import Path
 
@@ -97,103 +99,132 @@ def optimize(
     from flexdsa_core import heap
 
     heap.tune()  # before the imports: freed memory goes back to the system, not kept as free heap (heap.py)
-    from pydantic import ValidationError
     from rich.console import Console
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from flexdsa_core.cache import DiskCache
     from flexdsa_core.cli_output import library_output
-    from flexdsa_core.errors import FlexDSAError
     from flexdsa_core.optimizer import FlexDSAOptimizer
-    from flexdsa_core.spec_check import (
-        CalibrationUseError,
-        SpecError,
-        check_calibration_use,
-        parse_buckets,
-        parse_request,
-    )
+    from flexdsa_core.spec_check import check_calibration_use
 
     console = Console(stderr=True)
-    limit_mb = None
+    memory = _MemoryLimit(memory_limit_mb)
     try:
-        extra = json.loads(spec.read_text()) if spec else {}
-        if not isinstance(extra, dict):
-            raise SpecError(f"{spec} must hold a JSON object (the request spec), e.g. {{\"precision\": \"int8\"}}.")
-        request = parse_request(
-            {
-                **extra,
-                "target": target or extra.get("target") or "cpu-ort",
-                "objective": objective,
-                "disabled_rules": [*extra.get("disabled_rules", []), *disable],
-                **({"precision": precision} if precision else {}),
-                **({"validate_outputs": False} if no_validate else {}),
-                **({"measure_latency": False} if no_measure else {}),
-                **({"allow_synthetic_calibration": True} if allow_synthetic_calibration else {}),
-                **({"shape_buckets": parse_buckets(buckets)} if buckets else {}),
-                **({"requirements": [*extra.get("requirements", []), *require]} if require else {}),
-            },
-            f"The options (--spec {spec})" if spec else "The options",
-        )
+        request = _request(
+            spec, target=target, objective=objective, disable=disable, precision=precision, no_validate=no_validate,
+            no_measure=no_measure, allow_synthetic_calibration=allow_synthetic_calibration, buckets=buckets,
+            require=require,
+        )  # fmt: skip
         check_calibration_use(request, calibration is not None)  # refused, as the API refuses it, not ignored
         optimizer = FlexDSAOptimizer(request.target_spec(), toolchain_root=toolchains_dir)
-        with Progress(
-            TextColumn("[bold]{task.fields[stage]:<9}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
-            TextColumn("{task.description}"), TimeElapsedColumn(), console=console, disable=quiet, transient=True,
-        ) as bar:  # fmt: skip
-            task = bar.add_task("", total=1.0, stage="start")
-
-            def progress(stage: str, fraction: float, message: str) -> None:
-                bar.update(task, completed=fraction, stage=stage, description=message)
-
+        with _progress_bar(console, quiet) as progress:
             cache = None if no_cache else DiskCache(cache_dir)
-            limit_mb, previous = _limit_memory(memory_limit_mb)  # from here on, the model's work counts against it
-            # Other libraries' warnings go to the log (-v: here); this command prints what the user must know.
-            with library_output(cache_dir.parent / "logs" / "optimize.log", verbose=verbose) as library_log:
-                try:
-                    result = optimizer.optimize(
-                        model, request.options(), cache=cache, progress=progress, calibration=calibration
-                    )
-                finally:  # the cap is this run's: a caller running the CLI in its own process (tests) gets its own back
-                    _restore_memory_limit(previous)
+            # From here on, the model's work counts against the limit; other libraries' warnings go to the log
+            # (-v: here), and this command prints what the user must know.
+            with memory, library_output(cache_dir.parent / "logs" / "optimize.log", verbose=verbose) as library_log:
+                result = optimizer.optimize(
+                    model, request.options(), cache=cache, progress=progress, calibration=calibration
+                )
         written = result.write(out)
-    except (SpecError, CalibrationUseError) as err:
-        console.print(f"[red]error ({err.code}):[/red] {err.message}", highlight=False, soft_wrap=True)
-        raise typer.Exit(2) from None
-    except ValidationError as err:  # a custom target spec in --spec
-        from flexdsa_core.spec_check import describe, field_errors
-
-        console.print(f"[red]error (invalid_target):[/red] {describe(field_errors(err))}", highlight=False, soft_wrap=True)
-        raise typer.Exit(2) from None
-    except json.JSONDecodeError as err:
-        console.print(f"[red]error:[/red] {spec} is not valid JSON: {err}", highlight=False, soft_wrap=True)
-        raise typer.Exit(2) from None
-    except FlexDSAError as err:
-        console.print(f"[red]error ({err.code}):[/red] {err.message}", soft_wrap=True)
-        raise typer.Exit(1) from None
     except Exception as err:
-        if not _out_of_memory(err):
-            incident, path = _record_incident(cache_dir.parent / "incidents")
-            console.print(
-                f"[red]error (internal_error):[/red] the optimizer failed unexpectedly ({type(err).__name__}); "
-                f"incident {incident}, details in {path} (quote it when you report this)",
-                highlight=False, soft_wrap=True,
-            )  # fmt: skip
-            raise typer.Exit(1) from None
-        console.print(
-            f"[red]error (memory_limit_exceeded):[/red] the run needed more memory than --memory-limit-mb "
-            f"{limit_mb} allows; give smaller shape_buckets or input_shapes, or raise the limit",
-            highlight=False, soft_wrap=True,
-        )  # fmt: skip
-        raise typer.Exit(1) from None
+        raise typer.Exit(_failed(console, err, spec, cache_dir, memory.limit_mb)) from None
     if not quiet:
-        Console().print(result.summary(), markup=False, highlight=False)
-        Console().print(f"Wrote {len(written)} files to {out}/: {', '.join(p.name for p in written)}")
-        noise = library_log.lines()
-        if noise:
-            console.print(f"({noise} lines of library warnings in {library_log.path}; -v shows them here)",
-                          style="dim", highlight=False, soft_wrap=True)  # fmt: skip
+        _print_written(console, result, written, out, library_log)
     if request.requirements and _unmet(console, request.requirements, result, written, quiet):
         raise typer.Exit(3)
+
+
+def _request(spec: Path | None, *, target: str | None, objective: str, disable: list[str], precision: str | None,
+             no_validate: bool, no_measure: bool, allow_synthetic_calibration: bool, buckets: list[str],
+             require: list[str]):  # fmt: skip
+    """The request the options make: the --spec file's keys, the command-line options over them, checked as
+    the API checks a request's spec."""
+    from flexdsa_core.spec_check import SpecError, parse_buckets, parse_request
+
+    extra = json.loads(spec.read_text()) if spec else {}
+    if not isinstance(extra, dict):
+        raise SpecError(f"{spec} must hold a JSON object (the request spec), e.g. {{\"precision\": \"int8\"}}.")
+    return parse_request(
+        {
+            **extra,
+            "target": target or extra.get("target") or "cpu-ort",
+            "objective": objective,
+            "disabled_rules": [*extra.get("disabled_rules", []), *disable],
+            **({"precision": precision} if precision else {}),
+            **({"validate_outputs": False} if no_validate else {}),
+            **({"measure_latency": False} if no_measure else {}),
+            **({"allow_synthetic_calibration": True} if allow_synthetic_calibration else {}),
+            **({"shape_buckets": parse_buckets(buckets)} if buckets else {}),
+            **({"requirements": [*extra.get("requirements", []), *require]} if require else {}),
+        },
+        f"The options (--spec {spec})" if spec else "The options",
+    )
+
+
+@contextmanager
+def _progress_bar(console, quiet: bool) -> Iterator[Callable[[str, float, str], None]]:
+    """A progress bar on stderr (none when quiet) for the duration; yields the pipeline's progress callback."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(
+        TextColumn("[bold]{task.fields[stage]:<9}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
+        TextColumn("{task.description}"), TimeElapsedColumn(), console=console, disable=quiet, transient=True,
+    ) as bar:  # fmt: skip
+        task = bar.add_task("", total=1.0, stage="start")
+
+        def progress(stage: str, fraction: float, message: str) -> None:
+            bar.update(task, completed=fraction, stage=stage, description=message)
+
+        yield progress
+
+
+def _failed(console, error: Exception, spec: Path | None, cache_dir: Path, limit_mb: int | None) -> int:
+    """Say in one line why the run failed; the exit status: 2 the spec was refused before any work, 1 the run
+    failed (an unexpected failure recorded as an incident under the cache folder)."""
+    from pydantic import ValidationError
+
+    from flexdsa_core.errors import FlexDSAError
+    from flexdsa_core.spec_check import CalibrationUseError, SpecError
+
+    if isinstance(error, (SpecError, CalibrationUseError)):
+        console.print(f"[red]error ({error.code}):[/red] {error.message}", highlight=False, soft_wrap=True)
+        return 2
+    if isinstance(error, ValidationError):  # a custom target spec in --spec
+        from flexdsa_core.spec_check import describe, field_errors
+
+        console.print(f"[red]error (invalid_target):[/red] {describe(field_errors(error))}", highlight=False, soft_wrap=True)
+        return 2
+    if isinstance(error, json.JSONDecodeError):
+        console.print(f"[red]error:[/red] {spec} is not valid JSON: {error}", highlight=False, soft_wrap=True)
+        return 2
+    if isinstance(error, FlexDSAError):
+        console.print(f"[red]error ({error.code}):[/red] {error.message}", soft_wrap=True)
+        return 1
+    if not _out_of_memory(error):
+        incident, path = _record_incident(cache_dir.parent / "incidents")
+        console.print(
+            f"[red]error (internal_error):[/red] the optimizer failed unexpectedly ({type(error).__name__}); "
+            f"incident {incident}, details in {path} (quote it when you report this)",
+            highlight=False, soft_wrap=True,
+        )  # fmt: skip
+        return 1
+    console.print(
+        f"[red]error (memory_limit_exceeded):[/red] the run needed more memory than --memory-limit-mb "
+        f"{limit_mb} allows; give smaller shape_buckets or input_shapes, or raise the limit",
+        highlight=False, soft_wrap=True,
+    )  # fmt: skip
+    return 1
+
+
+def _print_written(console, result, written: list[Path], out: Path, library_log) -> None:
+    """The run's summary and the files written on stdout; on stderr, where the library warnings went."""
+    from rich.console import Console
+
+    Console().print(result.summary(), markup=False, highlight=False)
+    Console().print(f"Wrote {len(written)} files to {out}/: {', '.join(p.name for p in written)}")
+    noise = library_log.lines()
+    if noise:
+        console.print(f"({noise} lines of library warnings in {library_log.path}; -v shows them here)",
+                      style="dim", highlight=False, soft_wrap=True)  # fmt: skip
 
 
 def _unmet(console, requirements: list[str], result, written: list[Path], quiet: bool) -> bool:
@@ -246,6 +277,23 @@ def _restore_memory_limit(previous: tuple[int, int] | None) -> None:
         import resource
 
         resource.setrlimit(resource.RLIMIT_AS, previous)
+
+
+class _MemoryLimit:
+    """``_limit_memory`` for the duration of a with-block, the process's own limits given back after (a caller
+    running the CLI in its own process, a test, keeps its address space); ``limit_mb``: the cap in force."""
+
+    def __init__(self, requested_mb: int | None) -> None:
+        self.requested_mb = requested_mb
+        self.limit_mb: int | None = None
+        self._previous: tuple[int, int] | None = None
+
+    def __enter__(self) -> _MemoryLimit:
+        self.limit_mb, self._previous = _limit_memory(self.requested_mb)
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        _restore_memory_limit(self._previous)
 
 
 def _out_of_memory(error: BaseException) -> bool:

@@ -1,7 +1,7 @@
 """``Cost``: what some kernels cost, a small frozen value that adds up (``sum(costs)`` works from 0).
 
 It sits below the per-op work (``op_costs``), the cost model that turns work into seconds and joules
-(``cost_model``) and the targets' estimates (``targets.estimate``), which all hand costs to one another. A
+(``cost_model``) and the targets' estimates (``vendor_runs.estimate``), which all hand costs to one another. A
 figure that is unavailable (``None``: no sourced peak, no power figure) makes every sum it enters unavailable:
 ``a + b`` is ``None`` when either is.
 """

@@ -9,7 +9,7 @@ Latency of a bucket, from the best source the job has (DESIGN, "Cost model"):
 * ``measured on this CPU`` (``cpu-ort``, whose target is this machine): ONNX Runtime's median time of the
   optimised model in the latency check, at the bucket it timed; other buckets were not timed (not known);
 * ``roofline estimate`` (an accelerator): the Subgraph Mapper's kernels priced on the target's sourced spec
-  (``estimates.per_bucket[b].on_target``, ``targets/estimate.py``): kernels + transfers + CPU-fallback
+  (``estimates.per_bucket[b].on_target``, ``vendor_runs/estimate.py``): kernels + transfers + CPU-fallback
   time. Where the estimate leaves a part of the model out (CPU-fallback nodes on a CPU with no sourced
   peak, kernels or transfers without a sourced bandwidth) the figure is a lower bound: ``complete`` False,
   ``left_out`` naming the part, the text ``≥ 26 µs`` and the label ``≥ 26 µs (roofline estimate; not

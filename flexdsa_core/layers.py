@@ -28,7 +28,9 @@ LAYERS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     )),
     ("rules", "the fusion rules", ("fusions",)),
     ("toolchains", "the machinery that runs a vendor compiler in its own environment", ("toolchains",)),
-    ("targets", "the targets: specs, adapters, legalisations, vendor runs and estimates", ("targets",)),
+    ("targets", "the targets declared: specs, adapters, legalisations, forms, templates, toolchains", ("targets",)),
+    ("vendor runs", "what is done with a target: its estimate, the vendor's exploration and toolchain runs, the "
+     "deploy manifest", ("vendor_runs",)),
     ("options", "what a request asks", ("holdout", "options", "spec_check")),
     ("cost model", "the work, the timing and the cost of kernels on a target", (
         "cost_model", "kernel_timing", "op_costs",

@@ -21,7 +21,7 @@ from flexdsa_core.fusion_switcher import FusionSwitcher
 from flexdsa_core.memory_planner import plan_memory as memory_plan
 from flexdsa_core.passes.manager import run_passes
 from flexdsa_core.subgraph_mapper import SubgraphMapper
-from flexdsa_core.targets.estimate import target_estimate
+from flexdsa_core.vendor_runs.estimate import target_estimate
 
 __all__ = ["STAGES", "stage", "stages_named"]
 

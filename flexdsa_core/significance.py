@@ -44,7 +44,7 @@ MIN_ROUNDS = 9
 # The confidence of an early look (``settled_early``).
 EARLY_CONFIDENCE = 0.99
 
-Verdict = Literal["faster", "slower", "tie"]
+Outcome = Literal["faster", "slower", "tie"]
 # Which threshold can change the caller's decision (module docstring): "slower" (1 + min_effect), "faster"
 # (1 - min_effect), or "both".
 Question = Literal["both", "slower", "faster"]
@@ -64,7 +64,7 @@ class Comparison:
     confidence: float = CONFIDENCE
 
     @property
-    def verdict(self) -> Verdict:
+    def verdict(self) -> Outcome:
         if self.high < 1.0 - self.min_effect:
             return "faster"
         if self.low > 1.0 + self.min_effect:

@@ -77,7 +77,7 @@ class Mapping:
     hits: int
     notes: list[str]
     split: list[dict] = field(default_factory=list)  # over a documented limit, split by the vendor compiler
-    # (FLOPs, bytes) of each node on the CPU: what ``targets/estimate.py`` prices where the CPU has a sourced peak.
+    # (FLOPs, bytes) of each node on the CPU: what ``vendor_runs/estimate.py`` prices where the CPU has a sourced peak.
     cpu_work: list[tuple[float, float]] = field(default_factory=list)
 
     @property

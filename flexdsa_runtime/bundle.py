@@ -11,7 +11,7 @@ none is also the folder of another; in a folder, a name resolves (symlinks follo
 (``resolved_inside``); in a zip, a listed member is a regular file that appears once, and the members
 expand to at most ``UnpackLimits`` (checked from the central directory first, then counted while copying).
 
-The manifest format is ``flexdsa-bundle/1`` (``flexdsa_core.targets.deploy_manifest``): ``buckets`` (name,
+The manifest format is ``flexdsa-bundle/1`` (``flexdsa_core.vendor_runs.deploy_manifest``): ``buckets`` (name,
 dims, artifacts by role, preferred first), ``files`` (role, sha256, size) and ``runtime`` (policy, where each
 dim sits on the inputs, which dims may be padded, pad values, output axes to crop).
 """

@@ -59,7 +59,7 @@ from flexdsa_runtime.served import serve
 DEFICIT_FACTOR = 2.0
 COSINE_SLACK = 1e-5
 # Shipped samples run per artifact by default: as many as the job's vendor check judged on
-# (flexdsa_core.targets.toolchain_run.EVAL_SAMPLES).
+# (flexdsa_core.vendor_runs.toolchain_run.EVAL_SAMPLES).
 DEFAULT_SAMPLES = 8
 EXIT_PASS, EXIT_FAIL, EXIT_UNUSABLE, EXIT_NOTHING_CHECKED = 0, 1, 2, 3
 # Roles a runtime loads, and the backends that run each here, in order of preference.

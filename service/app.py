@@ -26,8 +26,8 @@ from flexdsa_core import __version__
 from service.core.body_limit import BodyLimitMiddleware
 from service.core.config import Settings, get_settings
 from service.core.db import make_engine, make_session_factory, prepare_database
-from service.core.edge import refuse_control_characters
 from service.core.errors import install_error_handlers
+from service.core.input_checks import refuse_control_characters
 from service.core.metrics import Metrics, MetricsMiddleware
 from service.core.ratelimit import PROPOSAL, SUBMIT, TRAFFIC, RateLimiter
 from service.storage.store import make_store

@@ -81,11 +81,12 @@ def test_the_check_finds_an_upward_arrow():
 
 
 # The optimizer's stages, which the targets serve and must never reach back into: a target (spec, adapter,
-# legalisations, toolchain runs) is a leaf the stages call, so what both need sits in targets/ or below.
+# legalisations) and what is run with it (vendor_runs/: estimate, exploration, toolchain run, manifest) are
+# leaves the stages call, so what both need sits in targets/ or below.
 STAGES = ("flexdsa_core.optimizer", "flexdsa_core.subgraph_mapper", "flexdsa_core.precision",
           "flexdsa_core.fusion_switcher", "flexdsa_core.registry", "flexdsa_core.verify", "flexdsa_core.job",
           "flexdsa_core.compilation", "flexdsa_core.pipeline", "flexdsa_core.bundle")  # fmt: skip
-TARGET_PACKAGES = ("flexdsa_core.targets", "flexdsa_core.toolchains")
+TARGET_PACKAGES = ("flexdsa_core.targets", "flexdsa_core.toolchains", "flexdsa_core.vendor_runs")
 
 
 def _within(module: str, packages: tuple[str, ...]) -> bool:
@@ -99,17 +100,17 @@ def _up_from_targets(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
 
 
 def test_no_arrow_runs_up_from_the_targets_into_the_stages():
-    """targets/ and toolchains/ import neither the optimizer nor its stages (lazy imports inside functions
-    included): the Subgraph Mapper's device names live in targets.spec, accuracy scoring in accuracy."""
+    """targets/, toolchains/ and vendor_runs/ import neither the optimizer nor its stages (lazy imports inside
+    functions included): the Subgraph Mapper's device names live in targets.spec, accuracy scoring in accuracy."""
     assert _up_from_targets(_graph()) == []
 
 
 def test_the_check_finds_an_arrow_up_from_the_targets():
-    graph = {"flexdsa_core.targets.estimate": {"flexdsa_core.subgraph_mapper"},
+    graph = {"flexdsa_core.targets.accelerator": {"flexdsa_core.subgraph_mapper"},
              "flexdsa_core.targets.rockchip": {"flexdsa_core.precision.formats"},
              "flexdsa_core.optimizer": {"flexdsa_core.targets"}}  # fmt: skip
     assert _up_from_targets(graph) == [
-        ("flexdsa_core.targets.estimate", "flexdsa_core.subgraph_mapper"),
+        ("flexdsa_core.targets.accelerator", "flexdsa_core.subgraph_mapper"),
         ("flexdsa_core.targets.rockchip", "flexdsa_core.precision.formats"),
     ]
 
@@ -139,10 +140,10 @@ def test_a_vendor_is_reached_only_through_discovery():
 
 def test_the_check_finds_an_arrow_into_a_vendor():
     vendors = ("flexdsa_core.targets.qualcomm", "flexdsa_core.targets.xilinx")
-    graph = {"flexdsa_core.targets.deploy_manifest": {"flexdsa_core.targets.qualcomm.adapter"},
+    graph = {"flexdsa_core.vendor_runs.deploy_manifest": {"flexdsa_core.targets.qualcomm.adapter"},
              "flexdsa_core.targets.xilinx.adapter": {"flexdsa_core.targets.qualcomm", "flexdsa_core.targets.base"},
              "flexdsa_core.targets.qualcomm": {"flexdsa_core.targets.qualcomm.adapter"}}  # fmt: skip
     assert _into_vendors(graph, vendors) == [
-        ("flexdsa_core.targets.deploy_manifest", "flexdsa_core.targets.qualcomm.adapter"),
         ("flexdsa_core.targets.xilinx.adapter", "flexdsa_core.targets.qualcomm"),
+        ("flexdsa_core.vendor_runs.deploy_manifest", "flexdsa_core.targets.qualcomm.adapter"),
     ]

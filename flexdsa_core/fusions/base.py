@@ -41,14 +41,14 @@ class FusionRule(Rewrite):
         """Take every match in ``model``, in place, through the Fusion Switcher's own driver and clean-up
         (what the rule tests run); returns the number of rewrites. Failed checks' sentences go to ``tracer``."""
         onnxscript.optimizer.basic_constant_propagation(model.graph)
-        verdicts = drive(
+        decisions = drive(
             model, self.rewrite_rules, _take, rule_name=self.name, opset_imports=self.opset_imports, tracer=tracer
         )
-        if verdicts and any(not rewrite_rule.remove_nodes for rewrite_rule in self.rewrite_rules):
+        if decisions and any(not rewrite_rule.remove_nodes for rewrite_rule in self.rewrite_rules):
             onnxscript.optimizer.remove_unused_nodes(model)
-        if verdicts:
+        if decisions:
             ir_passes.NameFixPass()(model)
-        return len(verdicts)
+        return len(decisions)
 
 
 class _Taken:

@@ -5,7 +5,7 @@ It walks the graph (and control-flow subgraphs) node by node as onnxscript's ``R
 builds each match's replacement first (``RewriteRule.try_rewrite``) and hands it to ``decide``; only a
 match ``decide`` takes is applied, its new nodes tagged with the fusion rule's name (``RULE_TAG``), and a
 refused replacement is detached. At one site the rule's variants are tried in turn until one is taken;
-a site where none is gives one verdict, the first variant's. Failed ``check``s reach ``tracer``.
+a site where none is gives one decision, the first variant's. Failed ``check``s reach ``tracer``.
 """
 
 from __future__ import annotations
@@ -24,12 +24,12 @@ from flexdsa_core._libraries import rule_root_op_type
 RULE_TAG = "flexdsa.fusion_rule"
 
 
-class Verdict(Protocol):
+class Decision(Protocol):
     taken: bool
 
 
-# decide(rewrite_rule, replacement) -> a verdict; the replacement is onnxscript's ReplacementSubgraph.
-Decide = Callable[[RewriteRule, object], Verdict]
+# decide(rewrite_rule, replacement) -> a decision; the replacement is onnxscript's ReplacementSubgraph.
+Decide = Callable[[RewriteRule, object], Decision]
 
 
 class ReasonTracer:
@@ -52,22 +52,22 @@ def drive(
     rule_name: str,
     opset_imports: Iterable[tuple[str, int]] = (),
     tracer: ReasonTracer | None = None,
-) -> list[Verdict]:
-    """Drive ``rewrite_rules`` over ``model`` in place; one verdict per matched site, in graph order.
+) -> list[Decision]:
+    """Drive ``rewrite_rules`` over ``model`` in place; one decision per matched site, in graph order.
     The opsets the rule needs are imported, and dropped again when no match was taken."""
     opset_imports = tuple(opset_imports)
     added_domains = [d for d, _ in opset_imports if d not in model.opset_imports]
     for domain, version in opset_imports:
         model.opset_imports.setdefault(domain, version)
-    verdicts: list[Verdict] = []
-    _drive_graph(model, model.graph, list(rewrite_rules), decide, rule_name, tracer, verdicts)
-    if not any(v.taken for v in verdicts):
+    decisions: list[Decision] = []
+    _drive_graph(model, model.graph, list(rewrite_rules), decide, rule_name, tracer, decisions)
+    if not any(v.taken for v in decisions):
         for domain in added_domains:
             model.opset_imports.pop(domain, None)
-    return verdicts
+    return decisions
 
 
-def _drive_graph(model, graph, rewrite_rules, decide, rule_name, tracer, verdicts) -> None:
+def _drive_graph(model, graph, rewrite_rules, decide, rule_name, tracer, decisions) -> None:
     for rewrite_rule in rewrite_rules:
         if rewrite_rule.graph_pre_visitor:
             rewrite_rule.graph_pre_visitor()
@@ -75,29 +75,29 @@ def _drive_graph(model, graph, rewrite_rules, decide, rule_name, tracer, verdict
     # time on a transformer went to such tries, 200 variants over every node).
     roots = [rule_root_op_type(rule) for rule in rewrite_rules]
     for node in graph:
-        refused: Verdict | None = None
+        refused: Decision | None = None
         for rewrite_rule, root in zip(rewrite_rules, roots, strict=True):
             if root is not None and root != node.op_type:
                 continue
             delta = rewrite_rule.try_rewrite(model, graph, node, tracer=tracer)
             if delta is None:
                 continue
-            verdict = decide(rewrite_rule, delta)
-            if verdict.taken:
+            decision = decide(rewrite_rule, delta)
+            if decision.taken:
                 _apply(graph, rewrite_rule, node, delta, rule_name)
-                verdicts.append(verdict)
+                decisions.append(decision)
                 refused = None
                 break
             _discard(delta)
-            refused = refused or verdict
+            refused = refused or decision
         if refused is not None:
-            verdicts.append(refused)
+            decisions.append(refused)
         for attr in node.attributes.values():
             if attr.type == ir.AttributeType.GRAPH:
-                _drive_graph(model, attr.value, rewrite_rules, decide, rule_name, tracer, verdicts)
+                _drive_graph(model, attr.value, rewrite_rules, decide, rule_name, tracer, decisions)
             elif attr.type == ir.AttributeType.GRAPHS:
                 for subgraph in attr.value:
-                    _drive_graph(model, subgraph, rewrite_rules, decide, rule_name, tracer, verdicts)
+                    _drive_graph(model, subgraph, rewrite_rules, decide, rule_name, tracer, decisions)
     for rewrite_rule in rewrite_rules:
         if rewrite_rule.graph_post_visitor:
             rewrite_rule.graph_post_visitor()

@@ -77,7 +77,6 @@ The package, one module per part (each imports only those listed before it):
 from flexdsa_core.accuracy import score
 from flexdsa_core.precision.apply import apply_precision, replace_model, samples_dataset, samples_npz
 from flexdsa_core.precision.formats import (
-    Int8Format,
     check_calibration_source,
     check_precision_request,
     cpu_int8_features,
@@ -88,6 +87,7 @@ from flexdsa_core.precision.formats import (
 from flexdsa_core.precision.quantise import QDQ_OPAQUE_WEIGHT_OPS
 from flexdsa_core.precision.scoring import PrecisionRun, packed_tails
 from flexdsa_core.precision.vendor import vendor_verdict
+from flexdsa_core.targets.int8_format import Int8Format
 
 __all__ = [
     "QDQ_OPAQUE_WEIGHT_OPS", "Int8Format", "PrecisionRun", "apply_precision", "check_calibration_source",

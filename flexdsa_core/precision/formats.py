@@ -2,18 +2,18 @@
 
 ``check_precision_request`` and ``check_calibration_source`` refuse, before any work, what a target cannot
 compute or what would make an accuracy claim without samples; ``int8_format`` names the QDQ form (activation
-and weight types, symmetry, granularity) that stands in for each vendor's quantiser, or ONNX Runtime's own
-x86 form on cpu-ort (``cpu_int8_features``: 7-bit weights without an int8 dot-product instruction).
+and weight types, symmetry, granularity, ``targets.int8_format.Int8Format``): the one that stands in for a
+vendor's quantiser, which its adapter declares (``PlatformAdapter.int8_format``), or ONNX Runtime's own x86 form
+on cpu-ort (``cpu_int8_features``: 7-bit weights without an int8 dot-product instruction).
 """
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass
-
 from flexdsa_core.errors import InvalidOptionsError
 from flexdsa_core.kernel_timing import machine_fingerprint
 from flexdsa_core.options import OptimizeOptions
+from flexdsa_core.targets import get_adapter
+from flexdsa_core.targets.int8_format import Int8Format
 
 # Flags that give the int8 GEMM a dot-product instruction without 16-bit intermediate sums.
 _INT8_DOT_FLAGS = ("avx512_vnni", "avx512vnni", "avx_vnni", "amx_int8", "asimddp", "dotprod", "i8mm")
@@ -106,60 +106,10 @@ def synthetic_calibration_warning(target) -> str:
     )
 
 
-@dataclass(frozen=True)
-class Int8Format:
-    """How a target wants its int8, as ONNX Runtime QDQ: activation and weight types, symmetry, granularity.
-
-    Where the vendor's own toolchain quantises (``vendor`` set: QNN, RKNN, Quark, AMCT), this QDQ is only its
-    stand-in here, close to the vendor's scheme, used to rank layers by sensitivity and to find how many must
-    stay float (``mixed``); what ships is the vendor's own quantisation, judged by its simulator/emulator."""
-
-    name: str
-    activations: str  # "uint8" or "int8"
-    symmetric: bool  # activations symmetric around zero (zero point 0), as TensorRT requires
-    reduce_range: bool  # 7-bit weights (x86 without VNNI, see the module docstring)
-    runs_here: bool  # the target is this machine: candidates are timed, dynamic quantisation is one of them
-    weights: str = "int8"  # "int8" or "uint8" (QNN's default)
-    per_channel: bool = True
-    vendor: str | None = None  # the vendor toolchain that quantises for real (None: this QDQ ships)
-    float_as: str = "float32"  # what a layer kept out of int8 becomes on the target
-
-    def as_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-
-# The ONNX Runtime QDQ that stands in for each vendor quantiser when layers are ranked here (by adapter name).
-_VENDOR_FORMATS = {
-    "qualcomm": Int8Format(
-        "QNN QDQ (get_qnn_qdq_config): uint8 activations, uint8 per-tensor weights, asymmetric; the layers mixed "
-        "keeps out of uint8 get uint16 activations (a16w8)", "uint8", False, False, False,
-        weights="uint8", per_channel=False, vendor="qualcomm", float_as="uint16 activations (a16w8)",
-    ),
-    "rockchip": Int8Format(
-        "RKNN w8a8 (rknn-toolkit2's own quantiser on our dataset.txt): asymmetric int8 activations, per-channel "
-        "int8 weights; mixed's float layers go to its hybrid quantisation", "uint8", False, False, False,
-        vendor="rockchip", float_as="float16 (rknn hybrid quantisation)",
-    ),
-    "amd": Int8Format(
-        "AMD Quark XINT8 (CNN: power-of-two scales) or A8W8 (transformer): symmetric int8, per-tensor", "int8",
-        True, False, False, per_channel=False, vendor="amd", float_as="float (excluded from Quark's quantisation)",
-    ),
-    "xilinx": Int8Format(
-        "AMD Quark XINT8: symmetric int8, power-of-two scales, per-tensor (the DPU's only datatype)", "int8", True,
-        False, False, per_channel=False, vendor="amd", float_as="float, in a CPU subgraph on the Cortex-A53s",
-    ),
-    "huawei": Int8Format(
-        "AMCT-style int8 (the vendor step's own calibration on our dataset): asymmetric activations, per-channel "
-        "weights", "uint8", False, False, False, vendor="huawei", float_as="float16",
-    ),
-}  # fmt: skip
-
-
 def int8_format(target) -> Int8Format | None:
-    """The target's int8 format (for a vendor-quantised target, the stand-in QDQ with ``vendor`` set); None for
-    a target nobody here knows how to quantise for."""
+    """The target's int8 format: on a calibrated target (cpu-ort) this machine's ONNX Runtime form; elsewhere the
+    one its adapter declares (for a vendor-quantised target, the stand-in QDQ with ``vendor`` set), None for a
+    target nobody here knows how to quantise for."""
     if getattr(target, "calibrated", False):  # cpu-ort: ONNX Runtime's x86/ARM kernels, u8 activations
         return Int8Format("onnxruntime u8s8 QDQ", "uint8", False, cpu_int8_features()["reduce_range"], True)
-    if str(getattr(target, "vendor", "")).lower() == "nvidia":  # TensorRT: symmetric s8 QDQ only
-        return Int8Format("TensorRT symmetric s8s8 QDQ", "int8", True, False, False)
-    return _VENDOR_FORMATS.get(str(getattr(target, "adapter", "")))
+    return get_adapter(target).int8_format

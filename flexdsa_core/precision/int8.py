@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 import onnx
@@ -25,7 +26,7 @@ from flexdsa_core.precision.cpu_forms import (
     EXACT_TOP_K,
 )
 from flexdsa_core.precision.equalise import equalise, max_relative_difference
-from flexdsa_core.precision.formats import Int8Format, cpu_int8_features, int8_format
+from flexdsa_core.precision.formats import cpu_int8_features, int8_format
 from flexdsa_core.precision.layer_cosines import MAX_SAMPLES as LAYER_COSINE_SAMPLES
 from flexdsa_core.precision.layer_cosines import layer_cosines
 from flexdsa_core.precision.mixed import _dynamic_mixed, _float_islands, _layer_table, _mixed, _sensitivity
@@ -54,6 +55,7 @@ from flexdsa_core.precision.scoring import (
     sensitivity_order,
 )
 from flexdsa_core.significance import KERNEL_MIN_EFFECT, MIN_ROUNDS
+from flexdsa_core.targets.int8_format import Int8Format
 from flexdsa_core.version import __version__
 
 # Calibration methods tried beyond MinMax when the all-int8 model misses the target (ONNX Runtime's).
@@ -98,46 +100,108 @@ def _op_costing(run: PrecisionRun, fp32: Path, static: _Candidate, report: dict,
     return decisions, slower, sources
 
 
+@dataclass
+class _Base:
+    """A static QDQ candidate with the fp32 model it was quantised from and that model's calibration ranges."""
+
+    fp32: Path
+    cache: Path
+    model: _Candidate
+
+
 def _int8(run: PrecisionRun, report: dict) -> ir.Model | None:
-    options = run.options
+    """Every int8 candidate built and scored in turn, the fastest that meets the target confirmed on the
+    held-out folds and shipped; else ``_no_int8``."""
     fmt = int8_format(run.target)
     report["format"] = fmt.as_dict()
     if fmt.runs_here:
         report["cpu"] = cpu_int8_features()
     fp32 = _save(run.fp32_model, run.workdir / "fp32.onnx")
     reference = run.reference()
-    cache = run.workdir / "calibration_ranges.json"
     if run.packed(fp32):  # outputs packing unlike quantities: their tails stay float in every static candidate
         report["packed_outputs"] = run.packed(fp32)
 
+    fused, unfused, dynamic = _whole_model_bases(run, fp32, fmt)
+    candidates = _whole_model_candidates(run, fused, unfused, dynamic, fmt, reference)
+    head, exact_head = _exact_head(run, fp32, fmt, dynamic, reference, candidates, report)
+    base, weight_layers = _costing_base(fused, unfused)
+
+    measured = run.options.measure_latency and fmt.runs_here
+    decisions, slower, sources = _per_op_costing(run, base, fmt, measured, report)
+    full = _all_int8(run, base, fmt, slower, reference, candidates)
+    if base.model.error is None and full.error is None and not full.accuracy.get("ok"):
+        full = _calibration_methods(run, base.fp32, base.cache, fmt, full, slower, candidates, report)
+        if EQUALISATION and fmt.runs_here:
+            report["equalisation"] = _equalised(run, base.fp32, base.cache, fmt, full, slower, candidates)
+    _weights_only(run, base, fmt, weight_layers, slower, reference, candidates)
+
+    sensitivity, kept_reasons, table_model, search = {}, {}, full, None
+    if run.options.precision == "mixed" and base.model.error is None and weight_layers:
+        table_model, sensitivity, kept_reasons, search = _mixed_candidates(
+            run, base, fmt, weight_layers, full, slower, decisions, reference, candidates, report,
+        )  # fmt: skip
+        dynamic_ok = dynamic.accuracy.get("ok") or (exact_head.error is None and exact_head.accuracy.get("ok"))
+        if fmt.runs_here and dynamic.error is None and not dynamic_ok and sensitivity:
+            build_dynamic_mixed = lambda: _dynamic_mixed(run, fp32, fmt, sensitivity, reference, head)  # noqa: E731
+            candidates.append(_scored_search(build_dynamic_mixed))
+
+    chosen = _chosen(run, fp32, candidates, measured, report)
+    if base.model.error is None and (decisions or search is not None):
+        _layers_report(run, base, table_model, decisions, sources, sensitivity, kept_reasons, search, report)
+    if chosen is None:
+        return _no_int8(run, report, candidates, weight_layers, reference, base.cache, fmt, base.fp32)
+    return _shipped(run, chosen, (fp32, base.fp32), report)
+
+
+def _whole_model_bases(run: PrecisionRun, fp32: Path, fmt: Int8Format) -> tuple[_Base, _Base | None, _Candidate]:
+    """The candidates made of the whole model: static QDQ of the fused fp32 model, of the model compiled without
+    our weight-holding fusions (where the run has it), and dynamic int8; none built yet."""
+    cache = run.workdir / "calibration_ranges.json"
     static = _Candidate("static_qdq", run.workdir / "static.onnx", "static QDQ of the fused fp32 model",
                         recipe=_static_recipe(run, fp32, cache, fmt))  # fmt: skip
-    builders = [(static, lambda: static.recipe(run.calibration, "fold0", static.path))]
+    unfused = None
     if run.unfused_model is not None:
         unfused_fp32 = _save(run.unfused_model, run.workdir / "fp32_unfused.onnx")
-        unfused = _Candidate(
+        unfused_static = _Candidate(
             "static_qdq_unfused", run.workdir / "static_unfused.onnx",
             "static QDQ of the model compiled without our fusions whose com.microsoft ops hold weights "
             "(FusedConv, FusedGemm, FusedMatMul, Attention: the QDQ quantiser leaves those in float)",
         )  # fmt: skip
         cache_unfused = run.workdir / "calibration_ranges_unfused.json"
-        unfused.recipe = _static_recipe(run, unfused_fp32, cache_unfused, fmt)
-        builders.append((unfused, lambda: unfused.recipe(run.calibration, "fold0", unfused.path)))
+        unfused_static.recipe = _static_recipe(run, unfused_fp32, cache_unfused, fmt)
+        unfused = _Base(unfused_fp32, cache_unfused, unfused_static)
     dynamic = _Candidate(
         "dynamic", run.workdir / "dynamic.onnx",
         "dynamic int8 (weights s8, activations per run) of every MatMul with a constant weight, our Attention and "
         "tied-weight FusedMatMul first rewritten to MatMuls the quantiser takes (precision.cpu_forms)",
     )  # fmt: skip
     dynamic.recipe = lambda samples, tag, out: _quantize_dynamic(fp32, out, fmt)  # calibrates on nothing
+    return _Base(fp32, cache, static), unfused, dynamic
+
+
+def _whole_model_candidates(run: PrecisionRun, fused: _Base, unfused: _Base | None, dynamic: _Candidate,
+                            fmt: Int8Format, reference: list[dict]) -> list[_Candidate]:  # fmt: skip
+    """The whole-model candidates built and scored, in order."""
+    builders = [(fused.model, lambda: fused.model.recipe(run.calibration, "fold0", fused.model.path))]
+    if unfused is not None:
+        builders.append((unfused.model, lambda: unfused.model.recipe(run.calibration, "fold0", unfused.model.path)))
     if fmt.runs_here:  # dynamic int8 is an ONNX Runtime CPU technique, not an accelerator format
-        builders.append((dynamic, lambda: _quantize_dynamic(fp32, dynamic.path, fmt, require_int8=True)))
+        builders.append((dynamic, lambda: _quantize_dynamic(fused.fp32, dynamic.path, fmt, require_int8=True)))
     candidates: list[_Candidate] = []
     for index, (candidate, build) in enumerate(builders):
         run.report(0.3 * index / len(builders), f"int8 candidate {candidate.name}")
         candidates.append(_scored(run, candidate, build, reference))
+    return candidates
+
+
+def _exact_head(run: PrecisionRun, fp32: Path, fmt: Int8Format, dynamic: _Candidate, reference: list[dict],
+                candidates: list[_Candidate], report: dict):  # fmt: skip
+    """A big classifier head (an LM's) whose top-1 would flip in int8: found, and where dynamic int8 misses the
+    target, dynamic int8 with that head's top-k re-scored exactly a candidate of its own. The head (None: none
+    found) and that candidate (unbuilt where not needed)."""
     head = None
-    if fmt.runs_here:  # a big classifier head (an LM's) whose top-1 int8 would flip: its top-k re-scored exactly
-        head, why = _classifier_head(fp32, _classifier_outputs(reference[0], options.accuracy))
+    if fmt.runs_here:
+        head, why = _classifier_head(fp32, _classifier_outputs(reference[0], run.options.accuracy))
         report["classifier_head"] = (
             {"node": head.node, "output": head.output, "classes": head.classes, "exact_top_k": EXACT_TOP_K}
             if head is not None else {"node": None, "why": why}
@@ -152,78 +216,101 @@ def _int8(run: PrecisionRun, report: dict) -> ir.Model | None:
         build = lambda: _quantize_dynamic(fp32, exact_head.path, fmt, head=head)  # noqa: E731
         exact_head.recipe = lambda samples, tag, out: _quantize_dynamic(fp32, out, fmt, head=head)
         candidates.append(_scored(run, exact_head, build, reference))
+    return head, exact_head
 
-    layers = _weight_layers(onnx.load(str(static.path))) if static.error is None else []
-    # The static model that quantises more layers is the base of the per-op costing and of mixed: ONNX
-    # Runtime's quantiser leaves our com.microsoft::FusedConv/FusedGemm in float, so on CNNs the graph
-    # without those fusions is the base (ResNet-18 here: 1.77x vs 1.05x for all-int8 on the fused graph).
-    base_fp32, base_cache, base = fp32, cache, static
-    if run.unfused_model is not None and unfused.error is None and static.error is None:
-        unfused_layers = _weight_layers(onnx.load(str(unfused.path)))
+
+def _costing_base(fused: _Base, unfused: _Base | None) -> tuple[_Base, list[tuple[str, str]]]:
+    """The static model that quantises more layers, the base of the per-op costing and of mixed, and its
+    weight layers (Conv/MatMul/Gemm with initializer weights). ONNX Runtime's quantiser leaves our
+    com.microsoft::FusedConv/FusedGemm in float, so on CNNs the graph without those fusions is the base
+    (ResNet-18 here: 1.77x vs 1.05x for all-int8 on the fused graph)."""
+    layers = _weight_layers(onnx.load(str(fused.model.path))) if fused.model.error is None else []
+    base = fused
+    if unfused is not None and unfused.model.error is None and fused.model.error is None:
+        unfused_layers = _weight_layers(onnx.load(str(unfused.model.path)))
         if len(unfused_layers) > len(layers):
-            layers, base_fp32, base_cache, base = unfused_layers, unfused_fp32, cache_unfused, unfused
-    weight_layers = [(name, op) for name, op in layers if op in WEIGHT_COMPUTE_OPS]
+            layers, base = unfused_layers, unfused
+    return base, [(name, op) for name, op in layers if op in WEIGHT_COMPUTE_OPS]
 
-    measured = options.measure_latency and fmt.runs_here
-    decisions, slower, sources = {}, frozenset(), {}
-    if measured and base.error is None:
-        run.report(0.3, "timing every quantisable op in int8 against fp32")
-        try:
-            decisions, slower, sources = _op_costing(run, base_fp32, base, report, fmt)
-        except Exception as err:  # noqa: BLE001 - without per-op times the candidates are still timed whole
-            report["op_costing"] = {"error": f"{type(err).__name__}: {str(err).splitlines()[0][:300]}"}
-    full = base
-    if slower:  # the all-int8 model with the ops measured slower in int8 kept float
-        costed = _Candidate(
-            "static_qdq_costed", run.workdir / "static_costed.onnx",
-            f"static QDQ of {base.name}'s graph with the {len(slower)} ops measured slower in int8 kept float",
-        )  # fmt: skip
-        costed.recipe = _static_recipe(run, base_fp32, base_cache, fmt, nodes_to_exclude=sorted(slower))
-        build = lambda: costed.recipe(run.calibration, "fold0", costed.path)  # noqa: E731
-        costed.int8_nodes = frozenset(n for n, _ in quantised_nodes(onnx.load(str(base.path)))) - slower
-        full = _scored(run, costed, build, reference)
-        candidates.append(full)
-    if base.error is None and full.error is None and not full.accuracy.get("ok"):
-        full = _calibration_methods(run, base_fp32, base_cache, fmt, full, slower, candidates, report)
-        if EQUALISATION and fmt.runs_here:
-            report["equalisation"] = _equalised(run, base_fp32, base_cache, fmt, full, slower, candidates)
+
+def _per_op_costing(run: PrecisionRun, base: _Base, fmt: Int8Format, measured: bool, report: dict):
+    """``_op_costing`` on the base where latency is measured on this CPU: the decisions, the nodes measured
+    slower in int8 and where each node's figures came from (all empty where not measured)."""
+    if not measured or base.model.error is not None:
+        return {}, frozenset(), {}
+    run.report(0.3, "timing every quantisable op in int8 against fp32")
+    try:
+        return _op_costing(run, base.fp32, base.model, report, fmt)
+    except Exception as err:  # noqa: BLE001 - without per-op times the candidates are still timed whole
+        report["op_costing"] = {"error": f"{type(err).__name__}: {str(err).splitlines()[0][:300]}"}
+        return {}, frozenset(), {}
+
+
+def _all_int8(run: PrecisionRun, base: _Base, fmt: Int8Format, slower: frozenset[str], reference: list[dict],
+              candidates: list[_Candidate]) -> _Candidate:  # fmt: skip
+    """The all-int8 model: the base, or where ops were measured slower in int8, the base's graph with those
+    kept float (a candidate of its own)."""
+    if not slower:
+        return base.model
+    costed = _Candidate(
+        "static_qdq_costed", run.workdir / "static_costed.onnx",
+        f"static QDQ of {base.model.name}'s graph with the {len(slower)} ops measured slower in int8 kept float",
+    )  # fmt: skip
+    costed.recipe = _static_recipe(run, base.fp32, base.cache, fmt, nodes_to_exclude=sorted(slower))
+    build = lambda: costed.recipe(run.calibration, "fold0", costed.path)  # noqa: E731
+    costed.int8_nodes = frozenset(n for n, _ in quantised_nodes(onnx.load(str(base.model.path)))) - slower
+    candidates.append(_scored(run, costed, build, reference))
+    return costed
+
+
+def _weights_only(run: PrecisionRun, base: _Base, fmt: Int8Format, weight_layers: list[tuple[str, str]],
+                  slower: frozenset[str], reference: list[dict], candidates: list[_Candidate]) -> None:  # fmt: skip
+    """The base's weight layers alone in int8, a candidate: what keeps ViT, whose residual stream and
+    attention stay float."""
     weights_int8 = [name for name, _ in weight_layers if name not in slower]
-    if base.error is None and weights_int8:  # what keeps ViT: its residual stream and attention stay float
-        weights = _Candidate(
-            "static_qdq_weights", run.workdir / "static_weights.onnx",
-            f"static QDQ of the weight layers only ({len(weights_int8)} Conv/MatMul/Gemm with initializer "
-            f"weights, of {base.name}'s graph); activation-only ops (residual Add, LayerNorm, Softmax, "
-            "attention-score MatMul) stay float",
-            int8_nodes=frozenset(weights_int8),
-        )  # fmt: skip
-        weights.recipe = _static_recipe(run, base_fp32, base_cache, fmt, nodes_to_quantize=weights_int8)
-        build = lambda: weights.recipe(run.calibration, "fold0", weights.path)  # noqa: E731
-        candidates.append(_scored(run, weights, build, reference))
+    if base.model.error is not None or not weights_int8:
+        return
+    weights = _Candidate(
+        "static_qdq_weights", run.workdir / "static_weights.onnx",
+        f"static QDQ of the weight layers only ({len(weights_int8)} Conv/MatMul/Gemm with initializer "
+        f"weights, of {base.model.name}'s graph); activation-only ops (residual Add, LayerNorm, Softmax, "
+        "attention-score MatMul) stay float",
+        int8_nodes=frozenset(weights_int8),
+    )  # fmt: skip
+    weights.recipe = _static_recipe(run, base.fp32, base.cache, fmt, nodes_to_quantize=weights_int8)
+    build = lambda: weights.recipe(run.calibration, "fold0", weights.path)  # noqa: E731
+    candidates.append(_scored(run, weights, build, reference))
 
-    sensitivity, kept_reasons, table_model, search = {}, {}, full, None
-    if options.precision == "mixed" and base.error is None and weight_layers:
-        report["mixed_base"] = base.name
-        mixed, sensitivity, kept_reasons, search = _mixed(
-            run, base_fp32, weight_layers, reference, base_cache, fmt, full, slower,
-            {name: d.fp32_ms - d.int8_ms for name, d in decisions.items() if d.precision == "int8" and d.comparison},
-        )  # fmt: skip
-        mixed.how += f" (from {base.name})"
-        mixed.recipe = (
-            full.recipe if mixed.int8_nodes is None
-            else _static_recipe(run, base_fp32, base_cache, fmt, nodes_to_quantize=sorted(mixed.int8_nodes))
-        )  # fmt: skip
-        candidates.append(mixed)
-        table_model = mixed
-        if search["scope"] == "weight layers" and full.error is None:  # float islands in the all-int8 model
-            islands = _scored_search(
-                lambda: _float_islands(run, base_fp32, weight_layers, sensitivity, base_cache, fmt, slower, full)
-            )
-            candidates.append(islands)
-        dynamic_ok = dynamic.accuracy.get("ok") or (exact_head.error is None and exact_head.accuracy.get("ok"))
-        if fmt.runs_here and dynamic.error is None and not dynamic_ok and sensitivity:
-            build_dynamic_mixed = lambda: _dynamic_mixed(run, fp32, fmt, sensitivity, reference, head)  # noqa: E731
-            candidates.append(_scored_search(build_dynamic_mixed))
 
+def _mixed_candidates(run: PrecisionRun, base: _Base, fmt: Int8Format, weight_layers: list[tuple[str, str]],
+                      full: _Candidate, slower: frozenset[str], decisions: dict, reference: list[dict],
+                      candidates: list[_Candidate], report: dict):  # fmt: skip
+    """Mixed's search from the base (``precision.mixed``), and where it searched the weight layers only, float
+    islands in the all-int8 model: the mixed candidate, the layers' sensitivity, why layers were kept float,
+    and what the search did."""
+    report["mixed_base"] = base.model.name
+    mixed, sensitivity, kept_reasons, search = _mixed(
+        run, base.fp32, weight_layers, reference, base.cache, fmt, full, slower,
+        {name: d.fp32_ms - d.int8_ms for name, d in decisions.items() if d.precision == "int8" and d.comparison},
+    )  # fmt: skip
+    mixed.how += f" (from {base.model.name})"
+    mixed.recipe = (
+        full.recipe if mixed.int8_nodes is None
+        else _static_recipe(run, base.fp32, base.cache, fmt, nodes_to_quantize=sorted(mixed.int8_nodes))
+    )  # fmt: skip
+    candidates.append(mixed)
+    if search["scope"] == "weight layers" and full.error is None:  # float islands in the all-int8 model
+        islands = _scored_search(
+            lambda: _float_islands(run, base.fp32, weight_layers, sensitivity, base.cache, fmt, slower, full)
+        )
+        candidates.append(islands)
+    return mixed, sensitivity, kept_reasons, search
+
+
+def _chosen(run: PrecisionRun, fp32: Path, candidates: list[_Candidate], measured: bool,
+            report: dict) -> _Candidate | None:  # fmt: skip
+    """The candidates meeting the target timed against fp32 (where measured), the pick confirmed k-fold on the
+    held-out samples (the next pick where it is refuted), and every candidate reported."""
     if measured:
         run.report(0.85, "timing the int8 candidates against fp32")
         runnable = [c for c in candidates if c.error is None and c.accuracy.get("ok")]
@@ -238,31 +325,39 @@ def _int8(run: PrecisionRun, report: dict) -> ir.Model | None:
         if candidate.error is None and candidate.calibration_accuracy is None and candidate.path.is_file():
             _score_on_calibration(run, candidate)
     report["candidates"] = [c.as_dict() for c in candidates]
-    if base.error is None and (decisions or search is not None):
-        outside = (
-            "not a weight layer; the mixed search quantises weight layers only ("
-            + search.get("why_weight_layers", "")
-            + ")"
-            if search is not None and search["scope"] == "weight layers"
-            else "not quantised in this model"
-        )
-        rows = quantised_nodes(onnx.load(str(base.path)))
-        in_int8 = frozenset() if table_model.error else table_model.int8_nodes
-        table = _layer_table(
-            frozenset(n for n, _ in rows) if in_int8 is None else in_int8, rows, decisions, sensitivity,
-            kept_reasons, outside,
-        )  # fmt: skip
-        shares = _cached_time_shares(run, base_fp32)
-        for row in table:
-            row["time_share"] = round(shares.get(row["layer"], 0.0), 4)
-            if row["layer"] in sources:  # measured in this compile, or read from the kernel cache
-                row["timing_source"] = sources[row["layer"]]
-        report["layers"] = table
-        report["layers_model"] = table_model.name
-        if search is not None:
-            report["search"] = search
-    if chosen is None:
-        return _no_int8(run, report, candidates, weight_layers, reference, base_cache, fmt, base_fp32)
+    return chosen
+
+
+def _layers_report(run: PrecisionRun, base: _Base, table_model: _Candidate, decisions: dict, sources: dict,
+                   sensitivity: dict, kept_reasons: dict, search: dict | None, report: dict) -> None:  # fmt: skip
+    """``precision.layers``: each quantisable node of the base, whether ``table_model`` (mixed's, else the
+    all-int8 model) computes it in int8 and why, its kernel times and share of the fp32 time."""
+    outside = (
+        "not a weight layer; the mixed search quantises weight layers only ("
+        + search.get("why_weight_layers", "")
+        + ")"
+        if search is not None and search["scope"] == "weight layers"
+        else "not quantised in this model"
+    )
+    rows = quantised_nodes(onnx.load(str(base.model.path)))
+    in_int8 = frozenset() if table_model.error else table_model.int8_nodes
+    table = _layer_table(
+        frozenset(n for n, _ in rows) if in_int8 is None else in_int8, rows, decisions, sensitivity,
+        kept_reasons, outside,
+    )  # fmt: skip
+    shares = _cached_time_shares(run, base.fp32)
+    for row in table:
+        row["time_share"] = round(shares.get(row["layer"], 0.0), 4)
+        if row["layer"] in sources:  # measured in this compile, or read from the kernel cache
+            row["timing_source"] = sources[row["layer"]]
+    report["layers"] = table
+    report["layers_model"] = table_model.name
+    if search is not None:
+        report["search"] = search
+
+
+def _shipped(run: PrecisionRun, chosen: _Candidate, fp32_sources: tuple[Path, Path], report: dict) -> ir.Model:
+    """The chosen candidate's model, its figures and claim in the report."""
     report["shipped"] = chosen.name
     report["accuracy"] = chosen.accuracy
     report["calibration_accuracy"] = chosen.calibration_accuracy
@@ -270,7 +365,7 @@ def _int8(run: PrecisionRun, report: dict) -> ir.Model | None:
     report["claim"]["method"] = {"candidate": chosen.name, "how": chosen.how}
     report["warnings"].extend(warnings)
     if report.get("layers"):
-        report["layer_cosines"] = _layer_cosines(run, chosen, (fp32, base_fp32), report["layers"])
+        report["layer_cosines"] = _layer_cosines(run, chosen, fp32_sources, report["layers"])
     return ir.from_proto(onnx.load(str(chosen.path)))
 
 

@@ -20,9 +20,9 @@ from flexdsa_core.precision.cpu_forms import (
     ClassifierHead,
     dynamic_form,
 )
-from flexdsa_core.precision.formats import Int8Format
 from flexdsa_core.precision.quantise import _quantize_dynamic, _quantize_static, _static_recipe
 from flexdsa_core.precision.scoring import _Candidate, sensitivity_order
+from flexdsa_core.targets.int8_format import Int8Format
 
 # After the bisection, at most this many kept-float layers (largest measured int8 gain first) are tried
 # back in int8, one quantise-and-score each.

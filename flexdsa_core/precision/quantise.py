@@ -29,8 +29,8 @@ from flexdsa_core.precision.cpu_forms import (
     exact_top_k,
 )
 from flexdsa_core.precision.float_layers import keep_float_layers_float
-from flexdsa_core.precision.formats import Int8Format
 from flexdsa_core.precision.scoring import PrecisionRun, _cache_read, _cache_write, _digest, _key, _Samples
+from flexdsa_core.targets.int8_format import Int8Format
 
 # com.microsoft ops of our fusions that take weights and that onnxruntime.quantization's QDQ registry does
 # not know: quantised, their weights would stay float (FusedConv on ResNet-18: 1.05x instead of 1.77x).

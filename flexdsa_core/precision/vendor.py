@@ -12,10 +12,11 @@ import onnx_ir as ir
 
 from flexdsa_core.accuracy import describe as _describe
 from flexdsa_core.errors import ValidationFailedError
-from flexdsa_core.precision.formats import Int8Format, int8_format
+from flexdsa_core.precision.formats import int8_format
 from flexdsa_core.precision.mixed import _layer_table, _mixed, _sensitivity
 from flexdsa_core.precision.quantise import _quantize_static, _weight_layers
 from flexdsa_core.precision.scoring import PrecisionRun, _Candidate, _save, sensitivity_order
+from flexdsa_core.targets.int8_format import Int8Format
 
 
 def _vendor(run: PrecisionRun, report: dict, fmt: Int8Format | None) -> None:

@@ -26,7 +26,7 @@ from flexdsa_core.targets.accelerator import AcceleratorAdapter, is_constant, ru
 from flexdsa_core.targets.bundle_inputs import mixed_sections
 from flexdsa_core.targets.render import render
 from flexdsa_core.targets.spec import TargetSpec
-from flexdsa_core.targets.toolchain_run import MIN_COSINE
+from flexdsa_core.toolchains.base import MIN_COSINE
 
 INTEGER_DTYPES = frozenset(
     {ir.DataType.INT64, ir.DataType.INT32, ir.DataType.UINT64, ir.DataType.UINT32, ir.DataType.BOOL}

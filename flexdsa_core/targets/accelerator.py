@@ -15,7 +15,7 @@ A vendor file subclasses ``AcceleratorAdapter`` and overrides only what its tool
 * ``partition_notes(model, target)``: what the partition report must say about the whole model on this
   target (e.g. that a float model runs on an int8-only accelerator only once quantised).
 * ``vendor_cost(entry, versions)`` and ``vendor_forms``: the vendor compiler's own figure for a compiled
-  model, and the rewrites only that figure can decide (``vendor_explore``).
+  model, and the rewrites only that figure can decide (``vendor_runs.explore``).
 
 Its pipeline extends the default (``PlatformAdapter.stages`` and ``verifiers``): the Subgraph Mapper after the
 memory plan, and after the default verifiers the vendor's exploration, its build and simulator, and the

@@ -22,6 +22,7 @@ from pathlib import Path
 import onnx_ir as ir
 
 from flexdsa_core.rewrites import Legalisation, ordered
+from flexdsa_core.targets.int8_format import Int8Format
 from flexdsa_core.targets.spec import TargetSpec, op_key
 
 
@@ -61,6 +62,12 @@ class PlatformAdapter:
     vendor = "generic"
     # Execution provider options its compiled models were made with, for the manifest's artifacts (QNN: the HTP).
     provider_options: dict[str, str] = {}
+    # The ONNX Runtime QDQ that stands in for the vendor's quantiser when layers are ranked here (``Int8Format``);
+    # None: nobody here knows how to quantise for the target (cpu-ort's is this machine's: ``precision.formats``).
+    int8_format: Int8Format | None = None
+    # How the bundle's QDQ model (``*.qdq.onnx``) is loaded on the target, for the manifest: (the runtime that
+    # loads it, how, in one sentence); None: as any ONNX model.
+    qdq_load: tuple[str | None, str] | None = None
 
     def supported_op_keys(self, target: TargetSpec) -> frozenset[str]:
         """Ops the target runs. The spec's list, unless it says '*' (then the adapter must override)."""

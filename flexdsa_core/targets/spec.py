@@ -54,7 +54,7 @@ class TargetSpec(BaseModel):
     sram_bytes: int | None = None
     power_w: float | None = None
     # Float32 operations per second of the CPU beside the accelerator, where a source gives it: CPU-fallback
-    # nodes are then estimated on it (``targets/estimate.py``); None (every built-in part today) leaves their
+    # nodes are then estimated on it (``vendor_runs/estimate.py``); None (every built-in part today) leaves their
     # time out of the latency, and the figure says so.
     cpu_peak_ops_per_s: float | None = Field(None, gt=0)
     launch_overhead_s: float = Field(2e-6, description="Per-kernel fixed cost the cost model adds.")

@@ -25,6 +25,9 @@ from pathlib import Path
 from flexdsa_core.errors import FlexDSAError
 
 DEFAULT_TIMEOUT_S = 1800.0
+# The cosine to the original model's outputs that a vendor simulator's or emulator's outputs must reach: vendor
+# compilers run float graphs in fp16, so the bar is an accuracy target, not fp32 tolerances.
+MIN_COSINE = 0.99
 
 
 class ToolchainError(FlexDSAError):

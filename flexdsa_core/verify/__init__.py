@@ -8,7 +8,7 @@ bundle is assembled from the verdicts, ``bundle.py``). A target's adapter lists 
 through by the names ``@verifier`` registers (``PlatformAdapter.verifiers``); ``verifiers_named`` makes them.
 The built-in ones, in the default order: ``Validation`` and ``Padding`` (``validation.py``), ``NeverSlower``
 or ``TimedHere`` (``latency.py``), ``Precision`` (``precision.py``); accelerators add ``VendorExploration``,
-``Toolchain`` and ``VendorVerdicts`` (``toolchain.py``). A new cost source or check is one more ``Verifier``.
+``VendorBuild`` and ``VendorVerdicts`` (``toolchain.py``). A new cost source or check is one more ``Verifier``.
 
 ``roll_back`` is the one rollback path. A verifier that can undo a rewrite gives ``check(job, comp)`` (the
 verdict on one compilation): while it fails, the culprit rewrite is bisected (``compilation.bisect``) and

@@ -1,7 +1,7 @@
 """The vendor toolchain as a verifier (accelerators, where it installs): each bucket compiled with the
 vendor's own compiler at the requested precision (its quantiser calibrated on the same samples as ours),
 run in the vendor's simulator/emulator and compared with the original; our predicted placement is held
-against the vendor's. Vendor-scored exploration (``targets.vendor_explore``) runs first, as the vendor's
+against the vendor's. Vendor-scored exploration (``vendor_runs.explore``) runs first, as the vendor's
 own cost source: forms only its compiler can judge, never worse than the original compiled by the vendor
 alone. Its verdict: the vendor's build ran and its outputs hold (or no toolchain is installed: said so).
 """
@@ -23,9 +23,9 @@ from flexdsa_core.precision import vendor_verdict
 from flexdsa_core.report import SOURCES
 from flexdsa_core.subgraph_mapper import SubgraphMapper
 from flexdsa_core.targets import BucketModel
-from flexdsa_core.targets.estimate import target_estimate
-from flexdsa_core.targets.toolchain_run import run_toolchain
-from flexdsa_core.targets.vendor_explore import explore, vendor_section
+from flexdsa_core.vendor_runs.estimate import target_estimate
+from flexdsa_core.vendor_runs.explore import explore, vendor_section
+from flexdsa_core.vendor_runs.toolchain_run import run_toolchain
 from flexdsa_core.verify import Verdict, Verifier, roll_back, switch, verifier
 from flexdsa_core.verify.validation import validate_buckets
 
@@ -63,7 +63,7 @@ class VendorExploration(Verifier):
 
 
 @verifier("toolchain")
-class Toolchain(Verifier):
+class VendorBuild(Verifier):
     """The final vendor build of every bucket, run in the vendor's simulator (module docstring). Where our
     form crashed the vendor's build and the vendor alone built the original, the original ships (the
     rollback's ``fallback``). Its evidence: the toolchain report; ``extra``: the vendor's ``files``, the
@@ -240,7 +240,7 @@ def _vendor_verdicts(precision: dict, runs: dict, toolchain: dict, files: dict, 
 
 
 def _traffic_request(options: OptimizeOptions, buckets) -> dict | None:
-    """Observed traffic and each bucket's dims, for the vendor's expected cost per request (``vendor_explore``)."""
+    """Observed traffic and each bucket's dims, for the vendor's expected cost per request (``vendor_runs.explore``)."""
     if not options.observed_shapes:
         return None
     observed = [{"dims": dict(entry.dims), "count": entry.count} for entry in options.observed_shapes]

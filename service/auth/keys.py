@@ -16,7 +16,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from service.core.edge import control_character
+from service.core.input_checks import control_character
 from service.core.models import ApiKey, Tenant, utcnow
 
 KEY_SCHEME = "fdsa"

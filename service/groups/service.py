@@ -23,8 +23,8 @@ from sqlalchemy.orm import Session
 from flexdsa_core import RequestSpec, TargetSpec, list_targets
 from flexdsa_core.compare import resolve_targets
 from service.core.config import Settings
-from service.core.edge import check_spec_json
 from service.core.errors import InvalidRequest, NotFound, QuotaExceeded, storage_io
+from service.core.input_checks import check_spec_json
 from service.core.models import Artifact, Job, JobGroup, JobStatus, Tenant
 from service.groups.schemas import GroupCreated, GroupJob, GroupOut
 from service.jobs import service as jobs

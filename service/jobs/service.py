@@ -29,8 +29,8 @@ from flexdsa_core.errors import InvalidOptionsError
 from flexdsa_core.preflight import check_request
 from flexdsa_core.spec_check import SpecError, check_calibration_use, parse_request
 from service.core.config import Settings
-from service.core.edge import check_spec_json
 from service.core.errors import Conflict, InvalidRequest, QuotaExceeded, storage_io
+from service.core.input_checks import check_spec_json
 from service.core.models import Artifact, Job, JobStatus, Tenant, utcnow
 from service.jobs import gates
 from service.jobs.dispatch import enqueue as dispatch

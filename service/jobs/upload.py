@@ -56,8 +56,8 @@ from flexdsa_core.preflight import read_weightless
 from flexdsa_core.wire import WIRE_LEN, WIRE_VARINT
 from flexdsa_core.wire import WireFormatError as NotOnnxError
 from flexdsa_core.wire import fields as _fields
-from service.core.edge import check_text
 from service.core.errors import InvalidRequest, PayloadTooLarge, ServiceError, storage_io
+from service.core.input_checks import check_text
 
 KiB = 1024
 MAX_SPEC_BYTES = 64 * KiB

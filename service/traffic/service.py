@@ -33,8 +33,8 @@ from flexdsa_core import RequestSpec
 from flexdsa_core.errors import FlexDSAError
 from service.core.body_limit import TRAFFIC_LIMIT
 from service.core.config import Settings
-from service.core.edge import check_spec_json
 from service.core.errors import Conflict, InvalidRequest, PayloadTooLarge
+from service.core.input_checks import check_spec_json
 from service.core.models import Artifact, Job, JobStatus, JobTraffic, Tenant
 from service.jobs import service as jobs
 from service.storage.store import ArtifactStore

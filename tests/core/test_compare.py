@@ -1,6 +1,6 @@
 """The comparison row of one target's job (``flexdsa_core.compare``): read from real reports of the pipeline on
 a small BERT, each figure with its source; the vendor-alone baseline from a vendor section of the shape
-``vendor_explore.vendor_section`` writes; target names resolved with "did you mean"."""
+``vendor_runs.explore.vendor_section`` writes; target names resolved with "did you mean"."""
 
 from __future__ import annotations
 

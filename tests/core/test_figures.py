@@ -17,7 +17,7 @@ from flexdsa_core.respecialise import propose
 from flexdsa_core.subgraph_mapper import SubgraphMapper
 from flexdsa_core.targets import load_target
 from flexdsa_core.targets.accelerator import ADAPTER
-from flexdsa_core.targets.estimate import target_estimate
+from flexdsa_core.vendor_runs.estimate import target_estimate
 from tests.core.test_subgraph_mapper import _chain, _target
 from tests.models import fixture
 

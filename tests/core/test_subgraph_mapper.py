@@ -11,7 +11,7 @@ from flexdsa_core.memory_planner import plan_memory
 from flexdsa_core.subgraph_mapper import ACCELERATOR, CPU, SubgraphMapper
 from flexdsa_core.targets import TargetSpec
 from flexdsa_core.targets.accelerator import ADAPTER
-from flexdsa_core.targets.estimate import target_estimate
+from flexdsa_core.vendor_runs.estimate import target_estimate
 
 
 def _target(**changes) -> TargetSpec:

@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 from flexdsa_core.targets import load_target
-from flexdsa_core.targets.deploy_manifest import complete_manifest
+from flexdsa_core.vendor_runs.deploy_manifest import complete_manifest
 from tests.core.targets import _bundle_checks as checks
 
 DRIVER = Path(__file__).resolve().parents[2] / "flexdsa_core" / "targets" / "rockchip" / "driver.py"

@@ -28,7 +28,7 @@ TEXT = ("bert", "gpt2", "llama")
 VISION = ("vit", "resnet", "mobilenetv2")
 TEXT_BUCKETS = {"batch": [1], "seq": [8, 16]}
 VISION_BUCKETS = {"batch": [2]}
-# The vendor toolchain's own bar on its simulator/emulator (flexdsa_core.targets.toolchain_run.MIN_COSINE).
+# The vendor toolchain's own bar on its simulator/emulator (flexdsa_core.toolchains.base.MIN_COSINE).
 MIN_COSINE = 0.99
 
 

@@ -261,7 +261,7 @@ def test_hostile_corpus_is_refused_with_distinct_reasons_reading_nothing_outside
     env, headers, canary, monkeypatch, caplog
 ):
     if env.backend != "postgres":
-        pytest.skip("one backend is enough for the pipeline runs (test_edge covers the edge on both)")
+        pytest.skip("one backend is enough for the pipeline runs (test_input_checks covers the API boundary on both)")
     canary_path, marker, env_marker, watch = canary
     plant = _planting_mkdtemp(monkeypatch, canary_path)
     caplog.set_level(logging.DEBUG)

@@ -28,12 +28,22 @@ from flexdsa_core.targets._vitis_ai import (
     quantize_script,
 )
 from flexdsa_core.targets.base import BucketModel
+from flexdsa_core.targets.int8_format import Int8Format
 from flexdsa_core.targets.render import render
 from flexdsa_core.targets.spec import TargetSpec, op_key
 
 
 class AmdAdapter(VitisAIAdapter):
     vendor = "AMD"
+    int8_format = Int8Format(
+        "AMD Quark XINT8 (CNN: power-of-two scales) or A8W8 (transformer): symmetric int8, per-tensor", "int8",
+        True, False, False, per_channel=False, vendor="amd", float_as="float (excluded from Quark's quantisation)",
+    )  # fmt: skip
+    qdq_load = (
+        "onnxruntime",
+        "onnxruntime.InferenceSession(file, providers=['VitisAIExecutionProvider']) on the NPU (the EP compiles "
+        "it at session creation); runs on the CPU provider too",
+    )
     int8_only = False
     presets = {"cnn": "XINT8", "transformer": "A8W8"}
     quant_sources = "A8"

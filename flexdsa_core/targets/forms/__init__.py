@@ -5,14 +5,14 @@ A form module exports ``FORM`` (found by discovery, like fusion rules). Each ``V
 (one onnxscript rule each: a block size, a granularity); ``sites`` lists where each variant matches, and
 ``apply`` takes exactly the chosen (site, variant) pairs. A site is the name of the node the rule matched at;
 the rewritten node keeps that name and the nodes it adds are named ``<site><site_suffix>``, so the vendor's
-per-layer report (which carries ONNX node names) can be read back per site (``vendor_explore``).
+per-layer report (which carries ONNX node names) can be read back per site (``vendor_runs.explore``).
 
 An ``ExactForm`` is judged by the vendor's quantiser instead of its cycles: a rewrite that changes no value of the
 fp32 model (bounded attention-mask constants, outlier channels moved to a path of their own) but removes what
 a per-tensor int8 scale cannot hold. Its rules take figures measured on the calibration samples (``measure``:
 the scores' range a mask constant must stay beyond, the channels that swamp a scale), and it names the nodes
 that must stay float16 for the rewrite to pay (``float16``). Exploration applies it to the chosen form under the
-vendor's int8 precisions and judges it in the vendor's simulator on held-out samples (``vendor_explore``).
+vendor's int8 precisions and judges it in the vendor's simulator on held-out samples (``vendor_runs.explore``).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ class VendorForm:
 
             def refuse(_rule, delta, variant=variant):
                 found.setdefault(_root(delta).name, []).append(variant)
-                return _Verdict(False)
+                return _Decision(False)
 
             drive(model, [rule], refuse, rule_name=self.name)
         return found
@@ -61,14 +61,14 @@ class VendorForm:
             def take(_rule, delta, wanted=wanted):
                 site = _root(delta).name
                 if site not in wanted:
-                    return _Verdict(False)
+                    return _Decision(False)
                 main = delta.new_outputs[0].producer()
                 extra = [node for node in delta.new_nodes if node is not main]
                 for index, node in enumerate(extra):
                     node.name = f"{site}{self.site_suffix}" + (f"_{index}" if index else "")
                 main.name = site
                 taken.append(site)
-                return _Verdict(True)
+                return _Decision(True)
 
             drive(model, [rule], take, rule_name=self.name)
         if taken:
@@ -77,7 +77,7 @@ class VendorForm:
 
 
 @dataclass(frozen=True)
-class _Verdict:
+class _Decision:
     taken: bool
 
 
@@ -135,7 +135,7 @@ class ExactForm:
                 if roles.get(id(main), "").startswith("float16"):
                     applied.float16.append(site)
                 applied.sites[site] = rule_class.describe(site)
-                return _Verdict(True)
+                return _Decision(True)
 
             drive(model, variants, take, rule_name=self.name, tracer=tracer)
             applied.refused.update(tracer.reasons)

@@ -18,7 +18,7 @@ two Conv nodes the NPU runs, with no Reshape/Transpose the toolkit might leave o
 convolution is exact in any float precision (one product by 1.0 per output), the second reorders the sums.
 
 Whether it pays depends on the part's lanes, its stride limit and its compiler: the vendor's own estimate
-decides, per site and per block size (``vendor_explore``), never this module.
+decides, per site and per block size (``vendor_runs.explore``), never this module.
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ import onnx_ir as ir
 from flexdsa_core.targets.accelerator import AcceleratorAdapter
 from flexdsa_core.targets.base import BucketModel, Legalized
 from flexdsa_core.targets.bundle_inputs import input_dims, requested_precision, runtime_inputs
+from flexdsa_core.targets.int8_format import Int8Format
 from flexdsa_core.targets.opset_convert import convert_opset, opset_legalisations, since_version
 from flexdsa_core.targets.render import render
 from flexdsa_core.targets.spec import TargetSpec
@@ -74,6 +75,10 @@ def fusion_switch_plan(report: dict, target: TargetSpec) -> dict[str, str]:
 
 class HuaweiAdapter(AcceleratorAdapter):
     vendor = "huawei"
+    int8_format = Int8Format(
+        "AMCT-style int8 (the vendor step's own calibration on our dataset): asymmetric activations, per-channel "
+        "weights", "uint8", False, False, False, vendor="huawei", float_as="float16",
+    )  # fmt: skip
     legalisations = opset_legalisations()
 
     # ---- legality -----------------------------------------------------------------------------------

@@ -31,6 +31,7 @@ from flexdsa_core.rewrites import counting
 from flexdsa_core.targets.accelerator import AcceleratorAdapter
 from flexdsa_core.targets.base import BucketModel, Legalized
 from flexdsa_core.targets.bundle_inputs import input_dims, requested_precision, runtime_inputs
+from flexdsa_core.targets.int8_format import Int8Format
 from flexdsa_core.targets.opset_convert import (
     Emitter,
     const_ints,
@@ -77,6 +78,7 @@ def profile(buckets: list[BucketModel]) -> dict[str, dict[str, list[int]]]:
 
 class NvidiaAdapter(AcceleratorAdapter):
     vendor = "nvidia"
+    int8_format = Int8Format("TensorRT symmetric s8s8 QDQ", "int8", True, False, False)  # TensorRT: symmetric s8 only
     legalisations = (
         *opset_legalisations(),
         counting(LAYER_NORM_Y_ONLY, lambda model: layer_norm_y_only(model),

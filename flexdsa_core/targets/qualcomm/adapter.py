@@ -39,6 +39,7 @@ from flexdsa_core.targets.bundle_inputs import (
     requested_precision,
     runtime_inputs,
 )
+from flexdsa_core.targets.int8_format import Int8Format
 from flexdsa_core.targets.render import render
 from flexdsa_core.targets.spec import TargetSpec
 from flexdsa_core.targets.vendor_cost import VendorCost
@@ -65,6 +66,15 @@ HTP_LACKS = {
 class QualcommAdapter(AcceleratorAdapter):
     vendor = "Qualcomm"
     provider_options = PROVIDER_OPTIONS
+    int8_format = Int8Format(
+        "QNN QDQ (get_qnn_qdq_config): uint8 activations, uint8 per-tensor weights, asymmetric; the layers mixed "
+        "keeps out of uint8 get uint16 activations (a16w8)", "uint8", False, False, False,
+        weights="uint8", per_channel=False, vendor="qualcomm", float_as="uint16 activations (a16w8)",
+    )  # fmt: skip
+    qdq_load = (
+        None,
+        "the QDQ model the QNN context binary was compiled from: compile_qnn.py recompiles it on the device",
+    )
     vendor_needs_inputs = True  # the EP compiles a session: it quantises on and runs a sample
     vendor_package = "onnxruntime-qnn"
     vendor_alone_options = {"vendor_preprocess": True}  # qnn_preprocess_model, as QNN's documentation asks

@@ -56,6 +56,7 @@ from flexdsa_core.rewrites import counting
 from flexdsa_core.targets.accelerator import AcceleratorAdapter, is_constant, runtime_input_of
 from flexdsa_core.targets.base import BucketModel
 from flexdsa_core.targets.bundle_inputs import mixed_sections
+from flexdsa_core.targets.int8_format import Int8Format
 from flexdsa_core.targets.render import render
 from flexdsa_core.targets.rockchip.rknn_outputs import runtime_served
 from flexdsa_core.targets.spec import TargetSpec
@@ -84,6 +85,11 @@ SENSITIVE_COSINE = 0.999
 
 class RockchipAdapter(AcceleratorAdapter):
     vendor = "Rockchip"
+    int8_format = Int8Format(
+        "RKNN w8a8 (rknn-toolkit2's own quantiser on our dataset.txt): asymmetric int8 activations, per-channel "
+        "int8 weights; mixed's float layers go to its hybrid quantisation", "uint8", False, False, False,
+        vendor="rockchip", float_as="float16 (rknn hybrid quantisation)",
+    )  # fmt: skip
     # The rewrites rknn-toolkit2's ONNX front end needs (module docstring), in this order.
     legalisations = tuple(
         counting(name, rewrite, summary, note="{name}: {count} node(s) rewritten for rknn-toolkit2")
@@ -128,7 +134,8 @@ class RockchipAdapter(AcceleratorAdapter):
 
     # ---- the vendor's own figure --------------------------------------------------------------------
     vendor_forms = ("strided_conv_space_to_depth",)
-    # Rewrites that change no value but what the toolkit's w8a8 keeps (judged by its simulator, ``vendor_explore``).
+    # Rewrites that change no value but what the toolkit's w8a8 keeps (judged by its simulator,
+    # ``vendor_runs.explore``).
     vendor_exact_forms = ("bounded_attention_mask", "outlier_channel_split")
     vendor_package = "rknn-toolkit2"
     # The vendor alone is the original as a user hands it over: every output left in (a toolkit crash included).

@@ -29,6 +29,7 @@ import onnx_ir as ir
 
 from flexdsa_core.targets._vitis_ai import VitisAIAdapter, float_note, quantize_script
 from flexdsa_core.targets.base import BucketModel
+from flexdsa_core.targets.int8_format import Int8Format
 from flexdsa_core.targets.render import render
 from flexdsa_core.targets.spec import TargetSpec, op_key
 
@@ -40,6 +41,11 @@ OUTPUT_CHANNELS_MAX = 256 * CHANNEL_PARALLEL  # C_out <= 256 * channel_parallel 
 
 class XilinxAdapter(VitisAIAdapter):
     vendor = "AMD (Xilinx)"
+    int8_format = Int8Format(
+        "AMD Quark XINT8: symmetric int8, power-of-two scales, per-tensor (the DPU's only datatype)", "int8", True,
+        False, False, per_channel=False, vendor="amd", float_as="float, in a CPU subgraph on the Cortex-A53s",
+    )  # fmt: skip
+    qdq_load = (None, "the QDQ model to compile for the DPU with compile_kv260.sh (vai_c_xir)")
     int8_only = True
     presets = {"cnn": "XINT8", "transformer": "XINT8"}  # the DPU takes power-of-two int8 only (X8)
     quant_sources = "X8"

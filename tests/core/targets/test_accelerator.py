@@ -16,8 +16,8 @@ from pydantic import ValidationError
 from flexdsa_core import FlexDSAOptimizer, RequestSpec
 from flexdsa_core.targets import list_targets
 from flexdsa_core.targets.accelerator import name_nodes, write_default_attributes
-from flexdsa_core.targets.toolchain_run import _agreement, _compare
 from flexdsa_core.toolchains import Toolchain, ToolchainError
+from flexdsa_core.vendor_runs.toolchain_run import _agreement, _compare
 from tests.core.fusions.harness import parse
 from tests.models import fixture
 
@@ -228,7 +228,7 @@ def test_no_generated_text_carries_shapes_other_than_the_buckets(target):
 
 
 def test_a_vendor_failure_reads_as_one_line_naming_the_exception():
-    from flexdsa_core.targets.toolchain_run import one_line_reason
+    from flexdsa_core.vendor_runs.toolchain_run import one_line_reason
 
     traceback = (
         "The rockchip toolchain exited with status 1 without a result. Last lines of its log:\n"

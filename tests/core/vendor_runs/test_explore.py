@@ -1,4 +1,4 @@
-"""Exploration scored by the vendor's own estimate (``targets/vendor_explore``): the vendor alone beside every
+"""Exploration scored by the vendor's own estimate (``vendor_runs/explore``): the vendor alone beside every
 bucket, forms decided per site by the vendor's per-layer cycles, never worse than the vendor alone, and a vendor
 crash on a form of ours ending in a shipped fallback with its reason.
 
@@ -14,7 +14,7 @@ from flexdsa_core import FlexDSAOptimizer, OptimizeOptions
 from flexdsa_core.cache import LRUCache
 from flexdsa_core.targets.rockchip import ADAPTER
 from flexdsa_core.targets.vendor_cost import VendorCost
-from flexdsa_core.targets.vendor_explore import ALONE, PLAIN, Candidate, _decide, traffic_figures
+from flexdsa_core.vendor_runs.explore import ALONE, PLAIN, Candidate, _decide, traffic_figures
 from tests.core.targets import _bundle_checks as checks
 from tests.core.targets.test_rockchip import LOG, _driver
 from tests.models import fixture

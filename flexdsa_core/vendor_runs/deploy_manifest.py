@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from flexdsa_core.targets import get_adapter
 from flexdsa_core.targets.spec import TargetSpec
 
 __all__ = ["FORMAT", "POLICY", "complete_manifest", "file_role"]
@@ -65,18 +66,6 @@ _LOAD: dict[str, tuple[str | None, str]] = {
     "script": (None, "a generated conversion/compile/run script or config for this target (see README.md)"),
     "readme": (None, "how to deploy this bundle"),
     "report": (None, "what the compiler did and measured; not needed at run time"),
-}
-_QDQ_LOAD = {
-    "qualcomm": (
-        None,
-        "the QDQ model the QNN context binary was compiled from: compile_qnn.py recompiles it on the device",
-    ),
-    "amd": (
-        "onnxruntime",
-        "onnxruntime.InferenceSession(file, providers=['VitisAIExecutionProvider']) on the NPU (the EP compiles "
-        "it at session creation); runs on the CPU provider too",
-    ),
-    "xilinx": (None, "the QDQ model to compile for the DPU with compile_kv260.sh (vai_c_xir)"),
 }
 # Preferred first when a bucket has several loadable artifacts (the compiled one before the ONNX).
 _PREFERENCE = ("rknn", "qnn-context", "qdq-onnx", "onnx", "onnx-portable")
@@ -163,7 +152,7 @@ def complete_manifest(
             entry["bucket"] = bucket
         files[name] = entry
         if bucket is not None:
-            runtime, load = _QDQ_LOAD.get(target.adapter, _LOAD["onnx"]) if role == "qdq-onnx" else _LOAD[role]
+            runtime, load = _load(role, target)
             artifact = {"file": name, "role": role, "runtime": runtime, "load": load}
             if role == "qnn-context":
                 artifact["provider_options"] = _provider_options(target)
@@ -186,11 +175,17 @@ def complete_manifest(
     return json.dumps(manifest, indent=2).encode()
 
 
+def _load(role: str, target: TargetSpec) -> tuple[str | None, str]:
+    """The runtime that loads a file of ``role`` and how; a QDQ model as its target's adapter declares
+    (``qdq_load``: the vendor's compiler or execution provider), else as any ONNX model."""
+    if role == "qdq-onnx":
+        return get_adapter(target).qdq_load or _LOAD["onnx"]
+    return _LOAD[role]
+
+
 def _provider_options(target: TargetSpec) -> dict[str, str]:
     """The execution provider options the target's compiled models were made with (QNN: the HTP of the part),
     as its adapter declares them."""
-    from flexdsa_core.targets import get_adapter
-
     return dict(get_adapter(target).provider_options)
 
 

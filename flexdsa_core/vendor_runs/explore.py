@@ -44,11 +44,13 @@ from pathlib import Path
 import onnx_ir as ir
 
 from flexdsa_core.cache import kernel_key
+from flexdsa_core.targets.accelerator import AcceleratorAdapter
 from flexdsa_core.targets.base import BucketModel
 from flexdsa_core.targets.forms import VendorForm, discover_forms
 from flexdsa_core.targets.spec import TargetSpec
 from flexdsa_core.targets.vendor_cost import VendorCost, ratio
 from flexdsa_core.toolchains import ToolchainError, get_toolchain
+from flexdsa_core.vendor_runs.toolchain_run import bucket_dims
 from flexdsa_core.version import __version__
 
 PLAIN = "ours"  # our bundle model as the pipeline made it
@@ -261,28 +263,75 @@ def explore(
     (no toolchain for the target, not ready, or an adapter without ``vendor_cost``). With ``precision``
     int8/mixed and ``calibration`` samples, the vendor's precisions (``adapter.vendor_precisions``) are tried on
     the chosen form too, each judged in its simulator on ``held_out`` samples (``_precisions``)."""
-    from flexdsa_core.targets.accelerator import AcceleratorAdapter
-
-    if not target.toolchain or root is None or type(adapter).vendor_cost is AcceleratorAdapter.vendor_cost:
-        return None
-    if not get_toolchain(target.toolchain).status(root).ready:
+    if not _scored_by_the_vendor(target, adapter, root):
         return None
     compiler = VendorCompiler(target, adapter, root, workdir, cache, precision)
     say = progress or (lambda fraction, message: None)
     shapes = {b.name: _static_inputs(b.model) for b in buckets}
     original_file = _original_file(original_source, compiler.folder)
-    # The vendor alone gets the original as a user would hand it over: rknn takes the shapes beside the file;
-    # a vendor that compiles what it runs (QNN) gets it with its input dims fixed to the bucket's, nothing else.
-    sources = {
-        b.name: _fixed_inputs(original_file, shapes[b.name], compiler.folder, b.name)
-        if adapter.vendor_needs_inputs else original_file
-        for b in buckets
-    }
+    sources = _vendor_alone_sources(adapter, buckets, original_file, shapes, compiler.folder)
     feeds = {b.name: _feeds(b, compiler.folder) for b in buckets} if adapter.vendor_needs_inputs else None
     # Forms are decided by the vendor's cycles; a vendor that reports placement only cannot judge them.
     forms = [discover_forms()[n] for n in adapter.vendor_forms if n in discover_forms()]
 
     # The vendor alone, our model, and each form variant at every site it matches: one toolchain run.
+    first, sites = _first_candidates(adapter, buckets, forms)
+    say(0.1, f"compiling {len(first)} candidate(s) with {compiler.tool} (estimate only)")
+    compiler.estimate(first, sources, shapes, feeds)
+    # Per site, the cheapest variant by the vendor's per-layer figures; composed and confirmed.
+    second = _composed_candidates(buckets, first, sites, forms)
+    if second:
+        say(0.5, f"confirming {len(second)} composed candidate(s) with {compiler.tool}")
+        compiler.estimate(second, sources, shapes, feeds)
+    candidates = first + second
+
+    exploration = _choose(buckets, candidates, sites, sources, compiler.tool)
+    exploration.original_file = original_file
+    # A bucket that ships the original is built as the vendor alone built it (QNN: qnn_preprocess_model first).
+    exploration.bucket_options = {name: dict(adapter.vendor_alone_options) for name in exploration.original
+                                  if adapter.vendor_alone_options}  # fmt: skip
+    if (precision or {}).get("requested") in ("int8", "mixed") and calibration:
+        say(0.7, f"quantising candidates with {compiler.tool} and judging them in its simulator")
+        explored = _precisions(
+            compiler, exploration.buckets, exploration.original, sources, shapes, exploration.report,
+            exploration.plans, precision, calibration, held_out or {}, accuracy, original_source,
+        )  # fmt: skip
+        _ship_precisions(exploration, explored)
+    summary_traffic = None
+    if traffic and traffic.get("observed"):
+        say(0.9, f"compiling the original at the largest observed shape with {compiler.tool}")
+        summary_traffic = _traffic(compiler, traffic, original_file, buckets)
+    exploration.report = {
+        "tool": compiler.tool,
+        "traffic": summary_traffic,
+        "compiles": compiler.compiles,
+        "cache_hits": sum(1 for c in candidates if c.cached),
+        "buckets": exploration.report,
+    }
+    return exploration
+
+
+def _scored_by_the_vendor(target: TargetSpec, adapter, root: Path | None) -> bool:
+    """The target's toolchain is installed here and its adapter reads a cost from a compile (``vendor_cost``)."""
+    if not target.toolchain or root is None or type(adapter).vendor_cost is AcceleratorAdapter.vendor_cost:
+        return False
+    return get_toolchain(target.toolchain).status(root).ready
+
+
+def _vendor_alone_sources(adapter, buckets: list[BucketModel], original_file: Path, shapes: dict[str, dict],
+                          folder: Path) -> dict[str, Path]:  # fmt: skip
+    """Bucket -> the original model as the vendor alone gets it, the way a user would hand it over: rknn takes
+    the shapes beside the file; a vendor that compiles what it runs (QNN) gets it with its input dims fixed to
+    the bucket's, nothing else."""
+    if not adapter.vendor_needs_inputs:
+        return {b.name: original_file for b in buckets}
+    return {b.name: _fixed_inputs(original_file, shapes[b.name], folder, b.name) for b in buckets}
+
+
+def _first_candidates(adapter, buckets: list[BucketModel], forms: list[VendorForm],
+                      ) -> tuple[list[Candidate], dict[str, dict[str, dict[str, list[str]]]]]:  # fmt: skip
+    """Per bucket the vendor alone, our model, and each form's variant at every site of the form where it applies;
+    and per bucket, form -> site -> the variants found there."""
     first: list[Candidate] = []
     sites: dict[str, dict[str, dict[str, list[str]]]] = {}
     for bucket in buckets:
@@ -296,23 +345,29 @@ def explore(
                 choices = {s: variant for s, found in sites[bucket.name][form.name].items() if variant in found}
                 if choices:
                     first.append(_with_forms(bucket, {form.name: choices}, forms, f"{form.name}:{variant}"))
-    say(0.1, f"compiling {len(first)} candidate(s) with {compiler.tool} (estimate only)")
-    compiler.estimate(first, sources, shapes, feeds)
+    return first, sites
 
-    # Per site, the cheapest variant by the vendor's per-layer figures; composed and confirmed.
+
+def _composed_candidates(buckets: list[BucketModel], first: list[Candidate], sites: dict,
+                         forms: list[VendorForm]) -> list[Candidate]:  # fmt: skip
+    """Per bucket, the cheapest variant at each site composed into one candidate, unless one compiled already
+    has exactly those forms."""
     second: list[Candidate] = []
     for bucket in buckets:
         mine = [c for c in first if c.bucket == bucket.name]
         composed = _compose(bucket, mine, sites[bucket.name], forms)
         if composed is not None and not any(c.forms == composed.forms for c in mine):
             second.append(composed)
-    if second:
-        say(0.5, f"confirming {len(second)} composed candidate(s) with {compiler.tool}")
-        compiler.estimate(second, sources, shapes, feeds)
+    return second
 
+
+def _choose(buckets: list[BucketModel], candidates: list[Candidate], sites: dict, sources: dict[str, Path],
+            tool: str) -> Exploration:  # fmt: skip
+    """Per bucket the candidate to ship (``_decide``): ours as the pipeline made it, a form of ours, or the
+    original; ``report`` holds each bucket's decision, ``plans`` its candidates for fusion_plan.json."""
     chosen, changed, original, report, plans = [], set(), set(), {}, {}
     for bucket in buckets:
-        mine = [c for c in first + second if c.bucket == bucket.name]
+        mine = [c for c in candidates if c.bucket == bucket.name]
         alone = next(c for c in mine if c.name == ALONE)
         best, reason = _decide(mine, alone)
         if best is None or best.name == PLAIN:
@@ -332,41 +387,28 @@ def explore(
             "decision": reason,
         }
         plans[bucket.name] = {
-            "scored_by": alone.cost.source if alone.cost else compiler.tool,
+            "scored_by": alone.cost.source if alone.cost else tool,
             "candidates": [c.record() for c in mine],
             "sites": {name: found for name, found in sites[bucket.name].items() if found},
             "chosen": best.name if best is not None else None,
             "decision": reason,
         }
-    # A bucket that ships the original is built as the vendor alone built it (QNN: qnn_preprocess_model first).
-    bucket_options: dict[str, dict] = {name: dict(adapter.vendor_alone_options) for name in original
-                                       if adapter.vendor_alone_options}  # fmt: skip
-    if (precision or {}).get("requested") in ("int8", "mixed") and calibration:
-        say(0.7, f"quantising candidates with {compiler.tool} and judging them in its simulator")
-        explored = _precisions(
-            compiler, chosen, original, sources, shapes, report, plans, precision, calibration, held_out or {},
-            accuracy, original_source,
-        )  # fmt: skip
-        for name, (options, model) in explored.items():
-            bucket_options[name] = {**bucket_options.get(name, {}), **options}
-            if model is not None:  # exact rewrites made its int8 accurate: that model ships (validated again)
-                chosen = [replace(b, model=model, portable=None) if b.name == name else b for b in chosen]
-                changed.add(name)
-                original.discard(name)
-                bucket_options[name] = dict(options)
-    if traffic and traffic.get("observed"):
-        say(0.9, f"compiling the original at the largest observed shape with {compiler.tool}")
-        summary_traffic = _traffic(compiler, traffic, original_file, buckets)
-    else:
-        summary_traffic = None
-    summary = {
-        "tool": compiler.tool,
-        "traffic": summary_traffic,
-        "compiles": compiler.compiles,
-        "cache_hits": sum(1 for c in first + second if c.cached),
-        "buckets": report,
-    }
-    return Exploration(chosen, changed, original, summary, plans, original_file, bucket_options)
+    return Exploration(chosen, changed, original, report, plans)
+
+
+def _ship_precisions(exploration: Exploration, explored: dict[str, tuple[dict, ir.Model | None]]) -> None:
+    """Each bucket's chosen precision joins its build options; where exact rewrites made its int8 accurate, that
+    model ships instead (validated again)."""
+    options_of = exploration.bucket_options
+    for name, (options, model) in explored.items():
+        options_of[name] = {**options_of.get(name, {}), **options}
+        if model is not None:
+            exploration.buckets = [
+                replace(b, model=model, portable=None) if b.name == name else b for b in exploration.buckets
+            ]
+            exploration.changed.add(name)
+            exploration.original.discard(name)
+            options_of[name] = dict(options)
 
 
 # Samples a simulator runs per candidate to judge its accuracy (they are slow).
@@ -753,7 +795,6 @@ def _feeds(bucket: BucketModel, folder: Path) -> dict[str, str]:
     """One seeded input sample at the bucket's shapes, saved as .npy: input name -> path."""
     import numpy as np
 
-    from flexdsa_core.targets.toolchain_run import bucket_dims
     from flexdsa_core.validate import make_inputs, proto_without_weights
 
     written = {}

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from flexdsa_core import FlexDSAOptimizer, RequestSpec
-from flexdsa_core.targets.deploy_manifest import FORMAT, _bucket_of, file_role
+from flexdsa_core.vendor_runs.deploy_manifest import FORMAT, _bucket_of, file_role
 from tests.runtime.tiny_models import MASKED, model_bytes
 
 BUCKETS = ["batch1_seq8", "batch1_seq16"]
@@ -86,7 +86,7 @@ def test_a_bundle_lists_every_file_with_its_checksum():
 def test_a_qdq_model_is_loaded_as_its_vendor_loads_it(target, runtime, says):
     """The QDQ model's runtime and load text come from the target's own vendor folder, not the generic ONNX one."""
     from flexdsa_core.targets import load_target
-    from flexdsa_core.targets.deploy_manifest import complete_manifest
+    from flexdsa_core.vendor_runs.deploy_manifest import complete_manifest
 
     spec = load_target(target)
     artifacts = {

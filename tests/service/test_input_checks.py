@@ -1,5 +1,5 @@
-"""Edge validation: control characters, oversize numbers and dot names are refused (or made harmless)
-before anything reaches the database or the artifact store, each with a 4xx that names the field.
+"""Input checks at the API boundary: control characters, oversize numbers and dot names are refused (or made
+harmless) before anything reaches the database or the artifact store, each with a 4xx that names the field.
 
 Run on PostgreSQL (which refuses a NUL inside text, so a miss here is a 500) and on SQLite (which stores
 it, so a miss is a corrupt row or a failed job).

@@ -1,4 +1,5 @@
-"""Edge validation: hostile strings and numbers are refused where they enter, with a 4xx naming the field.
+"""Input checks at the API boundary: hostile strings and numbers are refused where they enter, with a 4xx
+naming the field.
 
 Nothing here trusts the database to refuse for us: PostgreSQL rejects a NUL byte inside text (the request
 then failed with a 500), SQLite stores it, and either way a control character in an id, a name or a file

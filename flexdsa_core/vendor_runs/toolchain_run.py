@@ -34,8 +34,8 @@ import onnx_ir as ir
 
 from flexdsa_core.targets.spec import TargetSpec
 from flexdsa_core.toolchains import ToolchainError, get_toolchain
+from flexdsa_core.toolchains.base import MIN_COSINE
 
-MIN_COSINE = 0.99
 # Calibration samples the vendor's simulator/emulator runs to judge the quantised model (they are slow).
 EVAL_SAMPLES = 8
 
