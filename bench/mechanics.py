@@ -439,7 +439,7 @@ def bench_run_budget(budget_s: float = 1.0) -> dict:
     import numpy as np
 
     from flexdsa_core.errors import RunBudgetExceededError
-    from flexdsa_core.validate import run, run_budget
+    from flexdsa_core.ort_runs import run, run_budget
     from tests.core.test_run_budget import endless_loop_model
 
     started = time.perf_counter()

@@ -154,7 +154,7 @@ def vendor_row(model: str, toolchains: Path, samples: int) -> dict:
     import onnx
 
     from bench.models import bench_model
-    from flexdsa_core.validate import make_inputs
+    from flexdsa_core.ort_runs import make_inputs
 
     calibration = None
     if model in TRAINED_BUCKETS:  # a trained model: its own real samples, judged by its task's metric

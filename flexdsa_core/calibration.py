@@ -34,7 +34,7 @@ import numpy as np
 import onnx
 
 from flexdsa_core.errors import InvalidOptionsError
-from flexdsa_core.validate import _gather_vocab_sizes, make_inputs
+from flexdsa_core.ort_runs import _gather_vocab_sizes, make_inputs
 
 __all__ = [
     "RESERVED", "CalibrationError", "CalibrationSamples", "check_calibration", "check_calibration_file",

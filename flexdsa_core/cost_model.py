@@ -91,6 +91,7 @@ from flexdsa_core.kernel_timing import (
     timed,
 )
 from flexdsa_core.op_costs import OpView, TensorInfo, work
+from flexdsa_core.ort_runs import guarded_run
 from flexdsa_core.shape_plan import (
     LOWERED,
     REPRESENTATIVE_BATCH,
@@ -108,7 +109,6 @@ from flexdsa_core.significance import (
     straddles,
 )
 from flexdsa_core.targets.spec import TargetSpec, op_key
-from flexdsa_core.validate import guarded_run
 from flexdsa_core.version import __version__
 
 __all__ = ["CostModel"]

@@ -7,7 +7,7 @@ For each rule, in ``rewrites.ordered`` order (each after the rules its ``after``
 2. the target lacks an op in ``rule.produces`` → refused ("target has no X");
 3. otherwise every match is judged on its own (per-match granularity: a fusion can pay at one shape and
    not at another). The rule's onnxscript ``RewriteRule``s are driven node by node, as
-   ``RewriteRuleSet`` would (by ``fusions.driver``, which the rule tests go through too), but each match's replacement is built *before* anything changes
+   ``RewriteRuleSet`` would (by ``fusions.walk``, which the rule tests go through too), but each match's replacement is built *before* anything changes
    (``try_rewrite``) and costed as a delta::
 
        gain = cost(nodes the match removes) - cost(nodes the replacement adds)
@@ -57,7 +57,7 @@ from onnxscript.rewriter import RewriteRule
 from flexdsa_core.cost import Cost
 from flexdsa_core.cost_model import CostModel
 from flexdsa_core.fusions import FusionRule, discover_rules
-from flexdsa_core.fusions.driver import RULE_TAG, ReasonTracer, carry_output_types, drive, removed_nodes
+from flexdsa_core.fusions.walk import RULE_TAG, ReasonTracer, carry_output_types, drive, removed_nodes
 from flexdsa_core.op_costs import TensorInfo
 from flexdsa_core.rewrites import ordered
 from flexdsa_core.targets.spec import TargetSpec, op_key

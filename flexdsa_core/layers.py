@@ -24,7 +24,7 @@ LAYERS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     )),
     ("models", "reading, checking, running and scoring a model; shapes and memory", (
         "accuracy", "calibration", "compare", "ingest", "invariants", "loadable", "memory_planner",
-        "padding_check", "serialized", "shape_plan", "validate",
+        "padding_check", "serialized", "shape_plan", "ort_runs",
     )),
     ("rules", "the fusion rules", ("fusions",)),
     ("toolchains", "the machinery that runs a vendor compiler in its own environment", ("toolchains",)),

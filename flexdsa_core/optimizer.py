@@ -45,6 +45,7 @@ from flexdsa_core.invariants import check_invariants
 from flexdsa_core.job import Job, Progress, StageProgress
 from flexdsa_core.loadable import UnloadableGraph, load_refusal, plain_reason
 from flexdsa_core.options import OptimizeOptions
+from flexdsa_core.ort_runs import proto_without_weights, run_budget
 from flexdsa_core.pipeline import stages_named
 from flexdsa_core.precision import check_calibration_source, check_precision_request
 from flexdsa_core.preflight import check_buckets, check_disabled, model_limits, refuse_impossible_tensors
@@ -53,7 +54,6 @@ from flexdsa_core.serialized import serialization_scope
 from flexdsa_core.shape_plan import ShapePlan
 from flexdsa_core.shape_tracker import Bucket, ShapeTracker
 from flexdsa_core.targets import BucketModel, PlatformAdapter, TargetSpec, get_adapter, load_target, op_key
-from flexdsa_core.validate import proto_without_weights, run_budget
 from flexdsa_core.verify import Loads, Verifier, verifiers_named
 from flexdsa_core.verify.latency import ModelClock
 from flexdsa_core.verify.references import References

@@ -69,7 +69,7 @@ def check_padding(
     tables' shapes) for ``validate.make_inputs``; ``shape_manifest``: ``ShapeTracker.manifest()``;
     ``output_shapes``: the Shape Tracker's symbolic output shapes of the original model.
     """
-    from flexdsa_core.validate import _check_output, make_inputs, run, session
+    from flexdsa_core.ort_runs import _check_output, make_inputs, run, session
 
     where: dict[str, list[dict]] = dict(shape_manifest.get("dims") or {})
     buckets = shape_manifest.get("buckets") or []

@@ -804,7 +804,7 @@ class ShapeTracker:
         import onnxruntime as ort
 
         from flexdsa_core.in_memory import InMemoryModel
-        from flexdsa_core.validate import make_inputs, run
+        from flexdsa_core.ort_runs import make_inputs, run
 
         reason = None
         if weight_bytes(self.model) <= _RUN_CHECK_MAX_BYTES:

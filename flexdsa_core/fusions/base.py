@@ -22,7 +22,7 @@ import onnx_ir.passes.common as ir_passes
 import onnxscript.optimizer
 from onnxscript.rewriter import RewriteRule
 
-from flexdsa_core.fusions.driver import ReasonTracer, drive
+from flexdsa_core.fusions.walk import ReasonTracer, drive
 from flexdsa_core.rewrites import Kind, Rewrite
 
 

@@ -11,8 +11,8 @@ import onnxruntime as ort
 from flexdsa_core.accuracy import describe as _describe
 from flexdsa_core.accuracy import score
 from flexdsa_core.errors import ValidationFailedError
+from flexdsa_core.ort_runs import DEFAULT_TOLERANCES
 from flexdsa_core.precision.scoring import PrecisionRun, _outputs, _save, claim
-from flexdsa_core.validate import DEFAULT_TOLERANCES
 
 
 def _fp16(run: PrecisionRun, report: dict) -> ir.Model:

@@ -27,9 +27,9 @@ from flexdsa_core.calibration import MAX_SAMPLES
 from flexdsa_core.holdout import SplitPlan
 from flexdsa_core.kernel_timing import machine_fingerprint
 from flexdsa_core.options import AccuracyTarget, OptimizeOptions
+from flexdsa_core.ort_runs import latency_samples, owned, session
 from flexdsa_core.precision.formats import int8_format
 from flexdsa_core.significance import MIN_ROUNDS, MODEL_MIN_EFFECT, paired
-from flexdsa_core.validate import latency_samples, owned, session
 from flexdsa_core.version import __version__
 
 # Ops an output's tail may pass through back to the layers that compute it (no weights: cheap in float).

@@ -425,7 +425,7 @@ def _precisions(compiler, buckets, original, sources, shapes, report, plans, pre
     own figure where ``mixed`` allows it; at equal cost the more accurate); none does: the request's own format
     ships and the accuracy verdict after the final build decides (fail, or fp32). Returns per bucket the driver
     options of the choice and, where an exact rewrite won, the rewritten model that ships."""
-    from flexdsa_core.validate import run
+    from flexdsa_core.ort_runs import run
 
     adapter = compiler.adapter
     variants = adapter.vendor_precisions(compiler.target, {"precision": precision})
@@ -577,7 +577,7 @@ def _exactness(original_source, rewritten: ir.Model, samples: list[dict]) -> str
     sample (ONNX Runtime); else what differs."""
     import numpy as np
 
-    from flexdsa_core.validate import DEFAULT_TOLERANCES, run, session
+    from flexdsa_core.ort_runs import DEFAULT_TOLERANCES, run, session
 
     before, after = session(original_source), session(ir.to_proto(rewritten).SerializeToString())
     for index, sample in enumerate(samples):
@@ -795,7 +795,7 @@ def _feeds(bucket: BucketModel, folder: Path) -> dict[str, str]:
     """One seeded input sample at the bucket's shapes, saved as .npy: input name -> path."""
     import numpy as np
 
-    from flexdsa_core.validate import make_inputs, proto_without_weights
+    from flexdsa_core.ort_runs import make_inputs, proto_without_weights
 
     written = {}
     for name, array in make_inputs(proto_without_weights(bucket.model), seed=0, dims=bucket_dims(bucket)).items():

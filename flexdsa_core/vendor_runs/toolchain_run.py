@@ -45,7 +45,7 @@ def run_toolchain(
     precision: dict | None = None, calibration: dict[str, list[dict]] | None = None, accuracy=None,
     held_out: dict[str, list[dict]] | None = None, bucket_options: dict[str, dict] | None = None,
 ) -> tuple[dict, dict[str, Path]]:
-    from flexdsa_core.validate import make_inputs, proto_without_weights, run
+    from flexdsa_core.ort_runs import make_inputs, proto_without_weights, run
 
     if not target.toolchain:
         return {"name": None, "ran": False, "detail": "no vendor toolchain installs on this machine"}, {}

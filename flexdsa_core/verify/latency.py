@@ -30,6 +30,7 @@ from flexdsa_core.in_memory import InMemoryModel
 from flexdsa_core.ingest import needs_external_data
 from flexdsa_core.job import Job
 from flexdsa_core.kernel_timing import machine_fingerprint
+from flexdsa_core.ort_runs import LatencyRounds, latency_samples
 from flexdsa_core.significance import (
     MIN_ROUNDS,
     MODEL_MIN_EFFECT,
@@ -39,7 +40,6 @@ from flexdsa_core.significance import (
     settled_early,
 )
 from flexdsa_core.targets import TargetSpec
-from flexdsa_core.validate import LatencyRounds, latency_samples
 from flexdsa_core.verify import Verdict, Verifier, roll_back, verifier
 from flexdsa_core.verify.validation import bucket_inputs, validate_buckets
 from flexdsa_core.version import __version__

@@ -13,6 +13,7 @@ import numpy as np
 
 from flexdsa_core.calibration import CalibrationError, check_calibration, synthetic_samples
 from flexdsa_core.job import Job
+from flexdsa_core.ort_runs import proto_without_weights
 from flexdsa_core.precision import (
     QDQ_OPAQUE_WEIGHT_OPS,
     PrecisionRun,
@@ -20,7 +21,6 @@ from flexdsa_core.precision import (
     int8_format,
     replace_model,
 )
-from flexdsa_core.validate import proto_without_weights
 from flexdsa_core.verify import Verdict, Verifier, switch, verifier
 
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from flexdsa_core.in_memory import InMemoryModel
+from flexdsa_core.ort_runs import make_inputs, proto_without_weights, run, second_shape_dims, session
 from flexdsa_core.shape_plan import LOWERED, lowered
 from flexdsa_core.targets import BucketModel
-from flexdsa_core.validate import make_inputs, proto_without_weights, run, second_shape_dims, session
 
 __all__ = ["References"]
 

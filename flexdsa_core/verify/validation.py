@@ -12,8 +12,8 @@ from flexdsa_core.compilation import MAX_ROLLBACKS, Compilation
 from flexdsa_core.errors import ValidationFailedError
 from flexdsa_core.job import Job
 from flexdsa_core.memory_planner import plan_memory
+from flexdsa_core.ort_runs import compare, proto_without_weights, session
 from flexdsa_core.padding_check import check_padding
-from flexdsa_core.validate import compare, proto_without_weights, session
 from flexdsa_core.verify import Verdict, Verifier, roll_back, verifier
 from flexdsa_core.verify.references import References
 

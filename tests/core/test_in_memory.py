@@ -16,7 +16,7 @@ from flexdsa_core.in_memory import InMemoryModel, arrays_scope
 from flexdsa_core.ingest import ingest
 from flexdsa_core.kernel_timing import single_node_session
 from flexdsa_core.op_costs import TensorInfo
-from flexdsa_core.validate import session
+from flexdsa_core.ort_runs import session
 
 MLP = """
 <ir_version: 10, opset_import: ["" : 17]>

@@ -17,7 +17,7 @@ import numpy as np
 import onnx
 import pytest
 
-from flexdsa_core.validate import DEFAULT_OTHER_DIM, run, second_shape_dims
+from flexdsa_core.ort_runs import DEFAULT_OTHER_DIM, run, second_shape_dims
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -36,7 +36,7 @@ g (float[batch, 1024] x) => (float[batch] y) {
 PROBE = """
 import json, os, sys
 import numpy as np, onnx
-from flexdsa_core.validate import run
+from flexdsa_core.ort_runs import run
 
 def rss():
     with open("/proc/self/statm") as handle:

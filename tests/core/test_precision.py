@@ -15,9 +15,9 @@ from flexdsa_core import FlexDSAOptimizer, OptimizeOptions
 from flexdsa_core.calibration import CalibrationError, check_calibration, load_calibration
 from flexdsa_core.errors import InvalidOptionsError, ValidationFailedError
 from flexdsa_core.options import AccuracyTarget
+from flexdsa_core.ort_runs import run
 from flexdsa_core.precision import int8_format, score
 from flexdsa_core.precision.quantise import _quantize_static
-from flexdsa_core.validate import run
 from tests.models import fixture
 from tests.models.language_model import language_model
 

@@ -10,7 +10,7 @@ from onnx import TensorProto, helper
 
 from flexdsa_core import FlexDSAOptimizer, OptimizeOptions
 from flexdsa_core.errors import RunBudgetExceededError
-from flexdsa_core.validate import run, run_budget
+from flexdsa_core.ort_runs import run, run_budget
 
 
 def endless_loop_model(trip_count: int = 10**9) -> bytes:

@@ -16,7 +16,7 @@ from flexdsa_core.precision import int8_only
 from flexdsa_core.targets import load_target
 from tests.core.targets._bundle_checks import TOOLCHAIN_ROOT
 
-# The validation tolerances of float32 outputs (flexdsa_core.validate.DEFAULT_TOLERANCES), which the bundle's
+# The validation tolerances of float32 outputs (flexdsa_core.ort_runs.DEFAULT_TOLERANCES), which the bundle's
 # report.json states per output: the runtime's outputs on an unpadded request must meet them too.
 FP32 = (1e-4, 1e-3)
 

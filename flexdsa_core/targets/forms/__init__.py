@@ -28,7 +28,7 @@ import onnx_ir as ir
 import onnx_ir.passes.common as ir_passes
 from onnxscript.rewriter import RewriteRule
 
-from flexdsa_core.fusions.driver import drive
+from flexdsa_core.fusions.walk import drive
 
 
 @dataclass(frozen=True)
@@ -110,7 +110,7 @@ class ExactForm:
     measure: Callable[[ir.Model, list[dict]], tuple[list, dict]]
 
     def apply(self, model: ir.Model, samples: list[dict]) -> Applied:
-        from flexdsa_core.fusions.driver import ReasonTracer
+        from flexdsa_core.fusions.walk import ReasonTracer
 
         applied = Applied()
         _name_nodes(model)  # a site is a node's name
@@ -157,7 +157,7 @@ def _name_nodes(model: ir.Model) -> None:
 
 def observe(model: ir.Model, values: list[str], samples: list[dict]) -> list[dict[str, np.ndarray]]:
     """The named values of ``model`` on each sample (ONNX Runtime, no graph optimisation): what a form measures."""
-    from flexdsa_core.validate import run, session
+    from flexdsa_core.ort_runs import run, session
 
     probe = model.clone()
     by_name = {v.name: v for node in probe.graph for v in node.outputs}

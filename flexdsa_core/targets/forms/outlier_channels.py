@@ -192,7 +192,7 @@ class OutlierChannelSplit(RewriteRuleClassBase):
 
 def measure(model: ir.Model, samples: list[dict]) -> tuple[list, dict]:
     """Per down projection, the channels of the module docstring from the calibration samples."""
-    from flexdsa_core.fusions.driver import ReasonTracer, drive
+    from flexdsa_core.fusions.walk import ReasonTracer, drive
 
     samples = samples[:MEASURED_SAMPLES]
     finder = type("OutlierChannelSplit", (OutlierChannelSplit,), {"channels": _Everywhere(), "roles": {}})

@@ -51,7 +51,7 @@ import numpy as np
 import onnx_ir as ir
 import onnx_ir.passes.common as ir_passes
 
-from flexdsa_core.fusions.driver import drive
+from flexdsa_core.fusions.walk import drive
 from flexdsa_core.rewrites import counting
 from flexdsa_core.targets.accelerator import AcceleratorAdapter, is_constant, runtime_input_of
 from flexdsa_core.targets.base import BucketModel

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from flexdsa_core.fusions.driver import ReasonTracer
+from flexdsa_core.fusions.walk import ReasonTracer
 from tests.core.fusions.harness import apply_rule, assert_fuses, assert_not_fused, parse, rule
 
 HEADER = '<ir_version: 9, opset_import: ["" : 17]>'

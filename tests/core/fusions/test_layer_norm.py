@@ -117,7 +117,7 @@ def test_a_refused_match_leaves_the_opset_alone():
     so the import must not move either."""
     import onnx_ir as ir
 
-    from flexdsa_core.fusions.driver import drive
+    from flexdsa_core.fusions.walk import drive
     from tests.core.fusions.harness import rule
 
     class Refused:

@@ -73,7 +73,7 @@ def test_not_for_integers():
 
 
 def test_rank_3_refusal_says_why():
-    from flexdsa_core.fusions.driver import ReasonTracer
+    from flexdsa_core.fusions.walk import ReasonTracer
     from tests.core.fusions.harness import parse, rule
 
     text = graph(

@@ -14,10 +14,10 @@ import onnx
 import flexdsa_core.precision as precision_package
 from flexdsa_core import FlexDSAOptimizer, OptimizeOptions
 from flexdsa_core.options import AccuracyTarget
+from flexdsa_core.ort_runs import run
 from flexdsa_core.precision import int8_format
 from flexdsa_core.precision.costing import _OTHER, attribute, decide, profile_int8_vs_fp32, quantised_nodes
 from flexdsa_core.precision.quantise import _quantize_static
-from flexdsa_core.validate import run
 
 ROUNDS = 12
 

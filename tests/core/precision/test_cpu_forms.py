@@ -13,10 +13,10 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from flexdsa_core.ort_runs import run
 from flexdsa_core.precision import Int8Format
 from flexdsa_core.precision.cpu_forms import EXACT_TOP_K, classifier_head, dynamic_form
 from flexdsa_core.precision.quantise import _quantize_dynamic
-from flexdsa_core.validate import run
 from tests.models.language_model import language_model
 
 HIDDEN, HEADS, SEQ, VOCAB = 32, 4, 6, 50

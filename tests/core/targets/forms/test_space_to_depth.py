@@ -91,7 +91,7 @@ def test_sites_leave_the_model_unchanged():
     ],
 )
 def test_refuses_with_its_reason(case, reason):
-    from flexdsa_core.fusions.driver import ReasonTracer, drive
+    from flexdsa_core.fusions.walk import ReasonTracer, drive
 
     model = _conv(**case)
     tracer = ReasonTracer()

@@ -1,4 +1,4 @@
-"""Numerical validation and CPU latency measurement with ONNX Runtime.
+"""ONNX Runtime runs for validation and timing: comparing an optimised model with the original, and CPU latency.
 
 ``compare`` runs the original and an optimised model on the same seeded inputs and checks every output
 element with ``|got - want| <= atol + rtol * |want|`` (numpy ``allclose`` semantics) against per-dtype

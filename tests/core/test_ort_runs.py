@@ -3,7 +3,7 @@
 import numpy as np
 import onnx
 
-from flexdsa_core.validate import _check_output, compare, make_inputs
+from flexdsa_core.ort_runs import _check_output, compare, make_inputs
 
 IDENTITY = onnx.parser.parse_model(
     """

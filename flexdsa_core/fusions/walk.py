@@ -1,4 +1,4 @@
-"""The one driver of a fusion rule's onnxscript ``RewriteRule``s: the Fusion Switcher's in production, and
+"""The one walk of a fusion rule's onnxscript ``RewriteRule``s over a graph: the Fusion Switcher's in production, and
 ``FusionRule.apply``'s in the rule tests, so that a rule is tested the way it runs.
 
 It walks the graph (and control-flow subgraphs) node by node as onnxscript's ``RewriteRuleSet`` does, but
