@@ -2,7 +2,7 @@
 target-ready files, the vendor's, the calibration samples a vendor quantiser takes, ``fusion_plan.json`` and,
 last, ``manifest.json`` over all of them (``OptimizeResult``).
 
-Each section of the report is the evidence of one verdict (``Job.verdicts``): ``validation``, ``padding``
+Each section of the report is the evidence of one verdict (``OptimizeRun.verdicts``): ``validation``, ``padding``
 (under ``shapes``), ``latency`` (the never-slower check's), ``precision``, ``toolchain`` and ``vendor``; their
 warnings are gathered into the report's ``warnings``. ``report.build_report`` lays out the rest (what the
 compiler did, the estimates, the cache and the stage times).
@@ -18,7 +18,7 @@ from pathlib import Path
 
 from flexdsa_core.figures import job_figures
 from flexdsa_core.in_memory import release_arrays
-from flexdsa_core.job import Job
+from flexdsa_core.optimize_run import OptimizeRun
 from flexdsa_core.precision import int8_only, samples_dataset, samples_npz, synthetic_calibration_warning
 from flexdsa_core.report import build_report, headline, render_summary, report_summary
 from flexdsa_core.rewrites import KINDS
@@ -72,7 +72,7 @@ class OptimizeResult:
         return render_summary(self.report)
 
 
-def package(job: Job) -> OptimizeResult:
+def package(job: OptimizeRun) -> OptimizeResult:
     """The report (every verifier's evidence), the adapter's target-ready files and the manifest."""
     _release_runs(job)
     shape_manifest = job.tracker.manifest()
@@ -98,7 +98,7 @@ def package(job: Job) -> OptimizeResult:
     return OptimizeResult(target, comp.buckets, artifacts, report, job.workdir, serialized)
 
 
-def _release_runs(job: Job) -> None:
+def _release_runs(job: OptimizeRun) -> None:
     """Every ONNX Runtime run of the original is done: its in-memory copy (for a model whose weights are
     Constant nodes, the whole upload again), the reference outputs and the arrays kept for sessions go
     before the artifacts are serialised, where the job's memory peaks."""
@@ -107,7 +107,7 @@ def _release_runs(job: Job) -> None:
     release_arrays()
 
 
-def _report(job: Job, shape_manifest: dict) -> dict:
+def _report(job: OptimizeRun, shape_manifest: dict) -> dict:
     """``report.json``: ``build_report``'s layout, then each verdict's evidence as its section."""
     target, options, comp = job.optimizer.target, job.options, job.comp
     latency, precision = job.evidence("never_slower"), job.evidence("precision")
@@ -169,7 +169,7 @@ def _padding_section(report: dict, padding: dict | None) -> None:
     )
 
 
-def _vendor_sections(report: dict, job: Job) -> None:
+def _vendor_sections(report: dict, job: OptimizeRun) -> None:
     """``toolchain`` (the vendor's build and simulator) and ``vendor`` (ours against the vendor alone), with
     each bucket's vendor exploration in its fusion plan."""
     toolchain_report, vendor = job.evidence("toolchain", {}), job.extra("toolchain", "vendor")
@@ -182,14 +182,14 @@ def _vendor_sections(report: dict, job: Job) -> None:
             job.comp.fusion_plans.setdefault(bucket_name, {})["vendor_exploration"] = plan
 
 
-def _vendor_files(job: Job) -> dict[str, bytes | Path]:
+def _vendor_files(job: OptimizeRun) -> dict[str, bytes | Path]:
     """The vendor's compiled files that ship: those the accuracy verdict kept, where it judged them."""
     if "vendor_accuracy" in job.verdicts:
         return job.extra("vendor_accuracy", "files")
     return job.extra("toolchain", "files", {})
 
 
-def _calibration_files(job: Job) -> dict[str, bytes]:
+def _calibration_files(job: OptimizeRun) -> dict[str, bytes]:
     """Where the vendor's quantiser makes the shipped model, the samples it calibrates on, per bucket."""
     precision, samples = job.evidence("precision"), job.extra("precision", "samples")
     if precision is None or not precision.get("vendor_quantiser"):

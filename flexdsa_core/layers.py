@@ -40,7 +40,7 @@ LAYERS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
         "shape_tracker", "subgraph_mapper",
     )),
     ("checks", "the verifiers and the precision search, and the state of a run they share", (
-        "job", "precision", "preflight", "verify",
+        "optimize_run", "precision", "preflight", "verify",
     )),
     ("entry", "the one entry point, its bundle and the command line", ("", "bundle", "cli", "optimizer")),
 )  # fmt: skip

@@ -9,7 +9,7 @@ which verifiers judge the result (``verify``: validation, padding, the latency c
 accelerators the vendor's exploration, build and simulator) is the adapter's to say
 (``PlatformAdapter.stages`` and ``verifiers``); this module knows no target. Every rewrite the stages run
 comes from the target's ``registry.Registry``; every rollback goes through ``verify.roll_back``. The state
-of one call is a ``job.Job``.
+of one call is an ``optimize_run.OptimizeRun``.
 """
 
 from __future__ import annotations
@@ -42,8 +42,8 @@ from flexdsa_core.in_memory import (
 )
 from flexdsa_core.ingest import Ingested, ingest
 from flexdsa_core.invariants import check_invariants
-from flexdsa_core.job import Job, Progress, StageProgress
 from flexdsa_core.loadable import UnloadableGraph, load_refusal, plain_reason
+from flexdsa_core.optimize_run import OptimizeRun, Progress, StageProgress
 from flexdsa_core.options import OptimizeOptions
 from flexdsa_core.ort_runs import proto_without_weights, run_budget
 from flexdsa_core.pipeline import stages_named
@@ -151,7 +151,7 @@ class FlexDSAOptimizer:
         # bisection) measure once, whatever the caller's cache is.
         if not isinstance(cache, StatsCache):
             cache = StatsCache(LayeredCache(LRUCache(), cache) if cache is not None else LRUCache())
-        job = Job(self, options, cache, StageProgress(progress), workdir, calibration)
+        job = OptimizeRun(self, options, cache, StageProgress(progress), workdir, calibration)
 
         # The stages that make the model, each from what the one before left in ``job``:
         self._ingest(job, model)  # parse and check; external data stays lazy and inside the upload
@@ -169,7 +169,7 @@ class FlexDSAOptimizer:
         return verifiers_named(self.adapter.verifiers(self.target), self.target.name)
 
     @staticmethod
-    def _verify(job: Job, verifier: Verifier) -> None:
+    def _verify(job: OptimizeRun, verifier: Verifier) -> None:
         """One verifier through the shared hooks: its progress message, its time, its verdict."""
         if verifier.applies(job):
             message = verifier.start_message(job)
@@ -237,7 +237,7 @@ class FlexDSAOptimizer:
         return self.adapter.supports(self.target, op_type, domain)
 
     # ------------------------------------------------------------------ stages of the verified run
-    def _ingest(self, job: Job, model) -> None:
+    def _ingest(self, job: OptimizeRun, model) -> None:
         """Parse and check the model; metrics naming outputs the model lacks, an int8-only target without
         samples, and calibration samples that do not fit are refused here, before any compiling."""
         options = job.options
@@ -264,7 +264,7 @@ class FlexDSAOptimizer:
         job.samples = self._calibration_samples(ingested.model, options, job.calibration)
         job.progress.finish("ingest")
 
-    def _shapes(self, job: Job) -> None:
+    def _shapes(self, job: OptimizeRun) -> None:
         """Symbolic shapes with named dims; buckets from the request, the traffic or the target; refused here
         when the model cannot run at one. Then one source of shapes: the dims no bucket fixes take the
         Shape Tracker's representative values (held to the memory budget), for the costing, the memory plan
@@ -294,7 +294,7 @@ class FlexDSAOptimizer:
         job.cost_model = CostModel(self.target, cache=job.cache, calibrate=options.calibrate, dims=plan.dims)
         job.cost_model.memory_budget_bytes = plan.budget_bytes
 
-    def _compile(self, job: Job) -> None:
+    def _compile(self, job: OptimizeRun) -> None:
         """The per-bucket pipeline under the requested switched-off rewrites, loadable in ONNX Runtime (a
         rewrite that makes a graph it refuses is bisected and switched off); ``job.recompile`` is the same
         pipeline under other switched-off sets, what every rollback calls."""

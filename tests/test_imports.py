@@ -84,7 +84,7 @@ def test_the_check_finds_an_upward_arrow():
 # legalisations) and what is run with it (vendor_runs/: estimate, exploration, toolchain run, manifest) are
 # leaves the stages call, so what both need sits in targets/ or below.
 STAGES = ("flexdsa_core.optimizer", "flexdsa_core.subgraph_mapper", "flexdsa_core.precision",
-          "flexdsa_core.fusion_switcher", "flexdsa_core.registry", "flexdsa_core.verify", "flexdsa_core.job",
+          "flexdsa_core.fusion_switcher", "flexdsa_core.registry", "flexdsa_core.verify", "flexdsa_core.optimize_run",
           "flexdsa_core.compilation", "flexdsa_core.pipeline", "flexdsa_core.bundle")  # fmt: skip
 TARGET_PACKAGES = ("flexdsa_core.targets", "flexdsa_core.toolchains", "flexdsa_core.vendor_runs")
 

@@ -28,8 +28,8 @@ from flexdsa_core.cache import kernel_key
 from flexdsa_core.compilation import Compilation
 from flexdsa_core.in_memory import InMemoryModel
 from flexdsa_core.ingest import needs_external_data
-from flexdsa_core.job import Job
 from flexdsa_core.kernel_timing import machine_fingerprint
+from flexdsa_core.optimize_run import OptimizeRun
 from flexdsa_core.ort_runs import LatencyRounds, latency_samples
 from flexdsa_core.significance import (
     MIN_ROUNDS,
@@ -68,10 +68,10 @@ class NeverSlower(Verifier):
     message = "timing original and optimised models in ONNX Runtime"
     bisecting = "optimised model is slower: bisecting the rewrite that costs time"
 
-    def applies(self, job: Job) -> bool:
+    def applies(self, job: OptimizeRun) -> bool:
         return job.options.measure_latency
 
-    def verify(self, job: Job) -> Verdict:
+    def verify(self, job: OptimizeRun) -> Verdict:
         options, references = job.options, job.references
         comp = job.comp
         bucket = comp.buckets[0]
@@ -128,19 +128,19 @@ class NeverSlower(Verifier):
         return Verdict(not slower, latency, _slower_text(measured) if slower else None)
 
     # -- the rollback's hooks ----------------------------------------------------------------------
-    def check(self, job: Job, comp: Compilation) -> Verdict:
+    def check(self, job: OptimizeRun, comp: Compilation) -> Verdict:
         measured = self._timings(job, comp)
         slower = measured.verdict == "slower"
         return Verdict(not slower, measured, _slower_text(measured) if slower else None)
 
-    def confirm(self, job: Job, comp: Compilation, verdict: Verdict) -> Verdict:
+    def confirm(self, job: OptimizeRun, comp: Compilation, verdict: Verdict) -> Verdict:
         """Re-measure once before acting: one slow sample is noise, two are a finding."""
         return self.check(job, comp)
 
-    def accept(self, job: Job, candidate: Compilation) -> bool:
+    def accept(self, job: OptimizeRun, candidate: Compilation) -> bool:
         return self._verified(job, candidate)
 
-    def fallback(self, job: Job, verdict: Verdict):
+    def fallback(self, job: OptimizeRun, verdict: Verdict):
         """Still slower: the fastest verified variant timed on the way, unless the user allowed a slower model."""
         if job.options.allow_slower:
             return None
@@ -155,7 +155,7 @@ class NeverSlower(Verifier):
                 self.hashed.popitem(last=False)
         return self.hashed[id(source)][1]
 
-    def _timings(self, job: Job, candidate: Compilation, against: Compilation | None = None) -> Comparison:
+    def _timings(self, job: OptimizeRun, candidate: Compilation, against: Compilation | None = None) -> Comparison:
         """``candidate`` timed against the original, or against another variant (``against``). Where the clock
         loads models from memory (``ModelClock.in_memory``, the real one) a model is hashed and loaded as an
         ``InMemoryModel``: no serialisation of it is made or held while its session runs."""
@@ -190,10 +190,10 @@ class NeverSlower(Verifier):
         return comparison
 
     @staticmethod
-    def _verified(job: Job, candidate: Compilation) -> bool:
+    def _verified(job: OptimizeRun, candidate: Compilation) -> bool:
         return not job.options.validate_outputs or all(r.ok for r in validate_buckets(job, candidate))
 
-    def _fastest_verified(self, job: Job, comp: Compilation, measured: Comparison):
+    def _fastest_verified(self, job: OptimizeRun, comp: Compilation, measured: Comparison):
         """Of the variants timed during the bisection (the one with every rewrite off among them), the one
         with the lowest time ratio to the original, if it validates and is significantly faster than ``comp``
         timed side by side with it (None otherwise: a variant within noise of it is no reason to change), with

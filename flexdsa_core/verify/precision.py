@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from flexdsa_core.calibration import CalibrationError, check_calibration, synthetic_samples
-from flexdsa_core.job import Job
+from flexdsa_core.optimize_run import OptimizeRun
 from flexdsa_core.ort_runs import proto_without_weights
 from flexdsa_core.precision import (
     QDQ_OPAQUE_WEIGHT_OPS,
@@ -32,13 +32,13 @@ class Precision(Verifier):
 
     name, stage = "precision", "precision"
 
-    def applies(self, job: Job) -> bool:
+    def applies(self, job: OptimizeRun) -> bool:
         return job.options.precision != "fp32"
 
-    def start_message(self, job: Job) -> str:
+    def start_message(self, job: OptimizeRun) -> str:
         return f"{job.options.precision}: calibrating, scoring and timing"
 
-    def verify(self, job: Job) -> Verdict:
+    def verify(self, job: OptimizeRun) -> Verdict:
         comp, section, samples, runs = precision_buckets(
             job, job.comp, job.original_source, job.options, job.samples, job.recompile, job.progress, job.cache
         )
@@ -49,7 +49,7 @@ class Precision(Verifier):
                        extra={"samples": samples, "runs": runs})  # fmt: skip
 
 
-def precision_buckets(job: Job, comp, original_source, options, samples, recompile, progress, cache=None):
+def precision_buckets(job: OptimizeRun, comp, original_source, options, samples, recompile, progress, cache=None):
     """Every shape bucket at the requested precision, each calibrated and judged at its own shapes: on the
     user's samples where they fit the bucket, else on synthetic inputs with a warning naming the bucket
     (samples that fit no bucket are refused). The report's ``precision`` section is the first bucket's,

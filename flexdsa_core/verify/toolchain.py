@@ -16,8 +16,8 @@ import onnx_ir as ir
 
 from flexdsa_core.compilation import Compilation
 from flexdsa_core.cost_model import CostModel
-from flexdsa_core.job import Job
 from flexdsa_core.memory_planner import plan_memory
+from flexdsa_core.optimize_run import OptimizeRun
 from flexdsa_core.options import OptimizeOptions
 from flexdsa_core.precision import vendor_verdict
 from flexdsa_core.report import SOURCES
@@ -39,7 +39,7 @@ class VendorExploration(Verifier):
 
     name, stage, message = "vendor_exploration", "toolchain", "compiling with the vendor toolchain"
 
-    def verify(self, job: Job) -> Verdict:
+    def verify(self, job: OptimizeRun) -> Verdict:
         optimizer, options, precision = job.optimizer, job.options, job.evidence("precision")
         exploration = explore(
             optimizer.target, optimizer.adapter, job.comp.buckets, job.original_source,
@@ -72,7 +72,7 @@ class VendorBuild(Verifier):
     name, stage = "toolchain", "toolchain"
     bisects = False  # the vendor's build is not bisected: its one fallback is the original model
 
-    def verify(self, job: Job) -> Verdict:
+    def verify(self, job: OptimizeRun) -> Verdict:
         optimizer, options, precision = job.optimizer, job.options, job.evidence("precision")
         precision_runs = _precision_runs(job)
         self.exploration = job.extra("vendor_exploration", "exploration")
@@ -89,7 +89,7 @@ class VendorBuild(Verifier):
         verdict = self._built(job, *self.compile_final(job.comp.buckets, bucket_options=bucket_options))
         return roll_back(self, job, verdict)
 
-    def _built(self, job: Job, toolchain_report: dict, toolchain_files: dict) -> Verdict:
+    def _built(self, job: OptimizeRun, toolchain_report: dict, toolchain_files: dict) -> Verdict:
         vendor = None
         if self.exploration is not None:
             vendor = vendor_section(job.optimizer.target, job.optimizer.adapter, self.exploration, toolchain_report)
@@ -99,7 +99,7 @@ class VendorBuild(Verifier):
             extra={"files": toolchain_files, "vendor": vendor, "exploration": self.exploration},
         )  # fmt: skip
 
-    def fallback(self, job: Job, verdict: Verdict):
+    def fallback(self, job: OptimizeRun, verdict: Verdict):
         """Never worse than the vendor alone: our form crashed the vendor's final build; the original does not."""
         if self.exploration is None:
             return None
@@ -115,11 +115,11 @@ class VendorVerdicts(Verifier):
 
     name, stage, timed_as = "vendor_accuracy", "toolchain", None
 
-    def applies(self, job: Job) -> bool:
+    def applies(self, job: OptimizeRun) -> bool:
         precision = job.evidence("precision")
         return bool(precision is not None and precision.get("vendor_quantiser"))
 
-    def verify(self, job: Job) -> Verdict:
+    def verify(self, job: OptimizeRun) -> Verdict:
         toolchain = job.verdicts["toolchain"]
         files = _vendor_verdicts(
             job.evidence("precision"), _precision_runs(job), toolchain.evidence, dict(toolchain.extra["files"]),
@@ -131,12 +131,12 @@ class VendorVerdicts(Verifier):
                        extra={"files": files})  # fmt: skip
 
 
-def _precision_runs(job: Job) -> dict:
+def _precision_runs(job: OptimizeRun) -> dict:
     """Each bucket's ``PrecisionRun`` (the precision verifier's), or none where it did not run."""
     return job.extra("precision", "runs") or {}
 
 
-def _describe(job: Job, comp: Compilation, bucket: BucketModel, cost_model: CostModel) -> None:
+def _describe(job: OptimizeRun, comp: Compilation, bucket: BucketModel, cost_model: CostModel) -> None:
     """Memory plan, partition and estimates of a bucket whose model changed after ``_compile``."""
     comp.memory[bucket.name] = plan_memory(bucket.model, dims=bucket.at).as_dict()
     mapping = SubgraphMapper(job.optimizer.target, job.optimizer.adapter, cost_model, cost_model.cache).map(bucket.model)
@@ -148,7 +148,7 @@ def _describe(job: Job, comp: Compilation, bucket: BucketModel, cost_model: Cost
     comp.estimates[bucket.name] = estimates
 
 
-def _explored(job: Job, comp, exploration, original_source, options, references, validation, cost_model):
+def _explored(job: OptimizeRun, comp, exploration, original_source, options, references, validation, cost_model):
     """The buckets exploration chose: a changed model is validated against the original again (and kept
     only if it holds: else the bucket goes back to our plain model, said in the decision); a bucket that
     ships the original model is the original, so nothing of ours is left in it to validate."""

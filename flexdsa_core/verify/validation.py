@@ -10,15 +10,15 @@ from __future__ import annotations
 
 from flexdsa_core.compilation import MAX_ROLLBACKS, Compilation
 from flexdsa_core.errors import ValidationFailedError
-from flexdsa_core.job import Job
 from flexdsa_core.memory_planner import plan_memory
+from flexdsa_core.optimize_run import OptimizeRun
 from flexdsa_core.ort_runs import compare, proto_without_weights, session
 from flexdsa_core.padding_check import check_padding
 from flexdsa_core.verify import Verdict, Verifier, roll_back, verifier
 from flexdsa_core.verify.references import References
 
 
-def validate_buckets(job: Job, comp: Compilation) -> list:
+def validate_buckets(job: OptimizeRun, comp: Compilation) -> list:
     """Every bucket's outputs against the original's at the bucket's one shape (``BucketModel.at``); a
     bucket whose dims stay symbolic is checked at a second, small shape too (batch 2, other dims 8), so
     a rewrite that holds at one size only is caught."""
@@ -68,15 +68,15 @@ class Validation(Verifier):
     message = None  # said by ``verify`` itself, after the references are made
     bisecting = "bisecting the rewrite that broke the numerics"
 
-    def applies(self, job: Job) -> bool:
+    def applies(self, job: OptimizeRun) -> bool:
         return job.options.validate_outputs
 
-    def check(self, job: Job, comp: Compilation) -> Verdict:
+    def check(self, job: OptimizeRun, comp: Compilation) -> Verdict:
         results = validate_buckets(job, comp)
         ok = all(r.ok for r in results)
         return Verdict(ok, [r.as_dict() for r in results], None if ok else _failure(results))
 
-    def verify(self, job: Job) -> Verdict:
+    def verify(self, job: OptimizeRun) -> Verdict:
         job.progress("validate", 0.0, "comparing outputs with the original in ONNX Runtime")
         verdict = self.check(job, job.comp)
         if not verdict.ok and not job.options.allow_mismatch:
@@ -89,7 +89,7 @@ class Validation(Verifier):
                 )
         return verdict
 
-    def gave_up(self, job: Job, verdict: Verdict) -> Verdict:
+    def gave_up(self, job: OptimizeRun, verdict: Verdict) -> Verdict:
         raise ValidationFailedError(
             "Optimised outputs differ from the original and switching off every rewrite did not restore "
             f"them: {verdict.failure}"
@@ -103,7 +103,7 @@ class Padding(Verifier):
 
     name, stage = "padding", "padding_check"
 
-    def verify(self, job: Job) -> Verdict:
+    def verify(self, job: OptimizeRun) -> Verdict:
         options = job.options
         padding = check_padding(
             job.references.runtime, proto_without_weights(job.tracker.model), job.tracker.manifest(),

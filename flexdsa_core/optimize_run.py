@@ -1,4 +1,4 @@
-"""``Job``: the state of one ``FlexDSAOptimizer.optimize`` call, handed from stage to stage and verifier to
+"""``OptimizeRun``: the state of one ``FlexDSAOptimizer.optimize`` call, handed from stage to stage and verifier to
 verifier (the optimizer instance itself holds only what every call shares: target, adapter, registry).
 
 Each stage reads what the earlier ones left here and adds its own part; each verifier answers a
@@ -75,7 +75,7 @@ class Runner(Protocol):
 
 
 @dataclass
-class Job:
+class OptimizeRun:
     """One optimisation in flight. ``optimizer``: the ``FlexDSAOptimizer`` (target, adapter, registry, clock)."""
 
     optimizer: Runner
