@@ -65,9 +65,10 @@ class PlatformAdapter:
     # The ONNX Runtime QDQ that stands in for the vendor's quantiser when layers are ranked here (``Int8Format``);
     # None: nobody here knows how to quantise for the target (cpu-ort's is this machine's: ``precision.formats``).
     int8_format: Int8Format | None = None
-    # How the bundle's QDQ model (``*.qdq.onnx``) is loaded on the target, for the manifest: (the runtime that
-    # loads it, how, in one sentence); None: as any ONNX model.
-    qdq_load: tuple[str | None, str] | None = None
+    # How the vendor's own artifacts are loaded on the target, for the manifest: per file role (``rknn``,
+    # ``qnn-context``, ``qdq-onnx``, ...: ``vendor_runs.deploy_manifest.file_role``) the runtime that loads it and
+    # how, in one sentence. A role not listed loads as the manifest's own table says (a QDQ model: as any ONNX model).
+    artifact_loads: dict[str, tuple[str | None, str]] = {}
 
     def supported_op_keys(self, target: TargetSpec) -> frozenset[str]:
         """Ops the target runs. The spec's list, unless it says '*' (then the adapter must override)."""

@@ -34,7 +34,8 @@ __all__ = ["FORMAT", "POLICY", "complete_manifest", "file_role"]
 FORMAT = "flexdsa-bundle/1"
 POLICY = "fewest_padded_elements"
 
-# Per role: the runtime that loads the file, and how (one sentence, for the person deploying it).
+# Per role: the runtime that loads the file, and how (one sentence, for the person deploying it). A vendor's own
+# artifacts (``rknn``, ``qnn-context``, its ``qdq-onnx``) are declared by its adapter (``artifact_loads``).
 _LOAD: dict[str, tuple[str | None, str]] = {
     "onnx": (
         "onnxruntime",
@@ -45,20 +46,6 @@ _LOAD: dict[str, tuple[str | None, str]] = {
         "the same model without this machine's ONNX Runtime layout tuning: for another CPU",
     ),
     "onnx-external-data": (None, "the weights of the ONNX model of the same name; keep it beside that file"),
-    "rknn": (
-        "rknn-lite",
-        "on the RK3588: RKNNLite().load_rknn(file); init_runtime(); inference(inputs=[...] in the bucket's "
-        "input order) (rknn-toolkit-lite2, or librknnrt's rknn_init/rknn_run from C)",
-    ),
-    "qnn-context": (
-        "onnxruntime-qnn",
-        "onnxruntime.InferenceSession(file) with the QNN execution provider (onnxruntime-qnn registered, "
-        "backend_type=htp); the context binary it names must sit beside it",
-    ),
-    "qnn-context-binary": (
-        None,
-        "the QNN context binary the .qnn_ctx.onnx beside it loads; keep them together",
-    ),
     "calibration": (
         None,
         "calibration samples (the job's), for recompiling or re-quantising with the scripts",
@@ -176,11 +163,13 @@ def complete_manifest(
 
 
 def _load(role: str, target: TargetSpec) -> tuple[str | None, str]:
-    """The runtime that loads a file of ``role`` and how; a QDQ model as its target's adapter declares
-    (``qdq_load``: the vendor's compiler or execution provider), else as any ONNX model."""
-    if role == "qdq-onnx":
-        return get_adapter(target).qdq_load or _LOAD["onnx"]
-    return _LOAD[role]
+    """The runtime that loads a file of ``role`` and how: as the target's adapter declares its own artifacts
+    (``artifact_loads``: the vendor's runtime, compiler or execution provider), else as this module's table says;
+    a QDQ model no adapter speaks for loads as any ONNX model."""
+    declared = get_adapter(target).artifact_loads
+    if role in declared:
+        return declared[role]
+    return _LOAD.get(role) or _LOAD["onnx"]
 
 
 def _provider_options(target: TargetSpec) -> dict[str, str]:

@@ -39,11 +39,13 @@ class AmdAdapter(VitisAIAdapter):
         "AMD Quark XINT8 (CNN: power-of-two scales) or A8W8 (transformer): symmetric int8, per-tensor", "int8",
         True, False, False, per_channel=False, vendor="amd", float_as="float (excluded from Quark's quantisation)",
     )  # fmt: skip
-    qdq_load = (
-        "onnxruntime",
-        "onnxruntime.InferenceSession(file, providers=['VitisAIExecutionProvider']) on the NPU (the EP compiles "
-        "it at session creation); runs on the CPU provider too",
-    )
+    artifact_loads = {
+        "qdq-onnx": (
+            "onnxruntime",
+            "onnxruntime.InferenceSession(file, providers=['VitisAIExecutionProvider']) on the NPU (the EP "
+            "compiles it at session creation); runs on the CPU provider too",
+        ),
+    }
     int8_only = False
     presets = {"cnn": "XINT8", "transformer": "A8W8"}
     quant_sources = "A8"

@@ -71,10 +71,21 @@ class QualcommAdapter(AcceleratorAdapter):
         "keeps out of uint8 get uint16 activations (a16w8)", "uint8", False, False, False,
         weights="uint8", per_channel=False, vendor="qualcomm", float_as="uint16 activations (a16w8)",
     )  # fmt: skip
-    qdq_load = (
-        None,
-        "the QDQ model the QNN context binary was compiled from: compile_qnn.py recompiles it on the device",
-    )
+    artifact_loads = {
+        "qdq-onnx": (
+            None,
+            "the QDQ model the QNN context binary was compiled from: compile_qnn.py recompiles it on the device",
+        ),
+        "qnn-context": (
+            "onnxruntime-qnn",
+            "onnxruntime.InferenceSession(file) with the QNN execution provider (onnxruntime-qnn registered, "
+            "backend_type=htp); the context binary it names must sit beside it",
+        ),
+        "qnn-context-binary": (
+            None,
+            "the QNN context binary the .qnn_ctx.onnx beside it loads; keep them together",
+        ),
+    }
     vendor_needs_inputs = True  # the EP compiles a session: it quantises on and runs a sample
     vendor_package = "onnxruntime-qnn"
     vendor_alone_options = {"vendor_preprocess": True}  # qnn_preprocess_model, as QNN's documentation asks

@@ -85,6 +85,13 @@ SENSITIVE_COSINE = 0.999
 
 class RockchipAdapter(AcceleratorAdapter):
     vendor = "Rockchip"
+    artifact_loads = {
+        "rknn": (
+            "rknn-lite",
+            "on the RK3588: RKNNLite().load_rknn(file); init_runtime(); inference(inputs=[...] in the bucket's "
+            "input order) (rknn-toolkit-lite2, or librknnrt's rknn_init/rknn_run from C)",
+        ),
+    }
     int8_format = Int8Format(
         "RKNN w8a8 (rknn-toolkit2's own quantiser on our dataset.txt): asymmetric int8 activations, per-channel "
         "int8 weights; mixed's float layers go to its hybrid quantisation", "uint8", False, False, False,

@@ -45,7 +45,7 @@ class XilinxAdapter(VitisAIAdapter):
         "AMD Quark XINT8: symmetric int8, power-of-two scales, per-tensor (the DPU's only datatype)", "int8", True,
         False, False, per_channel=False, vendor="amd", float_as="float, in a CPU subgraph on the Cortex-A53s",
     )  # fmt: skip
-    qdq_load = (None, "the QDQ model to compile for the DPU with compile_kv260.sh (vai_c_xir)")
+    artifact_loads = {"qdq-onnx": (None, "the QDQ model to compile for the DPU with compile_kv260.sh (vai_c_xir)")}
     int8_only = True
     presets = {"cnn": "XINT8", "transformer": "XINT8"}  # the DPU takes power-of-two int8 only (X8)
     quant_sources = "X8"
