@@ -50,7 +50,7 @@ from flexdsa_core.targets.forms import VendorForm, discover_forms
 from flexdsa_core.targets.spec import TargetSpec
 from flexdsa_core.targets.vendor_cost import VendorCost, ratio
 from flexdsa_core.toolchains import ToolchainError, get_toolchain
-from flexdsa_core.vendor_runs.toolchain_run import bucket_dims
+from flexdsa_core.vendor_runs.toolchain_run import bucket_dims, file_safe, write_samples
 from flexdsa_core.version import __version__
 
 PLAIN = "ours"  # our bundle model as the pipeline made it
@@ -191,9 +191,9 @@ class VendorCompiler:
                 options["custom_hybrid"] = {name: (options["custom_hybrid"] or {}).get(candidate.bucket) or []}
             entries.append({
                 "name": name, "onnx": str(path), "input_shapes": shapes[candidate.bucket], "options": options,
-                "dataset": _write_samples(self.folder, f"{candidate.bucket}.dataset", datasets[candidate.bucket]),
-                "samples": _write_samples(self.folder, f"{candidate.bucket}.judged", judged[candidate.bucket]),
-                "inputs": _write_samples(self.folder, f"{candidate.bucket}.first", judged[candidate.bucket][:1])[0],
+                "dataset": write_samples(self.folder, f"{candidate.bucket}.dataset", datasets[candidate.bucket]),
+                "samples": write_samples(self.folder, f"{candidate.bucket}.judged", judged[candidate.bucket]),
+                "inputs": write_samples(self.folder, f"{candidate.bucket}.first", judged[candidate.bucket][:1])[0],
             })  # fmt: skip
         request = {
             "action": "compile", "continue_on_error": True, "target": self.target.model_dump(mode="json"),
@@ -799,7 +799,7 @@ def _feeds(bucket: BucketModel, folder: Path) -> dict[str, str]:
 
     written = {}
     for name, array in make_inputs(proto_without_weights(bucket.model), seed=0, dims=bucket_dims(bucket)).items():
-        path = folder / f"{bucket.name}.feed.{_safe(name)}.npy"
+        path = folder / f"{bucket.name}.feed.{file_safe(name)}.npy"
         np.save(path, array)
         written[name] = str(path)
     return written
@@ -836,7 +836,7 @@ def _fixed_inputs(path: Path, shapes: dict[str, list[int]], folder: Path, bucket
         for dim, size in zip(value.type.tensor_type.shape.dim, shapes[value.name], strict=False):
             dim.Clear()
             dim.dim_value = int(size)
-    fixed = folder / f"{path.stem}.{_safe(bucket)}.fixed.onnx"
+    fixed = folder / f"{path.stem}.{file_safe(bucket)}.fixed.onnx"
     if any(init.HasField("data_location") and init.data_location == onnx.TensorProto.EXTERNAL
            for init in proto.graph.initializer):  # fmt: skip
         fixed = path.parent / fixed.name  # its external data sits beside the original (the scratch copy's folder)
@@ -916,20 +916,6 @@ def energy_note(target: TargetSpec, in_cycles: bool) -> dict:
     return {"known": False, "detail": "energy per inference is not known: " + "; ".join(missing)}
 
 
-def _write_samples(folder: Path, prefix: str, samples: list[dict]) -> list[dict[str, str]]:
-    import numpy as np
-
-    written = []
-    for index, sample in enumerate(samples):
-        paths = {}
-        for name, array in sample.items():
-            path = folder / f"{prefix}.{index:03d}.{_safe(name)}.npy"
-            np.save(path, array)
-            paths[name] = str(path)
-        written.append(paths)
-    return written
-
-
 def _scored(reference: list[dict], outputs: list[dict[str, str]], accuracy, score) -> dict:
     import numpy as np
 
@@ -944,7 +930,3 @@ def _scored(reference: list[dict], outputs: list[dict[str, str]], accuracy, scor
     found = score(reference, got, accuracy)
     found["samples"] = len(reference)
     return found
-
-
-def _safe(name: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_" else "_" for c in name)[:64]

@@ -67,7 +67,7 @@ def run_toolchain(
         references[bucket.name] = run(original_source, feeds)
         inputs = {}
         for name, array in feeds.items():
-            path = folder / f"{bucket.name}.{_safe(name)}.npy"
+            path = folder / f"{bucket.name}.{file_safe(name)}.npy"
             np.save(path, array)
             inputs[name] = str(path)
         entry = {"name": bucket.name, "onnx": str(model_path), "inputs": inputs}
@@ -75,10 +75,10 @@ def run_toolchain(
             entry["options"] = bucket_options[bucket.name]
         samples = (calibration or {}).get(bucket.name)
         if samples:
-            entry["dataset"] = _write_samples(folder, bucket.name, samples)
+            entry["dataset"] = write_samples(folder, f"{bucket.name}.calibration", samples)
             judged = ((held_out or {}).get(bucket.name) or [])[:EVAL_SAMPLES]
             if judged:
-                entry["samples"] = _write_samples(folder, f"{bucket.name}.held_out", judged)
+                entry["samples"] = write_samples(folder, f"{bucket.name}.held_out.calibration", judged)
                 judged_on[bucket.name] = f"{len(judged)} held-out samples, not in the vendor quantiser's dataset"
             else:
                 judged = samples[:EVAL_SAMPLES]
@@ -170,13 +170,14 @@ def bucket_dims(bucket) -> dict[str, int]:
     return dims
 
 
-def _write_samples(folder: Path, bucket: str, samples: list[dict]) -> list[dict[str, str]]:
-    """Each sample's inputs as .npy files; per sample, input name -> path (what the drivers' ``dataset`` takes)."""
+def write_samples(folder: Path, prefix: str, samples: list[dict]) -> list[dict[str, str]]:
+    """Each sample's inputs as .npy files (``<prefix>.<index>.<input>.npy``); per sample, input name -> path (what
+    the drivers' ``dataset`` and ``samples`` take)."""
     written = []
     for index, sample in enumerate(samples):
         paths = {}
         for name, array in sample.items():
-            path = folder / f"{bucket}.calibration.{index:03d}.{_safe(name)}.npy"
+            path = folder / f"{prefix}.{index:03d}.{file_safe(name)}.npy"
             np.save(path, array)
             paths[name] = str(path)
         written.append(paths)
@@ -247,7 +248,8 @@ def _agreement(ours: dict[str, str], theirs: dict[str, str]) -> dict:
     }
 
 
-def _safe(name: str) -> str:
+def file_safe(name: str) -> str:
+    """``name`` as a file-name part: letters, digits, - and _ (others become _), at most 64 characters."""
     return "".join(c if c.isalnum() or c in "-_" else "_" for c in name)[:64]
 
 
