@@ -18,6 +18,10 @@ from flexdsa_core.loadable import UnloadableGraph
 from flexdsa_core.targets import BucketModel
 
 MAX_ROLLBACKS = 6
+# The ``stage_seconds`` key of the kernels the cost model timed inside the stages (the Fusion Switcher's paired
+# timings, single-kernel measurements): timing, like the never-slower check, not graph work; each stage's own
+# figure leaves it out.
+KERNEL_TIMING = "kernel_timing"
 
 
 @dataclass

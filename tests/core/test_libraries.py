@@ -159,6 +159,33 @@ def test_ort_symbolic_shapes_leave_an_unknown_op_untyped():
     assert not inferred.graph.output[0].type.HasField("tensor_type")
 
 
+def test_ort_symbolic_shapes_remember_resize_simplifications():
+    """A Resize's output dims are simplified once per distinct expression: the second inference of the same
+    model (and every later pass over it) takes sympy's answer from memory, and the shapes are the same."""
+    model = onnx.parser.parse_model(
+        """
+        <ir_version: 9, opset_import: ["" : 17]>
+        g (float[1, 3, H, W] x) => (float[?, ?, ?, ?] y)
+        <float[4] scales = {1.0, 1.0, 2.0, 2.0}>
+        {
+            p = MaxPool <kernel_shape = [2, 2], strides = [2, 2]> (x)
+            y = Resize <mode = "nearest"> (p, , scales)
+        }
+        """
+    )
+    simplify = lib._symbolic_shape_inference_class().__init__.__globals__["sympy"].simplify
+
+    def shapes() -> list:
+        inferred = lib.ort_symbolic_shapes(model)
+        return [d.dim_param or d.dim_value for d in inferred.graph.output[0].type.tensor_type.shape.dim]
+
+    first = shapes()
+    hits = simplify.cache_info().hits
+    assert shapes() == first
+    assert first == [1, 3, "floor(2.0*floor(H/2))", "floor(2.0*floor(W/2))"]
+    assert simplify.cache_info().hits >= hits + 2  # both spatial dims of the second run came from memory
+
+
 def _private_imports(path: Path) -> list[str]:
     found = []
     for node in ast.walk(ast.parse(path.read_text())):
