@@ -119,7 +119,7 @@ def model_limits(tracker, buckets, loading: Mapping[str, int] | None = None) -> 
     names = [d for d in tracker.infer().dims if tracker.dim_kind(d) != "batch"]
     if not names:
         return {}
-    light = weightless_proto(tracker.model)
+    light = weightless_proto(tracker.model, constants=True)
     base = {d: 1 for d in tracker.infer().dims} | (dict(buckets[0].dims) if buckets else {})
     limits = {}
     for name in names:

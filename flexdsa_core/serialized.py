@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import math
 import sys
 from collections import OrderedDict
 from collections.abc import Iterator
@@ -117,12 +118,17 @@ def _pieces(model: ir.Model) -> list[bytes | memoryview]:
     return _spliced(outer, _MODEL_GRAPH, _field(_MODEL_GRAPH, graph_pieces))
 
 
-def weightless_proto(model: ir.Model) -> onnx.ModelProto:
+def weightless_proto(model: ir.Model, *, constants: bool = False) -> onnx.ModelProto:
     """``model``'s protobuf with its large main-graph initializers as graph inputs of the same type and shape:
     what onnx's checker and shape inference check, without a copy of the weights (BERT-base: the protobuf,
-    the checker's and the inference's parses of it held 415 MiB each)."""
+    the checker's and the inference's parses of it held 415 MiB each). ``constants``: large ``Constant``
+    nodes of the main graph too (exporters such as paddle2onnx write every weight as one), for a load that
+    needs only shapes: ppocr_rec's 10 MiB of them made each of ``preflight.model_limits``'s loads hold
+    37-54 MiB."""
     large = {name: value.const_value for name, value in model.graph.initializers.items() if _streamed(value.const_value)}
     proto = _stubbed_proto(model, large)
+    if constants:
+        _constants_as_inputs(proto)
     if not large:
         return proto
     inputs = {value.name for value in proto.graph.input}
@@ -134,6 +140,26 @@ def weightless_proto(model: ir.Model) -> onnx.ModelProto:
         if init.name not in inputs:
             proto.graph.input.append(onnx.helper.make_tensor_value_info(init.name, init.data_type, list(init.dims)))
     return proto
+
+
+def _constants_as_inputs(proto: onnx.ModelProto) -> None:
+    """Each main-graph ``Constant`` node holding a tensor of ``STREAM_MIN_BYTES`` or more becomes a graph input
+    of its type and shape (one that is also a graph output stays)."""
+    outputs = {value.name for value in proto.graph.output}
+    kept, lifted = [], []
+    for node in proto.graph.node:
+        value = next((a.t for a in node.attribute if a.name == "value" and a.type == onnx.AttributeProto.TENSOR), None)
+        big = value is not None and value.data_type != onnx.TensorProto.STRING and (
+            math.prod(value.dims) * onnx.helper.tensor_dtype_to_np_dtype(value.data_type).itemsize >= STREAM_MIN_BYTES
+        )
+        if node.op_type == "Constant" and node.domain in ("", "ai.onnx") and big and node.output[0] not in outputs:
+            lifted.append(onnx.helper.make_tensor_value_info(node.output[0], value.data_type, list(value.dims)))
+        else:
+            kept.append(node)
+    if lifted:
+        proto.graph.ClearField("node")
+        proto.graph.node.extend(kept)
+        proto.graph.input.extend(lifted)
 
 
 def _stubbed_proto(model: ir.Model, large: dict[str, ir.TensorProtocol]) -> onnx.ModelProto:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import onnx
+import onnx_ir as ir
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 from typer.testing import CliRunner
@@ -13,7 +15,9 @@ from typer.testing import CliRunner
 from flexdsa_core import FlexDSAOptimizer, OptimizeOptions
 from flexdsa_core.cli import app
 from flexdsa_core.errors import InvalidOptionsError
-from flexdsa_core.preflight import check_request, switchable_names
+from flexdsa_core.preflight import check_request, model_limits, switchable_names
+from flexdsa_core.serialized import weightless_proto
+from flexdsa_core.shape_tracker import ShapeTracker
 from flexdsa_core.targets import load_target
 
 
@@ -113,3 +117,29 @@ def test_cli_says_what_is_wrong_in_one_line(tmp_path):
         result.output
     )
     assert len(" ".join(lines)) < 400
+
+
+def _as_constant_node(model: bytes, name: str) -> bytes:
+    """``model`` with initializer ``name`` written as a ``Constant`` node instead (as paddle2onnx writes weights)."""
+    proto = onnx.load_from_string(model)
+    tensor = next(t for t in proto.graph.initializer if t.name == name)
+    kept = [t for t in proto.graph.initializer if t.name != name]
+    proto.graph.ClearField("initializer")
+    proto.graph.initializer.extend(kept)
+    proto.graph.node.insert(0, helper.make_node("Constant", [], [name], value=tensor))
+    return proto.SerializeToString()
+
+
+@pytest.mark.parametrize("held_as", ["initializer", "Constant node"])
+def test_the_limit_is_found_without_the_weights_however_they_are_held(held_as):
+    """A 4,096-row position table (64 KiB) limits seq to 4,096 whether the exporter wrote it as an initializer
+    or as a Constant node; the probe loads see its shape only (a graph input), never its values."""
+    model = positions_model(4096)
+    if held_as == "Constant node":
+        model = _as_constant_node(model, "table")
+    tracker = ShapeTracker(ir.from_proto(onnx.load_from_string(model)))
+    tracker.infer()
+    light = weightless_proto(tracker.model, constants=True)
+    assert "table" in {value.name for value in light.graph.input}
+    assert light.ByteSize() < 4096  # neither an initializer nor a Constant carries the table
+    assert model_limits(tracker, [], {"seq": 64}) == {"seq": 4096}
