@@ -172,7 +172,7 @@ class OutlierChannelSplit(RewriteRuleClassBase):
         bulk = projection(bulk_hidden, down_bulk, bias_bulk, "bulk_down")
         parts, rows = [], []
         if inner:
-            parts.append(activate(projection(x, wu[:, inner], bu[inner], "outlier_up"), "float16_act"))
+            parts.append(activate(projection(x, wu[:, inner], bu[inner], "float16_up"), "float16_act"))
             rows.append(weight[inner, :])
         if outer:
             parts.append(projection(bulk_hidden, down[:, outer], bias[outer], "outlier_down"))

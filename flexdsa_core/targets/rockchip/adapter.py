@@ -28,7 +28,7 @@ SiLU (exSwish), RMSNorm and LayerNorm (exNorm), and Conv + Add + activation. Its
 below 3 keeps an attention mask's -3.4e38 fill, which overflows float16 (NaN outputs): the bundle keeps 3.
 
 Where rknn's own w8a8 loses accuracy, exploration offers exact rewrites (``vendor_exact_forms``:
-``forms/bounded_mask.py``, ``forms/outlier_channels.py``) and float16 hybrids chosen from the toolkit's own
+``forms/bounded_mask.py``, ``forms/outlier_channels.py``, ``forms/input_outliers.py``) and float16 hybrids chosen from the toolkit's own
 per-layer analysis of them (``vendor_sensitivity_hybrids``). Outputs the runtime can serve from the inputs
 (inputs passed through, their shapes and casts: ``rknn_outputs.py``) are left out of the toolkit's model: it dies
 with SIGFPE on a model that passes an input it consumes through to an output; the manifest lists them per bucket
@@ -143,7 +143,7 @@ class RockchipAdapter(AcceleratorAdapter):
     vendor_forms = ("strided_conv_space_to_depth",)
     # Rewrites that change no value but what the toolkit's w8a8 keeps (judged by its simulator,
     # ``vendor_runs.explore``).
-    vendor_exact_forms = ("bounded_attention_mask", "outlier_channel_split")
+    vendor_exact_forms = ("bounded_attention_mask", "outlier_channel_split", "input_outlier_split")
     vendor_package = "rknn-toolkit2"
     # The vendor alone is the original as a user hands it over: every output left in (a toolkit crash included).
     vendor_alone_options = {"serve_passthrough": False}

@@ -1,6 +1,7 @@
 """Rockchip RK3588 with rknn-toolkit2 in the loop, on the trained MiniLM-L6 sentence encoder and real sentences:
 where the toolkit's own w8a8 loses the embedding, the exact rewrites (a bounded attention-mask constant, the
-feed-forward outlier channels on a path of their own) and the float16 layers chosen from its own per-layer
+feed-forward outlier channels on a path of their own, the feed-forward inputs' outlier channels in pieces) and
+the float16 layers chosen from its own per-layer
 analysis make its int8 accurate on held-out sentences, at fewer of its cycles than its float16 build; and a
 model that passes its inputs through to outputs (as a published encoder does), on which the toolkit dies, is
 compiled with those outputs left to the runtime.
@@ -54,21 +55,23 @@ def test_exact_rewrites_make_the_toolkits_int8_accurate_on_minilm():
     # Its own per-layer analysis says where: the fused attention, whose int8 "scores + mask" spans the mask.
     worst = row["exact_rewrites"]["layer_accuracy_vendor_alone"]["worst_single"]
     assert any(layer["op"] == "exSDPAttention" and layer["cosine_single"] < 0.9 for layer in worst), worst
-    # Ours: both exact rewrites taken, checked exact against the original, and int8 that keeps the embedding.
+    # Ours: the three exact rewrites taken (the feed-forward inputs' outlier channels split into pieces as well),
+    # checked exact against the original, and int8 that keeps every held-out sentence's embedding.
     exact = row["exact_rewrites"]
-    assert (
-        exact["forms"]["bounded_attention_mask"]["sites"] and exact["forms"]["outlier_channel_split"]["sites"]
-    )
+    forms = exact["forms"]
+    assert forms["bounded_attention_mask"]["sites"] and forms["outlier_channel_split"]["sites"]
+    assert len(forms["input_outlier_split"]["sites"]) == 6, forms["input_outlier_split"]
     assert "within the fp32 tolerances" in exact["validation"]
     assert row["precision"].startswith("w8a8 + exact rewrites"), row["decision"]
     assert row["shipped"] == "ours + forms"
     final = result.report["toolchain"]["buckets"][BUCKET]
     assert final["accuracy"]["ok"], final["accuracy"]
     assert final["accuracy"]["outputs"]["sentence_embedding"]["cosine"] >= 0.99
+    assert final["accuracy"]["outputs"]["sentence_embedding"]["worst_sample_cosine"] >= 0.99
     assert "held-out" in final["accuracy"]["measured_on"]
     # At fewer of the toolkit's cycles than its float16 build (the vendor alone's best accurate one).
     assert row["ours"]["cycles"] < 0.6 * row["vendor_alone"]["cycles"]
-    assert row["ratio"] < 0.6 and row["vendor_alone_best"]["cycles"] == row["vendor_alone"]["cycles"]
+    assert row["ratio"] <= 0.55 and row["vendor_alone_best"]["cycles"] == row["vendor_alone"]["cycles"]
     assert row["ours"]["cpu_nodes"] <= alone_int8["cpu_nodes"]
     # The bundle's script repeats the hybrid the toolchain built.
     script = result.artifacts["convert_rknn.py"].decode()
