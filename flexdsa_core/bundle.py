@@ -25,6 +25,8 @@ from flexdsa_core.rewrites import KINDS
 from flexdsa_core.serialized import kept_bytes, model_bytes
 from flexdsa_core.targets import BucketModel, TargetSpec
 from flexdsa_core.vendor_runs.deploy_manifest import complete_manifest
+from flexdsa_core.verify.precision import PrecisionVerdict
+from flexdsa_core.verify.toolchain import BuildVerdict, ShippedVerdict
 
 __all__ = ["OptimizeResult", "package"]
 
@@ -172,28 +174,31 @@ def _padding_section(report: dict, padding: dict | None) -> None:
 def _vendor_sections(report: dict, job: OptimizeRun) -> None:
     """``toolchain`` (the vendor's build and simulator) and ``vendor`` (ours against the vendor alone), with
     each bucket's vendor exploration in its fusion plan."""
-    toolchain_report, vendor = job.evidence("toolchain", {}), job.extra("toolchain", "vendor")
+    toolchain_report, build = job.evidence("toolchain", {}), job.verdict("toolchain", BuildVerdict)
     if toolchain_report:
         report["toolchain"] = toolchain_report
         report["warnings"].extend(toolchain_report.get("warnings", []))
-    if vendor is not None:
-        report["vendor"] = vendor
-        for bucket_name, plan in job.extra("toolchain", "exploration").plans.items():
+    if build is not None and build.vendor is not None:
+        report["vendor"] = build.vendor
+        for bucket_name, plan in build.exploration.plans.items():
             job.comp.fusion_plans.setdefault(bucket_name, {})["vendor_exploration"] = plan
 
 
 def _vendor_files(job: OptimizeRun) -> dict[str, bytes | Path]:
     """The vendor's compiled files that ship: those the accuracy verdict kept, where it judged them."""
-    if "vendor_accuracy" in job.verdicts:
-        return job.extra("vendor_accuracy", "files")
-    return job.extra("toolchain", "files", {})
+    shipped = job.verdict("vendor_accuracy", ShippedVerdict)
+    if shipped is not None:
+        return shipped.files
+    build = job.verdict("toolchain", BuildVerdict)
+    return build.files if build is not None else {}
 
 
 def _calibration_files(job: OptimizeRun) -> dict[str, bytes]:
     """Where the vendor's quantiser makes the shipped model, the samples it calibrates on, per bucket."""
-    precision, samples = job.evidence("precision"), job.extra("precision", "samples")
-    if precision is None or not precision.get("vendor_quantiser"):
+    precision, verdict = job.evidence("precision"), job.verdict("precision", PrecisionVerdict)
+    if precision is None or verdict is None or not precision.get("vendor_quantiser"):
         return {}
+    samples = verdict.samples
     first = job.comp.buckets[0].name
     files = {"calibration.npz": samples_npz(samples[first]), **samples_dataset(samples[first])}
     for name, bucket_samples in list(samples.items())[1:]:  # each further bucket at its shapes

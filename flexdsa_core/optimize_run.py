@@ -16,7 +16,7 @@ from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import onnx_ir as ir
 
@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from flexdsa_core.verify.references import References
 
 Progress = Callable[[str, float, str], None]
+V = TypeVar("V", bound="Verdict")
 
 # Share of the whole run each stage takes, for one overall progress fraction.
 STAGE_WEIGHTS = {
@@ -111,10 +112,11 @@ class OptimizeRun:
         verdict = self.verdicts.get(verifier)
         return default if verdict is None else verdict.evidence
 
-    def extra(self, verifier: str, key: str, default: Any = None) -> Any:
-        """One more part of ``verifier``'s verdict (``Verdict.extra``), or ``default`` where it did not run."""
+    def verdict(self, verifier: str, kind: type[V]) -> V | None:
+        """``verifier``'s verdict where it ran and returned a ``kind`` (a ``Verdict`` subclass with the typed
+        fields its readers need), else None."""
         verdict = self.verdicts.get(verifier)
-        return default if verdict is None else verdict.extra.get(key, default)
+        return verdict if isinstance(verdict, kind) else None
 
     @contextmanager
     def timed(self, stage: str):

@@ -1,6 +1,6 @@
 """The verifiers of the verified run: each judges the compiled result and answers one ``Verdict``.
 
-    verdict = verifier.verify(job)      # Verdict(ok, evidence, failure, extra)
+    verdict = verifier.verify(job)      # Verdict(ok, evidence, failure), or a subclass with typed fields
 
 ``Verifier`` is the one contract: ``name``, the ``stage`` its time and progress are reported under,
 ``applies(job)`` and ``verify(job)``. Its ``Verdict`` carries its evidence (what the report shows; the
@@ -24,7 +24,7 @@ import functools
 import importlib
 import pkgutil
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from flexdsa_core.compilation import MAX_ROLLBACKS, Compilation, bisect
@@ -36,12 +36,13 @@ __all__ = ["VERIFIERS", "Loads", "Verdict", "Verifier", "roll_back", "switch", "
 @dataclass
 class Verdict:
     """What a verifier found: ``ok``, the ``evidence`` it rests on (what the report shows) and, when not
-    ok, the ``failure`` in words (what a rollback records as its detail)."""
+    ok, the ``failure`` in words (what a rollback records as its detail). A verifier whose later readers need
+    more than the report's evidence returns a subclass with typed fields (``PrecisionVerdict``,
+    ``ExplorationVerdict``, ``BuildVerdict``, ``ShippedVerdict``), read through ``OptimizeRun.verdict``."""
 
     ok: bool
     evidence: Any = None
     failure: str | None = None
-    extra: dict = field(default_factory=dict)
 
 
 class Verifier:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -27,8 +28,7 @@ from flexdsa_core.verify import Verdict, Verifier, switch, verifier
 @verifier("precision")
 class Precision(Verifier):
     """Every bucket at the requested precision (``precision_buckets``). Its evidence is the report's
-    ``precision`` section; ``extra`` holds each bucket's samples (``samples``, the bundle's calibration files)
-    and its ``PrecisionRun`` (``runs``, what the vendor's quantiser and simulator are given)."""
+    ``precision`` section; its ``PrecisionVerdict`` also holds each bucket's samples and ``PrecisionRun``."""
 
     name, stage = "precision", "precision"
 
@@ -44,9 +44,19 @@ class Precision(Verifier):
         )
         switch(job, comp, None)  # each bucket's model at the precision it ships
         shipped = section.get("shipped")
-        return Verdict(shipped not in (None, "fp32") or job.options.precision == "fp32", section,
-                       None if shipped not in (None, "fp32") else f"{job.options.precision} not shipped",
-                       extra={"samples": samples, "runs": runs})  # fmt: skip
+        return PrecisionVerdict(shipped not in (None, "fp32") or job.options.precision == "fp32", section,
+                                None if shipped not in (None, "fp32") else f"{job.options.precision} not shipped",
+                                samples=samples, runs=runs)  # fmt: skip
+
+
+@dataclass
+class PrecisionVerdict(Verdict):
+    """The precision search's verdict: beside the report's section, each bucket's samples (``samples``: the
+    bundle's calibration files) and its ``PrecisionRun`` (``runs``: what the vendor's quantiser and simulator
+    are given)."""
+
+    samples: dict[str, list[dict]] = field(default_factory=dict)
+    runs: dict[str, PrecisionRun] = field(default_factory=dict)
 
 
 def precision_buckets(job: OptimizeRun, comp, original_source, options, samples, recompile, progress, cache=None):

@@ -11,6 +11,8 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import onnx_ir as ir
 
@@ -19,14 +21,15 @@ from flexdsa_core.cost_model import CostModel
 from flexdsa_core.memory_planner import plan_memory
 from flexdsa_core.optimize_run import OptimizeRun
 from flexdsa_core.options import OptimizeOptions
-from flexdsa_core.precision import vendor_verdict
+from flexdsa_core.precision import PrecisionRun, vendor_verdict
 from flexdsa_core.report import SOURCES
 from flexdsa_core.subgraph_mapper import SubgraphMapper
 from flexdsa_core.targets import BucketModel
 from flexdsa_core.vendor_runs.estimate import target_estimate
-from flexdsa_core.vendor_runs.explore import explore, vendor_section
+from flexdsa_core.vendor_runs.explore import Exploration, explore, vendor_section
 from flexdsa_core.vendor_runs.toolchain_run import run_toolchain
 from flexdsa_core.verify import Verdict, Verifier, roll_back, switch, verifier
+from flexdsa_core.verify.precision import PrecisionVerdict
 from flexdsa_core.verify.validation import validate_buckets
 
 
@@ -35,7 +38,7 @@ class VendorExploration(Verifier):
     """Exploration scored by the vendor's own estimate, the vendor alone beside it (where it gives one):
     forms only its compiler can judge, never worse than the original compiled by the vendor alone. The
     vendor's figure is one more cost source; a changed bucket is validated against the original again.
-    Its evidence: the exploration's report; ``extra["exploration"]`` the exploration itself (or None)."""
+    Its evidence: the exploration's report; its ``ExplorationVerdict`` holds the exploration itself (or None)."""
 
     name, stage, message = "vendor_exploration", "toolchain", "compiling with the vendor toolchain"
 
@@ -58,16 +61,15 @@ class VendorExploration(Verifier):
             switch(job, comp, None)
             if validated is not None:  # the buckets that ship changed: validation's evidence is theirs
                 job.verdicts["validation"] = dataclasses.replace(validated, evidence=validation)
-        return Verdict(True, exploration.report if exploration is not None else None,
-                       extra={"exploration": exploration})  # fmt: skip
+        return ExplorationVerdict(True, exploration.report if exploration is not None else None, exploration=exploration)
 
 
 @verifier("toolchain")
 class VendorBuild(Verifier):
     """The final vendor build of every bucket, run in the vendor's simulator (module docstring). Where our
     form crashed the vendor's build and the vendor alone built the original, the original ships (the
-    rollback's ``fallback``). Its evidence: the toolchain report; ``extra``: the vendor's ``files``, the
-    report's ``vendor`` section and the ``exploration`` as it ships."""
+    rollback's ``fallback``). Its evidence: the toolchain report; its ``BuildVerdict`` holds the vendor's
+    ``files``, the report's ``vendor`` section and the ``exploration`` as it ships."""
 
     name, stage = "toolchain", "toolchain"
     bisects = False  # the vendor's build is not bisected: its one fallback is the original model
@@ -75,7 +77,8 @@ class VendorBuild(Verifier):
     def verify(self, job: OptimizeRun) -> Verdict:
         optimizer, options, precision = job.optimizer, job.options, job.evidence("precision")
         precision_runs = _precision_runs(job)
-        self.exploration = job.extra("vendor_exploration", "exploration")
+        explored = job.verdict("vendor_exploration", ExplorationVerdict)
+        self.exploration = explored.exploration if explored is not None else None
         self.compile_final = functools.partial(
             run_toolchain, optimizer.target, optimizer.adapter, partition=job.comp.partition,
             original_source=job.original_source, root=optimizer.toolchain_root, seed=options.seed,
@@ -89,14 +92,13 @@ class VendorBuild(Verifier):
         verdict = self._built(job, *self.compile_final(job.comp.buckets, bucket_options=bucket_options))
         return roll_back(self, job, verdict)
 
-    def _built(self, job: OptimizeRun, toolchain_report: dict, toolchain_files: dict) -> Verdict:
+    def _built(self, job: OptimizeRun, toolchain_report: dict, toolchain_files: dict) -> BuildVerdict:
         vendor = None
         if self.exploration is not None:
             vendor = vendor_section(job.optimizer.target, job.optimizer.adapter, self.exploration, toolchain_report)
-        return Verdict(
+        return BuildVerdict(
             bool(toolchain_report.get("ran")) or not toolchain_report.get("failed"), toolchain_report,
-            toolchain_report.get("failed") or None,
-            extra={"files": toolchain_files, "vendor": vendor, "exploration": self.exploration},
+            toolchain_report.get("failed") or None, files=toolchain_files, vendor=vendor, exploration=self.exploration,
         )  # fmt: skip
 
     def fallback(self, job: OptimizeRun, verdict: Verdict):
@@ -111,7 +113,7 @@ class VendorBuild(Verifier):
 class VendorVerdicts(Verifier):
     """Each bucket's vendor-quantised model judged by the accuracy target on held-out samples (after the
     toolchain ran it): a bucket that misses it loses its quantised artifacts, or the job fails. Its
-    ``extra["files"]``: the vendor's files that ship."""
+    ``ShippedVerdict`` holds the vendor's files that ship."""
 
     name, stage, timed_as = "vendor_accuracy", "toolchain", None
 
@@ -120,20 +122,45 @@ class VendorVerdicts(Verifier):
         return bool(precision is not None and precision.get("vendor_quantiser"))
 
     def verify(self, job: OptimizeRun) -> Verdict:
-        toolchain = job.verdicts["toolchain"]
+        toolchain = job.verdict("toolchain", BuildVerdict)
         files = _vendor_verdicts(
-            job.evidence("precision"), _precision_runs(job), toolchain.evidence, dict(toolchain.extra["files"]),
-            vendor=toolchain.extra["vendor"],
+            job.evidence("precision"), _precision_runs(job), toolchain.evidence, dict(toolchain.files),
+            vendor=toolchain.vendor,
         )  # fmt: skip
         missed = [name for name, entry in (toolchain.evidence.get("buckets") or {}).items() if entry.get("shipped") is False]
-        return Verdict(not missed, job.evidence("precision"),
-                       f"vendor-quantised buckets below the target: {missed}" if missed else None,
-                       extra={"files": files})  # fmt: skip
+        return ShippedVerdict(not missed, job.evidence("precision"),
+                              f"vendor-quantised buckets below the target: {missed}" if missed else None,
+                              files=files)  # fmt: skip
 
 
-def _precision_runs(job: OptimizeRun) -> dict:
+@dataclass
+class ExplorationVerdict(Verdict):
+    """The vendor exploration's verdict: the ``Exploration`` itself, for the final build (None: not explored)."""
+
+    exploration: Exploration | None = None
+
+
+@dataclass
+class BuildVerdict(Verdict):
+    """The final vendor build's verdict: its ``files``, the report's ``vendor`` section (ours against the
+    vendor alone, where explored) and the ``exploration`` as it ships."""
+
+    files: dict[str, bytes | Path] = field(default_factory=dict)
+    vendor: dict | None = None
+    exploration: Exploration | None = None
+
+
+@dataclass
+class ShippedVerdict(Verdict):
+    """The vendor-accuracy verdict: the vendor's files that ship (those of buckets that kept the target)."""
+
+    files: dict[str, bytes | Path] = field(default_factory=dict)
+
+
+def _precision_runs(job: OptimizeRun) -> dict[str, PrecisionRun]:
     """Each bucket's ``PrecisionRun`` (the precision verifier's), or none where it did not run."""
-    return job.extra("precision", "runs") or {}
+    precision = job.verdict("precision", PrecisionVerdict)
+    return precision.runs if precision is not None else {}
 
 
 def _describe(job: OptimizeRun, comp: Compilation, bucket: BucketModel, cost_model: CostModel) -> None:
