@@ -144,6 +144,46 @@ class ExactForm:
         return applied
 
 
+def matched_sites(model: ir.Model, finder: type, form_name: str) -> tuple[list[str], dict[str, int]]:
+    """The sites (node names, in graph order, each once) where ``finder``'s rule matches ``model``, and the
+    reasons it refused elsewhere; nothing is rewritten. A measuring form's first step: ``finder`` is its rule
+    class with an ``EverySite`` map, so that every match passes its checks."""
+    from flexdsa_core.fusions.walk import ReasonTracer
+
+    found: list[str] = []
+
+    def refuse(_rule, delta):
+        found.append(_root(delta).name)
+        return _Decision(False)
+
+    tracer = ReasonTracer()
+    drive(model, finder.rule().commute(), refuse, rule_name=form_name, tracer=tracer)
+    return list(dict.fromkeys(found)), dict(tracer.reasons)
+
+
+class EverySite(dict):
+    """A rule's per-site map that has every site, each mapped to ``nothing`` (to find the sites before
+    measuring: ``matched_sites``)."""
+
+    def __init__(self, nothing) -> None:
+        super().__init__()
+        self.nothing = nothing
+
+    def __contains__(self, key) -> bool:
+        return True
+
+    def __getitem__(self, key):
+        return self.nothing
+
+
+def outlier_channels(peaks: np.ndarray, factor: float, at_most: int) -> list[int]:
+    """The channels, at most ``at_most`` of the highest, whose peak passes ``factor`` times the median
+    channel's; sorted."""
+    median = float(np.median(peaks))
+    order = np.argsort(-peaks)[:at_most]
+    return sorted(int(c) for c in order if peaks[c] > factor * median)
+
+
 def _name_nodes(model: ir.Model) -> None:
     taken = {node.name for node in model.graph if node.name}
     for index, node in enumerate(model.graph):

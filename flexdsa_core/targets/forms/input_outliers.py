@@ -38,7 +38,7 @@ import onnx_ir as ir
 from onnxscript.rewriter import MatchResult, RewriteRuleClassBase
 
 from flexdsa_core._libraries import get_numpy_value
-from flexdsa_core.targets.forms import ExactForm, observe
+from flexdsa_core.targets.forms import EverySite, ExactForm, matched_sites, observe, outlier_channels
 
 SITE_FACTOR = 8.0
 FACTOR = 8.0
@@ -118,24 +118,15 @@ class InputOutlierSplit(RewriteRuleClassBase):
 
 def measure(model: ir.Model, samples: list[dict]) -> tuple[list, dict]:
     """Per projection, the input channels of the module docstring from the calibration samples."""
-    from flexdsa_core.fusions.walk import ReasonTracer, drive
-
     samples = samples[:MEASURED_SAMPLES]
-    finder = type("InputOutlierSplit", (InputOutlierSplit,), {"channels": _Everywhere(), "roles": {}, "widened": {}})
-    found: list[str] = []
-
-    def refuse(_rule, delta):
-        found.append(delta.match.outputs[0].producer().name)
-        return _Refused()
-
-    tracer = ReasonTracer()
-    drive(model, finder.rule().commute(), refuse, rule_name=FORM.name, tracer=tracer)
+    finder = type("InputOutlierSplit", (InputOutlierSplit,), {"channels": EverySite(()), "roles": {}, "widened": {}})
+    found, refused = matched_sites(model, finder, FORM.name)
     nodes = {node.name: node for node in model.graph}
-    inputs = {site: _input(nodes[site]) for site in dict.fromkeys(found)}
+    inputs = {site: _input(nodes[site]) for site in found}
     inputs = {site: value for site, value in inputs.items() if value is not None}
     if not inputs:
-        return [], {"detail": "no projection x·W + b with a constant W of at least "
-                              f"{MIN_WIDTH} input channels", "refused": dict(tracer.reasons)}  # fmt: skip
+        return [], {"detail": f"no projection x·W + b with a constant W of at least {MIN_WIDTH} input channels",
+                    "refused": refused}  # fmt: skip
     names = sorted({value.name for value in inputs.values()})
     observed = observe(model, names, samples)
     peaks = {}
@@ -146,7 +137,8 @@ def measure(model: ir.Model, samples: list[dict]) -> tuple[list, dict]:
     for site, value in inputs.items():
         peak = peaks[value.name]
         median = float(np.median(peak))
-        chosen = _outliers(peak) if median > 0 and float(peak.max()) >= SITE_FACTOR * median else []
+        site_stands_out = median > 0 and float(peak.max()) >= SITE_FACTOR * median
+        chosen = outlier_channels(peak, FACTOR, MAX_CHANNELS) if site_stands_out else []
         bulk = float(np.delete(peak, chosen).max()) if chosen else float(peak.max())
         split = tuple((c, max(2, math.ceil(float(peak[c]) / bulk))) for c in chosen) if bulk > 0 else ()
         if split:
@@ -155,7 +147,7 @@ def measure(model: ir.Model, samples: list[dict]) -> tuple[list, dict]:
                           "peak_over_median": round(float(peak.max()) / median, 1) if median > 0 else None,
                           "bulk_peak_over_median": round(bulk / median, 1) if median > 0 else None}  # fmt: skip
     rule = type("InputOutlierSplit", (InputOutlierSplit,), {"channels": channels, "roles": {}, "widened": {}})
-    summary = {"channels": measured, "samples": len(samples), "refused": dict(tracer.reasons),
+    summary = {"channels": measured, "samples": len(samples), "refused": refused,
                "rule": f"where an input's largest channel peak passes {SITE_FACTOR:g}x the median channel's, every "
                        f"channel past {FACTOR:g}x, at most {MAX_CHANNELS}"}  # fmt: skip
     return ([rule] if channels else []), summary
@@ -170,30 +162,10 @@ def _input(site: ir.Node) -> ir.Value | None:
     return None
 
 
-class _Refused:
-    taken = False
-
-
-def _outliers(peaks: np.ndarray) -> list[int]:
-    median = float(np.median(peaks))
-    order = np.argsort(-peaks)[:MAX_CHANNELS]
-    return sorted(int(c) for c in order if median > 0 and peaks[c] > FACTOR * median)
-
-
-class _Everywhere(dict):
-    """A ``channels`` map that has every site, splitting nothing (to find the sites before measuring)."""
-
-    def __contains__(self, key) -> bool:
-        return True
-
-    def __getitem__(self, key):
-        return ()
-
-
 FORM = ExactForm(
     name="input_outlier_split",
-    summary="a projection's outlier input channels on a path of their own, its int8 input spanning the bulk "
-    "(exact up to sum order)",
+    summary="a projection's outlier input channels fed as equal pieces beside the bulk, its int8 input spanning the "
+    "bulk (exact up to rounding)",
     site_suffix="/input_split",
     measure=measure,
 )

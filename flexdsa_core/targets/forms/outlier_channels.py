@@ -32,7 +32,7 @@ import onnx_ir as ir
 from onnxscript.rewriter import MatchResult, RewriteRuleClassBase
 
 from flexdsa_core._libraries import get_numpy_value
-from flexdsa_core.targets.forms import ExactForm, observe
+from flexdsa_core.targets.forms import EverySite, ExactForm, matched_sites, observe, outlier_channels
 
 FACTOR_IN = 4.0
 FACTOR_OUT = 6.0
@@ -192,32 +192,22 @@ class OutlierChannelSplit(RewriteRuleClassBase):
 
 def measure(model: ir.Model, samples: list[dict]) -> tuple[list, dict]:
     """Per down projection, the channels of the module docstring from the calibration samples."""
-    from flexdsa_core.fusions.walk import ReasonTracer, drive
-
     samples = samples[:MEASURED_SAMPLES]
-    finder = type("OutlierChannelSplit", (OutlierChannelSplit,), {"channels": _Everywhere(), "roles": {}})
-    found: list[str] = []
-
-    def refuse(_rule, delta):
-        found.append(delta.match.outputs[0].producer().name)
-        return _Refused()
-
-    tracer = ReasonTracer()
-    drive(model, finder.rule().commute(), refuse, rule_name=FORM.name, tracer=tracer)
+    finder = type("OutlierChannelSplit", (OutlierChannelSplit,), {"channels": EverySite(((), ())), "roles": {}})
+    found, refused = matched_sites(model, finder, FORM.name)
     nodes = {node.name: node for node in model.graph}
-    sites = {site: _projection(nodes[site]) for site in dict.fromkeys(found)}
+    sites = {site: _projection(nodes[site]) for site in found}
     if not sites:
-        return [], {"detail": "no feed-forward block x·Wu + bu → element-wise → ·Wd + bd",
-                    "refused": dict(tracer.reasons)}  # fmt: skip
+        return [], {"detail": "no feed-forward block x·Wu + bu → element-wise → ·Wd + bd", "refused": refused}
     observed = observe(model, sorted({down[0].name for down in sites.values()}), samples)
     channels, measured = {}, {}
     for site, (hidden, weight, bias, _) in sites.items():
         rows = np.concatenate([o[hidden.name].reshape(-1, weight.shape[0]) for o in observed]).astype(
             np.float64
         )
-        inner = _outliers(np.abs(rows).max(axis=0), FACTOR_IN)
+        inner = outlier_channels(np.abs(rows).max(axis=0), FACTOR_IN, MAX_CHANNELS)
         rows[:, inner] = 0
-        outer = _outliers(np.abs(rows @ weight.astype(np.float64) + bias).max(axis=0), FACTOR_OUT)
+        outer = outlier_channels(np.abs(rows @ weight.astype(np.float64) + bias).max(axis=0), FACTOR_OUT, MAX_CHANNELS)
         if inner or outer:
             channels[site] = (tuple(inner), tuple(outer))
         measured[site] = {"hidden": inner, "output": outer}
@@ -226,26 +216,6 @@ def measure(model: ir.Model, samples: list[dict]) -> tuple[list, dict]:
                "rule": f"a channel whose peak passes {FACTOR_IN:g}x (hidden) or {FACTOR_OUT:g}x (output, the bulk's) the "
                        f"median channel's, at most {MAX_CHANNELS}"}  # fmt: skip
     return ([rule] if channels else []), summary
-
-
-class _Refused:
-    taken = False
-
-
-def _outliers(peaks: np.ndarray, factor: float) -> list[int]:
-    median = float(np.median(peaks))
-    order = np.argsort(-peaks)[:MAX_CHANNELS]
-    return sorted(int(c) for c in order if peaks[c] > factor * median)
-
-
-class _Everywhere(dict):
-    """A ``channels`` map that has every site, splitting nothing (to find the sites before measuring)."""
-
-    def __contains__(self, key) -> bool:
-        return True
-
-    def __getitem__(self, key):
-        return ((), ())
 
 
 FORM = ExactForm(
