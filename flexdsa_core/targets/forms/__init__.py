@@ -144,6 +144,22 @@ class ExactForm:
         return applied
 
 
+@dataclass(frozen=True)
+class FloatPathForm:
+    """A form that rewrites nothing: ``find(model, samples)`` names, from figures measured on the calibration
+    samples, the nodes a per-tensor int8 scale cannot hold, which stay float16 (``Applied.float16``), each site
+    with what was found there. Judged like an ``ExactForm`` (its model is the original, so exact by
+    construction)."""
+
+    name: str
+    summary: str
+    find: Callable[[ir.Model, list[dict]], Applied]
+
+    def apply(self, model: ir.Model, samples: list[dict]) -> Applied:
+        _name_nodes(model)  # a site is a node's name
+        return self.find(model, samples)
+
+
 def matched_sites(model: ir.Model, finder: type, form_name: str) -> tuple[list[str], dict[str, int]]:
     """The sites (node names, in graph order, each once) where ``finder``'s rule matches ``model``, and the
     reasons it refused elsewhere; nothing is rewritten. A measuring form's first step: ``finder`` is its rule
@@ -213,11 +229,11 @@ def observe(model: ir.Model, values: list[str], samples: list[dict]) -> list[dic
 
 
 @functools.cache
-def discover_forms() -> dict[str, VendorForm | ExactForm]:
+def discover_forms() -> dict[str, VendorForm | ExactForm | FloatPathForm]:
     """Every ``FORM`` exported by a module in this package, by name."""
-    found: dict[str, VendorForm | ExactForm] = {}
+    found: dict[str, VendorForm | ExactForm | FloatPathForm] = {}
     for module in pkgutil.iter_modules(__path__):
         form = getattr(importlib.import_module(f"{__name__}.{module.name}"), "FORM", None)
-        if isinstance(form, VendorForm | ExactForm):
+        if isinstance(form, VendorForm | ExactForm | FloatPathForm):
             found[form.name] = form
     return found

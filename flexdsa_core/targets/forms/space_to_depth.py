@@ -39,7 +39,7 @@ MAX_MOVED_CHANNELS = 256
 BLOCKS = (2, 4)
 
 
-def _attr_ints(node: ir.Node, name: str, default: list[int]) -> list[int]:
+def attr_ints(node: ir.Node, name: str, default: list[int]) -> list[int]:
     attr = node.attributes.get(name)
     return list(attr.as_ints()) if attr is not None else list(default)
 
@@ -66,9 +66,9 @@ class _SpaceToDepthConv(RewriteRuleClassBase):
             return result.fail(f"Conv '{conv.name}' is grouped.")
         if conv.attributes.get_string("auto_pad", "NOTSET") != "NOTSET":
             return result.fail(f"Conv '{conv.name}' uses auto_pad.")
-        if any(d != 1 for d in _attr_ints(conv, "dilations", [1, 1])):
+        if any(d != 1 for d in attr_ints(conv, "dilations", [1, 1])):
             return result.fail(f"Conv '{conv.name}' is dilated.")
-        strides = _attr_ints(conv, "strides", [1, 1])
+        strides = attr_ints(conv, "strides", [1, 1])
         if strides[0] != strides[1] or strides[0] % b:
             return result.fail(f"Conv '{conv.name}' strides {strides} are not a multiple of block {b} on both axes.")
         channels = weight.shape[1]
@@ -89,7 +89,7 @@ class _SpaceToDepthConv(RewriteRuleClassBase):
         weight = get_numpy_value(w)
         layout = _layout(conv, x, weight, b)
         select_name, weight_name = self._names
-        select = op.initializer(ir.tensor(_one_hot(weight.shape[1], b, weight.dtype), name=select_name))
+        select = op.initializer(ir.tensor(one_hot(weight.shape[1], b, weight.dtype), name=select_name))
         moved = op.Conv(x, select, strides=[b, b], kernel_shape=[b, b], pads=layout["pads"])
         inputs = [moved, op.initializer(ir.tensor(_blocked_weight(weight, b), name=weight_name))]
         if len(conv.inputs) > 2 and conv.inputs[2] is not None:
@@ -102,8 +102,8 @@ def _layout(conv: ir.Node, x: ir.Value, weight: np.ndarray, b: int) -> dict | st
     """The block move's pads and the second Conv's kernel and stride; a sentence where the output size would
     differ from the original's."""
     _, _, kh, kw = weight.shape
-    pads = _attr_ints(conv, "pads", [0, 0, 0, 0])
-    stride = _attr_ints(conv, "strides", [1, 1])[0]
+    pads = attr_ints(conv, "pads", [0, 0, 0, 0])
+    stride = attr_ints(conv, "strides", [1, 1])[0]
     height, width = int(x.shape[2]), int(x.shape[3])
     padded = (height + pads[0] + pads[2], width + pads[1] + pads[3])
     extra = [(-size) % b for size in padded]
@@ -121,7 +121,7 @@ def _layout(conv: ir.Node, x: ir.Value, weight: np.ndarray, b: int) -> dict | st
     }
 
 
-def _one_hot(channels: int, b: int, dtype) -> np.ndarray:
+def one_hot(channels: int, b: int, dtype) -> np.ndarray:
     """E[c·b² + r·b + q, c, r, q] = 1: a stride-b convolution that moves each b×b block into channels."""
     select = np.zeros((channels * b * b, channels, b, b), dtype=dtype)
     for c in range(channels):

@@ -140,10 +140,10 @@ class RockchipAdapter(AcceleratorAdapter):
         return None
 
     # ---- the vendor's own figure --------------------------------------------------------------------
-    vendor_forms = ("strided_conv_space_to_depth",)
+    vendor_forms = ("strided_conv_space_to_depth", "pooled_conv_space_to_depth")
     # Rewrites that change no value but what the toolkit's w8a8 keeps (judged by its simulator,
     # ``vendor_runs.explore``).
-    vendor_exact_forms = ("bounded_attention_mask", "outlier_channel_split", "input_outlier_split")
+    vendor_exact_forms = ("bounded_attention_mask", "outlier_channel_split", "input_outlier_split", "packed_output_float16")
     vendor_package = "rknn-toolkit2"
     # The vendor alone is the original as a user hands it over: every output left in (a toolkit crash included).
     vendor_alone_options = {"serve_passthrough": False}

@@ -78,6 +78,29 @@ def test_exact_rewrites_make_the_toolkits_int8_accurate_on_minilm():
     assert "'hybrid_layers'" in script
 
 
+def test_a_detectors_packed_output_keeps_the_toolkits_int8_accurate_and_its_first_conv_goes_by_phases():
+    """MTCNN's P-Net with its decode in the graph packs boxes in pixels (to ~170) and face scores (0..1) in one
+    output: the toolkit's w8a8 gives the pack one int8 scale and loses the scores. Kept float16 (the pack and its
+    Reshape), the rest int8 is accurate on held-out photos; and its first convolution (3x3 over 3 channels,
+    half the toolkit's cycles) is computed by output phases under its 2x2 pool."""
+    optimizer = _optimizer()
+    trained = fixture("mtcnn-pnet")
+    options = OptimizeOptions(shape_buckets={}, precision="mixed", accuracy=trained.accuracy, measure_latency=False)
+    result = optimizer.optimize(trained.model, options, calibration=_npz(trained.arrays()))
+    [(bucket, row)] = list(result.report["vendor"]["buckets"].items())
+    alone_int8 = row["vendor_alone_int8"]["accuracy"]["outputs"]["detections"]["slices"]
+    assert alone_int8["boxes"]["ok"] and not alone_int8["scores"]["ok"], alone_int8
+    packed = row["exact_rewrites"]["forms"]["packed_output_float16"]
+    assert list(packed["sites"]) == ["/Concat"] and packed["float16_nodes"] == 2, packed
+    assert row["precision"].startswith("w8a8 + exact rewrites"), row["decision"]
+    assert set(row["forms"]) >= {"packed_output_float16", "pooled_conv_space_to_depth"}, row["forms"]
+    final = result.report["toolchain"]["buckets"][bucket]["accuracy"]
+    assert final["ok"] and final["outputs"]["detections"]["slices"]["scores"]["cosine"] >= 0.99, final
+    # The vendor alone's best accurate build is its float16; ours costs at most 0.65 of it (0.614 measured).
+    assert row["vendor_alone_best"]["cycles"] == row["vendor_alone"]["cycles"]
+    assert row["ratio"] <= 0.65, row["decision"]
+
+
 def _with_passthrough(path) -> bytes:
     """The encoder as a package ships it: ``input_ids`` and ``attention_mask`` passed through to outputs."""
     proto = onnx.load(str(path))
