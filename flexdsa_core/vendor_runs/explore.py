@@ -646,7 +646,7 @@ def _compose(bucket, candidates: list[Candidate], sites: dict, forms: list[Vendo
     choices: dict[str, dict[str, str]] = {}
     for form in forms:
         for site in sites.get(form.name, {}):
-            best_variant, best_cycles = None, plain.cost.site_cycles({site})
+            best_variant, best_cycles = None, plain.cost.site_cycles(form.replaced(plain.model, site))
             for candidate in candidates:
                 variant = candidate.forms.get(form.name, {}).get(site)
                 if variant is None or candidate.cost is None:

@@ -50,6 +50,20 @@ class VendorForm:
             drive(model, [rule], refuse, rule_name=self.name)
         return found
 
+    def replaced(self, model: ir.Model, site: str) -> set[str]:
+        """The names of the nodes of ``model`` that a rewrite at ``site`` replaces: what the vendor's layers for
+        the site came from before it (``vendor_runs.explore`` compares their cycles with the rewrite's)."""
+        found = {site}
+        for rule in self.variants.values():
+
+            def refuse(_rule, delta):
+                if _root(delta).name == site:
+                    found.update(node.name for node in delta.match.nodes if node.name)
+                return _Decision(False)
+
+            drive(model, [rule], refuse, rule_name=self.name)
+        return found
+
     def apply(self, model: ir.Model, choices: dict[str, str]) -> list[str]:
         """Rewrite ``model`` in place at each site of ``choices`` (site -> variant); returns the sites taken."""
         taken: list[str] = []
@@ -113,7 +127,7 @@ class ExactForm:
         from flexdsa_core.fusions.walk import ReasonTracer
 
         applied = Applied()
-        _name_nodes(model)  # a site is a node's name
+        name_nodes(model)  # a site is a node's name
         rules, applied.measured = self.measure(model, samples)
         applied.refused.update(applied.measured.pop("refused", {}))
         for rule_class in rules:
@@ -156,7 +170,7 @@ class FloatPathForm:
     find: Callable[[ir.Model, list[dict]], Applied]
 
     def apply(self, model: ir.Model, samples: list[dict]) -> Applied:
-        _name_nodes(model)  # a site is a node's name
+        name_nodes(model)  # a site is a node's name
         return self.find(model, samples)
 
 
@@ -200,7 +214,7 @@ def outlier_channels(peaks: np.ndarray, factor: float, at_most: int) -> list[int
     return sorted(int(c) for c in order if peaks[c] > factor * median)
 
 
-def _name_nodes(model: ir.Model) -> None:
+def name_nodes(model: ir.Model) -> None:
     taken = {node.name for node in model.graph if node.name}
     for index, node in enumerate(model.graph):
         if not node.name:

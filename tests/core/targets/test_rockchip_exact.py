@@ -81,8 +81,10 @@ def test_exact_rewrites_make_the_toolkits_int8_accurate_on_minilm():
 def test_a_detectors_packed_output_keeps_the_toolkits_int8_accurate_and_its_first_conv_goes_by_phases():
     """MTCNN's P-Net with its decode in the graph packs boxes in pixels (to ~170) and face scores (0..1) in one
     output: the toolkit's w8a8 gives the pack one int8 scale and loses the scores. Kept float16 (the pack and its
-    Reshape), the rest int8 is accurate on held-out photos; and its first convolution (3x3 over 3 channels,
-    half the toolkit's cycles) is computed by output phases under its 2x2 pool."""
+    Reshape), the rest int8 is accurate on held-out photos; its first convolution (3x3 over 3 channels, half the
+    toolkit's cycles) is computed by output phases under its 2x2 pool; and its box head, which the toolkit splits
+    into a Conv per picked channel, stays one Conv with the decode's steps hoisted above the picks (both cycle
+    forms composed, each chosen at its site)."""
     optimizer = _optimizer()
     trained = fixture("mtcnn-pnet")
     options = OptimizeOptions(shape_buckets={}, precision="mixed", accuracy=trained.accuracy, measure_latency=False)
@@ -93,12 +95,12 @@ def test_a_detectors_packed_output_keeps_the_toolkits_int8_accurate_and_its_firs
     packed = row["exact_rewrites"]["forms"]["packed_output_float16"]
     assert list(packed["sites"]) == ["/Concat"] and packed["float16_nodes"] == 2, packed
     assert row["precision"].startswith("w8a8 + exact rewrites"), row["decision"]
-    assert set(row["forms"]) >= {"packed_output_float16", "pooled_conv_space_to_depth"}, row["forms"]
+    assert set(row["forms"]) >= {"packed_output_float16", "pooled_conv_space_to_depth", "hoisted_channel_gathers"}
     final = result.report["toolchain"]["buckets"][bucket]["accuracy"]
     assert final["ok"] and final["outputs"]["detections"]["slices"]["scores"]["cosine"] >= 0.99, final
-    # The vendor alone's best accurate build is its float16; ours costs at most 0.65 of it (0.614 measured).
+    # The vendor alone's best accurate build is its float16; ours costs at most half of it (0.473 measured).
     assert row["vendor_alone_best"]["cycles"] == row["vendor_alone"]["cycles"]
-    assert row["ratio"] <= 0.65, row["decision"]
+    assert row["ratio"] <= 0.5, row["decision"]
 
 
 def _with_passthrough(path) -> bytes:

@@ -61,6 +61,8 @@ def test_the_phases_give_the_pooled_outputs_of_the_original(activation, kernel, 
     before = _conv_pool(activation, kernel=kernel, pads=pads, height=height, width=width)
     variant = f"block2_{(activation or 'linear').lower()}"
     assert FORM.sites(before) == {"pool": [variant]}
+    # What the vendor's layers for the site came from before: the Conv, its activation and the pool.
+    assert FORM.replaced(before, "pool") == {"conv", "pool", *(["act"] if activation else [])}
     after = before.clone()
     assert FORM.apply(after, {"pool": variant}) == ["pool"]
     ops = [node.op_type for node in after.graph]
