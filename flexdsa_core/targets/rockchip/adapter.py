@@ -140,7 +140,9 @@ class RockchipAdapter(AcceleratorAdapter):
         return None
 
     # ---- the vendor's own figure --------------------------------------------------------------------
-    vendor_forms = ("strided_conv_space_to_depth", "pooled_conv_space_to_depth", "hoisted_channel_gathers")
+    vendor_forms = (
+        "strided_conv_space_to_depth", "pooled_conv_space_to_depth", "hoisted_channel_gathers", "strided_conv1d_frames",
+    )
     # Rewrites that change no value but what the toolkit's w8a8 keeps (judged by its simulator,
     # ``vendor_runs.explore``).
     vendor_exact_forms = ("bounded_attention_mask", "outlier_channel_split", "input_outlier_split", "packed_output_float16")
