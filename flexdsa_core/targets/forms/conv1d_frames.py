@@ -54,8 +54,9 @@ class _FramedConv1d(RewriteRuleClassBase):
         channels = weight.shape[1]
         if channels * stride > MAX_MOVED_CHANNELS:
             return result.fail(f"Conv '{conv.name}': {channels * stride} channels once framed, over {MAX_MOVED_CHANNELS}.")
-        if isinstance(_used(conv, x, weight), str):
-            return result.fail(_used(conv, x, weight))
+        used = _used(conv, x, weight)
+        if isinstance(used, str):
+            return result.fail(used)
         graph = context.graph_or_function
         self._names = [fresh_name(graph, f"{w.name}_frames_{part}") for part in ("start", "end", "axis", "shape", "merged", "weight")]
         return result

@@ -33,7 +33,7 @@ from onnxscript.rewriter import MatchResult, RewriteRuleClassBase
 from flexdsa_core._libraries import get_numpy_value
 from flexdsa_core.fusions._naming import fresh_name
 from flexdsa_core.targets.forms import VendorForm
-from flexdsa_core.targets.forms.space_to_depth import MAX_MOVED_CHANNELS, attr_ints, one_hot
+from flexdsa_core.targets.forms.space_to_depth import MAX_MOVED_CHANNELS, attr_ints, blocked_weight, one_hot
 
 BLOCK = 2
 
@@ -81,8 +81,9 @@ class _PooledSpaceToDepth(RewriteRuleClassBase):
             return result.fail(f"Conv '{conv.name}' has a bias that is not a constant.")
         if self.activation == "PRelu" and _slopes(get_numpy_value(slope), weight.shape[0]) is None:
             return result.fail(f"PRelu after '{conv.name}' has no constant per-channel slope.")
-        if isinstance(_layout(conv, x, weight), str):
-            return result.fail(_layout(conv, x, weight))
+        layout = _layout(conv, x, weight)
+        if isinstance(layout, str):
+            return result.fail(layout)
         graph = context.graph_or_function
         self._names = [fresh_name(graph, f"{w.name}_pooled_s2d_{part}") for part in ("select", "weight", "bias", "slope")]
         self._names.append(fresh_name(graph, f"{pool.name}_phase_sizes"))
@@ -143,22 +144,16 @@ def _layout(conv: ir.Node, x: ir.Value, weight: np.ndarray) -> dict | str:
 
 
 def phase_weight(weight: np.ndarray) -> np.ndarray:
-    """W''[p·O + o, c·4 + r'·2 + q', a, e] = W[o, c, 2a + r' − r, 2e + q' − q] (module docstring)."""
+    """W''[p·O + o, c·4 + r'·2 + q', a, e] = W[o, c, 2a + r' − r, 2e + q' − q] (module docstring): for each phase
+    ``(r, q)``, the kernel shifted by it, blocked as the strided form blocks a kernel."""
     outputs, channels, kh, kw = weight.shape
-    ka, ke = kh // BLOCK + 1, kw // BLOCK + 1
-    found = np.zeros((BLOCK * BLOCK * outputs, channels * BLOCK * BLOCK, ka, ke), weight.dtype)
+    phases = []
     for r in range(BLOCK):
         for q in range(BLOCK):
-            p = r * BLOCK + q
-            for rr in range(BLOCK):
-                for qq in range(BLOCK):
-                    for a in range(ka):
-                        for e in range(ke):
-                            u, v = BLOCK * a + rr - r, BLOCK * e + qq - q
-                            if 0 <= u < kh and 0 <= v < kw:
-                                moved = np.arange(channels) * BLOCK * BLOCK + rr * BLOCK + qq
-                                found[p * outputs : (p + 1) * outputs, moved, a, e] = weight[:, :, u, v]
-    return found
+            shifted = np.zeros((outputs, channels, kh + 1, kw + 1), weight.dtype)
+            shifted[:, :, r : r + kh, q : q + kw] = weight
+            phases.append(blocked_weight(shifted, BLOCK))
+    return np.concatenate(phases)
 
 
 def _variant(activation: str | None) -> type[_PooledSpaceToDepth]:

@@ -91,7 +91,7 @@ class _SpaceToDepthConv(RewriteRuleClassBase):
         select_name, weight_name = self._names
         select = op.initializer(ir.tensor(one_hot(weight.shape[1], b, weight.dtype), name=select_name))
         moved = op.Conv(x, select, strides=[b, b], kernel_shape=[b, b], pads=layout["pads"])
-        inputs = [moved, op.initializer(ir.tensor(_blocked_weight(weight, b), name=weight_name))]
+        inputs = [moved, op.initializer(ir.tensor(blocked_weight(weight, b), name=weight_name))]
         if len(conv.inputs) > 2 and conv.inputs[2] is not None:
             inputs.append(conv.inputs[2])
         stride = layout["stride"]
@@ -131,7 +131,7 @@ def one_hot(channels: int, b: int, dtype) -> np.ndarray:
     return select
 
 
-def _blocked_weight(weight: np.ndarray, b: int) -> np.ndarray:
+def blocked_weight(weight: np.ndarray, b: int) -> np.ndarray:
     """W'[o, c·b² + r·b + q, a, e] = W[o, c, b·a + r, b·e + q], zero past the kernel's edge."""
     out_channels, channels, kh, kw = weight.shape
     padded = np.zeros((out_channels, channels, math.ceil(kh / b) * b, math.ceil(kw / b) * b), weight.dtype)
