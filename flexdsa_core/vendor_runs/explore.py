@@ -22,8 +22,10 @@ rknn-toolkit2's per-layer cycle table), per shape bucket:
    ``forms.ExactForm``, e.g. a bounded attention-mask constant, outlier channels on a path of their own), they
    are applied with figures measured on the calibration samples, kept only where the outputs stay within the
    fp32 tolerances of the original's, compiled int8 with the vendor's per-layer analysis, then with the float16
-   hybrids the adapter picks from that analysis (``vendor_sensitivity_hybrids``); the cheapest accurate
-   candidate ships, and an exact-rewritten model that wins replaces the bucket's model.
+   hybrids the adapter picks from that analysis (``vendor_sensitivity_hybrids``). The search judges each
+   candidate on a few held-out samples; the cheapest accurate one is judged again on more of them, the ones the
+   final build is judged on (``_confirm``: the next cheapest where it misses), and ships; an exact-rewritten model
+   that wins replaces the bucket's model.
 
 The optimizer validates changed models against the original again, and the toolchain's final compile
 (``toolchain_run``) runs the winner in the vendor's simulator.
@@ -73,6 +75,7 @@ class Candidate:
     precision: str = "float16"  # what the vendor compiles the candidate to
     accuracy: dict | None = None  # its simulator's outputs on the held-out samples, scored (precision only)
     layer_accuracy: list[dict] | None = None  # the vendor's per-layer analysis of its simulator (where asked)
+    confirmation: dict | None = None  # its accuracy on more held-out samples, about to ship (``_confirm``)
 
     @property
     def label(self) -> str:
@@ -87,6 +90,7 @@ class Candidate:
             "vendor": self.cost.as_dict() if self.cost else None,
             "accuracy": self.accuracy,
             **({"layer_accuracy": self.layer_accuracy} if self.layer_accuracy else {}),
+            **({"confirmation": self.confirmation} if self.confirmation is not None else {}),
             "error": self.error,
             "from_kernel_cache": self.cached,
         }
@@ -105,6 +109,8 @@ class Exploration:
     original_file: Path | None = None  # the original model as the vendor compiled it alone
     # Bucket -> the driver options of the precision exploration chose (int8/mixed with samples), for the final build.
     bucket_options: dict[str, dict] = field(default_factory=dict)
+    # Bucket -> the held-out samples its pick was confirmed on: the final build is judged on as many.
+    judged_samples: dict[str, int] = field(default_factory=dict)
 
 
 class VendorCompiler:
@@ -297,6 +303,8 @@ def explore(
             exploration.plans, precision, calibration, held_out or {}, accuracy, original_source,
         )  # fmt: skip
         _ship_precisions(exploration, explored)
+        exploration.judged_samples = {name: row["judged_samples"] for name, row in exploration.report.items()
+                                      if row.get("judged_samples")}  # fmt: skip
     summary_traffic = None
     if traffic and traffic.get("observed"):
         say(0.9, f"compiling the original at the largest observed shape with {compiler.tool}")
@@ -411,8 +419,60 @@ def _ship_precisions(exploration: Exploration, explored: dict[str, tuple[dict, i
             options_of[name] = dict(options)
 
 
-# Samples a simulator runs per candidate to judge its accuracy (they are slow).
+# Samples a simulator runs per candidate to judge its accuracy in the search (they are slow).
 JUDGED_SAMPLES = 8
+# Held-out samples the search's pick is confirmed on, and the final build judged on (``_confirm``).
+CONFIRMED_SAMPLES = 32
+# Candidates confirmed per bucket, cheapest first, before float16 (or the request's format) is settled for.
+CONFIRMATIONS = 3
+
+
+def _confirm(compiler, ranked: dict[str, list[Candidate]], sources, shapes, datasets, held_out, judged,
+             original_source, accuracy) -> dict[str, tuple[Candidate | None, list[Candidate]]]:  # fmt: skip
+    """Per bucket, the cheapest candidate accurate on the search's ``JUDGED_SAMPLES`` that stays accurate on up to
+    ``CONFIRMED_SAMPLES`` held-out samples (the final build is judged on the same ones, the search's among them):
+    the search compares many candidates on a few samples and keeps the cheapest that passes, so its pick is the
+    one most likely to pass by luck; the claim that ships rests on more. Tried cheapest first, at most
+    ``CONFIRMATIONS`` per bucket, the buckets of one round in one toolchain run. Where no more samples were held
+    out than the search judged, its pick stands unconfirmed. Returns bucket -> (the pick or None, the ones
+    that missed)."""
+    from flexdsa_core.ort_runs import run
+
+    wide = {name: (held_out.get(name) or [])[:CONFIRMED_SAMPLES] for name in ranked}
+    found = {name: (None, []) for name in ranked}
+    pending = {}
+    for name, ours in ranked.items():
+        if ours and len(wide[name]) <= len(judged[name]):
+            found[name] = (ours[0], [])
+        elif ours:
+            pending[name] = list(ours[:CONFIRMATIONS])
+    references = {name: [run(original_source, s) for s in wide[name]] for name in pending}
+    while pending:
+        trial = {name: queue.pop(0) for name, queue in pending.items()}
+        copies = {name: replace(c, options={**c.options, "accuracy_analysis": False}, accuracy=None,
+                                layer_accuracy=None) for name, c in trial.items()}  # fmt: skip
+        compiler.simulate(list(copies.values()), sources, shapes, datasets, wide, references, accuracy)
+        for name, candidate in trial.items():
+            copy = copies[name]
+            candidate.confirmation = copy.accuracy or {"ok": False, "detail": copy.error or "not simulated"}
+            if candidate.confirmation.get("ok"):
+                found[name] = (candidate, found[name][1])
+                pending.pop(name)
+            else:
+                found[name][1].append(candidate)
+                if not pending[name]:
+                    pending.pop(name)
+    return found
+
+
+def _shortfall(accuracy: dict | None) -> str:
+    """A failed accuracy figure in a few words: its worst output's cosine and the sample count."""
+    accuracy = accuracy or {}
+    if accuracy.get("detail"):
+        return accuracy["detail"]
+    cosines = [o["cosine"] for o in (accuracy.get("outputs") or {}).values() if o.get("cosine") is not None]
+    worst = f"cosine {min(cosines):.4f}" if cosines else "below the target"
+    return f"{worst} on {accuracy.get('samples', '?')} samples"
 
 
 def _precisions(compiler, buckets, original, sources, shapes, report, plans, precision, calibration, held_out,
@@ -457,6 +517,21 @@ def _precisions(compiler, buckets, original, sources, shapes, report, plans, pre
     exact = _exact(compiler, models, report, datasets, judged, references, sources, shapes, accuracy,
                    original_source, plain_int8)  # fmt: skip
     candidates += [c for found in exact.values() for c in found["candidates"]]
+    has_float16 = any(o.get("dtype") == "float16" for o in variants.values())
+    ranked = {}
+    for bucket in buckets:
+        mine = [c for c in candidates if c.bucket == bucket.name]
+        if not mine:
+            continue
+        alone = next(c for c in mine if c.name.startswith(ALONE))
+        ours = [c for c in mine if c is not alone and c.cost is not None and (c.accuracy or {}).get("ok")]
+        if alone.cost is not None:  # never more CPU-fallback layers than the vendor alone's own int8 build
+            ours = [c for c in ours if c.cost.cpu_nodes <= alone.cost.cpu_nodes]
+        explored = report[bucket.name]["explored"]
+        floor = explored["cycles"] if explored and has_float16 else None
+        ranked[bucket.name] = sorted((c for c in ours if floor is None or c.cost.cycles < floor),
+                                     key=lambda c: (c.cost.cycles, (c.accuracy or {}).get("loss", 1.0)))  # fmt: skip
+    confirmed = _confirm(compiler, ranked, sources, shapes, datasets, held_out, judged, original_source, accuracy)
     chosen: dict[str, tuple[dict, ir.Model | None]] = {}
     for bucket in buckets:
         mine = [c for c in candidates if c.bucket == bucket.name]
@@ -464,14 +539,9 @@ def _precisions(compiler, buckets, original, sources, shapes, report, plans, pre
             continue
         row = report[bucket.name]
         alone = next(c for c in mine if c.name.startswith(ALONE))
-        ours = [c for c in mine if c is not alone and c.cost is not None and (c.accuracy or {}).get("ok")]
-        if alone.cost is not None:  # never more CPU-fallback layers than the vendor alone's own int8 build
-            ours = [c for c in ours if c.cost.cpu_nodes <= alone.cost.cpu_nodes]
-        floor = row["explored"]["cycles"] if row["explored"] and "float16" in [
-            n for n, o in variants.items() if o.get("dtype") == "float16"
-        ] else None  # fmt: skip
-        best = min(ours, key=lambda c: (c.cost.cycles, (c.accuracy or {}).get("loss", 1.0)), default=None)
-        if best is not None and (floor is None or best.cost.cycles < floor):
+        floor = row["explored"]["cycles"] if row["explored"] and has_float16 else None
+        best, missed = confirmed.get(bucket.name, (None, []))
+        if best is not None:
             rewritten = best.model if best.name.startswith(EXACT) else None
             chosen[bucket.name] = (best.options, rewritten)
             row["precision"] = best.name
@@ -479,6 +549,9 @@ def _precisions(compiler, buckets, original, sources, shapes, report, plans, pre
             if rewritten is not None:
                 row["forms"] = {**best.forms}
             decision = f"{best.name}: {best.cost.cycles:.0f} cycles, accurate on {len(judged[bucket.name])} held-out samples"
+            if best.confirmation is not None:
+                decision += f" and confirmed on {best.confirmation['samples']}"
+                row["judged_samples"] = best.confirmation["samples"]  # the final build is judged on the same
         elif floor is not None:
             fp16 = next(n for n, o in variants.items() if o.get("dtype") == "float16")
             chosen[bucket.name] = (variants[fp16], None)
@@ -497,6 +570,9 @@ def _precisions(compiler, buckets, original, sources, shapes, report, plans, pre
         row["explored_ratio"] = ratio(
             _cost_of(row["explored"]), _cheapest_accurate_alone(row)
         )
+        if missed:
+            decision += "; accurate on the search's samples but not confirmed on more: " + "; ".join(
+                f"{c.name} ({_shortfall(c.confirmation)})" for c in missed)  # fmt: skip
         row["decision"] += f"; precision: {decision}"
         plans[bucket.name]["candidates"] += [c.record() for c in mine]
         plans[bucket.name]["precision"] = row["precision"]

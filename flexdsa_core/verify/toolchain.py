@@ -88,8 +88,11 @@ class VendorBuild(Verifier):
             calibration={name: r.calibration or r.samples for name, r in precision_runs.items()} or None,
             accuracy=options.accuracy, held_out={name: r.judged for name, r in precision_runs.items()},
         )  # fmt: skip
-        bucket_options = self.exploration.bucket_options if self.exploration else None
-        verdict = self._built(job, *self.compile_final(job.comp.buckets, bucket_options=bucket_options))
+        explored = self.exploration
+        verdict = self._built(job, *self.compile_final(
+            job.comp.buckets, bucket_options=explored.bucket_options if explored else None,
+            judged_samples=explored.judged_samples if explored else None,
+        ))  # fmt: skip
         return roll_back(self, job, verdict)
 
     def _built(self, job: OptimizeRun, toolchain_report: dict, toolchain_files: dict) -> BuildVerdict:

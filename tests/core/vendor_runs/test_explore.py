@@ -14,7 +14,17 @@ from flexdsa_core import FlexDSAOptimizer, OptimizeOptions
 from flexdsa_core.cache import LRUCache
 from flexdsa_core.targets.rockchip import ADAPTER
 from flexdsa_core.targets.vendor_cost import VendorCost
-from flexdsa_core.vendor_runs.explore import ALONE, PLAIN, Candidate, _decide, traffic_figures
+from flexdsa_core.vendor_runs.explore import (
+    ALONE,
+    CONFIRMATIONS,
+    CONFIRMED_SAMPLES,
+    PLAIN,
+    Candidate,
+    _confirm,
+    _decide,
+    _shortfall,
+    traffic_figures,
+)
 from tests.core.targets import _bundle_checks as checks
 from tests.core.targets.test_rockchip import LOG, _driver
 from tests.models import fixture
@@ -235,3 +245,80 @@ def test_traffic_is_priced_per_request_by_the_bucket_that_serves_it():
     # A bucket the vendor did not build serves nothing; what fits no bucket is counted, not hidden.
     figures = traffic_figures(traffic, {"s16": None, "s32": 320.0, "s64": None})
     assert figures["served_by_bucket"] == {"s32": 9} and figures["unserved"] == 1
+
+# ---- the precision that ships is confirmed on more held-out samples ------------------------------------
+
+
+class _Simulator:
+    """A vendor whose every candidate is accurate on the search's few samples and, judged on more, only those
+    named in ``holds``; it records each run's candidates and sample count."""
+
+    def __init__(self, holds):
+        self.holds, self.runs = set(holds), []
+
+    def simulate(self, candidates, sources, shapes, datasets, judged, references, accuracy):
+        self.runs.append(
+            [
+                (c.bucket, c.name, len(judged[c.bucket]), c.options.get("accuracy_analysis"))
+                for c in candidates
+            ]
+        )
+        for c in candidates:
+            ok = c.name in self.holds
+            assert len(references[c.bucket]) == len(judged[c.bucket])
+            c.accuracy = {"ok": ok, "samples": len(judged[c.bucket]),
+                          "outputs": {"y": {"cosine": 0.999 if ok else 0.981}}}  # fmt: skip
+
+
+def _identity() -> bytes:
+    x = onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 4])
+    y = onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 4])
+    graph = onnx.helper.make_graph([onnx.helper.make_node("Identity", ["x"], ["y"])], "g", [x], [y])
+    return onnx.helper.make_model(
+        graph, opset_imports=[onnx.helper.make_opsetid("", 17)], ir_version=9
+    ).SerializeToString()
+
+
+def _ranked(bucket, *names):
+    return [Candidate(bucket, name, None, cost=_cost(100 + 10 * i), options={"accuracy_analysis": True})
+            for i, name in enumerate(names)]  # fmt: skip
+
+
+def _samples(n):
+    return [{"x": np.full((1, 4), i, np.float32)} for i in range(n)]
+
+
+def _confirmed(ranked, simulator, held=40, judged=8):
+    held_out = {b: _samples(held) for b in ranked}
+    return _confirm(simulator, ranked, {}, {}, {}, held_out, {b: held_out[b][:judged] for b in ranked},
+                    _identity(), None)  # fmt: skip
+
+
+def test_the_cheapest_candidate_that_holds_on_more_samples_ships_and_the_misses_are_named():
+    simulator = _Simulator(holds={"c"})
+    found = _confirmed({"b": _ranked("b", "a", "b", "c", "d")}, simulator)
+    best, missed = found["b"]
+    assert best.name == "c" and [m.name for m in missed] == ["a", "b"]
+    # Cheapest first, one at a time, judged on CONFIRMED_SAMPLES of the 40 held out, without the per-layer analysis.
+    assert simulator.runs == [[("b", name, CONFIRMED_SAMPLES, False)] for name in ("a", "b", "c")]
+    assert best.confirmation["ok"] and missed[0].confirmation["samples"] == CONFIRMED_SAMPLES
+    assert _shortfall(missed[0].confirmation) == f"cosine 0.9810 on {CONFIRMED_SAMPLES} samples"
+
+
+def test_at_most_a_few_candidates_are_confirmed_before_settling_for_float16():
+    simulator = _Simulator(holds={"d"})
+    best, missed = _confirmed({"b": _ranked("b", "a", "b", "c", "d")}, simulator)["b"]
+    assert best is None and len(missed) == CONFIRMATIONS == len(simulator.runs)
+
+
+def test_with_no_more_samples_held_out_than_the_search_judged_its_pick_stands():
+    simulator = _Simulator(holds=set())
+    best, missed = _confirmed({"b": _ranked("b", "a", "b")}, simulator, held=8)["b"]
+    assert best.name == "a" and not missed and best.confirmation is None and simulator.runs == []
+
+
+def test_buckets_are_confirmed_together_one_candidate_each_per_run():
+    simulator = _Simulator(holds={"b2"})
+    found = _confirmed({"one": _ranked("one", "a1"), "two": _ranked("two", "a2", "b2")}, simulator)
+    assert found["one"][0] is None and found["two"][0].name == "b2"
+    assert [sorted(c[0] for c in run) for run in simulator.runs] == [["one", "two"], ["two"]]
