@@ -336,6 +336,7 @@ def _ours_trained(model: Path, out: Path, accuracy, npz: bytes, equalisation: bo
         "seconds": round(time.perf_counter() - started, 1), "shipped": section.get("shipped"),
         "judgement": section.get("judgement"), "warnings": section.get("warnings"), "claim": section.get("claim"),
         "equalisation": section.get("equalisation"), "calibration_method": section.get("calibration_method"),
+        "adaround": section.get("adaround"),
         "own_verdict": {k: (section.get(k) or {}).get("loss") for k in ("accuracy", "calibration_accuracy")},
         "candidates": [{k: c.get(k) for k in ("name", "how", "meets_target", "time_ratio_vs_fp32")}
                        | {"loss": c["accuracy"].get("loss")} for c in section.get("candidates", [])],
@@ -409,6 +410,13 @@ def _trained_table(results: dict) -> str:
             lines.append(f"{name:<19} CLE: {equalisation.get('layers_rescaled')} layers rescaled, candidate "
                          f"{equalisation.get('candidate')} loss {equalisation.get('loss')} (from {equalisation.get('from')} "
                          f"loss {equalisation.get('loss_before')}); refused pairs {equalisation.get('refused')}")  # fmt: skip
+        rounding = (record.get("flexdsa") or {}).get("adaround")
+        if rounding:
+            error = rounding.get("output_error_vs_nearest") or {}
+            lines.append(f"{name:<19} AdaRound: {rounding.get('rounded')} layers rounded in {rounding.get('seconds')} s "
+                         f"(output error vs nearest: median {error.get('median')}, worst {error.get('worst')}), "
+                         f"candidate {rounding.get('candidate')} loss {rounding.get('loss')} (from {rounding.get('from')} "
+                         f"loss {rounding.get('loss_before')}); left {len(rounding.get('left') or {})}")  # fmt: skip
         verdict = trained_verdict(record)
         if "ratio" in verdict:
             lines.append(f"{name:<19} goal {'met' if verdict['ok'] else 'NOT met'}: ours {verdict['ratio']:.2f}x the "

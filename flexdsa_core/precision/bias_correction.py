@@ -28,13 +28,13 @@ from onnx import numpy_helper
 
 from flexdsa_core.precision.cache import _Tensors
 
-__all__ = ["MIN_VALUES", "correct_biases"]
+__all__ = ["MIN_VALUES", "correct_biases", "probe_session"]
 
 MIN_VALUES = 256  # values per channel over the samples, at least, for a layer to be corrected
 _RENAMED = "_QuantizeLinear_Input"  # the quantiser renames a graph output's producer output so
 
 
-def _session(model: onnx.ModelProto, outputs: list[str], as_inputs: frozenset[str] = frozenset()):
+def probe_session(model: onnx.ModelProto, outputs: list[str], as_inputs: frozenset[str] = frozenset()):
     """An ORT_DISABLE_ALL session (each Q/DQ as written) of ``model`` that also returns ``outputs`` and takes
     the initializers named in ``as_inputs`` as feeds: one session serves every step of the correction."""
     probe = onnx.ModelProto()
@@ -98,13 +98,13 @@ def correct_biases(quantized: Path, fp32: Path, samples: list[dict], out: Path) 
     tensors = _Tensors(model)
     layers = _layers(model, tensors, fp32_names) if samples else []
     references = sorted({layer["reference"] for layer in layers})
-    wanted, counts = _channel_means(_session(original, references), references, samples) if layers else ({}, {})
+    wanted, counts = _channel_means(probe_session(original, references), references, samples) if layers else ({}, {})
     layers = [layer for layer in layers if counts[layer["reference"]] >= MIN_VALUES]
     if not layers:
         onnx.save(model, str(out))
         return {"corrected": 0, "why": "no quantised Conv with an int32 bias and enough values per channel"}
     biases = {layer["bias"]: numpy_helper.to_array(tensors.initializers[layer["bias"]]) for layer in layers}
-    session = _session(model, [layer["read"] for layer in layers], frozenset(biases))
+    session = probe_session(model, [layer["read"] for layer in layers], frozenset(biases))
     shifts = []
     for layer in layers:  # in graph order, each measured with the earlier ones corrected
         got = _channel_means(session, [layer["read"]], samples, biases)[0][layer["read"]]
