@@ -922,9 +922,9 @@ class ShapeTracker:
                     value.shape = None  # a heuristic answer; ONNX recomputes it from the bound inputs
         _bind_model(model, dims)
         _infer_shapes(model)
-        fold_constants(model, onnx_shape_inference=True, should_fold=_fold_only_shape_arithmetic)
-        RemoveUnusedNodesPass()(model)
-        _infer_shapes(model)
+        folded = fold_constants(model, onnx_shape_inference=True, should_fold=_fold_only_shape_arithmetic).modified
+        if RemoveUnusedNodesPass()(model).modified or folded:  # else the shapes inferred above stand
+            _infer_shapes(model)
         # Where dims stay symbolic ONNX may lose them again: fall back on the refined answer, bound.
         input_symbols = set(_input_dims(model))
         for node in model.graph:
