@@ -138,7 +138,8 @@ def _int8(run: PrecisionRun, report: dict) -> ir.Model | None:
         if EQUALISATION and fmt.runs_here:
             report["equalisation"], equalised = _equalised(run, base.fp32, base.cache, fmt, full, slower, candidates)
             chain = equalised or chain
-        if ADAROUND and fmt.runs_here and chain[0].error is None and chain[0].recipe is not None:
+        # Where our QDQ model is what ships (cpu-ort; TensorRT builds from it): a vendor's quantiser rounds for itself.
+        if ADAROUND and fmt.vendor is None and chain[0].error is None and chain[0].recipe is not None:
             report["adaround"] = _adarounded(run, chain[1], chain[0], candidates)
     _weights_only(run, base, fmt, weight_layers, slower, reference, candidates)
 

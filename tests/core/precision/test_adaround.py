@@ -129,3 +129,29 @@ def test_without_samples_nothing_is_rounded(quantised, tmp_path):
     fp32, qdq, _ = quantised
     found = adaround(qdq, fp32, [], tmp_path / "same.onnx")
     assert found["rounded"] == 0 and "no quantised" in found["why"]
+
+
+@pytest.mark.parametrize(("target", "rounds"), [("cpu-ort", True), ("nvidia-orin-nano", True), ("qualcomm-sm8650", False)])
+def test_the_int8_stage_learns_the_rounding_where_its_qdq_model_ships(target, rounds, tmp_path):
+    """A target that builds from our QDQ model (cpu-ort; TensorRT on Jetson) gets a learned-rounding candidate
+    where the all-int8 model misses the target; one whose vendor quantises for itself (QNN) does not."""
+    import io
+
+    from flexdsa_core import FlexDSAOptimizer, OptimizeOptions
+    from flexdsa_core.options import AccuracyTarget
+
+    _net(tmp_path / "net.onnx", np.random.default_rng(0))
+    buffer = io.BytesIO()
+    np.savez(buffer, x=np.random.default_rng(3).normal(0, 1, (32, 3, 16, 16)).astype(np.float32))
+    options = OptimizeOptions(
+        precision="int8", measure_latency=False, precision_fallback="fp32",
+        accuracy=AccuracyTarget(min_cosine=0.99999999, top1_outputs=[]),  # no int8 model reaches it
+    )  # fmt: skip
+    result = FlexDSAOptimizer(target).optimize(tmp_path / "net.onnx", options, calibration=buffer.getvalue())
+    precision = result.report["precision"]
+    if rounds:
+        names = [c["name"] for c in precision["candidates"]]
+        assert precision["adaround"]["rounded"] > 0 and precision["adaround"]["candidate"] in names
+        assert precision["adaround"]["bias_correction"]["samples"] > 0
+    else:  # the bundle carries the fp32 model and the samples; the vendor's quantiser makes the int8
+        assert precision["vendor_quantiser"] and "adaround" not in precision and "candidates" not in precision
