@@ -216,7 +216,7 @@ def print_vendor(rows: list[dict]) -> None:
         best = row["alone_best"] or row["alone_fp16"]
         print(
             f"{row['model']:<12} {row['samples']:>7} {_fmt(row['alone_fp16'].get('cycles'), '.0f'):>11} "
-            f"{_fmt(int8.get('cycles'), '.0f'):>11} {_acc(int8.get('accuracy')):>26} "
+            f"{_fmt(int8.get('cycles'), '.0f'):>11} {_acc(int8.get('confirmation') or int8.get('accuracy')):>26} "
             f"{_fmt(row['ours'].get('cycles'), '.0f'):>11} {_fmt(row['ratio'], '.3f'):>6} "
             f"{best.get('cpu_nodes', '-')}/{best.get('transitions', '-'):<10} "
             f"{row['ours'].get('cpu_nodes', '-')}/{row['ours'].get('transitions', '-'):<9} "

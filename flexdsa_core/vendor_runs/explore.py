@@ -428,17 +428,20 @@ CONFIRMATIONS = 3
 
 
 def _confirm(compiler, ranked: dict[str, list[Candidate]], sources, shapes, datasets, held_out, judged,
-             original_source, accuracy) -> dict[str, tuple[Candidate | None, list[Candidate]]]:  # fmt: skip
+             original_source, accuracy, alongside: dict[str, Candidate] | None = None,
+             ) -> dict[str, tuple[Candidate | None, list[Candidate]]]:  # fmt: skip
     """Per bucket, the cheapest candidate accurate on the search's ``JUDGED_SAMPLES`` that stays accurate on up to
     ``CONFIRMED_SAMPLES`` held-out samples (the final build is judged on the same ones, the search's among them):
     the search compares many candidates on a few samples and keeps the cheapest that passes, so its pick is the
     one most likely to pass by luck; the claim that ships rests on more. Tried cheapest first, at most
     ``CONFIRMATIONS`` per bucket, the buckets of one round in one toolchain run. Where no more samples were held
-    out than the search judged, its pick stands unconfirmed. Returns bucket -> (the pick or None, the ones
-    that missed)."""
+    out than the search judged, its pick stands unconfirmed. ``alongside``: per bucket one more candidate judged
+    on the same samples in the first run (the vendor alone's int8 where accurate on the search's samples: the
+    ratio is to its best accurate build, judged by the same evidence as ours). Returns bucket -> (the pick or
+    None, the ones that missed)."""
     from flexdsa_core.ort_runs import run
 
-    wide = {name: (held_out.get(name) or [])[:CONFIRMED_SAMPLES] for name in ranked}
+    wide = {name: (held_out.get(name) or [])[:CONFIRMED_SAMPLES] for name in {*ranked, *(alongside or {})}}
     found = {name: (None, []) for name in ranked}
     pending = {}
     for name, ours in ranked.items():
@@ -446,15 +449,18 @@ def _confirm(compiler, ranked: dict[str, list[Candidate]], sources, shapes, data
             found[name] = (ours[0], [])
         elif ours:
             pending[name] = list(ours[:CONFIRMATIONS])
-    references = {name: [run(original_source, s) for s in wide[name]] for name in pending}
-    while pending:
+    extra = [(name, c) for name, c in (alongside or {}).items() if len(wide[name]) > len(judged[name])]
+    references = {name: [run(original_source, s) for s in wide[name]] for name in {*pending, *dict(extra)}}
+    while pending or extra:
         trial = {name: queue.pop(0) for name, queue in pending.items()}
-        copies = {name: replace(c, options={**c.options, "accuracy_analysis": False}, accuracy=None,
-                                layer_accuracy=None) for name, c in trial.items()}  # fmt: skip
-        compiler.simulate(list(copies.values()), sources, shapes, datasets, wide, references, accuracy)
-        for name, candidate in trial.items():
-            copy = copies[name]
+        batch = [*trial.items(), *extra]
+        extra = []  # judged once, in the first run
+        copies = [replace(c, options={**c.options, "accuracy_analysis": False}, accuracy=None,
+                          layer_accuracy=None) for _, c in batch]  # fmt: skip
+        compiler.simulate(copies, sources, shapes, datasets, wide, references, accuracy)
+        for (_, candidate), copy in zip(batch, copies, strict=True):
             candidate.confirmation = copy.accuracy or {"ok": False, "detail": copy.error or "not simulated"}
+        for name, candidate in trial.items():
             if candidate.confirmation.get("ok"):
                 found[name] = (candidate, found[name][1])
                 pending.pop(name)
@@ -531,7 +537,9 @@ def _precisions(compiler, buckets, original, sources, shapes, report, plans, pre
         floor = explored["cycles"] if explored and has_float16 else None
         ranked[bucket.name] = sorted((c for c in ours if floor is None or c.cost.cycles < floor),
                                      key=lambda c: (c.cost.cycles, (c.accuracy or {}).get("loss", 1.0)))  # fmt: skip
-    confirmed = _confirm(compiler, ranked, sources, shapes, datasets, held_out, judged, original_source, accuracy)
+    alone_accurate = {c.bucket: c for c in candidates if c.name.startswith(ALONE) and (c.accuracy or {}).get("ok")}
+    confirmed = _confirm(compiler, ranked, sources, shapes, datasets, held_out, judged, original_source, accuracy,
+                         alongside=alone_accurate)  # fmt: skip
     chosen: dict[str, tuple[dict, ir.Model | None]] = {}
     for bucket in buckets:
         mine = [c for c in candidates if c.bucket == bucket.name]
@@ -563,6 +571,7 @@ def _precisions(compiler, buckets, original, sources, shapes, report, plans, pre
         row["vendor_alone_int8"] = {
             **(alone.cost.as_dict() if alone.cost else {"error": alone.error}),
             "precision": alone.precision, "accuracy": alone.accuracy,
+            **({"confirmation": alone.confirmation} if alone.confirmation is not None else {}),
         }  # fmt: skip
         if bucket.name in exact:
             row["exact_rewrites"] = {key: value for key, value in exact[bucket.name].items() if key != "candidates"}
@@ -696,10 +705,10 @@ def _cost_of(figure: dict | None) -> VendorCost | None:
 
 def _cheapest_accurate_alone(row: dict) -> VendorCost | None:
     """The vendor alone's best build that keeps the accuracy target: the cheaper of its float16 and its own
-    int8 where that int8 is accurate on the held-out samples."""
+    int8 where that int8 is accurate on the held-out samples (on the wider ones where it was confirmed, as ours)."""
     options = [_cost_of(row["vendor_alone"])]
     int8 = row.get("vendor_alone_int8") or {}
-    if (int8.get("accuracy") or {}).get("ok"):
+    if (int8.get("confirmation") or int8.get("accuracy") or {}).get("ok"):
         options.append(_cost_of(int8))
     options = [o for o in options if o is not None]
     return min(options, key=lambda c: c.cycles, default=None)

@@ -20,6 +20,7 @@ from flexdsa_core.vendor_runs.explore import (
     CONFIRMED_SAMPLES,
     PLAIN,
     Candidate,
+    _cheapest_accurate_alone,
     _confirm,
     _decide,
     _shortfall,
@@ -322,3 +323,22 @@ def test_buckets_are_confirmed_together_one_candidate_each_per_run():
     found = _confirmed({"one": _ranked("one", "a1"), "two": _ranked("two", "a2", "b2")}, simulator)
     assert found["one"][0] is None and found["two"][0].name == "b2"
     assert [sorted(c[0] for c in run) for run in simulator.runs] == [["one", "two"], ["two"]]
+
+
+def test_the_vendor_alones_accurate_int8_is_judged_on_the_same_samples_as_ours_in_the_first_run():
+    """The ratio is to the vendor alone's best accurate build: its int8, accurate on the search's samples, is
+    confirmed on the same wider ones as ours (here it misses there), even where none of ours is accurate."""
+    simulator = _Simulator(holds={"b"})
+    alone = _ranked("b", f"{ALONE}: w8a8")[0]
+    held_out = {"b": _samples(40), "c": _samples(40)}
+    judged = {name: samples[:8] for name, samples in held_out.items()}
+    found = _confirm(simulator, {"b": _ranked("b", "a", "b"), "c": []}, {}, {}, {}, held_out, judged, _identity(),
+                     None, alongside={"b": alone, "c": _ranked("c", f"{ALONE}: w8a8")[0]})  # fmt: skip
+    assert found["b"][0].name == "b" and not alone.confirmation["ok"]
+    first, second = simulator.runs
+    assert sorted((c[0], c[1]) for c in first) == [("b", "a"), ("b", f"{ALONE}: w8a8"), ("c", f"{ALONE}: w8a8")]
+    assert second == [("b", "b", CONFIRMED_SAMPLES, False)]
+    row = {"vendor_alone": {"cycles": 200.0, "cpu_nodes": 0, "transitions": 0, "source": "test"},
+           "vendor_alone_int8": {"cycles": 100.0, "cpu_nodes": 0, "transitions": 0, "source": "test",
+                                 "accuracy": {"ok": True}, "confirmation": alone.confirmation}}  # fmt: skip
+    assert _cheapest_accurate_alone(row).cycles == 200.0  # its int8 missed on the wider samples: float16 is its best
