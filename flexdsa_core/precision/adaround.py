@@ -115,8 +115,6 @@ def _columns(value: np.ndarray, layer: dict) -> np.ndarray:
     strides = attrs.get("strides") or [1] * spatial
     dilations = attrs.get("dilations") or [1] * spatial
     pads = attrs.get("pads") or [0] * (2 * spatial)
-    if attrs.get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET"):
-        raise ValueError("auto_pad")
     padded = np.pad(value, [(0, 0), (0, 0), *[(pads[i], pads[i + spatial]) for i in range(spatial)]])
     span = [(k - 1) * d + 1 for k, d in zip(kernel, dilations, strict=True)]
     windows = np.lib.stride_tricks.sliding_window_view(padded, span, axis=tuple(range(2, 2 + spatial)))
@@ -201,6 +199,9 @@ def adaround(quantized: Path, fp32: Path, samples: list[dict], out: Path) -> dic
     tensors = _Tensors(model)
     layers, left = [], {}
     for layer in _layers(model, original, tensors) if samples else []:
+        if layer["attrs"].get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET"):
+            left[layer["node"]] = "its padding is auto_pad, which the input columns are not made for"
+            continue
         shaped = _rows(layer)
         if shaped is None:
             left[layer["node"]] = "its weight is not quantised along its output channels"

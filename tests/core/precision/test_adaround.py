@@ -155,3 +155,20 @@ def test_the_int8_stage_learns_the_rounding_where_its_qdq_model_ships(target, ro
         assert precision["adaround"]["bias_correction"]["samples"] > 0
     else:  # the bundle carries the fp32 model and the samples; the vendor's quantiser makes the int8
         assert precision["vendor_quantiser"] and "adaround" not in precision and "candidates" not in precision
+
+
+def test_a_conv_padded_by_auto_pad_keeps_nearest_rounding_with_the_reason(tmp_path):
+    rng = np.random.default_rng(2)
+    conv = helper.make_node("Conv", ["x", "w"], ["y"], name="same", auto_pad="SAME_UPPER")
+    graph = helper.make_graph(
+        [conv], "same", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])],
+        [numpy_helper.from_array(rng.normal(0, 1, (4, 3, 3, 3)).astype(np.float32), "w")],
+    )  # fmt: skip
+    fp32, qdq = tmp_path / "fp32.onnx", tmp_path / "qdq.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9), fp32)
+    samples = [{"x": rng.normal(0, 1, (1, 3, 8, 8)).astype(np.float32)} for _ in range(4)]
+    quantize_static(str(fp32), str(qdq), _Reader(samples), quant_format=QuantFormat.QDQ, per_channel=True,
+                    activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)  # fmt: skip
+    found = adaround(qdq, fp32, samples, tmp_path / "out.onnx")
+    assert found["rounded"] == 0 and "auto_pad" in found["left"]["same"]
