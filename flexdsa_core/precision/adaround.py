@@ -19,7 +19,8 @@ and a layer whose learned rounding is not below nearest's error keeps nearest. I
 
 Per group of a grouped Conv (a depthwise one: a 9 x 9 ``G`` per channel) the rows and ``G`` are batched, so a
 layer costs ``ITERATIONS`` batched products; a layer whose product is past ``MAX_WORK`` multiply-adds per step
-takes proportionally fewer steps (MiniLM's 1536-wide projections).
+takes proportionally fewer steps (MiniLM's 1536-wide projections), and the whole model stays within
+``MAX_TOTAL_WORK`` (``_steps``: fewer steps for every layer, then nearest rounding for the last ones).
 """
 
 from __future__ import annotations
@@ -44,6 +45,10 @@ LEARNING_RATE = 0.05
 ZETA, GAMMA = 1.1, -0.1
 MAX_WORK = 2e8  # multiply-adds per step above which a layer takes fewer steps
 MIN_ITERATIONS = 100
+# Multiply-adds over every step of every layer, at most (EfficientNet-Lite0 needs 7.2e11, about 10 s here): past
+# it every layer takes proportionally fewer steps, down to ``MIN_ITERATIONS``, then the later layers in graph order
+# keep nearest rounding (a BERT-base encoder would need 1.5e13).
+MAX_TOTAL_WORK = 1e12
 # Input columns per row of G, at least: with fewer, G has too few samples behind it and the rounding fits the
 # calibration samples, not the layer (a classifier's Gemm: one column per sample).
 MIN_COLUMNS_PER_INPUT = 1
@@ -149,8 +154,22 @@ def _error(q: np.ndarray, rows: np.ndarray, scale: np.ndarray, zero: np.ndarray,
     return float(np.sum((diff @ gram) * diff))
 
 
-def _learn(rows: np.ndarray, scale: np.ndarray, zero: np.ndarray, gram: np.ndarray, low: float, high: float
-           ) -> tuple[np.ndarray, float, float]:  # fmt: skip
+def _steps(layers: list[dict]) -> list[int]:
+    """Adam steps per layer within ``MAX_WORK`` per step and ``MAX_TOTAL_WORK`` in all; 0: past the budget."""
+    work = [rows.shape[0] * rows.shape[1] * rows.shape[2] ** 2 for rows in (layer["rows"] for layer in layers)]
+    steps = [max(MIN_ITERATIONS, min(ITERATIONS, int(ITERATIONS * MAX_WORK / max(w, 1)))) for w in work]
+    total = sum(w * n for w, n in zip(work, steps, strict=True))
+    if total > MAX_TOTAL_WORK:
+        steps = [max(MIN_ITERATIONS, int(n * MAX_TOTAL_WORK / total)) for n in steps]
+    spent, found = 0.0, []
+    for w, n in zip(work, steps, strict=True):
+        spent += w * n
+        found.append(n if spent <= MAX_TOTAL_WORK else 0)
+    return found
+
+
+def _learn(rows: np.ndarray, scale: np.ndarray, zero: np.ndarray, gram: np.ndarray, low: float, high: float,
+           steps: int) -> tuple[np.ndarray, float, float]:  # fmt: skip
     """The rounding of ``rows`` (module docstring): integer values [groups, rows, K], and the output error of
     nearest rounding and of the learned one."""
     exact = rows / scale + zero
@@ -162,8 +181,6 @@ def _learn(rows: np.ndarray, scale: np.ndarray, zero: np.ndarray, gram: np.ndarr
     fraction = np.clip(exact - floor, 1e-3, 1 - 1e-3)
     v = -np.log((ZETA - GAMMA) / (fraction - GAMMA) - 1)
     movable = (floor >= low) & (floor + 1 <= high)  # else the clip decides, not the rounding
-    work = gram.shape[0] * rows.shape[1] * gram.shape[1] ** 2
-    steps = max(MIN_ITERATIONS, min(ITERATIONS, int(ITERATIONS * MAX_WORK / max(work, 1))))
     # The steps in float32 (the error itself is taken in float64, before and after).
     v, floor32, nearest32 = v.astype(np.float32), floor.astype(np.float32), nearest.astype(np.float32)
     rows32, scale32, zero32, gram32 = (a.astype(np.float32) for a in (rows, scale, zero, gram))
@@ -213,19 +230,24 @@ def adaround(quantized: Path, fp32: Path, samples: list[dict], out: Path) -> dic
         return {"rounded": 0, "left": left, "why": "no quantised Conv/Gemm/MatMul weight with its float original"}
     session = probe_session(original, sorted({layer["input"] for layer in layers}))
     grams, counts = _grams(session, layers, samples)
-    ratios = []
+    eligible = []
     for layer, gram, count in zip(layers, grams, counts, strict=True):
+        if gram is None or gram.shape[-1] != layer["rows"].shape[-1]:
+            left[layer["node"]] = "its input columns do not match its weight"
+        elif count < MIN_COLUMNS_PER_INPUT * gram.shape[-1]:
+            left[layer["node"]] = (f"{count} input columns over the samples for {gram.shape[-1]} inputs (fewer than "
+                                   f"{MIN_COLUMNS_PER_INPUT} each): its rounding would fit the samples")  # fmt: skip
+        else:
+            eligible.append((layer, gram / count))
+    ratios = []
+    for (layer, gram), steps in zip(eligible, _steps([layer for layer, _ in eligible]), strict=True):
+        if not steps:
+            left[layer["node"]] = f"past learned rounding's budget of {MAX_TOTAL_WORK:.0e} multiply-adds"
+            continue
         init = tensors.initializers[layer["int"]]
         current = numpy_helper.to_array(init)
         low, high = float(current.min()), float(current.max())  # the range the quantiser used
-        if gram is None or gram.shape[-1] != layer["rows"].shape[-1]:
-            left[layer["node"]] = "its input columns do not match its weight"
-            continue
-        if count < MIN_COLUMNS_PER_INPUT * gram.shape[-1]:
-            left[layer["node"]] = (f"{count} input columns over the samples for {gram.shape[-1]} inputs (fewer than "
-                                   f"{MIN_COLUMNS_PER_INPUT} each): its rounding would fit the samples")  # fmt: skip
-            continue
-        learned, base, error = _learn(layer["rows"], layer["row_scale"], layer["row_zero"], gram / count, low, high)
+        learned, base, error = _learn(layer["rows"], layer["row_scale"], layer["row_zero"], gram, low, high, steps)
         if not error < base:
             left[layer["node"]] = "learned rounding was not below nearest's output error"
             continue

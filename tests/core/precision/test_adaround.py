@@ -172,3 +172,13 @@ def test_a_conv_padded_by_auto_pad_keeps_nearest_rounding_with_the_reason(tmp_pa
                     activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)  # fmt: skip
     found = adaround(qdq, fp32, samples, tmp_path / "out.onnx")
     assert found["rounded"] == 0 and "auto_pad" in found["left"]["same"]
+
+
+def test_the_steps_stay_within_the_work_budget_fewer_for_every_layer_then_none_for_the_last(monkeypatch):
+    layers = [{"rows": np.zeros((1, 100, 100))} for _ in range(4)]  # 1e6 multiply-adds a step each
+    monkeypatch.setattr(learned, "MAX_TOTAL_WORK", 4 * 1e6 * learned.ITERATIONS)
+    assert learned._steps(layers) == [learned.ITERATIONS] * 4  # within it: every step
+    monkeypatch.setattr(learned, "MAX_TOTAL_WORK", 2 * 1e6 * learned.ITERATIONS)
+    assert learned._steps(layers) == [learned.ITERATIONS // 2] * 4  # past it: half the steps each
+    monkeypatch.setattr(learned, "MAX_TOTAL_WORK", 2.5 * 1e6 * learned.MIN_ITERATIONS)
+    assert learned._steps(layers) == [learned.MIN_ITERATIONS] * 2 + [0, 0]  # the floor, then the last ones left
