@@ -43,6 +43,7 @@ BETA = (20.0, 2.0)
 REGULARISATION = 30.0  # against the output error relative to nearest's (EfficientNet-Lite0: 0.01 to 100 tried)
 LEARNING_RATE = 0.05
 ZETA, GAMMA = 1.1, -0.1
+V_LIMIT = 20.0  # h is 0 or 1 well inside it (sigmoid(+-2.4) already)
 MAX_WORK = 2e8  # multiply-adds per step above which a layer takes fewer steps
 MIN_ITERATIONS = 100
 # Multiply-adds over every step of every layer, at most (EfficientNet-Lite0 needs 7.2e11, about 10 s here): past
@@ -181,27 +182,30 @@ def _learn(rows: np.ndarray, scale: np.ndarray, zero: np.ndarray, gram: np.ndarr
     fraction = np.clip(exact - floor, 1e-3, 1 - 1e-3)
     v = -np.log((ZETA - GAMMA) / (fraction - GAMMA) - 1)
     movable = (floor >= low) & (floor + 1 <= high)  # else the clip decides, not the rounding
-    # The steps in float32 (the error itself is taken in float64, before and after).
-    v, floor32, nearest32 = v.astype(np.float32), floor.astype(np.float32), nearest.astype(np.float32)
-    rows32, scale32, zero32, gram32 = (a.astype(np.float32) for a in (rows, scale, zero, gram))
+    # The product with G in float32 (the costly part); the rest in float64 with v kept in [-V_LIMIT, V_LIMIT], so
+    # that nothing falls into subnormal floats (|2h - 1| ** 19 near h = 0.5 would: their arithmetic is a
+    # hundred times slower on x86 where the flush-to-zero mode is off).
+    gram32 = gram.astype(np.float32)
     m, s2 = np.zeros_like(v), np.zeros_like(v)
     count = rows.size
     for step in range(steps):
         sig = 1 / (1 + np.exp(-v))
         h = np.clip(sig * (ZETA - GAMMA) + GAMMA, 0, 1)
-        q = np.where(movable, floor32 + h, nearest32)
-        diff = scale32 * (q - zero32) - rows32
-        grad = (2 / base) * (diff @ gram32) * scale32  # d(E / E_nearest)/dq
+        q = np.where(movable, floor + h, nearest)
+        diff = scale * (q - zero) - rows
+        grad = (2 / base) * (diff.astype(np.float32) @ gram32).astype(np.float64) * scale  # d(E / E_nearest)/dq
         progress = step / steps
         if progress >= WARM_UP:
             beta = BETA[0] + (BETA[1] - BETA[0]) * (progress - WARM_UP) / (1 - WARM_UP)
             centred = 2 * h - 1
-            grad = grad + REGULARISATION * (-2 * beta * np.abs(centred) ** (beta - 1) * np.sign(centred)) / count
+            pull = np.maximum(np.abs(centred), 1e-12) ** (beta - 1)
+            grad = grad + REGULARISATION * (-2 * beta * pull * np.sign(centred)) / count
         inside = (h > 0) & (h < 1) & movable
         grad = np.where(inside, grad * sig * (1 - sig) * (ZETA - GAMMA), 0.0)
         m = 0.9 * m + 0.1 * grad
         s2 = 0.999 * s2 + 0.001 * grad**2
         v -= LEARNING_RATE * (m / (1 - 0.9 ** (step + 1))) / (np.sqrt(s2 / (1 - 0.999 ** (step + 1))) + 1e-8)
+        np.clip(v, -V_LIMIT, V_LIMIT, out=v)
     h = np.clip(1 / (1 + np.exp(-v)) * (ZETA - GAMMA) + GAMMA, 0, 1)
     learned = np.where(movable, floor + (h >= 0.5), nearest)
     return learned, base, _error(learned, rows, scale, zero, gram)

@@ -20,7 +20,8 @@ from flexdsa_core.accuracy import score
 from flexdsa_core.errors import ValidationFailedError
 from flexdsa_core.options import AccuracyTarget
 
-pytestmark = pytest.mark.models
+# Whole precision searches on trained models (3-5 minutes each here): a hang guard above the suite's 600 s.
+pytestmark = [pytest.mark.models, pytest.mark.timeout(1200)]
 
 
 def _npz(arrays: dict) -> bytes:
