@@ -493,17 +493,9 @@ def _adarounded(run, fp32: Path, best: _Candidate, candidates: list[_Candidate])
         found["bias_correction"] = correct_biases(rounded, fp32, samples, out)
         return out
 
-    candidate = _Candidate(
-        f"{best.name}_adaround", run.workdir / "static_adaround.onnx",
-        f"{best.how}; its int8 weights then rounded up or down as learned on the calibration samples, layer by "
-        "layer (AdaRound: precision.adaround), and its Conv biases corrected (precision.bias_correction)",
-        recipe=recipe, int8_nodes=best.int8_nodes,
-    )  # fmt: skip
-    run.report(0.3, f"int8 candidate {candidate.name}")
-    _scored(run, candidate, lambda: recipe(run.calibration, "fold0", candidate.path), run.reference())
-    candidates.append(candidate)
-    return {**found, "candidate": candidate.name, "loss": None if candidate.error else candidate.accuracy.get("loss"),
-            "from": best.name, "loss_before": best.accuracy.get("loss")}  # fmt: skip
+    how = ("its int8 weights then rounded up or down as learned on the calibration samples, layer by layer "
+           "(AdaRound: precision.adaround), and its Conv biases corrected (precision.bias_correction)")  # fmt: skip
+    return _derived(run, best, candidates, "adaround", run.workdir / "static_adaround.onnx", how, recipe, found)
 
 
 def _bias_corrected(run, fp32: Path, best: _Candidate, candidates: list[_Candidate],
@@ -519,12 +511,18 @@ def _bias_corrected(run, fp32: Path, best: _Candidate, candidates: list[_Candida
         found.update(correct_biases(plain, fp32, samples, out))
         return out
 
-    candidate = _Candidate(
-        f"{best.name}_bias_corrected", run.workdir / file,
-        f"{best.how}; each quantised Conv's bias then corrected, layer by layer, by the mean error its output "
-        "carries on the calibration samples (precision.bias_correction)",
-        recipe=recipe, int8_nodes=best.int8_nodes,
-    )  # fmt: skip
+    how = ("each quantised Conv's bias then corrected, layer by layer, by the mean error its output carries on the "
+           "calibration samples (precision.bias_correction)")  # fmt: skip
+    return _derived(run, best, candidates, "bias_corrected", run.workdir / file, how, recipe, found)
+
+
+def _derived(run, best: _Candidate, candidates: list[_Candidate], suffix: str, path: Path, how: str, recipe,
+             found: dict) -> dict:  # fmt: skip
+    """``best`` made again by ``recipe`` (a step after its quantiser), scored as a candidate of its own named
+    ``<best>_<suffix>``; what the step reported (``found``, filled by the recipe) with the candidate's loss
+    beside ``best``'s."""
+    candidate = _Candidate(f"{best.name}_{suffix}", path, f"{best.how}; {how}", recipe=recipe,
+                           int8_nodes=best.int8_nodes)  # fmt: skip
     run.report(0.3, f"int8 candidate {candidate.name}")
     _scored(run, candidate, lambda: recipe(run.calibration, "fold0", candidate.path), run.reference())
     candidates.append(candidate)

@@ -524,45 +524,41 @@ def _precisions(compiler, buckets, original, sources, shapes, report, plans, pre
                    original_source, plain_int8)  # fmt: skip
     candidates += [c for found in exact.values() for c in found["candidates"]]
     has_float16 = any(o.get("dtype") == "float16" for o in variants.values())
-    ranked = {}
+    per_bucket, ranked = {}, {}  # bucket -> (its candidates, the vendor alone's int8, float16's cycles or None)
     for bucket in buckets:
         mine = [c for c in candidates if c.bucket == bucket.name]
         if not mine:
             continue
         alone = next(c for c in mine if c.name.startswith(ALONE))
+        explored = report[bucket.name]["explored"]
+        floor = explored["cycles"] if explored and has_float16 else None
+        per_bucket[bucket.name] = (mine, alone, floor)
         ours = [c for c in mine if c is not alone and c.cost is not None and (c.accuracy or {}).get("ok")]
         if alone.cost is not None:  # never more CPU-fallback layers than the vendor alone's own int8 build
             ours = [c for c in ours if c.cost.cpu_nodes <= alone.cost.cpu_nodes]
-        explored = report[bucket.name]["explored"]
-        floor = explored["cycles"] if explored and has_float16 else None
         ranked[bucket.name] = sorted((c for c in ours if floor is None or c.cost.cycles < floor),
                                      key=lambda c: (c.cost.cycles, (c.accuracy or {}).get("loss", 1.0)))  # fmt: skip
-    alone_accurate = {c.bucket: c for c in candidates if c.name.startswith(ALONE) and (c.accuracy or {}).get("ok")}
+    alone_accurate = {name: alone for name, (_, alone, _) in per_bucket.items() if (alone.accuracy or {}).get("ok")}
     confirmed = _confirm(compiler, ranked, sources, shapes, datasets, held_out, judged, original_source, accuracy,
                          alongside=alone_accurate)  # fmt: skip
     chosen: dict[str, tuple[dict, ir.Model | None]] = {}
-    for bucket in buckets:
-        mine = [c for c in candidates if c.bucket == bucket.name]
-        if not mine:
-            continue
-        row = report[bucket.name]
-        alone = next(c for c in mine if c.name.startswith(ALONE))
-        floor = row["explored"]["cycles"] if row["explored"] and has_float16 else None
-        best, missed = confirmed.get(bucket.name, (None, []))
+    for name, (mine, alone, floor) in per_bucket.items():
+        row = report[name]
+        best, missed = confirmed[name]
         if best is not None:
             rewritten = best.model if best.name.startswith(EXACT) else None
-            chosen[bucket.name] = (best.options, rewritten)
+            chosen[name] = (best.options, rewritten)
             row["precision"] = best.name
             row["explored"] = best.cost.as_dict()
             if rewritten is not None:
                 row["forms"] = {**best.forms}
-            decision = f"{best.name}: {best.cost.cycles:.0f} cycles, accurate on {len(judged[bucket.name])} held-out samples"
+            decision = f"{best.name}: {best.cost.cycles:.0f} cycles, accurate on {len(judged[name])} held-out samples"
             if best.confirmation is not None:
                 decision += f" and confirmed on {best.confirmation['samples']}"
                 row["judged_samples"] = best.confirmation["samples"]  # the final build is judged on the same
         elif floor is not None:
             fp16 = next(n for n, o in variants.items() if o.get("dtype") == "float16")
-            chosen[bucket.name] = (variants[fp16], None)
+            chosen[name] = (variants[fp16], None)
             row["precision"] = fp16
             decision = "float16: no quantised candidate met the accuracy target more cheaply"
         else:
@@ -573,8 +569,8 @@ def _precisions(compiler, buckets, original, sources, shapes, report, plans, pre
             "precision": alone.precision, "accuracy": alone.accuracy,
             **({"confirmation": alone.confirmation} if alone.confirmation is not None else {}),
         }  # fmt: skip
-        if bucket.name in exact:
-            row["exact_rewrites"] = {key: value for key, value in exact[bucket.name].items() if key != "candidates"}
+        if name in exact:
+            row["exact_rewrites"] = {key: value for key, value in exact[name].items() if key != "candidates"}
             row["exact_rewrites"]["layer_accuracy_vendor_alone"] = _worst_layers(alone.layer_accuracy)
         row["explored_ratio"] = ratio(
             _cost_of(row["explored"]), _cheapest_accurate_alone(row)
@@ -583,8 +579,8 @@ def _precisions(compiler, buckets, original, sources, shapes, report, plans, pre
             decision += "; accurate on the search's samples but not confirmed on more: " + "; ".join(
                 f"{c.name} ({_shortfall(c.confirmation)})" for c in missed)  # fmt: skip
         row["decision"] += f"; precision: {decision}"
-        plans[bucket.name]["candidates"] += [c.record() for c in mine]
-        plans[bucket.name]["precision"] = row["precision"]
+        plans[name]["candidates"] += [c.record() for c in mine]
+        plans[name]["precision"] = row["precision"]
     return chosen
 
 
