@@ -125,3 +125,28 @@ def correct_biases(quantized: Path, fp32: Path, samples: list[dict], out: Path) 
         "samples": len(samples),
         "seconds": round(time.perf_counter() - started, 2),
     }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m flexdsa_core.precision.bias_correction QDQ FP32 SAMPLES OUT``: the correction for a QDQ model a
+    vendor's quantiser made in its own environment (the qualcomm driver calls it so). SAMPLES: a JSON file
+    ``{"inputs": [names], "dataset": [[.npy per input] or {name: .npy}, ...]}``, the quantiser's own calibration
+    samples. Prints what was done as one JSON line."""
+    import argparse
+    import json
+
+    parser = argparse.ArgumentParser(prog="python -m flexdsa_core.precision.bias_correction")
+    for name in ("quantized", "fp32", "samples", "out"):
+        parser.add_argument(name, type=Path)
+    args = parser.parse_args(argv)
+    listing = json.loads(args.samples.read_text())
+    samples = [
+        {name: np.load(path) for name, path in (row.items() if isinstance(row, dict) else zip(listing["inputs"], row, strict=True))}
+        for row in listing["dataset"]
+    ]
+    print(json.dumps(correct_biases(args.quantized, args.fp32, samples, args.out)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

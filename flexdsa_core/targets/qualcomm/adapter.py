@@ -28,6 +28,8 @@ uint8, or uint16 activations when uint8 misses the accuracy target) before compi
 from __future__ import annotations
 
 import pprint
+import sys
+from pathlib import Path
 
 import onnx_ir as ir
 
@@ -67,9 +69,10 @@ class QualcommAdapter(AcceleratorAdapter):
     vendor = "Qualcomm"
     provider_options = PROVIDER_OPTIONS
     int8_format = Int8Format(
-        "QNN QDQ (get_qnn_qdq_config): uint8 activations, uint8 per-tensor weights, asymmetric; the layers mixed "
-        "keeps out of uint8 get uint16 activations (a16w8)", "uint8", False, False, False,
-        weights="uint8", per_channel=False, vendor="qualcomm", float_as="uint16 activations (a16w8)",
+        "QNN QDQ (get_qnn_qdq_config): uint8 activations; Conv weights int8, symmetric, per output channel, "
+        "their biases corrected on the calibration samples; other weights uint8 per tensor; the layers mixed keeps "
+        "out of uint8 get uint16 activations (a16w8)", "uint8", False, False, False,
+        weights="int8", per_channel=True, vendor="qualcomm", float_as="uint16 activations (a16w8)",
     )  # fmt: skip
     artifact_loads = {
         "qdq-onnx": (
@@ -88,7 +91,9 @@ class QualcommAdapter(AcceleratorAdapter):
     }
     vendor_needs_inputs = True  # the EP compiles a session: it quantises on and runs a sample
     vendor_package = "onnxruntime-qnn"
-    vendor_alone_options = {"vendor_preprocess": True}  # qnn_preprocess_model, as QNN's documentation asks
+    # The vendor alone: qnn_preprocess_model, as QNN's documentation asks, and get_qnn_qdq_config's defaults
+    # (uint8 weights per tensor, the quantiser's biases).
+    vendor_alone_options = {"vendor_preprocess": True, "conv_per_channel": False, "correct_biases": None}
 
     def vendor_cost(self, entry: dict, versions: dict) -> VendorCost | None:
         """QNN reports no cost, only where each node runs (its per-node validation in ONNX Runtime's verbose
@@ -160,6 +165,8 @@ class QualcommAdapter(AcceleratorAdapter):
         requested = plan.get("requested") or requested_precision(report)
         precision = {"int8": "int8", "mixed": "mixed"}.get(requested, "fp16")
         options = {"precision": precision, "activation_type": "auto", "provider": dict(PROVIDER_OPTIONS)}
+        if precision != "fp16":
+            options.update(conv_per_channel=True, correct_biases=_core_interpreter())
         accuracy = plan.get("accuracy_target") or {}
         if accuracy.get("min_cosine") is not None:
             options["min_cosine"] = accuracy["min_cosine"]
@@ -250,6 +257,12 @@ def _int_attr(node: ir.Node, name: str, default: int) -> int:
     return default if attr is None else int(attr.value)
 
 
+def _core_interpreter() -> dict:
+    """How the driver, in the toolchain's environment, runs the core's bias correction: this interpreter, with
+    the folder holding ``flexdsa_core`` on its path."""
+    return {"python": sys.executable, "path": str(Path(__file__).resolve().parents[3])}
+
+
 # ---- the scripts ------------------------------------------------------------------------------------
 
 
@@ -286,6 +299,10 @@ def _bucket_entry(
         "precision": "fp16" if ran_as.startswith("float graph on HTP FP16") or (not ran and not quantised) else "qdq",
         "act": act,
         "uint16_tensors": list(uint16_tensors),
+        # The weights the toolchain here quantised to (per-tensor uint8: an older run's, or the vendor alone's).
+        "weights": "conv-int8-per-channel" if "Conv's int8 per-channel" in ran_as or not ran else "uint8",
+        # Whether the shipped QDQ model's biases were corrected by Flex-DSA: compile_qnn.py then builds from it.
+        "corrected": "Conv biases corrected" in ran_as,
     }  # fmt: skip
 
 

@@ -28,7 +28,11 @@ Per bucket (each already a static-shape ONNX: HTP graphs do not finalise with a 
 ``options`` (all optional): ``precision`` "int8" (default), "mixed" or "fp16"; ``activation_type`` "uint8"
 (default), "uint16", or "auto" (uint8 (or mixed), and uint16 everywhere when that model's cosine to the
 float model on the samples is below ``min_cosine``, default 0.99); ``uint16_tensors``: ``{bucket: [tensor
-names]}`` at uint16 under ``mixed``; ``weight_type`` "uint8"; ``per_channel`` (bool); ``provider``: QNN
+names]}`` at uint16 under ``mixed``; ``weight_type`` "uint8" (default) or "int8"; ``per_channel`` (bool, the
+config's own switch); ``conv_per_channel`` (bool: Conv weights int8, symmetric, per output channel, through
+per-tensor overrides; the other weights as ``weight_type``); ``correct_biases``: ``{"python", "path"}``
+of the core's interpreter, which corrects the QDQ model's Conv biases on the calibration samples after quantising
+(``flexdsa_core.precision.bias_correction``, a subprocess: nothing of the core is imported here); ``provider``: QNN
 provider options (default ``backend_type=htp``); ``dataset``: calibration samples, each a list of .npy
 paths in graph-input order or a dict input name -> .npy path (a bucket's own ``dataset`` comes first);
 ``why``: a sentence the result repeats (why this precision ran); ``vendor_preprocess``: run QNN's own
@@ -38,8 +42,10 @@ paths in graph-input order or a dict input name -> .npy path (a bucket's own ``d
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
+import subprocess
 import sys
 import time
 import traceback
@@ -186,6 +192,9 @@ def _compile(
         compile_path = str(out_dir / qdq_name)
         described = _describe(options, activation_type, len(uint16_tensors))
         artifacts.append(qdq_name)
+        corrected = _correct_biases(model_path, out_dir / qdq_name, list(feeds), options)
+        if corrected:
+            described = f"{described}; {corrected}"
     devices = _qnn_devices()
     with common.captured("qnn-") as log_path:
         try:
@@ -256,10 +265,20 @@ def _quantize(model_path, qdq_path: Path, feeds: dict, options: dict, activation
             sample = next(self._pending, None)
             return None if sample is None else {k: np.asarray(v) for k, v in sample.items()}
 
-    types = {"uint8": QuantType.QUInt8, "uint16": QuantType.QUInt16}
+    types = {"uint8": QuantType.QUInt8, "uint16": QuantType.QUInt16, "int8": QuantType.QInt8}
     mixed = activation_type == "mixed"
     # mixed: uint8 activations, the sensitive layers' input/output tensors at uint16 (a16w8 there).
-    overrides = {tensor: [{"quant_type": QuantType.QUInt16}] for tensor in uint16_tensors} if mixed else None
+    overrides = {tensor: [{"quant_type": QuantType.QUInt16}] for tensor in uint16_tensors} if mixed else {}
+    if options.get("conv_per_channel"):
+        # Conv weights int8, symmetric, one scale per output channel (a depthwise filter's few weights no longer
+        # share the layer's scale); the other weights keep the config's format (HTP's LayerNorm refuses int8 ones).
+        import onnx
+
+        graph = onnx.load(model_path, load_external_data=False).graph
+        constants = {init.name for init in graph.initializer}
+        for node in graph.node:
+            if node.op_type == "Conv" and len(node.input) > 1 and node.input[1] in constants:
+                overrides[node.input[1]] = [{"quant_type": QuantType.QInt8, "symmetric": True, "axis": 0}]
     config = get_qnn_qdq_config(
         model_path,
         Samples(),
@@ -271,9 +290,41 @@ def _quantize(model_path, qdq_path: Path, feeds: dict, options: dict, activation
     quantize(model_path, str(qdq_path), config)
 
 
+def _correct_biases(model_path, qdq_path: Path, input_names: list[str], options: dict) -> str | None:
+    """Flex-DSA's bias correction of the QDQ model the quantiser just wrote, in place: run by the core's own
+    interpreter (``correct_biases``: ``{"python": ..., "path": ...}``, never imported here) on the quantiser's
+    calibration samples. What it did in words, or None where it was not asked. A correction that fails leaves
+    the quantiser's biases and says so: the build is judged on the samples either way."""
+    core = options.get("correct_biases")
+    if not core:
+        return None
+    dataset = options.get("dataset")
+    if not dataset:
+        return "biases not corrected: no calibration samples beyond the one sample input"
+    listing = qdq_path.with_name(qdq_path.stem + ".calibration.json")
+    listing.write_text(json.dumps({"inputs": input_names, "dataset": dataset}))
+    command = [core["python"], "-m", "flexdsa_core.precision.bias_correction", str(qdq_path), str(model_path),
+               str(listing), str(qdq_path)]  # fmt: skip
+    try:
+        # ``-m`` puts the working folder first on the path: the folder holding flexdsa_core.
+        done = subprocess.run(command, capture_output=True, text=True, cwd=core["path"])
+    finally:
+        listing.unlink()
+    if done.returncode != 0:
+        tail = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
+        return f"biases not corrected (the correction failed: {tail[:300]}): the quantiser's own kept"
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    if not found.get("corrected"):
+        return f"biases not corrected: {found.get('why', 'no Conv bias to correct')}"
+    return (f"{found['corrected']} Conv biases corrected by the mean error each output carries on "
+            f"{found['samples']} calibration samples (Flex-DSA's bias correction)")  # fmt: skip
+
+
 def _describe(options: dict, activation_type: str, uint16_tensors: int = 0) -> str:
     weights = options.get("weight_type", "uint8")
     granularity = "per-channel" if options.get("per_channel") else "per-tensor"
+    if options.get("conv_per_channel"):
+        granularity += ", Conv's int8 per-channel"
     if activation_type == "mixed":
         activations = f"uint8 activations, {uint16_tensors} tensor(s) of the sensitive layers at uint16"
     else:

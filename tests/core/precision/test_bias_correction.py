@@ -91,3 +91,39 @@ def test_a_model_without_a_quantised_conv_is_written_unchanged(tmp_path):
     found = correct_biases(path, path, [{"x": np.ones((1, 4), np.float32)}], tmp_path / "out.onnx")
     assert found["corrected"] == 0 and "no quantised Conv" in found["why"]
     assert onnx.load(str(tmp_path / "out.onnx")).graph.node[0].op_type == "Relu"
+
+
+def test_a_vendor_driver_runs_the_correction_in_the_cores_own_interpreter(tmp_path):
+    """The qualcomm driver, in onnxruntime-qnn's environment, corrects the QDQ model its quantiser wrote by
+    running this module with the core's interpreter from the folder holding flexdsa_core (``-m``): the samples
+    come as the driver has them, .npy paths per row in input order or by name, and the file is corrected in
+    place, as ``correct_biases`` corrects it."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    fp32, qdq, expected = tmp_path / "fp32.onnx", tmp_path / "model.b.qdq.onnx", tmp_path / "expected.onnx"
+    _depthwise_net(fp32)
+    rng = np.random.default_rng(2)
+    samples = [{"x": rng.uniform(0, 1, (1, 3, 16, 16)).astype(np.float32)} for _ in range(8)]
+    quantize_static(str(fp32), str(qdq), _Reader(samples), quant_format=QuantFormat.QDQ, per_channel=True,
+                    activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)  # fmt: skip
+    want = correct_biases(qdq, fp32, samples, expected)
+    rows = []
+    for index, sample in enumerate(samples):
+        np.save(tmp_path / f"s{index}.npy", sample["x"])
+        path = str(tmp_path / f"s{index}.npy")
+        rows.append([path] if index % 2 else {"x": path})
+    listing = tmp_path / "calibration.json"
+    listing.write_text(json.dumps({"inputs": ["x"], "dataset": rows}))
+    root = Path(__file__).resolve().parents[3]
+    done = subprocess.run(
+        [sys.executable, "-m", "flexdsa_core.precision.bias_correction", str(qdq), str(fp32), str(listing), str(qdq)],
+        capture_output=True, text=True, cwd=root, check=True,
+    )  # fmt: skip
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert found["corrected"] == want["corrected"] == 3 and found["samples"] == 8
+    got, expected_model = onnx.load(str(qdq)), onnx.load(str(expected))
+    for tensor, reference in zip(got.graph.initializer, expected_model.graph.initializer, strict=True):
+        assert np.array_equal(numpy_helper.to_array(tensor), numpy_helper.to_array(reference)), tensor.name

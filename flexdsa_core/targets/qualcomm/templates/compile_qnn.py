@@ -9,8 +9,9 @@ execution provider, caching each bucket as an EPContext model + QNN context bina
     python compile_qnn.py --check ...                 # ... and run each EPContext model once
     python compile_qnn.py --out DIR [--force]         # write into DIR; --force replaces files already there
 
-By default each bucket is built as it shipped: its "precision" ("fp16": the float graph on HTP FP16; "qdq":
-quantised) and, quantised, its "act", the format Flex-DSA's own run kept: "uint8", "uint16", or "mixed" (precision
+By default each bucket is built as it shipped: where Flex-DSA corrected the biases of its QDQ model ("corrected"),
+from that shipped model.<bucket>.qdq.onnx; otherwise its "precision" ("fp16": the float graph on HTP FP16; "qdq":
+quantised, with its "weights") and, quantised, its "act", the format Flex-DSA's own run kept: "uint8", "uint16", or "mixed" (precision
 mixed: uint8 activations, the tensors in its "uint16_tensors" at uint16: the layers the sensitivity search keeps
 out of int8, through get_qnn_qdq_config's per-tensor overrides, uint8<->uint16 converts inserted between),
 calibrated on the bundle's own samples (its dataset.txt, the one manifest.json lists for the bucket). Writes
@@ -88,14 +89,24 @@ class Reader(CalibrationDataReader):
 
 def qdq_config(bucket, feeds, act):
     """get_qnn_qdq_config for the activation format ``act``: "mixed" is uint8 with the bucket's
-    uint16_tensors raised to uint16 (per-tensor overrides); uint8 weights, per tensor, MinMax."""
+    uint16_tensors raised to uint16 (per-tensor overrides); uint8 weights per tensor, and where the bucket's
+    "weights" says so, Conv weights int8, symmetric, per output channel (overrides too); MinMax."""
     types = {"uint8": QuantType.QUInt8, "uint16": QuantType.QUInt16}
     overrides = None
     if act == "mixed":
         overrides = {name: [{"quant_type": QuantType.QUInt16}] for name in bucket["uint16_tensors"]} or None
+    if bucket.get("weights", "uint8") == "conv-int8-per-channel":
+        import onnx
+
+        graph = onnx.load(bucket["onnx"], load_external_data=False).graph
+        constants = {init.name for init in graph.initializer}
+        overrides = dict(overrides or {})
+        for node in graph.node:
+            if node.op_type == "Conv" and len(node.input) > 1 and node.input[1] in constants:
+                overrides[node.input[1]] = [{"quant_type": QuantType.QInt8, "symmetric": True, "axis": 0}]
     return get_qnn_qdq_config(
         bucket["onnx"], Reader(feeds), activation_type=types["uint8" if act == "mixed" else act],
-        weight_type=QuantType.QUInt8, init_overrides=overrides,
+        weight_type=QuantType.QUInt8, init_overrides=overrides or None,
     )
 
 
@@ -114,12 +125,17 @@ def compile_bucket(bucket, devices, out_dir, act=None, fp16=False, dataset=None,
     if fp16:
         provider["enable_htp_fp16_precision"] = "1"
         print("compiling", bucket["name"], "in HTP fp16")
+    elif act is None and dataset is None and bucket.get("corrected") and os.path.isfile(bucket["qdq"]):
+        # As it shipped: the QDQ model whose Conv biases Flex-DSA corrected (this script cannot redo that).
+        source = bucket["qdq"]
+        print("compiling", bucket["name"], "from the shipped", source, "(its biases corrected by Flex-DSA)")
     else:
         act = act or bucket["act"]
         quantize(source, qdq, qdq_config(bucket, feeds, act))
         source = qdq
         raised = " (%d tensor(s) at uint16)" % len(bucket["uint16_tensors"]) if act == "mixed" else ""
-        print("quantised", bucket["name"], "activations", act + raised, "into", qdq)
+        corrected = " (biases as the quantiser made them, not corrected)" if bucket.get("corrected") else ""
+        print("quantised", bucket["name"], "activations", act + raised, "into", qdq + corrected)
     options = ort.SessionOptions()
     options.add_session_config_entry("ep.context_enable", "1")
     options.add_session_config_entry("ep.context_file_path", context)
