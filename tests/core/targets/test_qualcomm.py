@@ -531,6 +531,11 @@ def test_a_depthwise_cnn_ships_uint8_on_the_htp_where_qnns_defaults_lose_it():
     assert "Conv biases corrected" in entry["quantization"]
     assert entry["accuracy"]["ok"] and "held-out" in entry["accuracy"]["measured_on"], entry["accuracy"]
     assert set(entry["vendor_placement"].values()) == {"accelerator"}
+    # The bundle's compile_qnn.py builds from the shipped, corrected QDQ model, not from a fresh quantisation.
+    script = result.artifacts["compile_qnn.py"]
+    script = (script if isinstance(script, bytes) else Path(script).read_bytes()).decode()
+    [listed] = checks.script_constants(script, "BUCKETS =", "def qnn_devices")["BUCKETS"]
+    assert listed["corrected"] and listed["weights"] == "conv-int8-per-channel", listed
     qdq = result.artifacts[f"model.{bucket}.qdq.onnx"]
     qdq = qdq if isinstance(qdq, bytes) else Path(qdq).read_bytes()
     feeds = trained.feeds(held_out)
