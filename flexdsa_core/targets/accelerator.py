@@ -12,6 +12,8 @@ A vendor file subclasses ``AcceleratorAdapter`` and overrides only what its tool
 * ``vendor_files(buckets, target, report)``: the conversion script/config for the bundle, by file name.
 * ``deploy_steps(buckets, target, report)``: the README's numbered steps for the person deploying it.
 * ``toolchain_options(target, report)``: extra ``options`` for the vendor driver's request.
+* ``calibrated_options(bucket, samples)``: a bucket's driver options only its calibration samples can decide
+  (QNN: the tensors of a packed output, at uint16); ``vendor_alone_options``: the vendor alone's, laid over them.
 * ``partition_notes(model, target)``: what the partition report must say about the whole model on this
   target (e.g. that a float model runs on an int8-only accelerator only once quantised).
 * ``vendor_cost(entry, versions)`` and ``vendor_forms``: the vendor compiler's own figure for a compiled
@@ -106,6 +108,11 @@ class AcceleratorAdapter(PlatformAdapter):
 
     # Driver options of the vendor alone's build of the original (the vendor's own preparation of a model).
     vendor_alone_options: dict = {}
+
+    def calibrated_options(self, bucket: BucketModel, samples: list[dict]) -> dict:
+        """Driver options for one bucket that only its calibration samples can decide (the final build, where
+        the request carries them); laid under what exploration chose for the bucket. None by default."""
+        return {}
 
     def vendor_precisions(self, target: TargetSpec, report: dict) -> dict[str, dict]:
         """Under an int8/mixed request, each precision the vendor's compiler makes: name -> driver options (the

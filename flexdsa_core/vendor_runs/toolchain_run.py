@@ -78,6 +78,9 @@ def run_toolchain(
         samples = (calibration or {}).get(bucket.name)
         if samples:
             entry["dataset"] = write_samples(folder, f"{bucket.name}.calibration", samples)
+            decided = adapter.calibrated_options(bucket, samples)
+            if decided:
+                entry["options"] = {**decided, **entry.get("options", {})}
             count = (judged_samples or {}).get(bucket.name, EVAL_SAMPLES)
             judged = ((held_out or {}).get(bucket.name) or [])[:count]
             if judged:

@@ -93,7 +93,27 @@ class QualcommAdapter(AcceleratorAdapter):
     vendor_package = "onnxruntime-qnn"
     # The vendor alone: qnn_preprocess_model, as QNN's documentation asks, and get_qnn_qdq_config's defaults
     # (uint8 weights per tensor, the quantiser's biases).
-    vendor_alone_options = {"vendor_preprocess": True, "conv_per_channel": False, "correct_biases": None}
+    vendor_alone_options = {"vendor_preprocess": True, "conv_per_channel": False, "correct_biases": None,
+                            "packed_uint16": None}  # fmt: skip
+
+    def calibrated_options(self, bucket: BucketModel, samples: list[dict]) -> dict:
+        """An output that packs quantities of unlike range (P-Net's boxes in pixels beside its scores in 0..1)
+        gets one uint8 scale from QNN, which leaves a score a few steps: the pack's tensors (its computed inputs,
+        the Concat and the shape-only ops to the output, ``forms.packed_outputs``) go uint16 instead, at every
+        precision that quantises."""
+        from flexdsa_core.targets.forms.packed_outputs import find
+
+        applied = find(bucket.model, samples)
+        if not applied.float16:
+            return {}
+        nodes = {node.name: node for node in bucket.model.graph}
+        tensors = []
+        for name in applied.float16:
+            node = nodes[name]
+            if node.op_type == "Concat":
+                tensors += [v.name for v in node.inputs if v is not None and v.const_value is None]
+            tensors += [v.name for v in node.outputs]
+        return {"packed_uint16": list(dict.fromkeys(tensors)), "packed_sites": applied.sites}
 
     def vendor_cost(self, entry: dict, versions: dict) -> VendorCost | None:
         """QNN reports no cost, only where each node runs (its per-node validation in ONNX Runtime's verbose

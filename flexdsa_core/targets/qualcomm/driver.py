@@ -35,7 +35,8 @@ of the core's interpreter, which corrects the QDQ model's Conv biases on the cal
 (``flexdsa_core.precision.bias_correction``, a subprocess: nothing of the core is imported here); ``provider``: QNN
 provider options (default ``backend_type=htp``); ``dataset``: calibration samples, each a list of .npy
 paths in graph-input order or a dict input name -> .npy path (a bucket's own ``dataset`` comes first);
-``why``: a sentence the result repeats (why this precision ran); ``vendor_preprocess``: run QNN's own
+``packed_uint16``: tensors of an output that packs quantities of unlike range, quantised uint16 whatever the
+activations (``packed_sites``: why, per site); ``why``: a sentence the result repeats (why this precision ran); ``vendor_preprocess``: run QNN's own
 ``qnn_preprocess_model`` on the model first (the vendor alone's build of an original model).
 """
 
@@ -269,6 +270,8 @@ def _quantize(model_path, qdq_path: Path, feeds: dict, options: dict, activation
     mixed = activation_type == "mixed"
     # mixed: uint8 activations, the sensitive layers' input/output tensors at uint16 (a16w8 there).
     overrides = {tensor: [{"quant_type": QuantType.QUInt16}] for tensor in uint16_tensors} if mixed else {}
+    # A packed output's tensors at uint16 whatever the activations (the core found them on the samples).
+    overrides.update({tensor: [{"quant_type": QuantType.QUInt16}] for tensor in options.get("packed_uint16") or []})
     if options.get("conv_per_channel"):
         # Conv weights int8, symmetric, one scale per output channel (a depthwise filter's few weights no longer
         # share the layer's scale); the other weights keep the config's format (HTP's LayerNorm refuses int8 ones).
@@ -329,6 +332,8 @@ def _describe(options: dict, activation_type: str, uint16_tensors: int = 0) -> s
         activations = f"uint8 activations, {uint16_tensors} tensor(s) of the sensitive layers at uint16"
     else:
         activations = f"{activation_type} activations"
+    if options.get("packed_uint16") and activation_type != "uint16":
+        activations += f", {len(options['packed_uint16'])} tensor(s) of a packed output at uint16"
     return f"QDQ: {activations}, {weights} {granularity} weights (get_qnn_qdq_config, MinMax)"
 
 
