@@ -127,7 +127,7 @@ def run_toolchain(
             "numerics": numerics,
             "placement_agreement": agreement,
             "vendor_placement": entry.get("placement", {}),
-            **{k: entry[k] for k in ("reasons", "layers", "notes", "seconds", "quantization", "served_by_runtime",
+            **{k: entry[k] for k in ("reasons", "layers", "notes", "seconds", "quantization", "packed_uint16", "served_by_runtime",
                                      "layer_accuracy") if k in entry},
         }
         if name in sample_references and accuracy is not None:

@@ -302,6 +302,8 @@ def _bucket_entry(
     where the shipped context is the float graph on HTP FP16 (or, the toolchain not run, none was to be
     ``quantised``), else "qdq"."""
     inputs = runtime_inputs(bucket.model)
+    # A packed output's tensors the toolchain here raised to uint16: the script raises them as mixed does.
+    uint16_tensors = list(dict.fromkeys([*uint16_tensors, *((ran or {}).get("packed_uint16") or [])]))
     act = "mixed" if uint16_tensors else "uint8"
     ran_as = str((ran or {}).get("quantization") or "")
     if ran_as.startswith("QDQ: uint16 activations"):

@@ -135,6 +135,8 @@ def compile_bucket(bucket: dict, out_dir: Path, options: dict) -> dict:
         entry["error"] = compiled["error"]
         return entry
     entry["quantization"] = compiled["quantization"]
+    if options.get("packed_uint16") and precision != "fp16":
+        entry["packed_uint16"] = list(options["packed_uint16"])  # the bundle's build script raises them too
     entry["notes"] += compiled["notes"]
     entry["artifacts"] = compiled["artifacts"]
     output_names = [value.name for value in graph.output]

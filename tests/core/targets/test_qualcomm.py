@@ -593,3 +593,8 @@ def test_a_detector_whose_output_packs_boxes_and_scores_ships_uint8_with_the_pac
     scores = entry["accuracy"]["outputs"]["detections"]["slices"]["scores"]
     assert entry["accuracy"]["ok"] and scores["cosine"] >= 0.99, scores
     assert set(entry["vendor_placement"].values()) == {"accelerator"}
+    # The bundle's compile_qnn.py, asked to quantise again, raises the same tensors.
+    script = result.artifacts["compile_qnn.py"]
+    script = (script if isinstance(script, bytes) else Path(script).read_bytes()).decode()
+    [listed] = checks.script_constants(script, "BUCKETS =", "def qnn_devices")["BUCKETS"]
+    assert listed["act"] == "mixed" and set(entry["packed_uint16"]) <= set(listed["uint16_tensors"]), listed
