@@ -28,8 +28,8 @@ Per bucket (each already a static-shape ONNX: HTP graphs do not finalise with a 
 ``options`` (all optional): ``precision`` "int8" (default), "mixed" or "fp16"; ``activation_type`` "uint8"
 (default), "uint16", or "auto" (uint8 (or mixed), and uint16 everywhere when that model's cosine to the
 float model on the samples is below ``min_cosine``, default 0.99); ``uint16_tensors``: ``{bucket: [tensor
-names]}`` at uint16 under ``mixed``; ``weight_type`` "uint8" (default) or "int8"; ``per_channel`` (bool, the
-config's own switch); ``conv_per_channel`` (bool: Conv weights int8, symmetric, per output channel, through
+names]}`` at uint16 under ``mixed``; ``weight_type`` "uint8"; ``per_channel`` (bool, the config's own switch);
+``conv_per_channel`` (bool: Conv weights int8, symmetric, per output channel, through
 per-tensor overrides; the other weights as ``weight_type``); ``correct_biases``: ``{"python", "path"}``
 of the core's interpreter, which corrects the QDQ model's Conv biases on the calibration samples after quantising
 (``flexdsa_core.precision.bias_correction``, a subprocess: nothing of the core is imported here); ``provider``: QNN
@@ -112,10 +112,14 @@ def compile_bucket(bucket: dict, out_dir: Path, options: dict) -> dict:
     overrides = (options.get("uint16_tensors") or {}).get(name) or []
     if options.get("why"):
         entry["notes"].append(options["why"])
+    constants = {init.name for init in graph.initializer}
+    # Conv weights by name (``conv_per_channel``): read once here, for every attempt's quantisation.
+    conv_weights = [node.input[1] for node in graph.node
+                    if node.op_type == "Conv" and len(node.input) > 1 and node.input[1] in constants]  # fmt: skip
     for attempt, activation_type in enumerate(tries):
         compiled = _compile(model_path, feeds, out_dir, name, {**options, "samples": samples,
-                            "dataset": bucket.get("dataset") or options.get("dataset")},
-                            precision, activation_type, overrides)  # fmt: skip
+                            "dataset": bucket.get("dataset") or options.get("dataset"),
+                            "conv_weights": conv_weights}, precision, activation_type, overrides)  # fmt: skip
         if compiled.get("error") and activation_type == "mixed" and attempt < len(tries) - 1:
             entry["notes"].append(f"mixed uint8/uint16 did not compile ({compiled['error'][:300]}): all uint16")
             continue
@@ -137,6 +141,8 @@ def compile_bucket(bucket: dict, out_dir: Path, options: dict) -> dict:
     entry["quantization"] = compiled["quantization"]
     if options.get("packed_uint16") and precision != "fp16":
         entry["packed_uint16"] = list(options["packed_uint16"])  # the bundle's build script raises them too
+        entry["notes"] += [f"packed output at uint16, {site}: {why}" for site, why in
+                           (options.get("packed_sites") or {}).items()]  # fmt: skip
     entry["notes"] += compiled["notes"]
     entry["artifacts"] = compiled["artifacts"]
     output_names = [value.name for value in graph.output]
@@ -268,7 +274,7 @@ def _quantize(model_path, qdq_path: Path, feeds: dict, options: dict, activation
             sample = next(self._pending, None)
             return None if sample is None else {k: np.asarray(v) for k, v in sample.items()}
 
-    types = {"uint8": QuantType.QUInt8, "uint16": QuantType.QUInt16, "int8": QuantType.QInt8}
+    types = {"uint8": QuantType.QUInt8, "uint16": QuantType.QUInt16}
     mixed = activation_type == "mixed"
     # mixed: uint8 activations, the sensitive layers' input/output tensors at uint16 (a16w8 there).
     overrides = {tensor: [{"quant_type": QuantType.QUInt16}] for tensor in uint16_tensors} if mixed else {}
@@ -277,13 +283,8 @@ def _quantize(model_path, qdq_path: Path, feeds: dict, options: dict, activation
     if options.get("conv_per_channel"):
         # Conv weights int8, symmetric, one scale per output channel (a depthwise filter's few weights no longer
         # share the layer's scale); the other weights keep the config's format (HTP's LayerNorm refuses int8 ones).
-        import onnx
-
-        graph = onnx.load(model_path, load_external_data=False).graph
-        constants = {init.name for init in graph.initializer}
-        for node in graph.node:
-            if node.op_type == "Conv" and len(node.input) > 1 and node.input[1] in constants:
-                overrides[node.input[1]] = [{"quant_type": QuantType.QInt8, "symmetric": True, "axis": 0}]
+        for weight in options.get("conv_weights") or []:
+            overrides[weight] = [{"quant_type": QuantType.QInt8, "symmetric": True, "axis": 0}]
     config = get_qnn_qdq_config(
         model_path,
         Samples(),
@@ -315,10 +316,13 @@ def _correct_biases(model_path, qdq_path: Path, input_names: list[str], options:
         done = subprocess.run(command, capture_output=True, text=True, cwd=core["path"])
     finally:
         listing.unlink()
-    if done.returncode != 0:
+    try:
+        found = json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 else None
+    except (IndexError, ValueError):
+        found = None
+    if found is None:
         tail = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
         return f"biases not corrected (the correction failed: {tail[:300]}): the quantiser's own kept"
-    found = json.loads(done.stdout.strip().splitlines()[-1])
     if not found.get("corrected"):
         return f"biases not corrected: {found.get('why', 'no Conv bias to correct')}"
     return (f"{found['corrected']} Conv biases corrected by the mean error each output carries on "
