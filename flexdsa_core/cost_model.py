@@ -274,6 +274,7 @@ class CostModel:
         shapes: Mapping[ir.Value, TensorInfo] | None = None,
         min_effect: float = KERNEL_MIN_EFFECT,
         question: Question = "both",
+        found: dict[ir.Value, TensorInfo] | None = None,
     ) -> Comparison | None:
         """Two node sets timed side by side and compared with a confidence bound (``significance.paired``):
         each round runs every kernel of both sets once (in alternating order), so that load on a shared
@@ -282,7 +283,8 @@ class CostModel:
         ``launch_overhead_s``). None when not measuring or a kernel cannot be run alone. Cached like a
         measurement, under the pair of kernel keys: the same choice at twelve identical layers, or in the
         next job, is timed once and decided the same way. ``question``: the threshold that can change the
-        caller's decision (``significance``); timing stops once that one is settled."""
+        caller's decision (``significance``); timing stops once that one is settled. ``found``, when given,
+        takes the shapes both sides were sized at, for a caller that costs the same nodes next (``nodes_work``)."""
         if not self.measuring:
             return None
         started = time.perf_counter()
@@ -291,6 +293,8 @@ class CostModel:
             nodes = [n for n in nodes if not (n.op_type == "Constant" and n.domain in ("", "ai.onnx"))]
             known = dict(shapes or {})
             known.update(self.infer_shapes(nodes, opsets=opsets, known=known))
+            if found is not None:
+                found.update(known)
             for node in nodes:
                 view = self._view(node, known)
                 if view is None or not self._measurable(node, view):

@@ -346,6 +346,7 @@ class FusionSwitcher:
         carry_output_types(delta)
         opsets = model.opset_imports
         comparison = None
+        sized: dict[ir.Value, TensorInfo] = {}  # the shapes the comparison sized both sides at
         if self.cost_model.measuring:
             shapes = {**self._known_shapes(removed), **self._known_shapes(added)}
             # The one threshold this decision turns on (``_pays``): a rewrite that leaves fewer kernels is taken
@@ -353,13 +354,14 @@ class FusionSwitcher:
             fewer = _kernels(added) < _kernels(removed)
             question = "both" if both_thresholds else "slower" if fewer else "faster"
             comparison = self.cost_model.compare_paired(
-                removed, added, opsets=opsets, shapes=shapes, question=question
+                removed, added, opsets=opsets, shapes=shapes, question=question, found=sized
             )
         if comparison is not None:
             # Timed side by side, each kernel alone need not be timed as well, nor costed by a roofline: the
-            # two sides' seconds come from the comparison, the work (FLOPs, bytes, kernels) from the shapes.
-            before = self.cost_model.nodes_work(removed, opsets=opsets, shapes=self._known_shapes(removed))
-            after = self.cost_model.nodes_work(added, opsets=opsets, shapes=self._known_shapes(added))
+            # two sides' seconds come from the comparison, the work (FLOPs, bytes, kernels) from the shapes it
+            # sized them at (not inferred again).
+            before = self.cost_model.nodes_work(removed, opsets=opsets, shapes=sized)
+            after = self.cost_model.nodes_work(added, opsets=opsets, shapes=sized)
         else:
             before = self.cost_model.nodes_cost(removed, opsets=opsets, shapes=self._known_shapes(removed))
             after = self.cost_model.nodes_cost(added, opsets=opsets, shapes=self._known_shapes(added))

@@ -47,26 +47,41 @@ def pass_name(pass_: ir.passes.PassBase) -> str:
 
 def count_nodes(model: ir.Model) -> int:
     """Nodes in the main graph, its subgraphs and the model-local functions."""
-    total = sum(1 for _ in ir.traversal.RecursiveGraphIterator(model.graph))
-    for function in model.functions.values():
-        total += sum(1 for _ in ir.traversal.RecursiveGraphIterator(function))
+    return _count(model.graph) + sum(_count(function) for function in model.functions.values())
+
+
+def _count(graph: ir.Graph | ir.Function) -> int:
+    # Counted per graph, descending only into the attributes that hold subgraphs: a generator over every node
+    # (``RecursiveGraphIterator``) took a sixth of the passes' time on a 200-node CNN, counted twice per pass.
+    total = len(graph)
+    for node in graph:
+        for attr in node.attributes.values():
+            if attr.type == ir.AttributeType.GRAPH:
+                total += _count(attr.value)
+            elif attr.type == ir.AttributeType.GRAPHS:
+                total += sum(_count(sub) for sub in attr.value)
     return total
 
 
 def run_passes(
     model: ir.Model, passes: Sequence[ir.passes.PassBase], *, max_iterations: int = 8
 ) -> list[PassRecord]:
-    """Apply ``passes`` in order, sweep after sweep, until a sweep changes nothing.
+    """Apply ``passes`` in order, sweep after sweep, until every pass has run once on the graph as it stands
+    without changing it (a fixed point): a sweep stops at the pass that last changed the graph, since the ones
+    after it already saw the graph as it is.
 
     In-place passes edit ``model``; a functional pass's result is copied back into ``model`` so the caller
     always holds the optimised graph. Returns the records in execution order.
     """
     records: list[PassRecord] = []
+    nodes_after = count_nodes(model)
+    unchanged_runs = 0  # passes run in a row, up to now, that left the graph as they found it
     for iteration in range(max_iterations):
-        sweep_modified = False
         for pass_ in passes:
+            if unchanged_runs >= len(passes):
+                return records
             name = pass_name(pass_)
-            nodes_before = count_nodes(model)
+            nodes_before = nodes_after  # what the pass before left (a pass edits the graph only when it runs)
             start = time.perf_counter()
             try:
                 result = pass_(model)
@@ -81,11 +96,10 @@ def run_passes(
             seconds = time.perf_counter() - start
             if result.model is not model:
                 _adopt(model, result.model)
-            records.append(
-                PassRecord(name, iteration, nodes_before, count_nodes(model), seconds, bool(result.modified))
-            )
-            sweep_modified = sweep_modified or bool(result.modified)
-        if not sweep_modified:
+            nodes_after = count_nodes(model) if result.modified or result.model is not model else nodes_before
+            records.append(PassRecord(name, iteration, nodes_before, nodes_after, seconds, bool(result.modified)))
+            unchanged_runs = 0 if result.modified else unchanged_runs + 1
+        if unchanged_runs >= len(passes):
             break
     return records
 
