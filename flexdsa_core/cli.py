@@ -106,6 +106,7 @@ def optimize(
     from flexdsa_core.optimizer import FlexDSAOptimizer
     from flexdsa_core.spec_check import check_calibration_use
 
+    heap.freeze_imports()  # the libraries are in: the collector's full passes walk the run's objects only
     console = Console(stderr=True)
     memory = _MemoryLimit(memory_limit_mb)
     try:

@@ -274,6 +274,7 @@ def main() -> int:
     sys.stdout = sys.stderr
     try:
         _preload()  # a warm spare does its imports before a job arrives
+        heap.freeze_imports()  # then leaves them out of the collector's full passes (flexdsa_core/heap.py)
         preload_error = None
     except Exception as err:  # e.g. a broken install: the job fails with this, not as a "crash"
         preload_error = err
