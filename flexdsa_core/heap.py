@@ -12,8 +12,8 @@ its own free space and 64 MiB of address space, which counts against the run's m
 
 The Python heap is the other half: ``freeze_imports()`` takes the objects the loaded libraries made (onnx,
 onnxscript, ONNX Runtime, numpy: some 150k once they are in) out of the cyclic collector's full passes, which
-otherwise walk them all each time a run's new objects trigger one (MobileNetV2: 0.09-0.11 s a pass, about a
-sixth of its graph work).
+otherwise walk them all each time a run's new objects trigger one (MobileNetV2: 0.07-0.11 s a pass, one per job
+in a fresh process; none once they are frozen).
 
 ``tune()`` is for a process's entry point (the CLI, the worker's pipeline process), before the model's work
 starts; it changes the whole process's allocator. On anything but glibc (musl, macOS, Windows) it does
