@@ -59,7 +59,6 @@ def tune() -> bool:
     return all(libc.mallopt(parameter, value) == 1 for parameter, value in settings)
 
 
-
 def freeze_imports() -> None:
     """Leave what is alive now out of the cyclic collector's passes (``gc.freeze``): for a process's entry point,
     once its imports are done and before a model is read, so that what it freezes is the libraries' modules,

@@ -757,18 +757,13 @@ class ShapeTracker:
                 )
         # Moved until the model runs (a position table caps a sequence, an STFT needs a minimum length).
         chosen, refusal, tried = dict(caps), None, []
-        if all(kinds[name] == "batch" for name in names):
-            # Batch dims are never moved, so running the model could only add a note, not change a value: the
-            # run (one ONNX Runtime session of the whole model, ~0.04 s on MobileNetV2) is left to validation,
-            # which runs the original at these values anyway and fails the job with ONNX Runtime's reason.
-            for name in names:
-                plan.why.setdefault(name, "batch dim: 1")
-            plan.dims = chosen
-            self._plans[key] = plan
-            return plan
+        # Batch dims are never moved, so for them alone running the model could only add a note, not change a
+        # value: that run (one ONNX Runtime session of the whole model, ~0.04 s on MobileNetV2) is left to
+        # validation, which runs the original at these values anyway and fails the job with ONNX Runtime's reason.
+        movable = any(kinds[name] != "batch" for name in names)
         # An anonymous dim off axis 0 may be a batch in disguise (a recurrent state's [2, batch, 128]).
         disguised = [n for n in names if kinds[n] == "other" and is_anonymous_dim(n)]
-        for candidate in (None, *CANDIDATES["other"]):
+        for candidate in (None, *CANDIDATES["other"]) if movable else ():
             trial = {
                 name: caps[name] if candidate is None or kinds[name] == "batch" else candidate for name in names
             }
@@ -790,7 +785,8 @@ class ShapeTracker:
                 continue
             break
         else:
-            plan.notes.append(f"the model runs at none of the values tried: {refusal}")
+            if movable:
+                plan.notes.append(f"the model runs at none of the values tried: {refusal}")
         for name in names:
             if chosen[name] != caps[name]:
                 plan.why[name] = (

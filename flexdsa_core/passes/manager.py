@@ -99,8 +99,6 @@ def run_passes(
             nodes_after = count_nodes(model) if result.modified or result.model is not model else nodes_before
             records.append(PassRecord(name, iteration, nodes_before, nodes_after, seconds, bool(result.modified)))
             unchanged_runs = 0 if result.modified else unchanged_runs + 1
-        if unchanged_runs >= len(passes):
-            break
     return records
 
 
