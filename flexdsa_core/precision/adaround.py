@@ -32,7 +32,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from flexdsa_core.precision.bias_correction import probe_session
+from flexdsa_core.precision.bias_correction import probe_session, run_on_files
 from flexdsa_core.precision.cache import _Tensors
 
 __all__ = ["adaround"]
@@ -273,3 +273,13 @@ def adaround(quantized: Path, fp32: Path, samples: list[dict], out: Path) -> dic
         "samples": len(samples),
         "seconds": round(time.perf_counter() - started, 2),
     }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Learned rounding of a vendor quantiser's QDQ model, from the command line (``bias_correction.run_on_files``:
+    ``python -m flexdsa_core.precision.adaround QDQ FP32 SAMPLES OUT``)."""
+    return run_on_files(adaround, "flexdsa_core.precision.adaround", argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

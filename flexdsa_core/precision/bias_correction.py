@@ -28,7 +28,7 @@ from onnx import numpy_helper
 
 from flexdsa_core.precision.cache import _Tensors
 
-__all__ = ["MIN_VALUES", "correct_biases", "probe_session"]
+__all__ = ["MIN_VALUES", "correct_biases", "probe_session", "run_on_files"]
 
 MIN_VALUES = 256  # values per channel over the samples, at least, for a layer to be corrected
 _RENAMED = "_QuantizeLinear_Input"  # the quantiser renames a graph output's producer output so
@@ -127,15 +127,15 @@ def correct_biases(quantized: Path, fp32: Path, samples: list[dict], out: Path) 
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python -m flexdsa_core.precision.bias_correction QDQ FP32 SAMPLES OUT``: the correction for a QDQ model a
-    vendor's quantiser made in its own environment (the qualcomm driver calls it so). SAMPLES: a JSON file
-    ``{"inputs": [names], "dataset": [[.npy per input] or {name: .npy}, ...]}``, the quantiser's own calibration
-    samples. Prints what was done as one JSON line."""
+def run_on_files(step, prog: str, argv: list[str] | None = None) -> int:
+    """``python -m PROG QDQ FP32 SAMPLES OUT``: ``step(quantized, fp32, samples, out)`` on a QDQ model a vendor's
+    quantiser made in its own environment (the qualcomm driver calls this module and ``precision.adaround`` so).
+    SAMPLES: a JSON file ``{"inputs": [names], "dataset": [[.npy per input] or {name: .npy}, ...]}``, the
+    quantiser's own calibration samples. Prints what was done as one JSON line."""
     import argparse
     import json
 
-    parser = argparse.ArgumentParser(prog="python -m flexdsa_core.precision.bias_correction")
+    parser = argparse.ArgumentParser(prog=f"python -m {prog}")
     for name in ("quantized", "fp32", "samples", "out"):
         parser.add_argument(name, type=Path)
     args = parser.parse_args(argv)
@@ -144,8 +144,13 @@ def main(argv: list[str] | None = None) -> int:
         {name: np.load(path) for name, path in (row.items() if isinstance(row, dict) else zip(listing["inputs"], row, strict=True))}
         for row in listing["dataset"]
     ]
-    print(json.dumps(correct_biases(args.quantized, args.fp32, samples, args.out)))
+    print(json.dumps(step(args.quantized, args.fp32, samples, args.out)))
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The correction of a vendor quantiser's QDQ model, from the command line (``run_on_files``)."""
+    return run_on_files(correct_biases, "flexdsa_core.precision.bias_correction", argv)
 
 
 if __name__ == "__main__":

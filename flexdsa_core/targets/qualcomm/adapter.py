@@ -70,7 +70,8 @@ class QualcommAdapter(AcceleratorAdapter):
     provider_options = PROVIDER_OPTIONS
     int8_format = Int8Format(
         "QNN QDQ (get_qnn_qdq_config): uint8 activations; Conv weights int8, symmetric, per output channel, "
-        "their biases corrected on the calibration samples; other weights uint8 per tensor; the layers mixed keeps "
+        "their biases corrected on the calibration samples; other weights uint8 per tensor; where that misses the "
+        "target, the int8 weights' rounding learned (AdaRound) before uint16; the layers mixed keeps "
         "out of uint8 get uint16 activations (a16w8)", "uint8", False, False, False,
         weights="int8", per_channel=True, vendor="qualcomm", float_as="uint16 activations (a16w8)",
     )  # fmt: skip
@@ -94,7 +95,7 @@ class QualcommAdapter(AcceleratorAdapter):
     # The vendor alone: qnn_preprocess_model, as QNN's documentation asks, and get_qnn_qdq_config's defaults
     # (uint8 weights per tensor, the quantiser's biases).
     vendor_alone_options = {"vendor_preprocess": True, "conv_per_channel": False, "correct_biases": None,
-                            "packed_uint16": None}  # fmt: skip
+                            "learn_rounding": None, "packed_uint16": None}  # fmt: skip
 
     def calibrated_options(self, bucket: BucketModel, samples: list[dict]) -> dict:
         """An output that packs quantities of unlike range (P-Net's boxes in pixels beside its scores in 0..1)
@@ -186,7 +187,8 @@ class QualcommAdapter(AcceleratorAdapter):
         precision = {"int8": "int8", "mixed": "mixed"}.get(requested, "fp16")
         options = {"precision": precision, "activation_type": "auto", "provider": dict(PROVIDER_OPTIONS)}
         if precision != "fp16":
-            options.update(conv_per_channel=True, correct_biases=_core_interpreter())
+            core = _core_interpreter()
+            options.update(conv_per_channel=True, correct_biases=core, learn_rounding=core)
         accuracy = plan.get("accuracy_target") or {}
         if accuracy.get("min_cosine") is not None:
             options["min_cosine"] = accuracy["min_cosine"]
@@ -278,8 +280,8 @@ def _int_attr(node: ir.Node, name: str, default: int) -> int:
 
 
 def _core_interpreter() -> dict:
-    """How the driver, in the toolchain's environment, runs the core's bias correction: this interpreter, with
-    the folder holding ``flexdsa_core`` on its path."""
+    """How the driver, in the toolchain's environment, runs the core's bias correction and learned rounding: this
+    interpreter, with the folder holding ``flexdsa_core`` on its path."""
     return {"python": sys.executable, "path": str(Path(__file__).resolve().parents[3])}
 
 
@@ -323,8 +325,9 @@ def _bucket_entry(
         "uint16_tensors": list(uint16_tensors),
         # The weights the toolchain here quantised to (per-tensor uint8: an older run's, or the vendor alone's).
         "weights": "conv-int8-per-channel" if "Conv's int8 per-channel" in ran_as or not ran else "uint8",
-        # Whether the shipped QDQ model's biases were corrected by Flex-DSA: compile_qnn.py then builds from it.
-        "corrected": "Conv biases corrected" in ran_as,
+        # Whether Flex-DSA changed the shipped QDQ model after the quantiser (Conv biases corrected, weights'
+        # rounding learned): compile_qnn.py then builds from it.
+        "corrected": "Conv biases corrected" in ran_as or "weight rounding learned" in ran_as,
     }  # fmt: skip
 
 

@@ -32,7 +32,10 @@ names]}`` at uint16 under ``mixed``; ``weight_type`` "uint8"; ``per_channel`` (b
 ``conv_per_channel`` (bool: Conv weights int8, symmetric, per output channel, through
 per-tensor overrides; the other weights as ``weight_type``); ``correct_biases``: ``{"python", "path"}``
 of the core's interpreter, which corrects the QDQ model's Conv biases on the calibration samples after quantising
-(``flexdsa_core.precision.bias_correction``, a subprocess: nothing of the core is imported here); ``provider``: QNN
+(``flexdsa_core.precision.bias_correction``, a subprocess: nothing of the core is imported here);
+``learn_rounding``: the same ``{"python", "path"}``: under ``activation_type`` "auto", a uint8 (or mixed) build
+below ``min_cosine`` is quantised again with its int8 weights' rounding learned on the calibration samples
+(``flexdsa_core.precision.adaround``, before the bias correction) and judged again, before uint16; ``provider``: QNN
 provider options (default ``backend_type=htp``); ``dataset``: calibration samples, each a list of .npy
 paths in graph-input order or a dict input name -> .npy path (a bucket's own ``dataset`` comes first);
 ``packed_uint16``: tensors of an output that packs quantities of unlike range, quantised uint16 whatever the
@@ -108,7 +111,11 @@ def compile_bucket(bucket: dict, out_dir: Path, options: dict) -> dict:
     checks = samples or [feeds]
     reference = [_run_cpu(model_path, sample) for sample in checks] if activation == "auto" else None
     first = "mixed" if precision == "mixed" else activation if activation != "auto" else "uint8"
-    tries = [first, "uint16"] if activation == "auto" and precision != "fp16" else [first]
+    # The ladder under "auto": the first format; the same with learned rounding (still 8-bit activations, so
+    # as fast on the HTP) where asked; uint16 activations everywhere (a16w8), slower, last.
+    tries = [(first, False)]
+    if activation == "auto" and precision != "fp16":
+        tries += [(first, True)] * bool(options.get("learn_rounding")) + [("uint16", False)]
     overrides = (options.get("uint16_tensors") or {}).get(name) or []
     if options.get("why"):
         entry["notes"].append(options["why"])
@@ -116,22 +123,30 @@ def compile_bucket(bucket: dict, out_dir: Path, options: dict) -> dict:
     # Conv weights by name (``conv_per_channel``): read once here, for every attempt's quantisation.
     conv_weights = [node.input[1] for node in graph.node
                     if node.op_type == "Conv" and len(node.input) > 1 and node.input[1] in constants]  # fmt: skip
-    for attempt, activation_type in enumerate(tries):
+    attempt = 0
+    while attempt < len(tries):
+        activation_type, learned = tries[attempt]
         compiled = _compile(model_path, feeds, out_dir, name, {**options, "samples": samples,
-                            "dataset": bucket.get("dataset") or options.get("dataset"),
-                            "conv_weights": conv_weights}, precision, activation_type, overrides)  # fmt: skip
-        if compiled.get("error") and activation_type == "mixed" and attempt < len(tries) - 1:
+                            "dataset": bucket.get("dataset") or options.get("dataset"), "conv_weights": conv_weights,
+                            "learned": learned}, precision, activation_type, overrides)  # fmt: skip
+        attempt += 1
+        if compiled.get("error") and activation_type == "mixed" and attempt < len(tries):
             entry["notes"].append(f"mixed uint8/uint16 did not compile ({compiled['error'][:300]}): all uint16")
+            attempt = len(tries) - 1
             continue
-        if compiled.get("error") or reference is None or attempt == len(tries) - 1:
+        if compiled.get("error") or reference is None or attempt == len(tries):
             break
         cosine = _min_cosine_samples(reference, compiled["sample_outputs"] or [compiled["outputs"]])
         floor = float(options.get("min_cosine", 0.99))
         if cosine >= floor:
             break
+        built = f"{activation_type} activations{' with learned rounding' if learned else ''}"
+        rounding = f"; {compiled['learned']}" if learned else ""
+        again = ("its int8 weights' rounding learned on the calibration samples (AdaRound)" if tries[attempt][1]
+                 else "uint16 activations everywhere (a16w8)")  # fmt: skip
         entry["notes"].append(
-            f"{activation_type} activations gave cosine {cosine:.4f} to the float model on the samples (below "
-            f"{floor}): quantised again with uint16 activations everywhere (a16w8)"
+            f"{built} gave cosine {cosine:.6f} to the float model on the samples (below {floor}{rounding}): quantised "
+            f"again with {again}"
         )
     entry["seconds"] = round(time.perf_counter() - started, 3)
     entry["log"] = compiled.get("log", "")[-200_000:]
@@ -186,7 +201,7 @@ def _compile(
     context_name = f"model.{name}.qnn_ctx.onnx"
     for stale in out_dir.glob(f"model.{name}.qnn_ctx*"):
         stale.unlink()  # a second attempt (uint16) must not find the first one's context
-    artifacts = []
+    artifacts, learned = [], None
     if precision == "fp16":
         compile_path, described = model_path, "float graph on HTP FP16 (enable_htp_fp16_precision=1)"
         provider["enable_htp_fp16_precision"] = "1"
@@ -201,6 +216,9 @@ def _compile(
         compile_path = str(out_dir / qdq_name)
         described = _describe(options, activation_type, len(uint16_tensors))
         artifacts.append(qdq_name)
+        if options.get("learned"):
+            learned = _learn_rounding(model_path, out_dir / qdq_name, list(feeds), options)
+            described = f"{described}; {learned}"
         corrected = _correct_biases(model_path, out_dir / qdq_name, list(feeds), options)
         if corrected:
             described = f"{described}; {corrected}"
@@ -229,7 +247,8 @@ def _compile(
     if error:
         return {"error": error, "log": log}
     kept = {node.name for node in onnx.load(compile_path, load_external_data=False).graph.node}
-    result = {"artifacts": artifacts, "log": log, "quantization": described, "kept": kept, "notes": []}
+    result = {"artifacts": artifacts, "log": log, "quantization": described, "kept": kept, "notes": [],
+              "learned": learned}  # fmt: skip
     if not (out_dir / context_name).is_file():
         # QNN validated no node for the HTP: everything runs on the CPU provider, and there is no binary.
         result["notes"].append(
@@ -296,20 +315,18 @@ def _quantize(model_path, qdq_path: Path, feeds: dict, options: dict, activation
     quantize(model_path, str(qdq_path), config)
 
 
-def _correct_biases(model_path, qdq_path: Path, input_names: list[str], options: dict) -> str | None:
-    """Flex-DSA's bias correction of the QDQ model the quantiser just wrote, in place: run by the core's own
-    interpreter (``correct_biases``: ``{"python": ..., "path": ...}``, never imported here) on the quantiser's
-    calibration samples. What it did in words, or None where it was not asked. A correction that fails leaves
-    the quantiser's biases and says so: the build is judged on the samples either way."""
-    core = options.get("correct_biases")
+def _core_step(module: str, core: dict | None, model_path, qdq_path: Path, input_names: list[str],
+               dataset) -> tuple[dict | None, str | None]:  # fmt: skip
+    """Run ``flexdsa_core.precision.<module>`` on the QDQ model the quantiser just wrote, in place, with the core's
+    own interpreter (``{"python": ..., "path": ...}``, never imported here) on the quantiser's calibration
+    samples: what it printed, or None and why it did not run or failed."""
     if not core:
-        return None
-    dataset = options.get("dataset")
+        return None, "not asked"
     if not dataset:
-        return "biases not corrected: no calibration samples beyond the one sample input"
+        return None, "no calibration samples beyond the one sample input"
     listing = qdq_path.with_name(qdq_path.stem + ".calibration.json")
     listing.write_text(json.dumps({"inputs": input_names, "dataset": dataset}))
-    command = [core["python"], "-m", "flexdsa_core.precision.bias_correction", str(qdq_path), str(model_path),
+    command = [core["python"], "-m", f"flexdsa_core.precision.{module}", str(qdq_path), str(model_path),
                str(listing), str(qdq_path)]  # fmt: skip
     try:
         # ``-m`` puts the working folder first on the path: the folder holding flexdsa_core.
@@ -322,11 +339,38 @@ def _correct_biases(model_path, qdq_path: Path, input_names: list[str], options:
         found = None
     if found is None:
         tail = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
-        return f"biases not corrected (the correction failed: {tail[:300]}): the quantiser's own kept"
+        return None, f"it failed: {tail[:300]}"
+    return found, None
+
+
+def _correct_biases(model_path, qdq_path: Path, input_names: list[str], options: dict) -> str | None:
+    """Flex-DSA's bias correction of the QDQ model (``correct_biases``; ``_core_step``): what it did in words, or
+    None where it was not asked. A correction that fails leaves the quantiser's biases and says so: the build is
+    judged on the samples either way."""
+    if not options.get("correct_biases"):
+        return None
+    found, why = _core_step("bias_correction", options["correct_biases"], model_path, qdq_path, input_names,
+                            options.get("dataset"))  # fmt: skip
+    if found is None:
+        return f"biases not corrected ({why}): the quantiser's own kept"
     if not found.get("corrected"):
         return f"biases not corrected: {found.get('why', 'no Conv bias to correct')}"
     return (f"{found['corrected']} Conv biases corrected by the mean error each output carries on "
             f"{found['samples']} calibration samples (Flex-DSA's bias correction)")  # fmt: skip
+
+
+def _learn_rounding(model_path, qdq_path: Path, input_names: list[str], options: dict) -> str:
+    """Flex-DSA's learned rounding (AdaRound) of the QDQ model's int8 weights (``learn_rounding``;
+    ``_core_step``), before the bias correction: what it did in words. One that fails leaves nearest rounding."""
+    found, why = _core_step("adaround", options.get("learn_rounding"), model_path, qdq_path, input_names,
+                            options.get("dataset"))  # fmt: skip
+    if found is None:
+        return f"weights' rounding not learned ({why}): nearest rounding kept"
+    if not found.get("rounded"):
+        return f"weights' rounding not learned: {found.get('why', 'no layer was below nearest rounding')}"
+    error = found.get("output_error_vs_nearest") or {}
+    return (f"{found['rounded']} layers' weight rounding learned on {found['samples']} calibration samples by "
+            f"Flex-DSA's AdaRound, output error {error.get('median')} of nearest rounding's, median")  # fmt: skip
 
 
 def _describe(options: dict, activation_type: str, uint16_tensors: int = 0) -> str:

@@ -75,16 +75,24 @@ def toolchain_or_skip(name: str, package: str) -> Toolchain:
 
 
 def run_bucket(toolchain: Toolchain, target, onnx_path: Path, feeds: dict, workdir: Path, options: dict,
-               name: str = "b") -> dict:  # fmt: skip
+               name: str = "b", samples: list[dict] = ()) -> dict:  # fmt: skip
     """One bucket through the toolchain's driver: ``feeds`` saved as ``workdir/<input>.npy``, the driver's
-    files under ``workdir/out``; returns the driver's entry for the bucket."""
+    files under ``workdir/out``; ``samples`` (input name -> array), where given, are the bucket's calibration
+    samples and the samples it is judged on, as the core hands them over. Returns the driver's entry."""
     inputs = {}
     for input_name, array in feeds.items():
         inputs[input_name] = str(workdir / f"{input_name}.npy")
         np.save(inputs[input_name], array)
+    bucket = {"name": name, "onnx": str(onnx_path), "inputs": inputs}
+    if samples:
+        listed = []
+        for index, sample in enumerate(samples):
+            listed.append({key: str(workdir / f"sample{index:03d}.{key}.npy") for key in sample})
+            for key, array in sample.items():
+                np.save(listed[-1][key], array)
+        bucket.update(dataset=listed, samples=listed)
     request = {"action": "compile", "target": target.model_dump(mode="json"), "out_dir": str(workdir / "out"),
-               "buckets": [{"name": name, "onnx": str(onnx_path), "inputs": inputs}],
-               "options": options}  # fmt: skip
+               "buckets": [bucket], "options": options}  # fmt: skip
     [bucket] = toolchain.run(TOOLCHAIN_ROOT, request, workdir=workdir)["buckets"]
     return bucket
 

@@ -235,21 +235,25 @@ def test_manifest_names_files_that_exist():
 def test_toolchain_options_ask_for_the_sm8650_htp():
     options = ADAPTER.toolchain_options(TARGET, INT8)
     core = options.pop("correct_biases")
+    # Learned rounding runs with the same interpreter, on a uint8 build that misses the target.
+    assert options.pop("learn_rounding") == core
     assert options == {
         "precision": "int8",
         "activation_type": "auto",
         "provider": {"backend_type": "htp", "htp_arch": "75", "soc_model": "57"},
         "conv_per_channel": True,
     }
-    # The driver runs the core's bias correction with this interpreter, from the folder holding flexdsa_core.
+    # The driver runs the core's bias correction and learned rounding with this interpreter, from the folder
+    # holding flexdsa_core.
     assert Path(core["python"]).is_file() and (Path(core["path"]) / "flexdsa_core" / "precision").is_dir()
     # The vendor alone keeps QNN's defaults: uint8 per-tensor weights, the quantiser's own biases.
     assert {**options, **ADAPTER.vendor_alone_options} == {
-        **options, "vendor_preprocess": True, "conv_per_channel": False, "correct_biases": None, "packed_uint16": None,
+        **options, "vendor_preprocess": True, "conv_per_channel": False, "correct_biases": None,
+        "learn_rounding": None, "packed_uint16": None,
     }
     # fp16 quantises nothing: no weight format, no correction.
     fp16 = ADAPTER.toolchain_options(TARGET, {"precision": {"requested": "fp16"}})
-    assert "correct_biases" not in fp16 and "conv_per_channel" not in fp16
+    assert not {"correct_biases", "learn_rounding", "conv_per_channel"} & set(fp16)
 
 
 def test_mixed_bundle_script_carries_the_plans_uint16_tensors(tmp_path):
@@ -498,6 +502,52 @@ def test_fp16_runs_the_float_graph_on_the_htp(tmp_path):
     assert set(bucket["placement"].values()) == {"accelerator"} and len(bucket["placement"]) == 2
     want = run(ir.to_proto(model), feeds)[0]
     np.testing.assert_allclose(np.load(bucket["outputs"]["y"]), want, atol=2e-3)  # fp16 on the HTP
+
+
+@pytest.mark.timeout(600)
+def test_a_uint8_build_below_the_target_is_quantised_again_with_learned_rounding_before_uint16(tmp_path):
+    """The ladder under ``activation_type: auto``: a uint8 build below ``min_cosine`` on the samples is quantised
+    again with its int8 weights' rounding learned (the core's AdaRound, run with the core's interpreter, before the
+    bias correction), still uint8 activations, and judged again; only then uint16 everywhere. A target no 8-bit
+    build meets (cosine 0.999999) walks the whole ladder; each rung says what it reached."""
+    toolchain = _toolchain_or_skip()
+    from tests.core.precision.test_bias_correction import _depthwise_net
+
+    path = tmp_path / "model.b.onnx"
+    _depthwise_net(path)
+    model = onnx.load(str(path))
+    for index, node in enumerate(model.graph.node):
+        node.name = f"{node.op_type.lower()}{index}"  # as the core's buckets are: QNN and AdaRound go by name
+    onnx.save(model, str(path))
+    rng = np.random.default_rng(3)
+    samples = [{"x": rng.uniform(0, 1, (1, 3, 16, 16)).astype(np.float32)} for _ in range(8)]
+    options = {**ADAPTER.toolchain_options(TARGET, INT8), "min_cosine": 0.999999}
+    bucket = checks.run_bucket(toolchain, TARGET, path, samples[0], tmp_path, options, samples=samples)
+    assert not bucket.get("error"), bucket.get("error")
+    [uint8, learned] = [note for note in bucket["notes"] if "below 0.999999" in note]
+    assert uint8.startswith("uint8 activations gave cosine") and "rounding learned on the calibration" in uint8
+    assert learned.startswith("uint8 activations with learned rounding gave cosine") and "uint16" in learned
+    # Every quantised layer's rounding was learned (3 Convs, the Gemm head), each below nearest's output error.
+    assert "4 layers' weight rounding learned on 8 calibration samples by Flex-DSA's AdaRound" in learned, learned
+    cosines = [float(note.split("cosine ")[1].split(" ")[0]) for note in (uint8, learned)]
+    assert all(0.9 < c < 0.999999 for c in cosines), cosines
+    assert bucket["quantization"].startswith("QDQ: uint16 activations"), bucket["quantization"]
+    assert "rounding learned" not in bucket["quantization"]  # the uint16 rung is built without it
+
+    # On this net learned rounding gains (deterministic: QDQ and emulation are). With the target between the two,
+    # uint8 with learned rounding ships: no uint16 build.
+    assert cosines[1] > cosines[0], cosines
+    options["min_cosine"] = (cosines[0] + cosines[1]) / 2
+    (tmp_path / "met").mkdir()
+    bucket = checks.run_bucket(toolchain, TARGET, path, samples[0], tmp_path / "met", options, samples=samples)
+    assert bucket["quantization"].startswith("QDQ: uint8 activations"), bucket["quantization"]
+    assert "4 layers' weight rounding learned" in bucket["quantization"], bucket["quantization"]
+    assert not any("uint16" in note for note in bucket["notes"]), bucket["notes"]
+    # The shipped QDQ model carries the learned weights: the bundle's compile_qnn.py builds from it, uint8.
+    from flexdsa_core.targets.qualcomm.adapter import _bucket_entry
+
+    entry = _bucket_entry("model.b.onnx", BucketModel("b", ir.load(path), {}), ran=bucket)
+    assert entry["corrected"] and entry["act"] == "uint8", entry
 
 
 @pytest.mark.models

@@ -9,7 +9,8 @@ execution provider, caching each bucket as an EPContext model + QNN context bina
     python compile_qnn.py --check ...                 # ... and run each EPContext model once
     python compile_qnn.py --out DIR [--force]         # write into DIR; --force replaces files already there
 
-By default each bucket is built as it shipped: where Flex-DSA corrected the biases of its QDQ model ("corrected"),
+By default each bucket is built as it shipped: where Flex-DSA changed its QDQ model ("corrected": Conv biases
+corrected, weights' rounding learned),
 from that shipped model.<bucket>.qdq.onnx; otherwise its "precision" ("fp16": the float graph on HTP FP16; "qdq":
 quantised, with its "weights") and, quantised, its "act", the format Flex-DSA's own run kept: "uint8", "uint16", or "mixed" (precision
 mixed: uint8 activations, the tensors in its "uint16_tensors" at uint16: the layers the sensitivity search keeps
@@ -126,15 +127,15 @@ def compile_bucket(bucket, devices, out_dir, act=None, fp16=False, dataset=None,
         provider["enable_htp_fp16_precision"] = "1"
         print("compiling", bucket["name"], "in HTP fp16")
     elif act is None and dataset is None and bucket.get("corrected") and os.path.isfile(bucket["qdq"]):
-        # As it shipped: the QDQ model whose Conv biases Flex-DSA corrected (this script cannot redo that).
+        # As it shipped: the QDQ model Flex-DSA corrected after the quantiser (this script cannot redo that).
         source = bucket["qdq"]
-        print("compiling", bucket["name"], "from the shipped", source, "(its biases corrected by Flex-DSA)")
+        print("compiling", bucket["name"], "from the shipped", source, "(as Flex-DSA corrected it)")
     else:
         act = act or bucket["act"]
         quantize(source, qdq, qdq_config(bucket, feeds, act))
         source = qdq
         raised = " (%d tensor(s) at uint16)" % len(bucket["uint16_tensors"]) if act == "mixed" else ""
-        corrected = " (biases as the quantiser made them, not corrected)" if bucket.get("corrected") else ""
+        corrected = " (biases and rounding as the quantiser made them, not corrected)" if bucket.get("corrected") else ""
         print("quantised", bucket["name"], "activations", act + raised, "into", qdq + corrected)
     options = ort.SessionOptions()
     options.add_session_config_entry("ep.context_enable", "1")
