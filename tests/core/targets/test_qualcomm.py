@@ -509,7 +509,8 @@ def test_a_uint8_build_below_the_target_is_quantised_again_with_learned_rounding
     """The ladder under ``activation_type: auto``: a uint8 build below ``min_cosine`` on the samples is quantised
     again with its int8 weights' rounding learned (the core's AdaRound, run with the core's interpreter, before the
     bias correction), still uint8 activations, and judged again; only then uint16 everywhere. A target no 8-bit
-    build meets (cosine 0.999999) walks the whole ladder; each rung says what it reached."""
+    build meets (cosine 0.999999) walks the whole ladder; each rung says what it reached. A build further below
+    the target than ``learn_rounding_within`` skips the learned rung."""
     toolchain = _toolchain_or_skip()
     from tests.core.precision.test_bias_correction import _depthwise_net
 
@@ -548,6 +549,15 @@ def test_a_uint8_build_below_the_target_is_quantised_again_with_learned_rounding
 
     entry = _bucket_entry("model.b.onnx", BucketModel("b", ir.load(path), {}), ran=bucket)
     assert entry["corrected"] and entry["act"] == "uint8", entry
+
+    # A build further below the target than learned rounding recovers goes straight to uint16: where uint8 missed
+    # by more on the trained models, the activations lost it (here the margin is made tiny to show it).
+    (tmp_path / "far").mkdir()
+    far = {**options, "learn_rounding_within": 1e-6}
+    bucket = checks.run_bucket(toolchain, TARGET, path, samples[0], tmp_path / "far", far, samples=samples)
+    [note] = [note for note in bucket["notes"] if "below" in note]
+    assert "learned rounding not tried, more than 1e-06 below" in note and note.endswith("(a16w8)"), note
+    assert bucket["quantization"].startswith("QDQ: uint16 activations"), bucket["quantization"]
 
 
 @pytest.mark.models
