@@ -69,8 +69,9 @@ class QualcommAdapter(AcceleratorAdapter):
     vendor = "Qualcomm"
     provider_options = PROVIDER_OPTIONS
     int8_format = Int8Format(
-        "QNN QDQ (get_qnn_qdq_config): uint8 activations; Conv weights int8, symmetric, per output channel, "
-        "their biases corrected on the calibration samples; other weights uint8 per tensor; where that misses the "
+        "QNN QDQ (get_qnn_qdq_config): uint8 activations; Conv, MatMul and Gemm weights int8, symmetric, per "
+        "output channel, Conv biases corrected on the calibration samples; other weights (LayerNorm's) uint8 per "
+        "tensor; where that misses the "
         "target, the int8 weights' rounding learned (AdaRound) before uint16; the layers mixed keeps "
         "out of uint8 get uint16 activations (a16w8)", "uint8", False, False, False,
         weights="int8", per_channel=True, vendor="qualcomm", float_as="uint16 activations (a16w8)",
@@ -94,8 +95,8 @@ class QualcommAdapter(AcceleratorAdapter):
     vendor_package = "onnxruntime-qnn"
     # The vendor alone: qnn_preprocess_model, as QNN's documentation asks, and get_qnn_qdq_config's defaults
     # (uint8 weights per tensor, the quantiser's biases).
-    vendor_alone_options = {"vendor_preprocess": True, "conv_per_channel": False, "correct_biases": None,
-                            "learn_rounding": None, "packed_uint16": None}  # fmt: skip
+    vendor_alone_options = {"vendor_preprocess": True, "conv_per_channel": False, "matmul_per_channel": False,
+                            "correct_biases": None, "learn_rounding": None, "packed_uint16": None}  # fmt: skip
 
     def calibrated_options(self, bucket: BucketModel, samples: list[dict]) -> dict:
         """An output that packs quantities of unlike range (P-Net's boxes in pixels beside its scores in 0..1)
@@ -188,7 +189,7 @@ class QualcommAdapter(AcceleratorAdapter):
         options = {"precision": precision, "activation_type": "auto", "provider": dict(PROVIDER_OPTIONS)}
         if precision != "fp16":
             core = _core_interpreter()
-            options.update(conv_per_channel=True, correct_biases=core, learn_rounding=core)
+            options.update(conv_per_channel=True, matmul_per_channel=True, correct_biases=core, learn_rounding=core)
         accuracy = plan.get("accuracy_target") or {}
         if accuracy.get("min_cosine") is not None:
             options["min_cosine"] = accuracy["min_cosine"]
@@ -324,7 +325,8 @@ def _bucket_entry(
         "act": act,
         "uint16_tensors": list(uint16_tensors),
         # The weights the toolchain here quantised to (per-tensor uint8: an older run's, or the vendor alone's).
-        "weights": "conv-int8-per-channel" if "Conv's int8 per-channel" in ran_as or not ran else "uint8",
+        "weights": ("int8-per-channel" if "MatMul/Gemm's int8 per-channel" in ran_as or not ran
+                    else "conv-int8-per-channel" if "Conv's int8 per-channel" in ran_as else "uint8"),
         # Whether Flex-DSA changed the shipped QDQ model after the quantiser (Conv biases corrected, weights'
         # rounding learned): compile_qnn.py then builds from it.
         "corrected": "Conv biases corrected" in ran_as or "weight rounding learned" in ran_as,

@@ -30,7 +30,8 @@ Per bucket (each already a static-shape ONNX: HTP graphs do not finalise with a 
 float model on the samples is below ``min_cosine``, default 0.99); ``uint16_tensors``: ``{bucket: [tensor
 names]}`` at uint16 under ``mixed``; ``weight_type`` "uint8"; ``per_channel`` (bool, the config's own switch);
 ``conv_per_channel`` (bool: Conv weights int8, symmetric, per output channel, through
-per-tensor overrides; the other weights as ``weight_type``); ``correct_biases``: ``{"python", "path"}``
+per-tensor overrides; the other weights as ``weight_type``); ``matmul_per_channel`` (bool: the same for every 2-D
+MatMul and Gemm weight); ``correct_biases``: ``{"python", "path"}``
 of the core's interpreter, which corrects the QDQ model's Conv biases on the calibration samples after quantising
 (``flexdsa_core.precision.bias_correction``, a subprocess: nothing of the core is imported here);
 ``learn_rounding``: the same ``{"python", "path"}``: under ``activation_type`` "auto", a uint8 (or mixed) build
@@ -128,9 +129,8 @@ def compile_bucket(bucket: dict, out_dir: Path, options: dict) -> dict:
     if options.get("why"):
         entry["notes"].append(options["why"])
     constants = {init.name for init in graph.initializer}
-    # Conv weights by name (``conv_per_channel``): read once here, for every attempt's quantisation.
-    conv_weights = [node.input[1] for node in graph.node
-                    if node.op_type == "Conv" and len(node.input) > 1 and node.input[1] in constants]  # fmt: skip
+    # Weights quantised per output channel, by name, with their channel's axis: read once here, for every attempt.
+    conv_weights = _per_channel_weights(graph, constants, options)
     attempt = 0
     while attempt < len(tries):
         activation_type, learned = tries[attempt]
@@ -312,11 +312,12 @@ def _quantize(model_path, qdq_path: Path, feeds: dict, options: dict, activation
     overrides = {tensor: [{"quant_type": QuantType.QUInt16}] for tensor in uint16_tensors} if mixed else {}
     # A packed output's tensors at uint16 whatever the activations (the core found them on the samples).
     overrides.update({tensor: [{"quant_type": QuantType.QUInt16}] for tensor in options.get("packed_uint16") or []})
-    if options.get("conv_per_channel"):
-        # Conv weights int8, symmetric, one scale per output channel (a depthwise filter's few weights no longer
-        # share the layer's scale); the other weights keep the config's format (HTP's LayerNorm refuses int8 ones).
-        for weight in options.get("conv_weights") or []:
-            overrides[weight] = [{"quant_type": QuantType.QInt8, "symmetric": True, "axis": 0}]
+    if options.get("conv_per_channel") or options.get("matmul_per_channel"):
+        # Conv (and MatMul/Gemm) weights int8, symmetric, one scale per output channel (a depthwise filter's few
+        # weights no longer share the layer's scale, nor a projection's columns one outlier's); the other weights
+        # keep the config's format (HTP's LayerNorm refuses int8 ones).
+        for weight, axis in (options.get("conv_weights") or {}).items():
+            overrides[weight] = [{"quant_type": QuantType.QInt8, "symmetric": True, "axis": axis}]
     config = get_qnn_qdq_config(
         model_path,
         Samples(),
@@ -386,11 +387,33 @@ def _learn_rounding(model_path, qdq_path: Path, input_names: list[str], options:
             f"Flex-DSA's AdaRound, output error {error.get('median')} of nearest rounding's, median")  # fmt: skip
 
 
+def _per_channel_weights(graph, constants: set[str], options: dict) -> dict[str, int]:
+    """The constant weights quantised int8 per output channel, each with its channel's axis: every Conv's
+    (``conv_per_channel``, axis 0) and every 2-D MatMul/Gemm weight's (``matmul_per_channel``: axis 1 of a
+    MatMul's [K, N], axis 0 of a Gemm's transposed [N, K])."""
+    found = {}
+    shapes = {init.name: list(init.dims) for init in graph.initializer}
+    for node in graph.node:
+        if len(node.input) < 2 or node.input[1] not in constants:
+            continue
+        weight = node.input[1]
+        if node.op_type == "Conv" and options.get("conv_per_channel"):
+            found[weight] = 0
+        elif node.op_type in ("MatMul", "Gemm") and options.get("matmul_per_channel") and len(shapes.get(weight, [])) == 2:
+            trans_b = next((a.i for a in node.attribute if a.name == "transB"), 0)
+            if node.op_type == "Gemm" and next((a.i for a in node.attribute if a.name == "transA"), 0):
+                continue
+            found[weight] = 0 if node.op_type == "Gemm" and trans_b else 1
+    return found
+
+
 def _describe(options: dict, activation_type: str, uint16_tensors: int = 0) -> str:
     weights = options.get("weight_type", "uint8")
     granularity = "per-channel" if options.get("per_channel") else "per-tensor"
     if options.get("conv_per_channel"):
         granularity += ", Conv's int8 per-channel"
+    if options.get("matmul_per_channel"):
+        granularity += ", MatMul/Gemm's int8 per-channel"
     if activation_type == "mixed":
         activations = f"uint8 activations, {uint16_tensors} tensor(s) of the sensitive layers at uint16"
     else:

@@ -207,7 +207,7 @@ def test_scripts_parse_and_carry_each_bucket(tmp_path):
     assert constants["BUCKETS"] == [{
         "name": "batch1", "onnx": "model.batch1.onnx", "qdq": "model.batch1.qdq.onnx",
         "context": "model.batch1.qnn_ctx.onnx", "inputs": ["x"], "shapes": [[1, 8, 16, 16]], "dtypes": ["float32"],
-        "precision": "fp16", "act": "uint8", "uint16_tensors": [], "weights": "conv-int8-per-channel", "corrected": False,
+        "precision": "fp16", "act": "uint8", "uint16_tensors": [], "weights": "int8-per-channel", "corrected": False,
     }]  # fmt: skip
     assert constants["PROVIDER"] == {"backend_type": "htp", "htp_arch": "75", "soc_model": "57"}
     shell = tmp_path / "convert_qnn.sh"
@@ -242,18 +242,20 @@ def test_toolchain_options_ask_for_the_sm8650_htp():
         "activation_type": "auto",
         "provider": {"backend_type": "htp", "htp_arch": "75", "soc_model": "57"},
         "conv_per_channel": True,
+        "matmul_per_channel": True,
     }
     # The driver runs the core's bias correction and learned rounding with this interpreter, from the folder
     # holding flexdsa_core.
     assert Path(core["python"]).is_file() and (Path(core["path"]) / "flexdsa_core" / "precision").is_dir()
     # The vendor alone keeps QNN's defaults: uint8 per-tensor weights, the quantiser's own biases.
     assert {**options, **ADAPTER.vendor_alone_options} == {
-        **options, "vendor_preprocess": True, "conv_per_channel": False, "correct_biases": None,
+        **options, "vendor_preprocess": True, "conv_per_channel": False, "matmul_per_channel": False,
+        "correct_biases": None,
         "learn_rounding": None, "packed_uint16": None,
     }
     # fp16 quantises nothing: no weight format, no correction.
     fp16 = ADAPTER.toolchain_options(TARGET, {"precision": {"requested": "fp16"}})
-    assert not {"correct_biases", "learn_rounding", "conv_per_channel"} & set(fp16)
+    assert not {"correct_biases", "learn_rounding", "conv_per_channel", "matmul_per_channel"} & set(fp16)
 
 
 def test_mixed_bundle_script_carries_the_plans_uint16_tensors(tmp_path):
@@ -477,7 +479,10 @@ def test_mixed_bundle_script_quantises_the_float_layers_tensors_at_uint16(tmp_pa
     checks.run_script(
         toolchain, tmp_path, "compile_qnn.py", "--dataset", "dataset.txt", "--act", "uint8", "--out", "uint8"
     )
-    assert set(checks.quantize_types(tmp_path / "uint8" / "model.batch1.qdq.onnx").values()) == {uint8}
+    types = checks.quantize_types(tmp_path / "uint8" / "model.batch1.qdq.onnx")
+    assert {types[t] for t in ("x", "r", "wide", "y")} == {uint8}, types
+    # The MatMul weights: int8 per output channel, as the toolchain here quantises them (the bundle's "weights").
+    assert {types[w] for w in ("w1", "w2", "w3")} == {onnx.TensorProto.INT8}, types
 
 
 def test_fp16_runs_the_float_graph_on_the_htp(tmp_path):
@@ -587,7 +592,9 @@ def test_a_depthwise_cnn_ships_uint8_on_the_htp_where_qnns_defaults_lose_it():
     )
     assert result.report["precision"]["shipped"] == "int8"
     [(bucket, entry)] = result.report["toolchain"]["buckets"].items()
-    assert entry["quantization"].startswith("QDQ: uint8 activations, uint8 per-tensor, Conv's int8 per-channel")
+    assert entry["quantization"].startswith(
+        "QDQ: uint8 activations, uint8 per-tensor, Conv's int8 per-channel, MatMul/Gemm's int8 per-channel"
+    ), entry["quantization"]
     assert "Conv biases corrected" in entry["quantization"]
     assert entry["accuracy"]["ok"] and "held-out" in entry["accuracy"]["measured_on"], entry["accuracy"]
     assert set(entry["vendor_placement"].values()) == {"accelerator"}
@@ -595,7 +602,7 @@ def test_a_depthwise_cnn_ships_uint8_on_the_htp_where_qnns_defaults_lose_it():
     script = result.artifacts["compile_qnn.py"]
     script = (script if isinstance(script, bytes) else Path(script).read_bytes()).decode()
     [listed] = checks.script_constants(script, "BUCKETS =", "def qnn_devices")["BUCKETS"]
-    assert listed["corrected"] and listed["weights"] == "conv-int8-per-channel", listed
+    assert listed["corrected"] and listed["weights"] == "int8-per-channel", listed
     qdq = result.artifacts[f"model.{bucket}.qdq.onnx"]
     qdq = qdq if isinstance(qdq, bytes) else Path(qdq).read_bytes()
     feeds = trained.feeds(held_out)

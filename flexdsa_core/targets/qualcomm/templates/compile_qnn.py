@@ -91,20 +91,31 @@ class Reader(CalibrationDataReader):
 def qdq_config(bucket, feeds, act):
     """get_qnn_qdq_config for the activation format ``act``: "mixed" is uint8 with the bucket's
     uint16_tensors raised to uint16 (per-tensor overrides); uint8 weights per tensor, and where the bucket's
-    "weights" says so, Conv weights int8, symmetric, per output channel (overrides too); MinMax."""
+    "weights" says so, Conv weights ("conv-int8-per-channel"), or Conv, MatMul and Gemm weights
+    ("int8-per-channel"), int8, symmetric, per output channel (overrides too); MinMax."""
     types = {"uint8": QuantType.QUInt8, "uint16": QuantType.QUInt16}
     overrides = None
     if act == "mixed":
         overrides = {name: [{"quant_type": QuantType.QUInt16}] for name in bucket["uint16_tensors"]} or None
-    if bucket.get("weights", "uint8") == "conv-int8-per-channel":
+    weights = bucket.get("weights", "uint8")
+    if weights in ("conv-int8-per-channel", "int8-per-channel"):
         import onnx
 
         graph = onnx.load(bucket["onnx"], load_external_data=False).graph
-        constants = {init.name for init in graph.initializer}
+        shapes = {init.name: list(init.dims) for init in graph.initializer}
         overrides = dict(overrides or {})
         for node in graph.node:
-            if node.op_type == "Conv" and len(node.input) > 1 and node.input[1] in constants:
-                overrides[node.input[1]] = [{"quant_type": QuantType.QInt8, "symmetric": True, "axis": 0}]
+            if len(node.input) < 2 or node.input[1] not in shapes:
+                continue
+            attrs = {a.name: a.i for a in node.attribute}
+            if node.op_type == "Conv":
+                axis = 0
+            elif (weights == "int8-per-channel" and node.op_type in ("MatMul", "Gemm")
+                  and len(shapes[node.input[1]]) == 2 and not attrs.get("transA")):
+                axis = 0 if node.op_type == "Gemm" and attrs.get("transB") else 1  # the output channel's axis
+            else:
+                continue
+            overrides[node.input[1]] = [{"quant_type": QuantType.QInt8, "symmetric": True, "axis": axis}]
     return get_qnn_qdq_config(
         bucket["onnx"], Reader(feeds), activation_type=types["uint8" if act == "mixed" else act],
         weight_type=QuantType.QUInt8, init_overrides=overrides or None,
