@@ -130,12 +130,12 @@ def compile_bucket(bucket: dict, out_dir: Path, options: dict) -> dict:
         entry["notes"].append(options["why"])
     constants = {init.name for init in graph.initializer}
     # Weights quantised per output channel, by name, with their channel's axis: read once here, for every attempt.
-    conv_weights = _per_channel_weights(graph, constants, options)
+    channel_weights = _per_channel_weights(graph, constants, options)
     attempt = 0
     while attempt < len(tries):
         activation_type, learned = tries[attempt]
         compiled = _compile(model_path, feeds, out_dir, name, {**options, "samples": samples,
-                            "dataset": bucket.get("dataset") or options.get("dataset"), "conv_weights": conv_weights,
+                            "dataset": bucket.get("dataset") or options.get("dataset"), "channel_weights": channel_weights,
                             "learned": learned}, precision, activation_type, overrides)  # fmt: skip
         attempt += 1
         if compiled.get("error") and activation_type == "mixed" and attempt < len(tries):
@@ -316,7 +316,7 @@ def _quantize(model_path, qdq_path: Path, feeds: dict, options: dict, activation
         # Conv (and MatMul/Gemm) weights int8, symmetric, one scale per output channel (a depthwise filter's few
         # weights no longer share the layer's scale, nor a projection's columns one outlier's); the other weights
         # keep the config's format (HTP's LayerNorm refuses int8 ones).
-        for weight, axis in (options.get("conv_weights") or {}).items():
+        for weight, axis in (options.get("channel_weights") or {}).items():
             overrides[weight] = [{"quant_type": QuantType.QInt8, "symmetric": True, "axis": axis}]
     config = get_qnn_qdq_config(
         model_path,
