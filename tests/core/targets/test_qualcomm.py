@@ -350,6 +350,23 @@ def _toolchain_or_skip():
     return checks.toolchain_or_skip("qualcomm", "onnxruntime-qnn")
 
 
+def _int8_on_calibration(name: str):
+    """The trained fixture ``name`` optimised for the target at ``precision: int8`` on its calibration part."""
+    import io
+
+    from bench.trained import fixture as trained_fixture
+    from flexdsa_core import FlexDSAOptimizer, OptimizeOptions
+
+    trained = trained_fixture(name)
+    calibration, _ = trained.split()
+    buffer = io.BytesIO()
+    np.savez(buffer, **calibration)
+    options = OptimizeOptions(precision="int8", accuracy=trained.accuracy, measure_latency=False)
+    return FlexDSAOptimizer(TARGET, toolchain_root=checks.TOOLCHAIN_ROOT).optimize(
+        trained.model, options, calibration=buffer.getvalue()
+    )
+
+
 def _through_driver(toolchain, proto: onnx.ModelProto, tmp_path: Path) -> tuple[ir.Model, dict, dict]:
     model = ir.from_proto(proto)
     ADAPTER.legalize(model, TARGET, frozenset())
@@ -627,19 +644,7 @@ def test_a_sentence_encoder_ships_int8_on_the_htp_with_its_projections_weights_p
     on held-out sentences, below the target, and the job shipped fp32. With MatMul/Gemm weights int8 per output
     channel (as Conv's) a16w8 keeps the target on the sentences the job never saw, every node on the HTP."""
     _toolchain_or_skip()
-    import io
-
-    from bench.trained import fixture as trained_fixture
-    from flexdsa_core import FlexDSAOptimizer, OptimizeOptions
-
-    trained = trained_fixture("minilm-l6")
-    calibration, _ = trained.split()
-    buffer = io.BytesIO()
-    np.savez(buffer, **calibration)
-    options = OptimizeOptions(precision="int8", accuracy=trained.accuracy, measure_latency=False)
-    result = FlexDSAOptimizer(TARGET, toolchain_root=checks.TOOLCHAIN_ROOT).optimize(
-        trained.model, options, calibration=buffer.getvalue()
-    )
+    result = _int8_on_calibration("minilm-l6")
     assert result.report["precision"]["shipped"] == "int8", result.report["precision"]["warnings"]
     [(_, entry)] = result.report["toolchain"]["buckets"].items()
     assert "MatMul/Gemm's int8 per-channel" in entry["quantization"], entry["quantization"]
@@ -671,19 +676,7 @@ def test_a_detector_whose_output_packs_boxes_and_scores_ships_uint8_with_the_pac
     failed. With the pack's tensors at uint16 the scores keep the target on the held-out samples in HTP
     emulation, and every node stays on the HTP."""
     _toolchain_or_skip()
-    import io
-
-    from bench.trained import fixture as trained_fixture
-    from flexdsa_core import FlexDSAOptimizer, OptimizeOptions
-
-    trained = trained_fixture("mtcnn-pnet")
-    calibration, _ = trained.split()
-    buffer = io.BytesIO()
-    np.savez(buffer, **calibration)
-    options = OptimizeOptions(precision="int8", accuracy=trained.accuracy, measure_latency=False)
-    result = FlexDSAOptimizer(TARGET, toolchain_root=checks.TOOLCHAIN_ROOT).optimize(
-        trained.model, options, calibration=buffer.getvalue()
-    )
+    result = _int8_on_calibration("mtcnn-pnet")
     assert result.report["precision"]["shipped"] == "int8", result.report["precision"]["warnings"]
     [(bucket, entry)] = result.report["toolchain"]["buckets"].items()
     assert "tensor(s) of a packed output at uint16" in entry["quantization"], entry["quantization"]
