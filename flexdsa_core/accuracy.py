@@ -411,6 +411,9 @@ def score(reference: list[dict], got: list[dict], accuracy: AccuracyTarget,
                          cosine_decided_by="bound" if by_bound else "figure")  # fmt: skip
             ok = (bound if by_bound else whole) >= accuracy.min_cosine
             worst, worst_all_rows = min(worst, whole), min(worst_all_rows, whole)
+            if accuracy.min_sample_cosine is not None:
+                ok = ok and single >= accuracy.min_sample_cosine
+                worst, worst_all_rows = min(worst, single), min(worst_all_rows, single)
         else:  # integer outputs (ids, argmax) must agree like a top-1
             agree = float(np.mean([np.mean(w == h) for w, h in zip(want, have, strict=True)]))
             entry["agreement"] = round(agree, 6)
@@ -460,6 +463,9 @@ def _cosine_shortfall(entry: dict, target: AccuracyTarget) -> str | None:
         over = entry.get("cosine_bound_over", "samples")
         return (f"cosine {entry['cosine']:.4f} bounded at {entry['cosine_bound']:.4f} over resampled {over} "
                 f"(one-sided 95%; needs {target.min_cosine})")  # fmt: skip
+    single = entry.get("worst_sample_cosine")
+    if target.min_sample_cosine is not None and single is not None and single < target.min_sample_cosine:
+        return f"worst sample's cosine {single:.4f} (needs {target.min_sample_cosine} on every sample)"
     return None
 
 

@@ -80,6 +80,12 @@ class AccuracyTarget(BaseModel):
     min_cosine: float = Field(
         0.99, ge=0, le=1, description="Every output's cosine with the original (over every row, whatever the top-1 rule)."
     )
+    min_sample_cosine: float | None = Field(
+        None, ge=0, le=1,
+        description="Each judged sample's cosine with the original, on every float output (the worst single sample "
+        "must reach it: an embedding every input keeps, not only the pooled figure). None: not judged; the worst "
+        "sample's cosine is reported either way.",
+    )  # fmt: skip
     min_top1: float = Field(
         0.99, ge=0, le=1,
         description="Top-1 agreement with the original on classifier outputs: the share of the judged rows (see "

@@ -234,6 +234,22 @@ def test_an_embedding_is_judged_by_cosine_not_by_the_argmax_of_its_dims():
     assert metrics_for({"y": np.zeros((1, 10), np.float32)}, named)["y"].metric == "cosine"
 
 
+def test_a_sample_floor_refuses_one_turned_embedding_the_pooled_cosine_hides():
+    rng = np.random.default_rng(0)
+    reference = [{"sentence_embedding": rng.standard_normal((1, 64)).astype(np.float32)} for _ in range(30)]
+    got = [{"sentence_embedding": r["sentence_embedding"].copy()} for r in reference]
+    turned = got[7]["sentence_embedding"]
+    turned[0, :12] = -turned[0, :12]  # one sentence's embedding turns; the 29 others are exact
+    pooled = score(reference, got, AccuracyTarget())
+    entry = pooled["outputs"]["sentence_embedding"]
+    assert pooled["ok"] and entry["cosine"] >= 0.99 and entry["worst_sample_cosine"] < 0.9
+    strict = AccuracyTarget(min_sample_cosine=0.99)
+    judged = score(reference, got, strict)
+    assert not judged["ok"] and judged["loss"] == pytest.approx(1 - entry["worst_sample_cosine"], abs=1e-6)
+    assert "worst sample's cosine" in describe(judged, strict) and "needs 0.99 on every sample" in describe(judged, strict)
+    assert score(reference, reference, strict)["ok"]
+
+
 def test_metrics_are_validated_against_the_model_and_among_themselves():
     with pytest.raises(ValidationError, match="overlap"):
         AccuracyTarget(outputs={"d": {"metric": "slices", "slices": {"a": {"start": 0, "stop": 4},

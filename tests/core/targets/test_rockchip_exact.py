@@ -1,6 +1,6 @@
 """Rockchip RK3588 with rknn-toolkit2 in the loop, on the trained MiniLM-L6 sentence encoder and real sentences:
 where the toolkit's own w8a8 loses the embedding, the exact rewrites (a bounded attention-mask constant, the
-feed-forward outlier channels on a path of their own, the feed-forward inputs' outlier channels in pieces) and
+feed-forward outlier channels on a path of their own, the normalised inputs' outlier channels in pieces) and
 the float16 layers chosen from its own per-layer
 analysis make its int8 accurate on held-out sentences, at fewer of its cycles than its float16 build; and a
 model that passes its inputs through to outputs (as a published encoder does), on which the toolkit dies, is
@@ -43,9 +43,9 @@ def _npz(arrays: dict) -> bytes:
 def test_exact_rewrites_make_the_toolkits_int8_accurate_on_minilm():
     optimizer = _optimizer()
     trained = fixture("minilm-l6")
-    options = OptimizeOptions(
-        shape_buckets=BUCKETS, precision="int8", accuracy=trained.accuracy, measure_latency=False
-    )
+    # Every held-out sentence's embedding must keep cosine 0.99, not only the pooled figure.
+    accuracy = {**trained.accuracy, "min_sample_cosine": 0.99}
+    options = OptimizeOptions(shape_buckets=BUCKETS, precision="int8", accuracy=accuracy, measure_latency=False)
     result = optimizer.optimize(trained.model, options, calibration=_npz(trained.arrays()))
     row = result.report["vendor"]["buckets"][BUCKET]
     # The toolkit alone: w8a8 at half its float16 cycles, but the embedding is lost on held-out sentences.
@@ -55,12 +55,16 @@ def test_exact_rewrites_make_the_toolkits_int8_accurate_on_minilm():
     # Its own per-layer analysis says where: the fused attention, whose int8 "scores + mask" spans the mask.
     worst = row["exact_rewrites"]["layer_accuracy_vendor_alone"]["worst_single"]
     assert any(layer["op"] == "exSDPAttention" and layer["cosine_single"] < 0.9 for layer in worst), worst
-    # Ours: the three exact rewrites taken (the feed-forward inputs' outlier channels split into pieces as well),
-    # checked exact against the original, and int8 that keeps every held-out sentence's embedding.
+    # Ours: the three exact rewrites taken (the normalised inputs' outlier channels split into pieces as well:
+    # every feed-forward input's, and the one channel that stands out at each attention's input), checked exact
+    # against the original, and int8 that keeps every held-out sentence's embedding.
     exact = row["exact_rewrites"]
     forms = exact["forms"]
     assert forms["bounded_attention_mask"]["sites"] and forms["outlier_channel_split"]["sites"]
-    assert len(forms["input_outlier_split"]["sites"]) == 6, forms["input_outlier_split"]
+    split = forms["input_outlier_split"]["sites"]
+    assert len(split) == 24, split
+    attention = [site for site in split if site.rsplit("/", 2)[-2] in ("query", "key", "value")]
+    assert len(attention) == 18 and all(split[site].count(" in ") == 1 for site in attention), split
     assert "within the fp32 tolerances" in exact["validation"]
     assert row["precision"].startswith("w8a8 + exact rewrites"), row["decision"]
     assert row["shipped"] == "ours + forms"
@@ -68,9 +72,9 @@ def test_exact_rewrites_make_the_toolkits_int8_accurate_on_minilm():
     assert final["accuracy"]["ok"], final["accuracy"]
     assert final["accuracy"]["outputs"]["sentence_embedding"]["cosine"] >= 0.99
     # The search picked it on 8 held-out sentences; the claim rests on 32 (confirmed, then the final build judged
-    # on the same): the target is the pooled cosine; the worst single sentence of the 32 is at 0.989.
+    # on the same), each of them at cosine 0.99 or more.
     assert "confirmed on 32" in row["decision"] and final["accuracy"]["samples"] == 32
-    assert final["accuracy"]["outputs"]["sentence_embedding"]["worst_sample_cosine"] >= 0.985
+    assert final["accuracy"]["outputs"]["sentence_embedding"]["worst_sample_cosine"] >= 0.99
     assert final["accuracy"]["measured_on"].startswith("32 held-out")
     # At fewer of the toolkit's cycles than its float16 build (the vendor alone's best accurate one).
     assert row["ours"]["cycles"] < 0.6 * row["vendor_alone"]["cycles"]

@@ -117,3 +117,30 @@ def test_a_narrow_input_is_left_alone_with_its_reason():
     applied = FORM.apply(model, _samples(width=16))
     assert not applied.sites
     assert any("under 64" in reason for reason in applied.refused), applied.refused
+
+
+def test_a_normalised_input_that_stands_out_less_splits_its_one_largest_channel():
+    """Between ``NORM_SITE_FACTOR`` and ``SITE_FACTOR`` (an attention's input in a post-norm encoder: channel 99
+    of MiniLM-L6 at 4-6x), a normalisation's output gives its largest channel alone; an input that is no
+    normalisation's output and stands out as little is left whole."""
+    from flexdsa_core.targets.forms import input_outliers
+
+    before = _norm_projection(outlier=5.0)
+    model = before.clone()
+    applied = FORM.apply(model, _samples())
+    measured = applied.measured["channels"]["up/Add"]
+    assert input_outliers.NORM_SITE_FACTOR <= measured["peak_over_median"] < input_outliers.SITE_FACTOR, measured
+    assert list(applied.sites) == ["up/Add"] and list(measured["channels"]) == [7], applied.measured
+    for sample in _samples(seed=3):
+        want, got = run(ir.to_proto(before), sample)[0], run(ir.to_proto(model), sample)[0]
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    # The same channel fed by a Mul instead of the norm (no normalisation's output): whole.
+    proto = ir.to_proto(_norm_projection(outlier=5.0))
+    norm = next(n for n in proto.graph.node if n.op_type == "LayerNormalization")
+    norm.output[0] = "n_raw"
+    proto.graph.node.insert(1, onnx.helper.make_node("Mul", ["n_raw", "gamma"], ["n"], name="scaled"))
+    norm.input[1] = "unit_gamma"
+    proto.graph.initializer.append(onnx.numpy_helper.from_array(np.ones(WIDTH, np.float32), "unit_gamma"))
+    plain = ir.from_proto(onnx.shape_inference.infer_shapes(proto))
+    applied = FORM.apply(plain, _samples())
+    assert not applied.sites and applied.measured["channels"]["up/Add"]["channels"] == {}, applied.measured
