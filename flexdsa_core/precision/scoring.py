@@ -514,4 +514,11 @@ def claim(run: PrecisionRun, accuracy_score: dict) -> tuple[dict, list[str]]:
                 f"(5th percentile of resamplings), under the {cosine['goal']} asked; about "
                 f"{math.ceil(cosine['samples_to_establish'] / share)} samples in all would establish it"
             )
+        entry = (accuracy_score.get("outputs") or {}).get(name) or {}
+        single = entry.get("worst_sample_cosine")
+        if target.min_sample_cosine is None and entry.get("ok") and single is not None and single < target.min_cosine:
+            warnings.append(
+                f"output {name!r}: its cosine over the judged samples meets the {target.min_cosine} asked, but one "
+                f"sample alone is at {single:.4f}; accuracy.min_sample_cosine holds every sample to a floor"
+            )
     return found, warnings
