@@ -445,6 +445,12 @@ class CostModel:
                     found.setdefault(str(name), self._dim(dim, axis))
         return found
 
+    def _bound(self, value: ir.Value) -> bool:
+        """Whether ``value``'s dtype is known and every dim of its shape is a number or a dim the plan binds."""
+        if value.dtype is None or value.shape is None:
+            return False
+        return all(isinstance(d, int) or getattr(d, "value", None) in self.dims for d in value.shape)
+
     def _dim(self, dim: object, axis: int) -> int:
         if isinstance(dim, int):
             return dim
@@ -468,6 +474,11 @@ class CostModel:
         produced = [out for n in nodes for out in n.outputs]
         if all(v in known or _is_static(v) for v in produced):
             return {}
+        # Dims the plan binds (an input's named dim, carried through by shape inference) are known without a
+        # run: where they are all a value's symbolic dims, its shape is the plan's.
+        bound = {v: self.concrete(v) for v in produced if v not in known and not _is_static(v) and self._bound(v)}
+        if all(v in known or _is_static(v) or v in bound for v in produced):
+            return bound
         # The Shape Tracker's answer first (ONNX shape inference at the plan's dims, nothing allocated): for the
         # whole graph at once, what it sizes is not probed.
         found_static: dict[ir.Value, TensorInfo] = {}

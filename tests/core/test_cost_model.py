@@ -462,3 +462,17 @@ def test_a_shape_probe_reads_constant_node_weights_from_memory(monkeypatch):
     assert [n.op_type for n in proto.graph.node] == ["MatMul", "Relu"]
     assert proto.ByteSize() < 2048 and list(weights) == ["w"]
     assert found[relu.outputs[0]].shape[1:] == (512,) and found[matmul.outputs[0]].shape == found[relu.outputs[0]].shape
+
+
+def test_shapes_whose_symbolic_dims_the_plan_binds_are_not_probed():
+    """A fusion's nodes whose outputs carry only dims the plan binds (an input's ``batch`` carried through) are
+    sized from their own shapes at the plan's values, without a run; a dim the plan does not bind still is."""
+    x = ir.Value(name="x", type=ir.TensorType(ir.DataType.FLOAT), shape=ir.Shape(["batch", 8]))
+    relu = ir.node("Relu", [x], outputs=[ir.Value(name="y", type=ir.TensorType(ir.DataType.FLOAT),
+                                                  shape=ir.Shape(["batch", 8]))])  # fmt: skip
+    model = CostModel(load_target("cpu-ort"), calibrate=False, dims={"batch": 3})
+    found = model.infer_shapes([relu])
+    assert found[relu.outputs[0]].shape == (3, 8) and model.probe_stats["run"] == 0
+    relu.outputs[0].shape = ir.Shape(["batch", "unk__1"])  # a dim nobody bound: only a run can size it
+    found = model.infer_shapes([relu])
+    assert model.probe_stats["run"] == 1 and found[relu.outputs[0]].shape == (3, 8)
