@@ -449,7 +449,7 @@ class CostModel:
         """Whether ``value``'s dtype is known and every dim of its shape is a number or a dim the plan binds."""
         if value.dtype is None or value.shape is None:
             return False
-        return all(isinstance(d, int) or getattr(d, "value", None) in self.dims for d in value.shape)
+        return all((d >= 0) if isinstance(d, int) else getattr(d, "value", None) in self.dims for d in value.shape)
 
     def _dim(self, dim: object, axis: int) -> int:
         if isinstance(dim, int):
