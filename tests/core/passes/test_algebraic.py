@@ -159,3 +159,20 @@ def test_div_kept_for_integers_float16_inexact_and_zero():
         if "float16" in text:
             feeds = {"x": feeds["x"].astype(np.float16)}
         assert_same_outputs(original, optimized, feeds=feeds)
+
+
+def test_rules_reach_a_subgraph_whose_ops_the_main_graph_lacks():
+    # The pass tries only the rules whose pattern ends at an op type the model holds: the ops of an If's
+    # branches count, though the main graph holds nothing but the If.
+    model = parse(
+        HEAD + "g (float[2] x, bool c) => (float[2] y) {\n"
+        "  y = If(c) <then_branch = g1 () => (float[2] t) { n = Neg(x)\n t = Neg(n) },\n"
+        "             else_branch = g2 () => (float[2] e) { e = Relu(x) }>\n}"
+    )
+    optimized, modified = apply_pass(NAME, model)
+    assert modified
+    then_branch = next(a.g for a in optimized.graph.node[0].attribute if a.name == "then_branch")
+    assert [n.op_type for n in then_branch.node if n.op_type == "Neg"] == []
+    onnx.checker.check_model(optimized, full_check=True)
+    for flag in (True, False):
+        assert_same_outputs(model, optimized, feeds={"x": np.array([1.5, -2.0], np.float32), "c": np.array(flag)})
