@@ -271,11 +271,17 @@ def test_size_limit(tmp_path):
         ingest(path, max_bytes=os.path.getsize(path) + 10)
 
 
-def test_checker_failure_is_invalid_with_the_checkers_message():
+@pytest.mark.parametrize("given", ["bytes", "path"])
+def test_checker_failure_is_invalid_with_the_checkers_message(given, tmp_path):
+    # From a path, the checker reads the file's bytes beside the parse: its verdict is still the one raised.
     model = matmul_model()
     model.graph.node[1].op_type = "NoSuchOp"
+    source = model.SerializeToString()
+    if given == "path":
+        source = tmp_path / "model.onnx"
+        source.write_bytes(model.SerializeToString())
     with pytest.raises(InvalidModelError, match="checker.*NoSuchOp"):
-        ingest(model.SerializeToString())
+        ingest(source)
 
 
 @pytest.mark.parametrize("opset", [5, 6])
