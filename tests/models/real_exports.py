@@ -252,6 +252,7 @@ def torch_cnn(exporter: str = "torchscript") -> Path:
     if target.is_file():
         return target
     python = torch_env()
+    folder.parent.mkdir(parents=True, exist_ok=True)  # the lock beside it may be the cache's first file there
     # One builder at a time (pytest-xdist workers), as ``torch_env``: a second one's rename met the first's folder.
     with open(folder.with_name(folder.name + ".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
