@@ -370,7 +370,9 @@ class CostModel:
             comparison = paired(*per_round(), min_effect=min_effect)
         elapsed = time.perf_counter() - started
         self.measure_seconds += elapsed
-        self._cache_put(key, {**comparison.as_dict(), "measure_s": elapsed})
+        # The threshold asked about travels with the entry: a comparison stopped once "slower?" was settled
+        # may read "tie" or "faster" alike, and only that one threshold decided anything.
+        self._cache_put(key, {**comparison.as_dict(), "question": question, "measure_s": elapsed})
         # Decided on what the cache holds (ratios rounded to 4 places), so that the next job reading it decides
         # the same even where a bound sits within rounding of a threshold.
         return Comparison.from_dict(comparison.as_dict())
