@@ -415,47 +415,57 @@ def submit(
         follow = bool(wait or out or request.get("requirements"))  # a gate needs the result
         if "group_id" in created:
             raise typer.Exit(_follow_group(client, console, created, server, out, quiet, timeout))
-        job_id = created["job_id"]
-        typer.echo(job_id)
-        if not quiet:
-            cached = " (answered from an identical earlier job)" if created.get("cached") else ""
-            console.print(
-                f"Job {job_id}: {created['status']}{cached}. Status: {server.rstrip('/')}{created['status_url']}"
-            )
-        if not follow:
-            return
-        if created["status"] in TERMINAL:  # a cached answer: already done
-            job = client.job(job_id)
-        else:
-            job = wait_for(client, job_id, quiet, timeout)
-        if job["status"] != "succeeded":
-            error = job.get("error") or {}
-            console.print(
-                f"[red]Job {job_id} {job['status']}[/red]"
-                + (f" ({error.get('code')}): {error.get('message')}" if error else "")
-            )
-            raise typer.Exit(EXIT["job_failed"])
-        if not quiet:
-            summary = job.get("report_summary") or {}
-            if summary.get("nodes_before") is not None:
-                console.print(
-                    f"Succeeded: nodes {summary['nodes_before']} -> {summary['nodes_after']}{_speed_text(summary)}."
-                )
-            for line in figure_lines(summary):
-                console.print(line, markup=False)
-            _print_job_notes(console, job)
-        if out is not None:
-            written = fetch_artifacts(client, job_id, out)
-            if not quiet:
-                console.print(f"Wrote {len(written)} files to {out}/: {', '.join(p.name for p in written)}")
-        if _print_unmet(console, job):
-            raise typer.Exit(EXIT["requirement_not_met"])
+        _follow_job(client, console, created, server, out, quiet, timeout, follow)
     except ClientError as err:
         console.print(f"[red]error:[/red] {err}")
         raise typer.Exit(EXIT["refused"]) from None
     finally:
         if client is not None:
             client.close()
+
+
+def _follow_job(
+    client: Client, console, created: dict, server: str, out: Path | None, quiet: bool, timeout: float | None,
+    follow: bool,
+) -> None:
+    """``submit``'s one-target part once the server took the job: print its id and status URL; with ``follow``,
+    wait for it to end, print the outcome and its figures, download the artifacts to ``out`` and exit with
+    the status ``submit``'s docstring gives (an unmet requirement: 3)."""
+    job_id = created["job_id"]
+    typer.echo(job_id)
+    if not quiet:
+        cached = " (answered from an identical earlier job)" if created.get("cached") else ""
+        console.print(
+            f"Job {job_id}: {created['status']}{cached}. Status: {server.rstrip('/')}{created['status_url']}"
+        )
+    if not follow:
+        return
+    if created["status"] in TERMINAL:  # a cached answer: already done
+        job = client.job(job_id)
+    else:
+        job = wait_for(client, job_id, quiet, timeout)
+    if job["status"] != "succeeded":
+        error = job.get("error") or {}
+        console.print(
+            f"[red]Job {job_id} {job['status']}[/red]"
+            + (f" ({error.get('code')}): {error.get('message')}" if error else "")
+        )
+        raise typer.Exit(EXIT["job_failed"])
+    if not quiet:
+        summary = job.get("report_summary") or {}
+        if summary.get("nodes_before") is not None:
+            console.print(
+                f"Succeeded: nodes {summary['nodes_before']} -> {summary['nodes_after']}{_speed_text(summary)}."
+            )
+        for line in figure_lines(summary):
+            console.print(line, markup=False)
+        _print_job_notes(console, job)
+    if out is not None:
+        written = fetch_artifacts(client, job_id, out)
+        if not quiet:
+            console.print(f"Wrote {len(written)} files to {out}/: {', '.join(p.name for p in written)}")
+    if _print_unmet(console, job):
+        raise typer.Exit(EXIT["requirement_not_met"])
 
 
 def _print_job_notes(console, job: dict, prefix: str = "") -> None:
