@@ -17,24 +17,24 @@ import onnx_ir as ir
 from onnxscript.rewriter import pattern
 
 from flexdsa_core._libraries import get_singleton_value
-from flexdsa_core.fusions._norm_checks import last_axis_refusal, node_label, ones_scale, vector_refusal
-from flexdsa_core.fusions._opset_upgrade import OpsetUpgrade
+from flexdsa_core.fusions._norm_checks import last_axis_refusal, node_label, vector_refusal
+from flexdsa_core.fusions._norm_fusion import NormFusion
 from flexdsa_core.fusions.base import make_rule
 
 LAYER_NORM_OPSET = 17
 _FLOAT_TYPES = frozenset({ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16, ir.DataType.DOUBLE})
 
 
-class LayerNormFusion(pattern.RewriteRuleClassBase):
+class LayerNormFusion(NormFusion):
     """Mul(Div(Sub(x, ReduceMean(x)), Sqrt(Add(ReduceMean(Pow(Sub(..), 2)), eps))), scale) → LayerNormalization(x, scale)"""
 
     def __init__(self, affine: bool = True, root: str = "div"):
         # affine=False: a LayerNorm without scale (elementwise_affine=False) ends at the Div (root="div")
         # or at Mul(deviation, 1/std) (root="mul"); it gets a scale of ones.
-        super().__init__("LayerNormFusion" if affine else f"LayerNormFusion_no_affine_{root}")
-        self._affine = affine
-        self._root = root
-        self._upgrade = OpsetUpgrade(LAYER_NORM_OPSET, "LayerNormalization")
+        super().__init__(
+            "LayerNormFusion" if affine else f"LayerNormFusion_no_affine_{root}",
+            scaled=affine, root=root, opset=LAYER_NORM_OPSET, op_type="LayerNormalization",
+        )  # fmt: skip
 
     def pattern(self, op, x, scale, epsilon):
         mean = op.ReduceMean(x, _allow_other_inputs=True, _outputs=["mean"])
@@ -43,7 +43,7 @@ class LayerNormFusion(pattern.RewriteRuleClassBase):
         variance = op.ReduceMean(squared, _allow_other_inputs=True, _outputs=["variance"])
         std_dev = op.Sqrt(op.Add(variance, epsilon))
         inverse = pattern.OrValue([op.Reciprocal(std_dev), op.Div(1.0, std_dev)])
-        if not self._affine:
+        if not self._scaled:
             return op.Div(deviation, std_dev) if self._root == "div" else op.Mul(deviation, inverse)
         normalized = pattern.OrValue([op.Div(deviation, std_dev), op.Mul(deviation, inverse)])
         return op.Mul(normalized, scale)
@@ -59,32 +59,19 @@ class LayerNormFusion(pattern.RewriteRuleClassBase):
                 return result.fail(reason, reduce)
         if get_singleton_value(epsilon) is None:
             return result.fail(f"Epsilon '{epsilon.name}' is not a constant scalar.", epsilon)
-        if self._affine and (reason := vector_refusal("scale", scale, x)) is not None:
-            return result.fail(reason, scale)
-        if not self._affine:
-            self._ones = ones_scale(context, x)
-            if isinstance(self._ones, str):
-                return result.fail(self._ones)
-        if (reason := self._upgrade.refusal(context)) is not None:
-            return result.fail(reason)
+        if (refusal := self.scale_refusal(context, scale, x)) is not None:
+            return result.fail(*refusal)
         return result
 
     def rewrite(self, op, x, scale, epsilon, **_):
-        self._upgrade.mark_rewritten()
-        if not self._affine:
-            name, ones = self._ones
-            scale = op.initializer(ir.tensor(ones), name=name)
         stash_type = ir.DataType.DOUBLE if x.dtype == ir.DataType.DOUBLE else ir.DataType.FLOAT
         return op.LayerNormalization(
             x,
-            scale,
+            self.fused_scale(op, scale),
             axis=-1,
             epsilon=float(get_singleton_value(epsilon)),
             stash_type=stash_type,
         )
-
-    def cleanup(self):
-        self._upgrade.finish()
 
 
 class LayerNormBiasFusion(pattern.RewriteRuleClassBase):

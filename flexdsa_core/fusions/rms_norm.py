@@ -14,8 +14,8 @@ import onnx_ir as ir
 from onnxscript.rewriter import pattern
 
 from flexdsa_core._libraries import get_singleton_value
-from flexdsa_core.fusions._norm_checks import last_axis_refusal, ones_scale, vector_refusal
-from flexdsa_core.fusions._opset_upgrade import OpsetUpgrade
+from flexdsa_core.fusions._norm_checks import last_axis_refusal
+from flexdsa_core.fusions._norm_fusion import NormFusion
 from flexdsa_core.fusions.base import make_rule
 
 RMS_NORM_OPSET = 23
@@ -23,16 +23,16 @@ _FLOAT_TYPES = frozenset({ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BF
 _STASH_TYPES = frozenset({ir.DataType.FLOAT, ir.DataType.DOUBLE})
 
 
-class RmsNormFusion(pattern.RewriteRuleClassBase):
+class RmsNormFusion(NormFusion):
     """Mul(Mul(x, Reciprocal(Sqrt(Add(ReduceMean(Pow(x, 2)), eps)))), scale) → RMSNormalization(x, scale)"""
 
     def __init__(self, scaled: bool = True, root: str = "mul"):
         # scaled=False: an RMSNorm whose scale is gone (all ones, removed as x * 1) or absent ends at
         # Mul(x, 1/rms) (root="mul") or Div(x, rms) (root="div"); it gets a scale of ones.
-        super().__init__("RmsNormFusion" if scaled else f"RmsNormFusion_unscaled_{root}")
-        self._scaled = scaled
-        self._root = root
-        self._upgrade = OpsetUpgrade(RMS_NORM_OPSET, "RMSNormalization")
+        super().__init__(
+            "RmsNormFusion" if scaled else f"RmsNormFusion_unscaled_{root}",
+            scaled=scaled, root=root, opset=RMS_NORM_OPSET, op_type="RMSNormalization",
+        )  # fmt: skip
 
     def pattern(self, op, x, scale, epsilon, compute_type, output_type):
         x_compute = pattern.OrValue(
@@ -82,31 +82,18 @@ class RmsNormFusion(pattern.RewriteRuleClassBase):
         self._stash_type = compute
         if self._stash_type not in _STASH_TYPES:
             return result.fail(f"The normalisation is computed in {self._stash_type}, not float or double.")
-        if self._scaled and (reason := vector_refusal("scale", scale, x)) is not None:
-            return result.fail(reason, scale)
-        if not self._scaled:
-            self._ones = ones_scale(context, x)
-            if isinstance(self._ones, str):
-                return result.fail(self._ones)
-        if (reason := self._upgrade.refusal(context)) is not None:
-            return result.fail(reason)
+        if (refusal := self.scale_refusal(context, scale, x)) is not None:
+            return result.fail(*refusal)
         return result
 
     def rewrite(self, op, x, scale, epsilon, **_):
-        self._upgrade.mark_rewritten()
-        if not self._scaled:
-            name, ones = self._ones
-            scale = op.initializer(ir.tensor(ones), name=name)
         return op.RMSNormalization(
             x,
-            scale,
+            self.fused_scale(op, scale),
             axis=-1,
             epsilon=float(get_singleton_value(epsilon)),
             stash_type=self._stash_type,
         )
-
-    def cleanup(self):
-        self._upgrade.finish()
 
 
 RULES = [
