@@ -277,13 +277,24 @@ def _in_memory(tensor: ir.TensorProtocol | None) -> bool:
     )
 
 
+# A model's metadata key naming ONNX Runtime graph optimizers that must not run when it is loaded (comma-
+# separated): they would make again a fusion the compiler was told not to make (``targets/cpu_ort``).
+ORT_DISABLED_OPTIMIZERS = "flexdsa.onnxruntime.disabled_optimizers"
+
+
+def disabled_optimizers(metadata: Mapping[str, str]) -> tuple[str, ...]:
+    """The ONNX Runtime optimizers a model's metadata (``ORT_DISABLED_OPTIMIZERS``) switches off."""
+    return tuple(name for name in metadata.get(ORT_DISABLED_OPTIMIZERS, "").split(",") if name)
+
+
 @dataclass(frozen=True)
 class InMemoryModel:
     """A model as ONNX Runtime loads it here: the protobuf without its large initializers' data, and those
-    initializers' tensors by name."""
+    initializers' tensors by name; ``disabled_optimizers``, what its metadata switches off at load."""
 
     proto: bytes
     weights: Mapping[str, ir.TensorProtocol | np.ndarray]
+    disabled_optimizers: tuple[str, ...] = ()
 
     @staticmethod
     def from_ir(model: ir.Model, *, finished: bool = True) -> InMemoryModel:
@@ -326,7 +337,7 @@ class InMemoryModel:
                 node.attributes["value"] = ir.AttrTensor("value", tensor)
         if constants:
             proto.graph.CopyFrom(_lifted(proto.graph, constants, weights))
-        return InMemoryModel(proto.SerializeToString(), weights)
+        return InMemoryModel(proto.SerializeToString(), weights, disabled_optimizers(model.metadata_props))
 
     @staticmethod
     def from_proto(proto: onnx.ModelProto, model: ir.Model) -> InMemoryModel:
@@ -348,7 +359,8 @@ class InMemoryModel:
                 weights[initializer.name] = tensor
             else:
                 light.graph.initializer.append(initializer)
-        return InMemoryModel(light.SerializeToString(), weights)
+        metadata = {entry.key: entry.value for entry in proto.metadata_props}
+        return InMemoryModel(light.SerializeToString(), weights, disabled_optimizers(metadata))
 
     def digest(self) -> str:
         """sha256 of the model as ONNX Runtime gets it (the protobuf, then each in-memory weight's name, dtype,
@@ -370,7 +382,9 @@ class InMemoryModel:
         values = [ort.OrtValue.ortvalue_from_numpy(array) for array in arrays]
         if names:
             options.add_external_initializers(names, values)
-        session = ort.InferenceSession(self.proto, options, providers=["CPUExecutionProvider"])
+        session = ort.InferenceSession(
+            self.proto, options, providers=["CPUExecutionProvider"], disabled_optimizers=list(self.disabled_optimizers)
+        )
         session.flexdsa_weights = (arrays, values)
         return session
 

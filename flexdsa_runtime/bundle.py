@@ -85,6 +85,13 @@ class Bundle:
         return self.manifest["runtime"]
 
     @property
+    def disabled_optimizers(self) -> list[str]:
+        """ONNX Runtime graph optimizers the bundle's ONNX models are loaded without: each would make again a
+        fusion the compiler was told not to make (the manifest's ``session_options``)."""
+        names = (self.manifest.get("session_options") or {}).get("disabled_optimizers") or []
+        return [str(name) for name in names]
+
+    @property
     def buckets(self) -> list[BucketSpec]:
         from flexdsa_runtime.served import checked
 

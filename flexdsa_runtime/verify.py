@@ -250,7 +250,9 @@ def _load(bundle: Bundle, bucket: BucketSpec, artifact: dict, backend: str):
         providers = None
         if artifact["role"] == "qdq-onnx" and _vitis_ai():
             providers = ["VitisAIExecutionProvider"]
-        return OnnxRuntimeBackend(bundle.path(artifact["file"]), providers=providers)
+        return OnnxRuntimeBackend(
+            bundle.path(artifact["file"]), providers=providers, disabled_optimizers=bundle.disabled_optimizers
+        )
     return load_backend(bundle, bucket, backend)
 
 
@@ -393,7 +395,7 @@ def _reference(bundle, bucket, artifact, float_onnx, session, original, inputs: 
         )
     from flexdsa_runtime.backends.onnxruntime_cpu import OnnxRuntimeBackend
 
-    backend = OnnxRuntimeBackend(bundle.path(float_onnx["file"]))
+    backend = OnnxRuntimeBackend(bundle.path(float_onnx["file"]), disabled_optimizers=bundle.disabled_optimizers)
     try:
         found = [_run(backend, bucket, feeds) for feeds in inputs.feeds]
     finally:

@@ -48,6 +48,9 @@ class Legalized:
     applied: list[str] = field(default_factory=list)  # named rewrites, so the bisection can switch them off
     notes: list[str] = field(default_factory=list)
     portable: ir.Model | None = None
+    # The rewrites switched off for this compile (the request's, the bisection's): a legalisation may have to
+    # keep a runtime from making one of them again.
+    disabled: frozenset[str] = frozenset()
 
 
 class PlatformAdapter:
@@ -90,7 +93,7 @@ class PlatformAdapter:
 
     def legalize(self, model: ir.Model, target: TargetSpec, disabled: frozenset[str]) -> Legalized:
         """Rewrite what the target's toolchain would mishandle: the declared legalisations, in order."""
-        return self.apply_legalisations(Legalized(model), target, disabled)
+        return self.apply_legalisations(Legalized(model, disabled=disabled), target, disabled)
 
     def apply_legalisations(self, result: Legalized, target: TargetSpec, disabled: frozenset[str]) -> Legalized:
         """Apply each declared legalisation not in ``disabled`` to ``result``; one that changed the model is

@@ -65,13 +65,16 @@ def load_backend(
             if role == "qnn-context" and qnn.available():
                 return load_backend(bundle, bucket, "qnn", provider_options=provider_options)
             if role == "qdq-onnx" and artifact.get("runtime") == "onnxruntime" and _vitis_ai_present():
-                return OnnxRuntimeBackend(path(artifact["file"]), providers=["VitisAIExecutionProvider"])
+                return OnnxRuntimeBackend(
+                    path(artifact["file"]), providers=["VitisAIExecutionProvider"],
+                    disabled_optimizers=bundle.disabled_optimizers,
+                )  # fmt: skip
         backend = "onnxruntime"
     if backend == "onnxruntime":
         artifact = bucket.artifact("onnx", "onnx-portable")
         if artifact is None:
             raise BackendUnavailable(f"bucket {bucket.name!r} has no ONNX model for ONNX Runtime.")
-        return OnnxRuntimeBackend(path(artifact["file"]), threads=threads)
+        return OnnxRuntimeBackend(path(artifact["file"]), threads=threads, disabled_optimizers=bundle.disabled_optimizers)
     if backend == "rknn-lite":
         artifact = _need(bucket, "rknn", backend)
         inputs = runtime_inputs(bundle, bucket)

@@ -16,15 +16,25 @@ from flexdsa_runtime.errors import BackendUnavailable
 class OnnxRuntimeBackend(SessionBackend):
     name = "onnxruntime"
 
-    def __init__(self, path: Path, *, threads: int | None = None, providers: list | None = None) -> None:
+    def __init__(
+        self, path: Path, *, threads: int | None = None, providers: list | None = None,
+        disabled_optimizers: list[str] | None = None,
+    ) -> None:
+        """``disabled_optimizers``: ONNX Runtime graph optimizers not to run at load (``Bundle.disabled_optimizers``)."""
         try:
             import onnxruntime as ort
         except ImportError:
             raise BackendUnavailable(
                 "onnxruntime is not installed: `pip install onnxruntime` to run the bundle's ONNX models."
             ) from None
+        self.disabled_optimizers = list(disabled_optimizers or [])
         options = ort.SessionOptions()
         options.log_severity_level = 3
         if threads:
             options.intra_op_num_threads = threads
-        self._serve(ort.InferenceSession(str(path), options, providers=providers or ["CPUExecutionProvider"]))
+        self._serve(
+            ort.InferenceSession(
+                str(path), options, providers=providers or ["CPUExecutionProvider"],
+                disabled_optimizers=self.disabled_optimizers or None,
+            )
+        )  # fmt: skip

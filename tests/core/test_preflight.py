@@ -52,7 +52,7 @@ def test_one_registry_lists_passes_fusions_and_target_rewrites_without_an_optimi
     names = switchable_names("cpu-ort")
     assert "partial_shape_folding" in names["passes"] and "dead_code" in names["passes"]
     assert "layer_norm" in names["fusions"] and "weighted_sum" in names["fusions"]
-    assert names["target"] == ["pin_residual_sum", "ort_layout"]
+    assert names["target"] == ["hold_switched_off", "pin_residual_sum", "ort_layout"]
     assert FlexDSAOptimizer("cpu-ort").switchable_rewrites() == names
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import onnx_ir as ir
 import onnx_ir.passes.common as common_passes
 
-from flexdsa_core.in_memory import InMemoryModel, owned_arrays
+from flexdsa_core.in_memory import ORT_DISABLED_OPTIMIZERS, InMemoryModel, disabled_optimizers, owned_arrays
 from flexdsa_core.ingest import needs_external_data
 from flexdsa_core.rewrites import Legalisation
 from flexdsa_core.targets.base import BucketModel, Legalized, PlatformAdapter
@@ -72,6 +72,38 @@ def pin_unfused_residuals(model: ir.Model) -> int:
     return pinned
 
 
+# Fusion rules whose fusion ONNX Runtime's own graph optimizers (by their names in ``disabled_optimizers``) make
+# again when a model is loaded at ORT_ENABLE_EXTENDED or above, and offline in ``ort_layout``: a rule switched
+# off (``disabled_rules``, or by the bisection) with its fusion made anyway. Each pair was seen on the fixtures
+# (tests/core/targets/test_cpu_ort_held.py checks every one): MobileNetV2 with conv_bn_fold off came back with no
+# BatchNormalization, and with conv_bias_act off with 15 FusedConv. Rules missing here are not made again by
+# ONNX Runtime on the fixtures (layer_norm, gelu_erf, attention, multihead_attention, skip_layer_norm: held by
+# ``pin_residual_sum``). ONNX Runtime ignores a name it does not know, so a wrong one would fail silently.
+ORT_TWINS: dict[str, tuple[str, ...]] = {
+    "conv_bn_fold": ("ConvBNFusion",),
+    "conv_bias_act": ("ConvActivationFusion",),
+    "gemm_act": ("GemmActivationFusion",),
+    "bias_gelu": ("BiasGeluFusion",),
+    "gelu_tanh": ("FastGeluFusion",),
+}
+
+
+def _hold_switched_off(result: Legalized, target: TargetSpec) -> bool:
+    """Name, in the model's metadata, the ONNX Runtime optimizers that would make a switched-off fusion again;
+    every session here, the bundle's manifest and the runtime load the model with them off."""
+    held = sorted({name for rule in result.disabled for name in ORT_TWINS.get(rule, ())})
+    if not held:
+        return False
+    result.model.metadata_props[ORT_DISABLED_OPTIMIZERS] = ",".join(held)
+    rules = sorted(rule for rule in result.disabled if rule in ORT_TWINS)
+    result.notes.append(
+        f"{', '.join(rules)} switched off: ONNX Runtime's own {', '.join(held)} would make the same fusion when "
+        "the model is loaded, so they are switched off too (the manifest's session_options.disabled_optimizers, "
+        f"and the model's metadata {ORT_DISABLED_OPTIMIZERS})"
+    )
+    return True
+
+
 # The domain of ONNX Runtime's blocked-layout kernels: their weights are reordered for this CPU.
 _NCHWC_DOMAIN = "com.microsoft.nchwc"
 # Above this the model cannot pass through ONNX Runtime's in-memory save (protobuf's 2 GB cap).
@@ -117,7 +149,7 @@ def ort_layout(model: ir.Model) -> ir.Model | None:
         )
         # The weights go to ONNX Runtime from memory (``in_memory``): the file it writes is the same, byte for
         # byte, without serialising them first (ResNet-18: 0.31 -> 0.16 s).
-        InMemoryModel.from_ir(model, finished=False).session(options)
+        InMemoryModel.from_ir(model, finished=False).session(options)  # with the model's disabled optimizers
         optimized = ir.load(Path(folder) / "model.onnx")
         for initializer in optimized.graph.initializers.values():
             # ORT writes one file here, so tensors are in memory; any external one is read before cleanup.
@@ -132,6 +164,7 @@ def ort_layout(model: ir.Model) -> ir.Model | None:
     }
     for node in optimized.graph:
         node.metadata_props.update(metadata.get(node.name, {}))
+    optimized.metadata_props.update(model.metadata_props)
     _renumber_ort_names(optimized, model)
     # ORT writes an import for every domain it knows (ai.onnx.ml, training, preview...); keep the used ones.
     common_passes.RemoveUnusedOpsetsPass()(optimized)
@@ -262,12 +295,18 @@ class CpuOrtAdapter(PlatformAdapter):
     vendor = "generic"
     legalisations = (
         Legalisation(
+            name="hold_switched_off", apply=_hold_switched_off,
+            summary="A fusion rule switched off stays off where the model runs: ONNX Runtime's optimizer that "
+            "makes the same fusion at load time is named in the model's metadata and the manifest, and "
+            "switched off in every session.",
+        ),
+        Legalisation(
             name="pin_residual_sum", apply=_pin_residual_sum, produces=("Sum",),
             summary="A residual Add before a normalisation the Fusion Switcher left unfused written as Sum, so "
             "ONNX Runtime's load-time SkipLayerNormalization fusion does not undo the decision.",
         ),
         Legalisation(
-            name="ort_layout", apply=_ort_layout, after=("pin_residual_sum",), float_only=True,
+            name="ort_layout", apply=_ort_layout, after=("pin_residual_sum", "hold_switched_off"), float_only=True,
             summary="ONNX Runtime's own graph transformers run offline (NCHWc blocked convolutions where "
             "convolutions dominate); for the float model only: the int8 quantiser takes the graph before it.",
         ),
@@ -285,6 +324,10 @@ class CpuOrtAdapter(PlatformAdapter):
             "graph_optimization_level": "ORT_ENABLE_ALL",
             "providers": ["CPUExecutionProvider"],
         }
+        # What a switched-off fusion needs held off at load (``_hold_switched_off``), every bucket's.
+        held = sorted({name for bucket in buckets for name in disabled_optimizers(bucket.model.metadata_props)})
+        if held:
+            manifest["session_options"]["disabled_optimizers"] = held
         return manifest
 
 
