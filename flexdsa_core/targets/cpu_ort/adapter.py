@@ -91,11 +91,11 @@ ORT_TWINS: dict[str, tuple[str, ...]] = {
 def _hold_switched_off(result: Legalized, target: TargetSpec) -> bool:
     """Name, in the model's metadata, the ONNX Runtime optimizers that would make a switched-off fusion again;
     every session here, the bundle's manifest and the runtime load the model with them off."""
-    held = sorted({name for rule in result.disabled for name in ORT_TWINS.get(rule, ())})
-    if not held:
-        return False
-    result.model.metadata_props[ORT_DISABLED_OPTIMIZERS] = ",".join(held)
     rules = sorted(rule for rule in result.disabled if rule in ORT_TWINS)
+    if not rules:
+        return False
+    held = sorted({name for rule in rules for name in ORT_TWINS[rule]})
+    result.model.metadata_props[ORT_DISABLED_OPTIMIZERS] = ",".join(held)
     result.notes.append(
         f"{', '.join(rules)} switched off: ONNX Runtime's own {', '.join(held)} would make the same fusion when "
         "the model is loaded, so they are switched off too (the manifest's session_options.disabled_optimizers, "
