@@ -2,7 +2,8 @@
 (which find a vendor's specs and adapter here) and the toolchains (which find its driver here), so it lives
 beside them rather than inside ``targets/``, whose package imports the toolchain machinery.
 
-A vendor folder holds its spec(s) (``*.json``), its adapter (the package exports ``ADAPTER``), its legalisations,
+A vendor folder holds its spec(s) (``*.json``), its adapter (the package exports ``ADAPTER``, a built-in one
+lazily: ``lazy_exports``), its legalisations,
 and where a vendor compiler installs, its toolchain (``toolchain.py`` exporting ``TOOLCHAIN``), the driver run in
 the toolchain's own environment (``driver.py``) and the bundle's generated scripts as template files
 (``templates/``). Nothing names a vendor by string: a spec's adapter is the folder it sits in, its toolchain the
@@ -21,6 +22,8 @@ registered by its importable name (``targets.register_vendor``, which also forge
 from __future__ import annotations
 
 import difflib
+import importlib
+from collections.abc import Callable
 from functools import cache
 from importlib import resources
 from importlib.abc import Traversable
@@ -93,3 +96,17 @@ def has_toolchain(folder: Traversable) -> bool:
 
 def module_name(vendor: str, submodule: str | None = None) -> str:
     return REGISTERED.get(vendor, f"{PACKAGE}.{vendor}") + (f".{submodule}" if submodule else "")
+
+
+def lazy_exports(package: str, **exports: str) -> Callable[[str], object]:
+    """A vendor package's module ``__getattr__`` (PEP 562): each name in ``exports`` (``ADAPTER="adapter"``) is
+    read from that submodule on first use. Listing targets reads every vendor's ``TOOLCHAIN`` and a job its own
+    target's ``ADAPTER``; importing the package for either loads no other adapter (with its templates and
+    legalisations: about 3 MiB of a one-node job's memory for the five other vendors)."""
+
+    def __getattr__(name: str) -> object:
+        if name not in exports:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        return getattr(importlib.import_module(f"{package}.{exports[name]}"), name)
+
+    return __getattr__

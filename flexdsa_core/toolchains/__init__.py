@@ -37,7 +37,7 @@ def discover_toolchains() -> dict[str, Toolchain]:
     found: dict[str, Toolchain] = {}
     for vendor, folder in vendor_folders().items():
         if has_toolchain(folder):
-            toolchain = importlib.import_module(module_name(vendor)).TOOLCHAIN
+            toolchain = importlib.import_module(module_name(vendor, "toolchain")).TOOLCHAIN
             if toolchain.name in found:
                 raise ToolchainError(
                     f"Toolchain {toolchain.name!r} is declared twice (second in targets/{vendor}/)."

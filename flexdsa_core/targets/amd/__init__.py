@@ -7,7 +7,7 @@ it shares with xilinx is ``targets/templates/quantize_vitis_ai.py``.
 
 from __future__ import annotations
 
-from flexdsa_core.targets.amd.adapter import ADAPTER
-from flexdsa_core.targets.amd.toolchain import TOOLCHAIN
+from flexdsa_core.vendors import lazy_exports
 
 __all__ = ["ADAPTER", "TOOLCHAIN"]
+__getattr__ = lazy_exports(__name__, ADAPTER="adapter", TOOLCHAIN="toolchain")

@@ -5,6 +5,7 @@ In this folder: its spec ``ascend310b.json`` and the adapter with its legalisati
 
 from __future__ import annotations
 
-from flexdsa_core.targets.huawei.adapter import ADAPTER
+from flexdsa_core.vendors import lazy_exports
 
 __all__ = ["ADAPTER"]
+__getattr__ = lazy_exports(__name__, ADAPTER="adapter")

@@ -6,6 +6,7 @@ In this folder: its spec ``orin-nano.json``, the adapter with its legalisations 
 
 from __future__ import annotations
 
-from flexdsa_core.targets.nvidia.adapter import ADAPTER
+from flexdsa_core.vendors import lazy_exports
 
 __all__ = ["ADAPTER"]
+__getattr__ = lazy_exports(__name__, ADAPTER="adapter")

@@ -6,7 +6,7 @@ in the toolchain's environment, and the bundle's ``templates/compile_qnn.py`` an
 
 from __future__ import annotations
 
-from flexdsa_core.targets.qualcomm.adapter import ADAPTER
-from flexdsa_core.targets.qualcomm.toolchain import TOOLCHAIN
+from flexdsa_core.vendors import lazy_exports
 
 __all__ = ["ADAPTER", "TOOLCHAIN"]
+__getattr__ = lazy_exports(__name__, ADAPTER="adapter", TOOLCHAIN="toolchain")

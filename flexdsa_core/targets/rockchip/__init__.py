@@ -7,7 +7,7 @@ the bundle) and the bundle's ``templates/convert_rknn.py``.
 
 from __future__ import annotations
 
-from flexdsa_core.targets.rockchip.adapter import ADAPTER
-from flexdsa_core.targets.rockchip.toolchain import TOOLCHAIN
+from flexdsa_core.vendors import lazy_exports
 
 __all__ = ["ADAPTER", "TOOLCHAIN"]
+__getattr__ = lazy_exports(__name__, ADAPTER="adapter", TOOLCHAIN="toolchain")

@@ -6,6 +6,7 @@ target), with the quantise script shared with amd (``targets/templates/quantize_
 
 from __future__ import annotations
 
-from flexdsa_core.targets.xilinx.adapter import ADAPTER
+from flexdsa_core.vendors import lazy_exports
 
 __all__ = ["ADAPTER"]
+__getattr__ = lazy_exports(__name__, ADAPTER="adapter")
