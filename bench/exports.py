@@ -88,14 +88,17 @@ def ort_floor(model: Path) -> dict | None:
 
 
 # The two sessions of ``FLOOR`` after running the original as the never-slower check does: 3 warm-up runs each,
-# then 20 interleaved rounds, on validation's seeded inputs at the shapes the job timed (argv[2], JSON).
+# then 20 interleaved rounds, on validation's seeded inputs at the shapes the job timed (argv[2], JSON; the
+# inputs' shapes are set to them first, as validation's specialised model has them).
 RUN_FLOOR = (
     "import sys, json, onnx, onnxruntime as ort, flexdsa_core.cli, flexdsa_core.optimizer\n"
     "from flexdsa_core.ort_runs import make_inputs\n"
     "shapes = json.loads(sys.argv[2]); proto = onnx.load(sys.argv[1], load_external_data=False)\n"
-    "dims = {d.dim_param: shapes[v.name][axis] for v in proto.graph.input if v.name in shapes\n"
-    "        for axis, d in enumerate(v.type.tensor_type.shape.dim) if d.dim_param}\n"
-    "feeds = make_inputs(proto, dims=dims); del proto\n"
+    "for value in proto.graph.input:\n"
+    "    if value.name in shapes:\n"
+    "        value.type.tensor_type.shape.ClearField('dim')\n"
+    "        for size in shapes[value.name]: value.type.tensor_type.shape.dim.add().dim_value = size\n"
+    "feeds = make_inputs(proto); del proto\n"
     "options = ort.SessionOptions(); options.intra_op_num_threads = 1\n"
     "options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL\n"
     "held = [ort.InferenceSession(sys.argv[1], options, providers=['CPUExecutionProvider']) for _ in range(2)]\n"
