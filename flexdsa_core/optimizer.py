@@ -277,10 +277,11 @@ class FlexDSAOptimizer:
             tracker = job.tracker = ShapeTracker(job.ingested.model)
             if options.input_shapes:
                 tracker.apply_input_shapes(options.input_shapes)
-            job.shape_report = tracker.infer()
             refuse_impossible_tensors(job.ingested.model)  # 10^12-element Expand: refused before anything allocates
-            # The tracker's copy (the same tensors) is the original from here on: the upload's graph goes.
+            # The tracker's copy (the same tensors) is the original from here on: the upload's graph goes, before
+            # the inference (a collection there frees it with the symbolic probe: ``_refine_symbolically``).
             job.ingested.model = None
+            job.shape_report = tracker.infer()
             # Without shape_buckets, observed_shapes (traffic) decide the buckets: least expected padded cost;
             # and the calibration samples' own shapes stand for the target's default of a dim (seq 64, not 128).
             traffic = {"observed": options.observed_shapes, "max_buckets": options.max_buckets}

@@ -159,31 +159,56 @@ def test_ort_symbolic_shapes_leave_an_unknown_op_untyped():
     assert not inferred.graph.output[0].type.HasField("tensor_type")
 
 
-def test_ort_symbolic_shapes_remember_resize_simplifications():
-    """A Resize's output dims are simplified once per distinct expression: the second inference of the same
-    model (and every later pass over it) takes sympy's answer from memory, and the shapes are the same."""
-    model = onnx.parser.parse_model(
-        """
-        <ir_version: 9, opset_import: ["" : 17]>
-        g (float[1, 3, H, W] x) => (float[?, ?, ?, ?] y)
-        <float[4] scales = {1.0, 1.0, 2.0, 2.0}>
-        {
-            p = MaxPool <kernel_shape = [2, 2], strides = [2, 2]> (x)
-            y = Resize <mode = "nearest"> (p, , scales)
-        }
-        """
-    )
+RESIZE = """
+    <ir_version: 9, opset_import: ["" : 17]>
+    g (float[1, 3, H, W] x) => (float[?, ?, ?, ?] y)
+    <float[4] scales = {{1.0, 1.0, {scale}, {scale}}}>
+    {{
+        p = MaxPool <kernel_shape = [2, 2], strides = [2, 2]> (x)
+        y = Resize <mode = "nearest"> (p, , scales)
+    }}
+"""
+
+
+def _resized_dims(scale: str) -> list:
+    inferred = lib.ort_symbolic_shapes(onnx.parser.parse_model(RESIZE.format(scale=scale)))
+    return [d.dim_param or d.dim_value for d in inferred.graph.output[0].type.tensor_type.shape.dim]
+
+
+def test_ort_symbolic_shapes_name_a_whole_scale_resize_exactly():
+    """At a whole scale, Resize's ``floor(2.0*floor(H/2))`` is the exact ``2*floor(H/2)`` (the floor of an
+    integer), without ``sympy.simplify``, which took up to 0.8 s per dim to return it unchanged; at a scale
+    that is not whole, sympy decides as before."""
+    assert _resized_dims("2.0") == [1, 3, "2*floor(H/2)", "2*floor(W/2)"]
+    assert _resized_dims("1.5") == [1, 3, "floor(1.5*floor(H/2))", "floor(1.5*floor(W/2))"]
+
+
+def test_whole_floats_are_made_integers_only_where_all_are_whole():
+    h = sympy.Symbol("h", integer=True, nonnegative=True)
+    exact = lib._integral_floats_exact
+    assert exact(sympy.floor(2.0 * sympy.floor(h / 2))) == 2 * sympy.floor(h / 2)
+    assert exact(sympy.floor(1.0 * h)) == h  # a Resize at scale 1 keeps its input's name
+    assert exact(sympy.floor(1.5 * h)) is None  # not whole: sympy.simplify's to decide
+    assert exact(sympy.floor(2.0 * h) + sympy.floor(0.5 * h)) is None
+    assert exact(sympy.floor(h / 2)) is None  # no float at all
+    assert exact(96) is None  # a plain number the inference hands over as it is
+
+
+def test_ort_symbolic_shapes_let_go_of_what_sympy_remembered(monkeypatch):
+    """sympy's answers serve the passes of one inference and go with it: kept, they held 1.5 MiB of
+    PP-OCRv4 det's job through its peak."""
     simplify = lib._symbolic_shape_inference_class().__init__.__globals__["sympy"].simplify
+    remembered = []
+    forget = lib._forget_symbolic_work
 
-    def shapes() -> list:
-        inferred = lib.ort_symbolic_shapes(model)
-        return [d.dim_param or d.dim_value for d in inferred.graph.output[0].type.tensor_type.shape.dim]
+    def spy() -> None:
+        remembered.append(simplify.cache_info().currsize)
+        forget()
 
-    first = shapes()
-    hits = simplify.cache_info().hits
-    assert shapes() == first
-    assert first == [1, 3, "floor(2.0*floor(H/2))", "floor(2.0*floor(W/2))"]
-    assert simplify.cache_info().hits >= hits + 2  # both spatial dims of the second run came from memory
+    monkeypatch.setattr(lib, "_forget_symbolic_work", spy)
+    assert _resized_dims("1.5")[2:] == ["floor(1.5*floor(H/2))", "floor(1.5*floor(W/2))"]
+    assert len(remembered) == 1 and remembered[0] >= 2  # both spatial dims were remembered on the way
+    assert simplify.cache_info().currsize == 0  # and let go when it returned
 
 
 def _private_imports(path: Path) -> list[str]:

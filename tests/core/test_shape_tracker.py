@@ -6,6 +6,7 @@ Shape -> Gather -> Concat) -> Transpose -> Relu -> Transpose -> Reshape back -> 
 
 from __future__ import annotations
 
+import gc
 import json
 
 import numpy as np
@@ -150,6 +151,24 @@ def test_symbolic_inference_recovers_what_onnx_data_propagation_loses():
     static = t.specialize(t.buckets({"seq": [16]}, CPU)[0])
     positions = next(v for n in static.graph for v in n.outputs if v.name == "positions")
     assert list(positions.shape.dims) == [16, 8]
+
+
+def test_the_symbolic_probe_is_freed_before_inference_returns():
+    """The copy the symbolic inference is asked about is cycles of nodes and values: left to the collector's
+    rare full passes, PP-OCRv4 det's held 3 MiB of its job's peak. None is left unreachable after ``infer``."""
+    t = ShapeTracker(ir.from_proto(onnx.parser.parse_model(POSITION_SLICE)))
+    gc.collect()
+    gc.disable()  # only the collection the inference makes itself frees anything until the check below
+    try:
+        assert t.infer().refined == ["positions"]  # the symbolic inference ran
+        gc.set_debug(gc.DEBUG_SAVEALL)  # what is unreachable now is kept in gc.garbage, to be seen
+        gc.collect()
+        left = [o for o in gc.garbage if isinstance(o, ir.Graph)]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+    assert left == []
 
 
 def test_the_caller_model_is_left_alone():
