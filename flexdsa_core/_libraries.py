@@ -236,8 +236,8 @@ def ort_symbolic_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
     an op it has no rule for.
 
     What sympy remembered on the way (its own caches and ``simplify``'s, ``_RememberingSympy``) is let go
-    when it returns: it serves the passes of one inference, and kept it held 6 MiB of PP-OCRv4 det's job
-    through the never-slower check, its peak (63 -> 57 MiB over the imports)."""
+    when it returns: it serves the passes of one inference, and kept it held 1.5 MiB of PP-OCRv4 det's job
+    through the never-slower check, its peak."""
     inference = _symbolic_shape_inference_class()(2**31 - 1, True, False, 0)
     try:
         inference._preprocess(model)
