@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-import sys
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
@@ -235,9 +234,8 @@ def ort_symbolic_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
     model into the working directory; a partial answer is still useful to us. Raises what it raises on
     an op it has no rule for.
 
-    What sympy remembered on the way (its own caches and ``simplify``'s, ``_RememberingSympy``) is let go
-    when it returns: it serves the passes of one inference, and kept it held 1.5 MiB of PP-OCRv4 det's job
-    through the never-slower check, its peak."""
+    What ``simplify`` remembered on the way (``_RememberingSympy``) is let go when it returns: it serves
+    the passes of one inference only."""
     inference = _symbolic_shape_inference_class()(2**31 - 1, True, False, 0)
     try:
         inference._preprocess(model)
@@ -251,10 +249,6 @@ def ort_symbolic_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def _forget_symbolic_work() -> None:
-    """Drop what sympy keeps between calls: ``_RememberingSympy``'s answers and sympy's own caches
-    (``sympy.core.cache``). Only speed is lost: each is recomputed on the next call that needs it."""
+    """Drop ``_RememberingSympy``'s answers, which serve one inference. sympy's own caches
+    (``sympy.core.cache``) stay: every later sympy call of the job reads them."""
     _RememberingSympy.simplify.cache_clear()
-    if "sympy" in sys.modules:  # never imported for it: nothing of it to drop
-        from sympy.core.cache import clear_cache
-
-        clear_cache()

@@ -195,8 +195,8 @@ def test_whole_floats_are_made_integers_only_where_all_are_whole():
 
 
 def test_ort_symbolic_shapes_let_go_of_what_sympy_remembered(monkeypatch):
-    """sympy's answers serve the passes of one inference and go with it: kept, they held 1.5 MiB of
-    PP-OCRv4 det's job through its peak."""
+    """``simplify``'s remembered answers serve the passes of one inference and go with it, not kept from one
+    job to the next."""
     simplify = lib._symbolic_shape_inference_class().__init__.__globals__["sympy"].simplify
     remembered = []
     forget = lib._forget_symbolic_work
