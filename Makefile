@@ -11,11 +11,21 @@ serve: $(VENV)/.installed
 	$(BIN)/flexdsa serve
 
 # The whole test suite: compiler core, service and workers against real PostgreSQL, Redis and Celery
-# workers, and the dashboard in headless Chromium.
+# workers, and the dashboard in headless Chromium. In two runs, both always run:
+# - everything but the services and the browser (the compiler, the API on SQLite, the models, the vendor
+#   compilers) on TEST_PROCESSES pytest-xdist processes, each taking the next test as it is free;
+# - the tests on the services and in Chromium in one process: they share the Redis databases, which each
+#   session flushes at its start, and the Celery workers each session starts.
+TEST_PROCESSES ?= 2
 test: $(VENV)/.installed-test $(VENV)/.installed-docs
 	scripts/check-test-services.sh
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q --durations=20
+	$(BIN)/python -m pytest -q -n $(TEST_PROCESSES) --dist worksteal -m "not services and not browser" --durations=25; \
+	compiler=$$?; \
+	$(BIN)/python -m pytest -q -m "services or browser" --durations=15; \
+	services=$$?; \
+	echo "make test: compiler and models exit $$compiler, services and browser exit $$services"; \
+	test $$compiler -eq 0 -a $$services -eq 0
 
 # The compiler core and the API on SQLite, without Celery workers, real-architecture models or Chromium:
 # the loop to run while changing code (the whole suite still runs in CI).

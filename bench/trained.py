@@ -32,6 +32,7 @@ either rebuilds.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -143,26 +144,37 @@ def fixture(name: str, *, log=print) -> TrainedFixture:
     folder = cache_dir() / f"{name}-{_key()}"
     meta_path = folder / "meta.json"
     if not meta_path.is_file():
-        python = ensure_env(log)
-        scratch = folder.with_name(folder.name + ".partial")
-        shutil.rmtree(scratch, ignore_errors=True)
-        scratch.mkdir(parents=True)
-        log(f"building trained fixture {name} into {folder} ...")
-        audio = REPO_ROOT.parent / "shared" / "data" / "audio"
-        env = {**os.environ, "FLEXDSA_AUDIO_DIR": str(Path(os.environ.get("FLEXDSA_AUDIO_DIR", audio)))}
-        proc = subprocess.run(
-            [str(python), str(BUILDER), name, str(scratch)], cwd=REPO_ROOT, capture_output=True, text=True, env=env
-        )
-        if proc.returncode != 0:
-            tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-12:])
-            raise RuntimeError(f"could not build trained fixture {name}:\n{tail}")
-        shutil.rmtree(folder, ignore_errors=True)
-        scratch.rename(folder)
-        for stale in cache_dir().glob(f"{name}-*"):  # builds from an older builder
-            if stale != folder and stale.is_dir():
-                shutil.rmtree(stale, ignore_errors=True)
+        # One builder at a time (the suite runs on two pytest-xdist processes): both would make the builder
+        # environment, and the second's rename would meet the first's folder.
+        cache_dir().mkdir(parents=True, exist_ok=True)
+        with open(cache_dir() / ".build.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not meta_path.is_file():
+                _build(name, folder, log)
     meta = json.loads(meta_path.read_text())
     return TrainedFixture(name, folder / "model.onnx", folder / "samples.npz", meta)
+
+
+def _build(name: str, folder: Path, log) -> None:
+    """Build fixture ``name`` into ``folder`` in the builder environment (the caller holds the lock)."""
+    python = ensure_env(log)
+    scratch = folder.with_name(folder.name + ".partial")
+    shutil.rmtree(scratch, ignore_errors=True)
+    scratch.mkdir(parents=True)
+    log(f"building trained fixture {name} into {folder} ...")
+    audio = REPO_ROOT.parent / "shared" / "data" / "audio"
+    env = {**os.environ, "FLEXDSA_AUDIO_DIR": str(Path(os.environ.get("FLEXDSA_AUDIO_DIR", audio)))}
+    proc = subprocess.run(
+        [str(python), str(BUILDER), name, str(scratch)], cwd=REPO_ROOT, capture_output=True, text=True, env=env
+    )
+    if proc.returncode != 0:
+        tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-12:])
+        raise RuntimeError(f"could not build trained fixture {name}:\n{tail}")
+    shutil.rmtree(folder, ignore_errors=True)
+    scratch.rename(folder)
+    for stale in cache_dir().glob(f"{name}-*"):  # builds from an older builder
+        if stale != folder and stale.is_dir():
+            shutil.rmtree(stale, ignore_errors=True)
 
 
 def main(argv: list[str] | None = None) -> None:

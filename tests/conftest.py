@@ -105,3 +105,4 @@ def pytest_configure(config):
     from tests.workers.hooks import install
 
     install()
+
