@@ -211,6 +211,47 @@ def test_ort_symbolic_shapes_let_go_of_what_sympy_remembered(monkeypatch):
     assert simplify.cache_info().currsize == 0  # and let go when it returned
 
 
+
+def test_printing_is_worked_out_once_per_expression_during_an_inference_only(monkeypatch):
+    """Inside ``_remembered_printing`` an expression's text is worked out once, each object answered with its
+    own text (two expressions that compare equal can print differently); outside, and after an error,
+    sympy prints as it did before."""
+    from sympy.core._print_helpers import Printable
+
+    plain = Printable.__str__
+    printed = []
+
+    def counted(expression) -> str:
+        printed.append(expression)
+        return plain(expression)
+
+    monkeypatch.setattr(Printable, "__str__", counted)
+    h = sympy.Symbol("h", integer=True)
+    dim, short, long = sympy.floor(h / 2) + 2, sympy.Float("0.1", 3), sympy.Float("0.1", 30)
+    with lib._remembered_printing():
+        assert [str(dim) for _ in range(3)] == ["floor(h/2) + 2"] * 3
+        assert (str(short), str(long)) == (plain(short), plain(long)) and str(short) != str(long)
+        assert str(short) == plain(short)
+    ids = [id(expression) for expression in printed]  # (sympy prints some parts through str() as well)
+    assert len(ids) == len(set(ids)) and {id(dim), id(short), id(long)} <= set(ids)  # each worked out once
+    assert Printable.__str__ is counted  # put back as found
+    str(dim)
+    assert printed.count(dim) == 2  # and outside, printed each time again
+    try:
+        with lib._remembered_printing():
+            raise RuntimeError("an op the inference has no rule for")
+    except RuntimeError:
+        pass
+    assert Printable.__str__ is counted
+
+
+def test_ort_symbolic_shapes_remember_printing_only_while_they_run():
+    from sympy.core._print_helpers import Printable
+
+    plain = Printable.__str__
+    assert _resized_dims("2.0")[2:] == ["2*floor(H/2)", "2*floor(W/2)"]
+    assert Printable.__str__ is plain
+
 def _private_imports(path: Path) -> list[str]:
     found = []
     for node in ast.walk(ast.parse(path.read_text())):
