@@ -121,14 +121,20 @@ def _placeholder_dim(dim: int | ir.SymbolicDim) -> bool:
 
 def _free_symbols(dim: ir.SymbolicDim) -> frozenset[str]:
     """Symbols a dim depends on: itself for a plain name, the free symbols of an expression (``s0 + 1``)."""
-    if dim.value is None:
-        return frozenset()
-    if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", dim.value):
-        return frozenset([dim.value])
+    return frozenset() if dim.value is None else _free_symbols_of(dim.value)
+
+
+@functools.lru_cache(maxsize=4096)
+def _free_symbols_of(value: str) -> frozenset[str]:
+    """``_free_symbols`` of a dim's text. Remembered by the text: each dim object parses its expression anew,
+    and a detector's graph holds the same few expressions on hundreds of values in several copies (PP-OCRv4
+    det: 2,031 asks, 0.46 s of parsing, for a few dozen texts)."""
+    if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", value):
+        return frozenset([value])
     try:
-        return dim.free_symbols()
+        return ir.SymbolicDim(value).free_symbols()
     except Exception:  # sympy cannot parse every dim_param a exporter writes; treat it as one opaque name
-        return frozenset([dim.value])
+        return frozenset([value])
 
 
 def _bind_dim(dim: int | ir.SymbolicDim, bindings: Mapping[str, int | str]) -> int | ir.SymbolicDim:

@@ -439,3 +439,18 @@ def test_real_models_resolve_every_shape_and_specialise_exactly(name):
     feeds = _feeds(model, other)
     for got, want in zip(_run_all(model, feeds), _run_all(original, feeds), strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_dims_free_symbols_are_parsed_once_per_text():
+    """The free symbols of a dim depend on its text alone: dims of the same text in other values or other
+    copies of the graph are answered without parsing it again; a text sympy cannot parse is one name."""
+    from flexdsa_core import shape_tracker
+
+    shape_tracker._free_symbols_of.cache_clear()
+    dims = [ir.SymbolicDim("2*floor(h/2) + floor(w/4)") for _ in range(3)]
+    assert {frozenset(shape_tracker._free_symbols(d)) for d in dims} == {frozenset({"h", "w"})}
+    info = shape_tracker._free_symbols_of.cache_info()
+    assert (info.misses, info.hits) == (1, 2)
+    assert shape_tracker._free_symbols(ir.SymbolicDim("batch")) == {"batch"}
+    assert shape_tracker._free_symbols(ir.SymbolicDim("unk__12 )(")) == {"unk__12 )("}
+    assert shape_tracker._free_symbols(ir.SymbolicDim(None)) == frozenset()
