@@ -88,6 +88,45 @@ def _layers(model: onnx.ModelProto, tensors: _Tensors, fp32_names: set[str]) -> 
     return found
 
 
+SEGMENTS = 8  # sessions per correction, each running only the part of the graph its layers' outputs need
+
+
+def _segments(layers: list[dict]) -> list[list[dict]]:
+    """``layers`` (graph order) cut into ``SEGMENTS`` runs of consecutive layers.
+
+    ONNX Runtime runs the whole graph whatever outputs are asked for, so measuring each layer on a session
+    of the whole model ran every layer after it too: a layer's mean needs only the graph up to it. Each
+    segment's session holds what its own layers' outputs need (``_needed_for``): about half the work of
+    the whole graph per layer, for ``SEGMENTS`` session builds. Every node that runs, runs as it did in
+    the whole graph, on the same inputs, so the means and the corrected biases are the same."""
+    count = min(SEGMENTS, len(layers))
+    bounds = [round(k * len(layers) / count) for k in range(count + 1)]
+    return [layers[a:b] for a, b in zip(bounds, bounds[1:], strict=False) if b > a]
+
+
+def _needed_for(model: onnx.ModelProto, outputs: list[str]) -> onnx.ModelProto:
+    """``model`` with only the nodes ``outputs`` depend on, and no graph outputs (``probe_session`` adds
+    ``outputs``). A graph with control flow stays whole: a subgraph may read any value of the outer one."""
+    nodes = model.graph.node
+    scoped = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+    if any(attribute.type in scoped for node in nodes for attribute in node.attribute):
+        return model
+    producer = {name: i for i, node in enumerate(nodes) for name in node.output if name}
+    keep: set[int] = set()
+    pending = list(outputs)
+    while pending:
+        i = producer.get(pending.pop())
+        if i is not None and i not in keep:
+            keep.add(i)
+            pending.extend(name for name in nodes[i].input if name)
+    needed = onnx.ModelProto()
+    needed.CopyFrom(model)
+    del needed.graph.node[:]
+    needed.graph.node.extend(nodes[i] for i in sorted(keep))
+    del needed.graph.output[:]
+    return needed
+
+
 def correct_biases(quantized: Path, fp32: Path, samples: list[dict], out: Path) -> dict:
     """Write ``quantized`` with its Conv biases corrected on ``samples`` (module doc-string) to ``out``; what
     was done: layers corrected, layers left, seconds."""
@@ -104,18 +143,20 @@ def correct_biases(quantized: Path, fp32: Path, samples: list[dict], out: Path) 
         onnx.save(model, str(out))
         return {"corrected": 0, "why": "no quantised Conv with an int32 bias and enough values per channel"}
     biases = {layer["bias"]: numpy_helper.to_array(tensors.initializers[layer["bias"]]) for layer in layers}
-    session = probe_session(model, [layer["read"] for layer in layers], frozenset(biases))
     shifts = []
-    for layer in layers:  # in graph order, each measured with the earlier ones corrected
-        got = _channel_means(session, [layer["read"]], samples, biases)[0][layer["read"]]
-        delta = wanted[layer["reference"]] - got
-        bias = biases[layer["bias"]]
-        if bias.shape != delta.shape:
-            continue
-        scale = numpy_helper.to_array(tensors.initializers[layer["scale"]]).astype(np.float64)
-        shifted = bias.astype(np.int64) + np.round(delta / scale)
-        biases[layer["bias"]] = np.clip(shifted, -(2**31), 2**31 - 1).astype(np.int32)
-        shifts.append(float(np.abs(delta).max()))
+    for segment in _segments(layers):
+        reads = [layer["read"] for layer in segment]
+        session = probe_session(_needed_for(model, reads), reads, frozenset(biases))
+        for layer in segment:  # in graph order, each measured with the earlier ones corrected
+            got = _channel_means(session, [layer["read"]], samples, biases)[0][layer["read"]]
+            delta = wanted[layer["reference"]] - got
+            bias = biases[layer["bias"]]
+            if bias.shape != delta.shape:
+                continue
+            scale = numpy_helper.to_array(tensors.initializers[layer["scale"]]).astype(np.float64)
+            shifted = bias.astype(np.int64) + np.round(delta / scale)
+            biases[layer["bias"]] = np.clip(shifted, -(2**31), 2**31 - 1).astype(np.int32)
+            shifts.append(float(np.abs(delta).max()))
     for name, value in biases.items():
         tensors.initializers[name].CopyFrom(numpy_helper.from_array(value, name))
     onnx.save(model, str(out))

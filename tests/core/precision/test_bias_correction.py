@@ -7,6 +7,7 @@ import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
 
+from flexdsa_core.precision import bias_correction
 from flexdsa_core.precision.bias_correction import MIN_VALUES, correct_biases
 
 
@@ -79,6 +80,43 @@ def test_each_conv_bias_absorbs_its_mean_error_and_the_drift_is_gone_on_unseen_s
     error_after = np.abs(want - _run(corrected, unseen, "c3")).mean()
     assert error_after < error_before
 
+
+
+def test_layers_measured_on_the_part_of_the_graph_they_need_are_corrected_exactly_as_on_the_whole(tmp_path, monkeypatch):
+    """Each layer's mean is measured on a session of only the nodes its segment's outputs need: the corrected
+    model's bytes are those of one whole-graph session for every layer."""
+    fp32, plain = tmp_path / "fp32.onnx", tmp_path / "int8.onnx"
+    _depthwise_net(fp32)
+    rng = np.random.default_rng(2)
+    samples = [{"x": rng.uniform(0, 1, (1, 3, 16, 16)).astype(np.float32)} for _ in range(8)]
+    quantize_static(str(fp32), str(plain), _Reader(samples), quant_format=QuantFormat.QDQ, per_channel=True,
+                    activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)  # fmt: skip
+    sizes = []
+    needed_for = bias_correction._needed_for
+    monkeypatch.setattr(bias_correction, "_needed_for", lambda m, o: sizes.append(len(needed_for(m, o).graph.node)) or needed_for(m, o))
+    correct_biases(plain, fp32, samples, tmp_path / "segments.onnx")
+    monkeypatch.setattr(bias_correction, "SEGMENTS", 1)
+    monkeypatch.setattr(bias_correction, "_needed_for", lambda model, outputs: model)
+    correct_biases(plain, fp32, samples, tmp_path / "whole.onnx")
+    assert (tmp_path / "segments.onnx").read_bytes() == (tmp_path / "whole.onnx").read_bytes()
+    whole = len(onnx.load(str(plain)).graph.node)
+    assert len(sizes) == 3 and sizes == sorted(sizes) and sizes[-1] < whole  # one session per layer here, each a prefix
+
+
+def test_a_graph_with_control_flow_is_measured_whole():
+    branch = helper.make_graph([helper.make_node("Identity", ["x"], ["z"])], "b", [],
+                               [helper.make_tensor_value_info("z", TensorProto.FLOAT, [1])])  # fmt: skip
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("If", ["c"], ["y"], then_branch=branch, else_branch=branch)],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1]), helper.make_tensor_value_info("c", TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])],
+    )  # fmt: skip
+    model = helper.make_model(graph)
+    assert bias_correction._needed_for(model, ["r"]) is model
+    layers = [{"read": str(i)} for i in range(20)]
+    segments = bias_correction._segments(layers)
+    assert len(segments) == 8 and {len(s) for s in segments} == {2, 3} and sum(segments, []) == layers
+    assert [len(s) for s in bias_correction._segments([{}] * 3)] == [1, 1, 1]
 
 def test_a_model_without_a_quantised_conv_is_written_unchanged(tmp_path):
     graph = helper.make_graph(
