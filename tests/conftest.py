@@ -105,4 +105,3 @@ def pytest_configure(config):
     from tests.workers.hooks import install
 
     install()
-
