@@ -202,7 +202,7 @@ class _RememberingSympy:
         return getattr(sympy, name)
 
     @staticmethod
-    @functools.lru_cache(maxsize=4096)
+    @functools.lru_cache(maxsize=4096, typed=True)  # typed: simplify(2) is Integer(2), simplify(2.0) Float(2.0)
     def simplify(expression, *args, **kwargs):
         import sympy
 
@@ -237,10 +237,11 @@ def ort_symbolic_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
     an op it has no rule for.
 
     What ``simplify`` remembered on the way (``_RememberingSympy``) is let go when it returns: it serves
-    the passes of one inference only. So is what printing remembered (``_remembered_printing``)."""
+    the passes of one inference only. So is what printing and sympy's own recursive ``simplify`` remembered
+    (``_remembered_printing``, ``_remembered_simplify``)."""
     inference = _symbolic_shape_inference_class()(2**31 - 1, True, False, 0)
     try:
-        with _remembered_printing():
+        with _remembered_printing(), _remembered_simplify():
             inference._preprocess(model)
             while inference.run_:
                 inference._infer_impl()
@@ -283,6 +284,44 @@ def _remembered_printing():
             yield
         finally:
             Printable.__str__ = plain
+
+
+_SIMPLIFYING = threading.Lock()
+
+
+@contextlib.contextmanager
+def _remembered_simplify():
+    """Inside, sympy's ``simplify`` answers the parts of an expression it has simplified already from memory.
+
+    ``simplify`` first simplifies the arguments of every function in the expression, calling itself on each
+    (its module's global ``simplify``), and each of those calls does the same for the functions below it:
+    a nest of floors, which every strided convolution on a symbolic dim adds one level to, is simplified
+    again from the bottom at every level (a four-conv CNN's TorchScript export: 78 calls under 4, most of its
+    1 s of shape inference, every answer the expression unchanged). Here that global answers an expression it
+    was asked before, with the same options, with sympy's own answer of then: expressions are immutable and
+    compare by structure and assumptions, and the type is part of the key (``2`` and ``2.0`` are equal
+    in Python, not to sympy), so the answer is the one sympy would give again. Put back afterwards, on
+    errors too; one inference at a time in a process, as the global is the module's."""
+    module = importlib.import_module("sympy.simplify.simplify")  # ``sympy.simplify`` names the function
+    with _SIMPLIFYING:
+        plain = module.simplify
+        answers: dict[tuple, object] = {}
+
+        def remembered(expression, *args, **kwargs):
+            try:
+                key = (type(expression), expression, args, tuple(sorted(kwargs.items())))
+                return answers[key]
+            except KeyError:
+                answer = answers[key] = plain(expression, *args, **kwargs)
+                return answer
+            except TypeError:  # an argument that cannot be a key: sympy decides afresh
+                return plain(expression, *args, **kwargs)
+
+        module.simplify = remembered
+        try:
+            yield
+        finally:
+            module.simplify = plain
 
 
 def _forget_symbolic_work() -> None:

@@ -5,6 +5,7 @@ and that no other core module imports a private name of those libraries."""
 from __future__ import annotations
 
 import ast
+import importlib
 from pathlib import Path
 
 import numpy as np
@@ -248,9 +249,50 @@ def test_printing_is_worked_out_once_per_expression_during_an_inference_only(mon
 def test_ort_symbolic_shapes_remember_printing_only_while_they_run():
     from sympy.core._print_helpers import Printable
 
-    plain = Printable.__str__
+    plain, simplify = Printable.__str__, _SIMPLIFY_MODULE.simplify
     assert _resized_dims("2.0")[2:] == ["2*floor(H/2)", "2*floor(W/2)"]
     assert Printable.__str__ is plain
+    assert _SIMPLIFY_MODULE.simplify is simplify
+
+
+_SIMPLIFY_MODULE = importlib.import_module("sympy.simplify.simplify")
+
+
+def test_sympys_recursive_simplify_answers_each_part_once_during_an_inference_only(monkeypatch):
+    """Inside ``_remembered_simplify``, sympy's recursion into a nest of floors (a strided conv's output dims
+    after four convs) asks for each part once, and the answer is sympy's own; outside, and after an error,
+    every part is simplified each time it is reached, as before."""
+    plain = _SIMPLIFY_MODULE.simplify
+    asked = []
+
+    def counted(expression, *args, **kwargs):
+        asked.append(expression)
+        return plain(expression, *args, **kwargs)
+
+    monkeypatch.setattr(_SIMPLIFY_MODULE, "simplify", counted)
+    h = sympy.Symbol("h", integer=True, nonnegative=True)
+    half = sympy.Rational(1, 2)
+    nest = sympy.floor(h / 2 - half)
+    for _ in range(2):
+        nest = sympy.floor(nest / 2)
+    dim = sympy.floor(nest / 2 + half)
+    before = counted(dim)
+    outside = len(asked)
+    with lib._remembered_simplify():
+        inside = [_SIMPLIFY_MODULE.simplify(dim), _SIMPLIFY_MODULE.simplify(dim)]
+    parts = asked[outside:]
+    assert inside == [before, before] and str(inside[0]) == str(before)
+    assert len(parts) == len({(type(p), p) for p in parts})  # each part worked out once
+    assert len(parts) < outside  # where sympy alone works some out again
+    assert _SIMPLIFY_MODULE.simplify is counted  # put back as found
+    counted(dim)
+    assert len(asked) == len(parts) + 2 * outside  # and outside, each part again
+    try:
+        with lib._remembered_simplify():
+            raise RuntimeError("an op the inference has no rule for")
+    except RuntimeError:
+        pass
+    assert _SIMPLIFY_MODULE.simplify is counted
 
 def _private_imports(path: Path) -> list[str]:
     found = []
