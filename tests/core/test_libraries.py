@@ -378,3 +378,50 @@ def test_the_known_shapes_folder_leaves_the_graph_onnxscripts_folder_leaves():
     assert lib.KnownShapesFoldConstantsPass(shape_inference=True, **options)(ours).modified
     fold_constants(theirs, onnx_shape_inference=True, **options)
     assert ir.to_proto(ours).SerializeToString() == ir.to_proto(theirs).SerializeToString()
+
+
+def test_the_known_shapes_folder_asks_onnx_again_only_when_the_question_changed(monkeypatch):
+    """A node whose outputs ONNX cannot size (a convolution over symbolic spatial dims: ``unk__`` dims) is
+    inferred once, not again on every sweep; once its input's shape changes, or its output's shape is taken
+    away, it is inferred again, and the answer is the one the library gives."""
+    from onnxscript.optimizer import _constant_folding
+
+    model = ir.serde.deserialize_model(onnx.parser.parse_model(
+        """
+        <ir_version: 9, opset_import: ["" : 17]>
+        g (float[N, 3, H, W] x) => (float y)
+        <float[8, 3, 3, 3] w = {...}>
+        {
+            c = Conv <strides = [2, 2]> (x, w)
+            y = Relu (c)
+        }
+        """.replace("{...}", "{" + ", ".join(["0.5"] * 216) + "}")
+    ))  # fmt: skip
+    model.graph.outputs[0].shape = None  # the text form cannot leave it out
+    plain = _constant_folding.FoldConstantsPass._do_inference
+    asked: list[str] = []
+
+    def counted(self, node):
+        asked.append(node.op_type)
+        return plain(self, node)
+
+    monkeypatch.setattr(_constant_folding.FoldConstantsPass, "_do_inference", counted)
+
+    def fold():
+        lib.KnownShapesFoldConstantsPass(shape_inference=True, input_size_limit=1024, output_size_limit=1024)(model)
+
+    conv = next(node for node in model.graph if node.op_type == "Conv")
+    fold()
+    assert asked == ["Conv", "Relu"]
+    first = conv.outputs[0].shape
+    assert first is not None and first[1] == 8 and not first.is_static()  # ONNX cannot size (H - 1)/2 + 1
+    fold()
+    fold()
+    assert asked == ["Conv", "Relu"]  # the same question: not asked again
+    assert conv.outputs[0].shape == first
+    conv.outputs[0].shape = None  # the output's state changed: asked again, and given the same answer
+    fold()
+    assert asked[2:] == ["Conv"] and conv.outputs[0].shape == first
+    model.graph.inputs[0].shape = ir.Shape([1, 3, 32, 32])  # the input's shape changed: asked again
+    fold()
+    assert conv.outputs[0].shape == ir.Shape([1, 8, 15, 15]) and asked[3:] == ["Conv", "Relu"]
