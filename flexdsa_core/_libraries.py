@@ -23,7 +23,7 @@ import onnx
 import onnx_ir as ir
 from onnxscript.optimizer import _constant_folding
 from onnxscript.rewriter import _ir_utils
-from onnxscript.rewriter._pattern_ir import StringConstantPattern
+from onnxscript.rewriter._pattern_ir import NodeOutputPattern, StringConstantPattern
 
 # onnxscript's rule classes, which our conv_bn and matmul_gemm rules subclass for the pattern and the
 # checks they already make; the library exports only instances of them (``fuse_batchnorm_into_conv_rule``).
@@ -54,6 +54,7 @@ __all__ = [
     "is_singleton_value",
     "onnx_tensors",
     "ort_kernels",
+    "rule_op_types",
     "rule_root_op_type",
     "ort_symbolic_shapes",
     "sympy_expression",
@@ -107,6 +108,34 @@ def rule_root_op_type(rule) -> str | None:
         return identifier[1]
     op = getattr(nodes[0], "op", None)
     return op.value() if isinstance(op, StringConstantPattern) else None
+
+
+def rule_op_types(rule) -> frozenset[str]:
+    """The op types every match of an onnxscript ``RewriteRule`` holds a node of: those of the pattern's nodes
+    reached from its outputs through node outputs alone, whose op is fixed (as ``rule_root_op_type`` reads
+    it). Reads ``RewriteRule._target_pattern.outputs`` and walks them as ``_pattern_ir._nodes_in_pattern``
+    does: an ``OrValue``'s alternatives (a ``Div`` or a ``Reciprocal``) are not on that walk, as a match needs
+    only one of them; the pattern's own node list holds them all. A graph without one of the op types listed
+    cannot match the rule anywhere."""
+    pattern = getattr(rule, "_target_pattern", None)
+    found: set[str] = set()
+    seen: set[int] = set()
+    pending = list(pattern.outputs) if pattern is not None else []
+    while pending:
+        value = pending.pop()
+        if not isinstance(value, NodeOutputPattern):
+            continue  # a variable, a constant, or alternatives: nothing every match holds
+        node = value.producer()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        identifier = node.op_identifier()
+        if identifier is not None:
+            found.add(identifier[1])
+        elif isinstance(node.op, StringConstantPattern):
+            found.add(node.op.value())
+        pending.extend(node.inputs)
+    return frozenset(found)
 
 
 def _shape_known(value: ir.Value) -> bool:

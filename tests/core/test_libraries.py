@@ -356,6 +356,27 @@ def test_a_rules_root_op_type_is_the_op_its_pattern_ends_at():
     assert None not in set().union(*roots.values())
 
 
+def test_a_rules_op_types_are_those_every_match_holds():
+    """A pattern's nodes reached through node outputs alone must all match; an ``OrValue``'s alternatives need
+    not (the pattern's own node list holds them too, so reading it would skip a rule that can match)."""
+    from onnxscript.rewriter import RewriteRule, pattern
+
+    def scaled(op, x, y):
+        inverse = pattern.OrValue([op.Reciprocal(y), op.Div(1.0, y)])
+        return op.Relu(op.Mul(x, inverse))
+
+    def replacement(op, x, y):
+        return op.Relu(op.Div(x, y))
+
+    assert lib.rule_op_types(RewriteRule(scaled, replacement)) == {"Relu", "Mul"}
+    from flexdsa_core.fusions import discover_rules
+
+    needs = {rule.name: {lib.rule_op_types(r) for r in rule.rewrite_rules} for rule in discover_rules()}
+    assert frozenset({"MatMul", "Reshape", "Transpose"}) in needs["attention"]
+    assert needs["silu"] == {frozenset({"Mul", "Sigmoid"})}
+    assert all("Reciprocal" not in need for need in needs["layer_norm"])  # an alternative of Div
+
+
 def test_the_known_shapes_folder_leaves_the_graph_onnxscripts_folder_leaves():
     """``KnownShapesFoldConstantsPass`` skips ONNX inference of nodes whose outputs are already known: on an
     inferred model it must fold the same and leave the same shapes as ``fold_constants(onnx_shape_inference=True)``
