@@ -381,14 +381,14 @@ def _remembered_simplify():
         answers: dict[tuple, object] = {}
 
         def remembered(expression, *args, **kwargs):
+            key = (type(expression), expression, args, tuple(sorted(kwargs.items())))
             try:
-                key = (type(expression), expression, args, tuple(sorted(kwargs.items())))
-                return answers[key]
-            except KeyError:
-                answer = answers[key] = plain(expression, *args, **kwargs)
-                return answer
+                answer = answers.get(key, answers)  # ``answers`` itself: not asked before
             except TypeError:  # an argument that cannot be a key: sympy decides afresh
                 return plain(expression, *args, **kwargs)
+            if answer is answers:
+                answer = answers[key] = plain(expression, *args, **kwargs)
+            return answer
 
         module.simplify = remembered
         try:

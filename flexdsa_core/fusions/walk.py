@@ -61,7 +61,7 @@ def drive(
         model.opset_imports.setdefault(domain, version)
     decisions: list[Decision] = []
     # The op types the model holds, everywhere (a match may reach a subgraph's outer scope); what a taken
-    # rewrite adds joins them (``_apply``), so a variant can match what an earlier rewrite of this walk made.
+    # rewrite adds joins them (``_drive_graph``), so a variant can match what an earlier rewrite of this walk made.
     present = {node.op_type for node in ir.traversal.RecursiveGraphIterator(model.graph)}
     _drive_graph(model, model.graph, list(rewrite_rules), decide, rule_name, tracer, decisions, present)
     if not any(v.taken for v in decisions):
