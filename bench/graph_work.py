@@ -22,7 +22,7 @@ from pathlib import Path
 
 from bench import RESULTS_DIR
 from bench.models import BENCH_MODELS, bench_model
-from bench.run import CHECK_STAGES
+from bench.run import CHECK_STAGES, graph_work
 from bench.tools import run_tool
 from flexdsa_core.precision.formats import cpu_int8_features
 
@@ -38,11 +38,6 @@ def _model_paths(names: list[str] | None) -> dict[str, Path]:
     return {
         name: bench_model(name).path if name in BENCH_MODELS else Path(REAL_EXPORTS[name].fetch()) for name in chosen
     }
-
-
-def graph_work(stages: dict[str, float]) -> float:
-    """The seconds of ``stages`` (a job's ``compile_seconds``) that are graph work."""
-    return sum(seconds for stage, seconds in stages.items() if stage not in CHECK_STAGES)
 
 
 def measure(path: Path, name: str, rounds: int, timeout_s: float) -> dict:

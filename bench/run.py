@@ -421,6 +421,11 @@ def _compile_table(models: dict[str, dict]) -> str:
 CHECK_STAGES = frozenset({"validate", "padding_check", "measure", KERNEL_TIMING, "precision", "toolchain"})
 
 
+def graph_work(stages: dict[str, float]) -> float:
+    """The seconds of ``stages`` (a job's ``compile_seconds``) that are graph work: all but ``CHECK_STAGES``."""
+    return sum(seconds for stage, seconds in stages.items() if stage not in CHECK_STAGES)
+
+
 def _stage_table(models: dict[str, dict]) -> str:
     """Per model, the cold run's seconds per stage (the report's ``compile_seconds``), their graph-work sum
     and onnxsim's total beside it."""
@@ -434,9 +439,9 @@ def _stage_table(models: dict[str, dict]) -> str:
         found = (m["tools"].get(OURS, {}).get("compile", {}).get("cold") or {}).get("stages") or {}
         sim = m["tools"].get("onnxsim", {})
         sim_s = sim.get("seconds") if sim.get("ok") else None
-        graph_work = sum(v for k, v in found.items() if k not in CHECK_STAGES) if found else None
-        rows.append([name, *[_fmt(found.get(stage), 3) for stage in stages], _fmt(graph_work, 3), _fmt(sim_s),
-                     _fmt(graph_work / sim_s if graph_work is not None and sim_s else None)])  # fmt: skip
+        work = graph_work(found) if found else None
+        rows.append([name, *[_fmt(found.get(stage), 3) for stage in stages], _fmt(work, 3), _fmt(sim_s),
+                     _fmt(work / sim_s if work is not None and sim_s else None)])  # fmt: skip
     return _table(
         "Flex-DSA seconds per stage, cold kernel cache (defaults); graph work = every stage but "
         f"{', '.join(sorted(CHECK_STAGES))}; beside onnxsim's total",

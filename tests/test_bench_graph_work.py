@@ -4,8 +4,8 @@
 from __future__ import annotations
 
 from bench.exports import empty_model
-from bench.graph_work import graph_work, measure
-from bench.run import CHECK_STAGES
+from bench.graph_work import measure
+from bench.run import CHECK_STAGES, graph_work
 
 
 def test_graph_work_leaves_out_the_checks_and_timings():

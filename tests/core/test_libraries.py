@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnx_ir as ir
+import pytest
 import sympy
 from onnxscript.rewriter import MatchResult, RewriteRuleClassBase
 
@@ -18,6 +19,7 @@ from flexdsa_core import _libraries as lib
 
 CORE = Path(__file__).resolve().parents[2] / "flexdsa_core"
 LIBRARIES = ("onnxscript", "onnx_ir", "onnx", "onnxruntime")
+_SIMPLIFY_MODULE = importlib.import_module("sympy.simplify.simplify")  # ``sympy.simplify`` is the function
 
 
 def _graph() -> ir.Graph:
@@ -238,11 +240,7 @@ def test_printing_is_worked_out_once_per_expression_during_an_inference_only(mon
     assert Printable.__str__ is counted  # put back as found
     str(dim)
     assert printed.count(dim) == 2  # and outside, printed each time again
-    try:
-        with lib._remembered_printing():
-            raise RuntimeError("an op the inference has no rule for")
-    except RuntimeError:
-        pass
+    _fail_inside(lib._remembered_printing)
     assert Printable.__str__ is counted
 
 
@@ -253,9 +251,6 @@ def test_ort_symbolic_shapes_remember_printing_only_while_they_run():
     assert _resized_dims("2.0")[2:] == ["2*floor(H/2)", "2*floor(W/2)"]
     assert Printable.__str__ is plain
     assert _SIMPLIFY_MODULE.simplify is simplify
-
-
-_SIMPLIFY_MODULE = importlib.import_module("sympy.simplify.simplify")
 
 
 def test_sympys_recursive_simplify_answers_each_part_once_during_an_inference_only(monkeypatch):
@@ -287,12 +282,15 @@ def test_sympys_recursive_simplify_answers_each_part_once_during_an_inference_on
     assert _SIMPLIFY_MODULE.simplify is counted  # put back as found
     counted(dim)
     assert len(asked) == len(parts) + 2 * outside  # and outside, each part again
-    try:
-        with lib._remembered_simplify():
-            raise RuntimeError("an op the inference has no rule for")
-    except RuntimeError:
-        pass
+    _fail_inside(lib._remembered_simplify)
     assert _SIMPLIFY_MODULE.simplify is counted
+
+
+def _fail_inside(context) -> None:
+    """Enter ``context`` and fail inside it, as an inference does on an op it has no rule for."""
+    with pytest.raises(RuntimeError), context():
+        raise RuntimeError("an op the inference has no rule for")
+
 
 def _private_imports(path: Path) -> list[str]:
     found = []
