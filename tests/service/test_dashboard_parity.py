@@ -79,6 +79,9 @@ def test_a_group_of_every_target_with_synthetic_calibration_succeeds_with_its_wa
     group_id = page.url.rsplit("/", 1)[1]
     group = _wait_for_group(live.url, group_id)
     assert group["status"] == "succeeded", group["comparison"]
+    # The group page reloads itself every few seconds while jobs run (CI once saw that reload cut this
+    # navigation short): once it shows the finished group it schedules no more reloads.
+    page.wait_for_selector("#group[data-status=succeeded]", timeout=30_000)
     kv260 = next(job for job in group["jobs"] if job["target"] == "xilinx-kv260")
     assert httpx.get(f"{live.url}/jobs/{kv260['job_id']}", timeout=10).json()["spec"]["allow_synthetic_calibration"]
     page.goto(f"/ui/jobs/{kv260['job_id']}")
