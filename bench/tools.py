@@ -170,6 +170,10 @@ def _child(tool: str, src: str, dst: str, info_json: str) -> None:
             )
         )
         return
+    if tool == "flexdsa":  # as its entry points do: what a job would import on its way, imported first
+        from flexdsa_core.optimizer import preload
+
+        preload()
     # As Flex-DSA's entry points do (the CLI, the worker's pipeline process: ``heap.freeze_imports``), and for
     # every tool alike: the imports are left out of the cyclic collector's full passes during the timed run.
     gc.freeze()

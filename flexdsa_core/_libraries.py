@@ -259,6 +259,17 @@ def _symbolic_shape_inference_class():
     return module.SymbolicShapeInference
 
 
+def preload_symbolic_shapes() -> None:
+    """Import what ONNX Runtime's symbolic shape inference imports on its first use: its module (loaded from
+    its own file), ``sympy.physics.units``, which sympy's ``simplify`` imports inside its first call (0.1 s),
+    and the assumptions its comparisons import. For a process's entry point, before a job: see
+    ``optimizer.preload``."""
+    import sympy.assumptions.wrapper  # noqa: F401
+    import sympy.physics.units  # noqa: F401
+
+    _symbolic_shape_inference_class()
+
+
 class _RememberingSympy:
     """``sympy`` as the shape inference's module sees it, with ``simplify`` remembered per expression.
 

@@ -103,9 +103,10 @@ def optimize(
 
     from flexdsa_core.cache import DiskCache
     from flexdsa_core.cli_output import library_output
-    from flexdsa_core.optimizer import FlexDSAOptimizer
+    from flexdsa_core.optimizer import FlexDSAOptimizer, preload
     from flexdsa_core.spec_check import check_calibration_use
 
+    preload()  # what the job would import on its way
     heap.freeze_imports()  # the libraries are in: the collector's full passes walk the run's objects only
     console = Console(stderr=True)
     memory = _MemoryLimit(memory_limit_mb)

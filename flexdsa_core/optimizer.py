@@ -26,6 +26,7 @@ from pathlib import Path
 import onnx
 import onnx_ir as ir
 
+from flexdsa_core._libraries import preload_symbolic_shapes
 from flexdsa_core.accuracy import check_outputs
 from flexdsa_core.bundle import OptimizeResult, package
 from flexdsa_core.cache import KernelCache, LayeredCache, LRUCache, StatsCache
@@ -33,6 +34,7 @@ from flexdsa_core.calibration import check_calibration, load_calibration
 from flexdsa_core.compilation import KERNEL_TIMING, BucketRun, Compilation
 from flexdsa_core.cost_model import CostModel
 from flexdsa_core.errors import FlexDSAError
+from flexdsa_core.fusions import discover_rules
 from flexdsa_core.in_memory import (
     InMemoryModel,
     align_weights,
@@ -58,7 +60,16 @@ from flexdsa_core.verify import Loads, Verifier, verifiers_named
 from flexdsa_core.verify.latency import ModelClock
 from flexdsa_core.verify.references import References
 
-__all__ = ["Compilation", "FlexDSAOptimizer", "ModelClock", "OptimizeResult", "Progress"]
+__all__ = ["Compilation", "FlexDSAOptimizer", "ModelClock", "OptimizeResult", "Progress", "preload"]
+
+
+def preload() -> None:
+    """Import now what a job otherwise imports on its way: the fusion rules (found when the first registry
+    is made, 0.05 s) and what symbolic shape inference imports on its first use (0.1 s). For a process's
+    entry point before ``heap.freeze_imports``: the CLI, the worker's warm spare (each job runs in a fresh
+    process, so each paid these inside its stages), the bench's tool process."""
+    discover_rules()
+    preload_symbolic_shapes()
 
 
 def _output_shapes(model: ir.Model) -> dict[str, list | None]:

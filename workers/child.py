@@ -246,7 +246,10 @@ def _store_artifact(store, name: str, content) -> dict:
 
 
 def _preload() -> None:
+    from flexdsa_core.optimizer import preload
+
     optimizer_class()
+    preload()  # what a job would import inside its stages
     import service.core.config  # noqa: F401
     import service.storage.store  # noqa: F401
     import workers.cache_backends  # noqa: F401
