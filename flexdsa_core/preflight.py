@@ -140,6 +140,21 @@ def model_limits(tracker, buckets, loading: Mapping[str, int] | None = None) -> 
     return limits
 
 
+def _dry_load_options():
+    """ONNX Runtime's options for a load that only asks whether the model loads: its shape inference and
+    constant folding (``ORT_ENABLE_BASIC``), folding only what ``_FOLD_BYTES`` allows, as the pipeline folds.
+    Unbounded, a probe at ``LIMIT_PROBE`` materialised whatever the bound dims size (a ConstantOfShape
+    expanded over 65,536 rows: 20 MiB, the peak of a small model's whole job) to answer a question about
+    shapes."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    options.log_severity_level = 4
+    options.add_session_config_entry("optimization.constant_folding_max_output_size_in_bytes", str(_FOLD_BYTES))
+    return options
+
+
 def _bound_load_refusal(proto: onnx.ModelProto, dims: dict[str, int]) -> str | None:
     """Why ONNX Runtime refuses ``proto`` with its inputs' named dims bound to ``dims``, or None."""
     import onnxruntime as ort
@@ -150,11 +165,8 @@ def _bound_load_refusal(proto: onnx.ModelProto, dims: dict[str, int]) -> str | N
         for dim in value.type.tensor_type.shape.dim:
             if dim.HasField("dim_param") and dim.dim_param in dims:
                 dim.dim_value = dims[dim.dim_param]
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-    options.log_severity_level = 4
     try:
-        ort.InferenceSession(bound.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        ort.InferenceSession(bound.SerializeToString(), _dry_load_options(), providers=["CPUExecutionProvider"])
     except Exception as error:  # noqa: BLE001 - any refusal at these shapes is the answer
         return str(error).splitlines()[0]
     return None
@@ -162,8 +174,6 @@ def _bound_load_refusal(proto: onnx.ModelProto, dims: dict[str, int]) -> str | N
 
 def _dry_load_refusal(tracker, model) -> str | None:
     """Why ONNX Runtime refuses to load ``model`` (a specialisation of ``tracker``'s model), or None."""
-    import onnxruntime as ort
-
     from flexdsa_core.in_memory import InMemoryModel
     from flexdsa_core.passes import run_passes
     from flexdsa_core.passes.folding import ConstantFoldingPass, ShapeFoldingPass
@@ -181,13 +191,10 @@ def _dry_load_refusal(tracker, model) -> str | None:
     )
     if weights > _DRY_LOAD_LIMIT_BYTES:
         return None
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-    options.log_severity_level = 4
     try:
         # The weights from memory (``in_memory``), as the other sessions read them: serialised into a protobuf,
         # they were there three times at once (the message, its bytes, ONNX Runtime's copy).
-        InMemoryModel.from_ir(model, finished=False).session(options)
+        InMemoryModel.from_ir(model, finished=False).session(_dry_load_options())
     except Exception as error:  # noqa: BLE001 - any refusal at these shapes is the answer
         reason = str(error).splitlines()[0]
         return re.sub(r"^\[ONNXRuntimeError\] : \d+ : [A-Z_]+ : ", "", reason)

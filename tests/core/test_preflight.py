@@ -143,3 +143,30 @@ def test_the_limit_is_found_without_the_weights_however_they_are_held(held_as):
     assert "table" in {value.name for value in light.graph.input}
     assert light.ByteSize() < 4096  # neither an initializer nor a Constant carries the table
     assert model_limits(tracker, [], {"seq": 64}) == {"seq": 4096}
+
+
+def test_the_dry_loads_fold_shape_arithmetic_but_not_what_the_bound_dims_make_large(tmp_path):
+    """A dry load asks about shapes: ONNX Runtime folds the shape arithmetic (``Shape`` of a bound input) and
+    small constants, and leaves a ``ConstantOfShape`` over the bound dims unfolded once it would pass
+    ``_FOLD_BYTES`` (at ``LIMIT_PROBE`` rows one such fill was the peak of a small model's whole job)."""
+    import onnxruntime as ort
+
+    from flexdsa_core.preflight import _FOLD_BYTES, _dry_load_options
+
+    graph = helper.make_graph(
+        [helper.make_node("Shape", ["x"], ["shape"]), helper.make_node("ConstantOfShape", ["shape"], ["fill"]),
+         helper.make_node("Add", ["x", "fill"], ["y"])],  # fmt: skip
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["rows", 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["rows", 16])],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    folded = {}
+    for rows in (8, 2 * _FOLD_BYTES // (16 * 4)):  # 512 bytes, then twice the limit
+        bound = onnx.ModelProto()
+        bound.CopyFrom(model)
+        bound.graph.input[0].type.tensor_type.shape.dim[0].dim_value = rows
+        options = _dry_load_options()
+        options.optimized_model_filepath = str(tmp_path / f"{rows}.onnx")
+        ort.InferenceSession(bound.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        folded[rows] = "ConstantOfShape" not in {n.op_type for n in onnx.load(options.optimized_model_filepath).graph.node}
+    assert list(folded.values()) == [True, False], folded
